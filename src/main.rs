@@ -1,3 +1,242 @@
-//! The `gpu-dra` binary: flag parsing and the edge where library errors become exit codes.
+//! The `gpu-dra` binary: flag parsing and the edge where library errors become messages and
+//! exit codes (0 success, 1 failure, 2 bad input).
 
-fn main() {}
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use gpu_dra::devices::{DEFAULT_DRIVER_NAME, ModelOptions};
+use gpu_dra::hardware::sim::{self, SimBackend, presets};
+use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend};
+use gpu_dra::{demo, inventory};
+
+/// A Kubernetes DRA driver for NVIDIA GPUs, with a faithful simulated GPU node.
+#[derive(Parser, Debug)]
+#[command(name = "gpu-dra", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the driver's pipeline on a simulated node, in-process, and explain each step.
+    Demo {
+        /// Simulated node: a preset name or a node file.
+        #[arg(long, env = "GPU_DRA_SIM_NODE", default_value = demo::DEFAULT_PRESET)]
+        sim_node: String,
+        /// DRA driver name.
+        #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
+        driver_name: String,
+    },
+    /// Show what a node has and the ResourceSlices it would publish.
+    Inventory(InventoryArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct InventoryArgs {
+    /// GPU backend; defaults to `sim` when --sim-node is given, else `nvml`.
+    #[arg(long, env = "GPU_DRA_GPU_BACKEND", value_enum)]
+    gpu_backend: Option<Backend>,
+    /// Simulated node: a preset name or a node file (implies --gpu-backend sim).
+    #[arg(long, env = "GPU_DRA_SIM_NODE")]
+    sim_node: Option<String>,
+    /// Directory holding the simulated hardware state (created MIG devices, MIG mode), shared
+    /// with a running plugin that uses the same directory.
+    #[arg(long, env = "GPU_DRA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Node name (and pool name) of the slices; defaults to the node file's, or the host name
+    /// with the nvml backend.
+    #[arg(long, env = "GPU_DRA_NODE_NAME")]
+    node_name: Option<String>,
+    /// DRA driver name.
+    #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// MIG policy for every GPU with the nvml backend (the sim takes it from the node file):
+    /// default `static` for GPUs with MIG on, `disabled` otherwise.
+    #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
+    mig_policy: Option<Policy>,
+    /// Output: a table for people, or ResourceSlice objects for `kubectl create -f -`.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: Output,
+    /// List the built-in simulated nodes and GPU models, then exit.
+    #[arg(long)]
+    list_presets: bool,
+    /// Print a preset's node file (a starting point for your own), then exit.
+    #[arg(long, value_name = "PRESET")]
+    print_preset: Option<String>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Sim,
+    Nvml,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    Disabled,
+    Static,
+    Dynamic,
+}
+
+impl From<Policy> for MigPolicy {
+    fn from(p: Policy) -> MigPolicy {
+        match p {
+            Policy::Disabled => MigPolicy::Disabled,
+            Policy::Static => MigPolicy::Static,
+            Policy::Dynamic => MigPolicy::Dynamic,
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Table,
+    Yaml,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `a: b: c` from an error and its sources, skipping causes already in the message.
+fn chain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPU_DRA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Demo {
+            sim_node,
+            driver_name,
+        } => {
+            emit(&demo::run(&sim_node, &driver_name)?)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Inventory(args) => run_inventory(args),
+    }
+}
+
+fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
+    if args.list_presets {
+        emit(&list_presets()?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(name) = &args.print_preset {
+        let Some(p) = presets::preset(name) else {
+            bail!(
+                "unknown preset {name:?}; presets: {}",
+                presets::preset_names()
+            );
+        };
+        emit(&format!(
+            "# gpu-dra simulated node: {}\n{}",
+            p.summary, p.yaml
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let backend_kind = match (args.gpu_backend, &args.sim_node) {
+        (Some(Backend::Nvml), Some(_)) => {
+            bail!("--sim-node needs --gpu-backend sim (or no --gpu-backend)")
+        }
+        (Some(b), _) => b,
+        (None, Some(_)) => Backend::Sim,
+        (None, None) => Backend::Nvml,
+    };
+    let mut options = ModelOptions {
+        driver_name: args.driver_name.clone(),
+        policies: Default::default(),
+        default_policy: args.mig_policy.map(MigPolicy::from),
+    };
+    let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
+        Backend::Sim => {
+            let node = args.sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET);
+            let sim = SimBackend::open(node, args.state_dir.as_deref())?;
+            if args.mig_policy.is_none() {
+                options.policies = sim
+                    .mig_policies()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, p)| (i as u32, p))
+                    .collect();
+            }
+            let name = sim.node_name().to_string();
+            (Box::new(sim), name)
+        }
+        Backend::Nvml => (Box::new(NvmlBackend::open()?), host_name()),
+    };
+    let node_name = args.node_name.unwrap_or(default_node);
+    let view = inventory::view(backend.as_ref(), &node_name, &options)
+        .with_context(|| format!("inventory of node {node_name}"))?;
+    match args.output {
+        Output::Table => emit(&inventory::render_table(&view))?,
+        Output::Yaml => emit(&inventory::slices_yaml(&view.slices)?)?,
+        Output::Json => emit(&inventory::slices_json(&view.slices)?)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list_presets() -> anyhow::Result<String> {
+    let mut out = String::from("Simulated nodes (--sim-node):\n");
+    for p in presets::PRESETS {
+        out.push_str(&format!("  {:<12} {}\n", p.name, p.summary));
+    }
+    out.push_str("\nGPU models for node files (gpus[].model):\n");
+    for m in catalog::models()? {
+        let mig = if m.mig_capable() {
+            let names: Vec<&str> = m.profiles.iter().map(|p| p.name.as_str()).collect();
+            format!("MIG {}", names.join(" "))
+        } else {
+            "no MIG".to_string()
+        };
+        out.push_str(&format!("  {:<15} {:<26} {mig}\n", m.key, m.product_name));
+    }
+    out.push_str(&format!(
+        "\nNode file format: gpu-dra inventory --print-preset mixed; state file: <state-dir>/{}\n",
+        sim::STATE_FILE
+    ));
+    Ok(out)
+}
+
+/// Writes to stdout; a reader that went away (`| head`) is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}

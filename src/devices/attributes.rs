@@ -1,0 +1,184 @@
+//! Attributes and capacity of published devices, named as NVIDIA's driver names them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::hardware::{GpuInfo, MigProfile, NodeInventory};
+
+/// Domain of the standard, driver-independent attributes.
+const STANDARD_DOMAIN: &str = "resource.kubernetes.io";
+
+fn string(v: impl Into<String>) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(v.into()),
+        ..Default::default()
+    }
+}
+
+fn int(v: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(v),
+        ..Default::default()
+    }
+}
+
+fn version(v: String) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(v),
+        ..Default::default()
+    }
+}
+
+/// A capacity in its canonical Kubernetes form.
+fn capacity(q: String) -> DeviceCapacity {
+    DeviceCapacity {
+        value: Quantity(q),
+        request_policy: None,
+    }
+}
+
+/// MiB as a canonical binary quantity (`40960` → `40Gi`, `81559` → `81559Mi`).
+pub fn mib_quantity(mib: u64) -> String {
+    if mib > 0 && mib.is_multiple_of(1024 * 1024) {
+        format!("{}Ti", mib / (1024 * 1024))
+    } else if mib > 0 && mib.is_multiple_of(1024) {
+        format!("{}Gi", mib / 1024)
+    } else {
+        format!("{mib}Mi")
+    }
+}
+
+/// A version string as semantic version: `580.95.05` → `580.95.5`, `13.0` → `13.0.0`.
+/// `None` when it is not made of one to three numbers.
+pub fn semver_of(text: &str) -> Option<String> {
+    let parts: Vec<&str> = text.trim().split('.').collect();
+    if parts.is_empty() || parts.len() > 3 {
+        return None;
+    }
+    let mut nums = Vec::with_capacity(3);
+    for p in &parts {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        nums.push(p.parse::<u64>().ok()?);
+    }
+    nums.resize(3, 0);
+    Some(format!("{}.{}.{}", nums[0], nums[1], nums[2]))
+}
+
+/// Attributes every device of a GPU carries.
+fn common(inventory: &NodeInventory, gpu: &GpuInfo) -> BTreeMap<String, DeviceAttribute> {
+    let mut a = BTreeMap::new();
+    a.insert("productName".to_string(), string(&gpu.product_name));
+    a.insert("brand".to_string(), string(&gpu.brand));
+    a.insert(
+        "architecture".to_string(),
+        string(gpu.architecture.as_str()),
+    );
+    let (major, minor) = gpu.compute_capability;
+    a.insert(
+        "cudaComputeCapability".to_string(),
+        version(format!("{major}.{minor}.0")),
+    );
+    if let Some(v) = semver_of(&inventory.driver_version) {
+        a.insert("driverVersion".to_string(), version(v));
+    }
+    if let Some(v) = semver_of(&inventory.cuda_driver_version) {
+        a.insert("cudaDriverVersion".to_string(), version(v));
+    }
+    a.insert(
+        format!("{STANDARD_DOMAIN}/pciBusID"),
+        string(&gpu.pci_bus_id),
+    );
+    a.insert(
+        format!("{STANDARD_DOMAIN}/pcieRoot"),
+        string(&gpu.pcie_root),
+    );
+    if let Some(numa) = gpu.numa_node {
+        a.insert(format!("{STANDARD_DOMAIN}/numaNode"), int(numa));
+    }
+    a
+}
+
+/// The full-GPU device `gpu-<minor>`.
+pub fn full_gpu(inventory: &NodeInventory, gpu: &GpuInfo) -> Device {
+    let mut attributes = common(inventory, gpu);
+    attributes.insert("type".to_string(), string("gpu"));
+    attributes.insert("uuid".to_string(), string(&gpu.uuid));
+    attributes.insert("index".to_string(), int(i64::from(gpu.index)));
+    attributes.insert("minor".to_string(), int(i64::from(gpu.minor)));
+    let mut cap = BTreeMap::new();
+    cap.insert("memory".to_string(), capacity(mib_quantity(gpu.memory_mib)));
+    if gpu.multiprocessors > 0 {
+        cap.insert(
+            "multiprocessors".to_string(),
+            capacity(gpu.multiprocessors.to_string()),
+        );
+    }
+    Device {
+        name: super::gpu_device_name(gpu.minor),
+        attributes: Some(attributes),
+        capacity: Some(cap),
+        ..Default::default()
+    }
+}
+
+/// A MIG device of `profile` named `name`; `uuid` when it exists.
+pub fn mig(
+    inventory: &NodeInventory,
+    gpu: &GpuInfo,
+    profile: &MigProfile,
+    name: String,
+    uuid: Option<&str>,
+) -> Device {
+    let mut attributes = common(inventory, gpu);
+    attributes.insert("type".to_string(), string("mig"));
+    if let Some(uuid) = uuid {
+        attributes.insert("uuid".to_string(), string(uuid));
+    }
+    attributes.insert("profile".to_string(), string(&profile.name));
+    attributes.insert("parentUUID".to_string(), string(&gpu.uuid));
+    attributes.insert("parentIndex".to_string(), int(i64::from(gpu.index)));
+    attributes.insert("parentMinor".to_string(), int(i64::from(gpu.minor)));
+    let mut cap = BTreeMap::new();
+    cap.insert(
+        "memory".to_string(),
+        capacity(mib_quantity(profile.memory_mib)),
+    );
+    for (key, value) in [
+        ("multiprocessors", profile.multiprocessors),
+        ("copyEngines", profile.copy_engines),
+        ("decoders", profile.decoders),
+        ("encoders", profile.encoders),
+        ("jpegEngines", profile.jpeg_engines),
+        ("ofaEngines", profile.ofa_engines),
+    ] {
+        cap.insert(key.to_string(), capacity(value.to_string()));
+    }
+    Device {
+        name,
+        attributes: Some(attributes),
+        capacity: Some(cap),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_and_versions_take_canonical_forms() {
+        assert_eq!(mib_quantity(40960), "40Gi");
+        assert_eq!(mib_quantity(81559), "81559Mi");
+        assert_eq!(mib_quantity(9984), "9984Mi");
+        assert_eq!(mib_quantity(0), "0Mi");
+        assert_eq!(semver_of("580.95.05").as_deref(), Some("580.95.5"));
+        assert_eq!(semver_of("13.0").as_deref(), Some("13.0.0"));
+        assert_eq!(semver_of("550").as_deref(), Some("550.0.0"));
+        assert_eq!(semver_of("r580"), None);
+        assert_eq!(semver_of("1.2.3.4"), None);
+    }
+}

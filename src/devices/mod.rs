@@ -1,0 +1,272 @@
+//! The DRA device model, pure: hardware inventory → the devices and shared counters gpu-dra
+//! publishes, compatible with NVIDIA's driver so existing claims and DeviceClasses work.
+//!
+//! # Names (stable, DNS labels)
+//! * full GPU: `gpu-<minor>`
+//! * MIG device: `gpu-<minor>-mig-<profile>-<start>`, the profile with dots removed and `+`
+//!   written `-` (`1g.10gb` → `1g10gb`, `1g.10gb+me` → `1g10gb-me`) and `<start>` the first
+//!   memory slice of its placement: `gpu-0-mig-3g40gb-4`. A MIG device keeps its name for
+//!   as long as the placement exists, whether it was carved on demand or pre-created.
+//! * counter set of a dynamic-MIG GPU: `gpu-<minor>-counter-set`.
+//!
+//! # MIG policies (per GPU)
+//! * `disabled`: the full GPU (only while hardware MIG mode is off).
+//! * `static`: the MIG devices that exist, as they are (the full GPU while MIG mode is off).
+//! * `dynamic`: every profile at every placement as a partitionable device consuming the GPU's
+//!   shared counters (`memory-slice-0..N-1` plus `memory`, `multiprocessors`, `copy-engines`,
+//!   `decoders`, `encoders`, `jpeg-engines`, `ofa-engines`), and the full GPU consuming all of
+//!   them. On Ampere, where switching MIG mode needs a GPU reset, only the side the current
+//!   mode allows is published.
+
+mod attributes;
+mod counters;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{CounterSet, Device};
+
+use crate::hardware::{GpuInfo, MigPolicy, MigProfile, NodeInventory, Placement};
+
+pub use attributes::semver_of;
+pub use counters::counter_set_name;
+
+/// The default DRA driver name, shared with NVIDIA's driver.
+pub const DEFAULT_DRIVER_NAME: &str = "gpu.nvidia.com";
+
+/// What a published device is in hardware terms: what prepare must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A whole GPU.
+    Gpu,
+    /// A MIG device that exists (static policy).
+    MigStatic {
+        /// Its UUID.
+        uuid: String,
+        /// Profile driver id.
+        profile_id: u32,
+        /// Profile name.
+        profile: String,
+        /// GPU instance id.
+        gi_id: u32,
+        /// Compute instance id.
+        ci_id: u32,
+        /// Placement.
+        placement: Placement,
+    },
+    /// A MIG placement carved on demand (dynamic policy).
+    MigDynamic {
+        /// Profile driver id.
+        profile_id: u32,
+        /// Profile name.
+        profile: String,
+        /// Placement to create the GPU instance at.
+        placement: Placement,
+    },
+}
+
+/// One device as published, with its hardware coordinates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishedDevice {
+    /// NVML index of the (parent) GPU.
+    pub gpu_index: u32,
+    /// UUID of the (parent) GPU.
+    pub gpu_uuid: String,
+    /// What it is.
+    pub kind: DeviceKind,
+    /// The `resource.k8s.io/v1` device (its `name` is the device name).
+    pub device: Device,
+}
+
+impl PublishedDevice {
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.device.name
+    }
+}
+
+/// Everything a node publishes: devices in GPU order, and the counter sets they consume.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeviceModel {
+    /// Devices, grouped by GPU in index order; within a GPU the full GPU first, then MIG
+    /// devices by profile table order and placement.
+    pub devices: Vec<PublishedDevice>,
+    /// One counter set per dynamic-MIG GPU, in GPU order.
+    pub counter_sets: Vec<CounterSet>,
+    /// Things a person should know (e.g. a GPU left out and why).
+    pub warnings: Vec<String>,
+}
+
+impl DeviceModel {
+    /// The device named `name`, if published.
+    pub fn device(&self, name: &str) -> Option<&PublishedDevice> {
+        self.devices.iter().find(|d| d.device.name == name)
+    }
+}
+
+/// How to publish: the driver name and each GPU's MIG policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelOptions {
+    /// DRA driver name (attribute domain).
+    pub driver_name: String,
+    /// Policy per GPU index; GPUs not listed use [`ModelOptions::default_policy`].
+    pub policies: BTreeMap<u32, MigPolicy>,
+    /// Policy for GPUs not in `policies`; `None` means: `static` if the GPU's MIG mode is
+    /// on, `disabled` otherwise.
+    pub default_policy: Option<MigPolicy>,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            driver_name: DEFAULT_DRIVER_NAME.to_string(),
+            policies: BTreeMap::new(),
+            default_policy: None,
+        }
+    }
+}
+
+impl ModelOptions {
+    /// The policy that applies to `gpu`.
+    pub fn policy_for(&self, gpu: &GpuInfo) -> MigPolicy {
+        if let Some(p) = self.policies.get(&gpu.index) {
+            return *p;
+        }
+        self.default_policy.unwrap_or(if gpu.mig.current {
+            MigPolicy::Static
+        } else {
+            MigPolicy::Disabled
+        })
+    }
+}
+
+/// Builds the device model of a node. Pure and deterministic: the same inventory and options
+/// give the same model.
+pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
+    let mut model = DeviceModel::default();
+    let mut totals_cache = counters::TotalsCache::default();
+    for gpu in &inventory.gpus {
+        let policy = options.policy_for(gpu);
+        let full = || PublishedDevice {
+            gpu_index: gpu.index,
+            gpu_uuid: gpu.uuid.clone(),
+            kind: DeviceKind::Gpu,
+            device: attributes::full_gpu(inventory, gpu),
+        };
+        match policy {
+            MigPolicy::Disabled if gpu.mig.current => {
+                model.warnings.push(format!(
+                    "GPU {} ({}) has MIG mode on but MIG policy \"disabled\": not published (turn MIG off, or use policy static or dynamic)",
+                    gpu.index, gpu.uuid
+                ));
+            }
+            MigPolicy::Disabled => model.devices.push(full()),
+            MigPolicy::Static => {
+                if !gpu.mig.current {
+                    model.devices.push(full());
+                }
+                for mig in &gpu.mig_devices {
+                    let Some(profile) = gpu.profile_by_id(mig.profile_id) else {
+                        model.warnings.push(format!(
+                            "GPU {}: MIG device {} has unknown profile id {}; not published",
+                            gpu.index, mig.uuid, mig.profile_id
+                        ));
+                        continue;
+                    };
+                    let mut name = mig_device_name(gpu.minor, &profile.name, mig.placement.start);
+                    if mig.ci_id != 0 {
+                        name.push_str(&format!("-ci{}", mig.ci_id));
+                    }
+                    model.devices.push(PublishedDevice {
+                        gpu_index: gpu.index,
+                        gpu_uuid: gpu.uuid.clone(),
+                        kind: DeviceKind::MigStatic {
+                            uuid: mig.uuid.clone(),
+                            profile_id: profile.id,
+                            profile: profile.name.clone(),
+                            gi_id: mig.gi_id,
+                            ci_id: mig.ci_id,
+                            placement: mig.placement,
+                        },
+                        device: attributes::mig(inventory, gpu, profile, name, Some(&mig.uuid)),
+                    });
+                }
+            }
+            MigPolicy::Dynamic => {
+                if !gpu.mig.capable {
+                    model.warnings.push(format!(
+                        "GPU {} ({}) does not support MIG; published as a full GPU despite policy \"dynamic\"",
+                        gpu.index, gpu.product_name
+                    ));
+                    model.devices.push(full());
+                    continue;
+                }
+                let totals = totals_cache.get(&gpu.mig_profiles);
+                let set = counters::counter_set(gpu, &totals);
+                let needs_reset = gpu.architecture.mig_toggle_needs_reset();
+                if !needs_reset || !gpu.mig.current {
+                    let mut device = full();
+                    device.device.consumes_counters =
+                        Some(vec![counters::full_gpu_consumption(gpu, &set)]);
+                    model.devices.push(device);
+                }
+                if !needs_reset || gpu.mig.current {
+                    for profile in &gpu.mig_profiles {
+                        for &start in &profile.placement_starts {
+                            model
+                                .devices
+                                .push(dynamic_mig(inventory, gpu, profile, start));
+                        }
+                    }
+                }
+                model.counter_sets.push(set);
+            }
+        }
+    }
+    model
+}
+
+fn dynamic_mig(
+    inventory: &NodeInventory,
+    gpu: &GpuInfo,
+    profile: &MigProfile,
+    start: u32,
+) -> PublishedDevice {
+    let placement = Placement {
+        start,
+        size: profile.memory_slices,
+    };
+    let name = mig_device_name(gpu.minor, &profile.name, start);
+    let mut device = attributes::mig(inventory, gpu, profile, name, None);
+    device.consumes_counters = Some(vec![counters::mig_consumption(gpu, profile, placement)]);
+    PublishedDevice {
+        gpu_index: gpu.index,
+        gpu_uuid: gpu.uuid.clone(),
+        kind: DeviceKind::MigDynamic {
+            profile_id: profile.id,
+            profile: profile.name.clone(),
+            placement,
+        },
+        device,
+    }
+}
+
+/// The device name of a MIG device: `gpu-<minor>-mig-<profile>-<start>` (see module docs).
+pub fn mig_device_name(minor: u32, profile: &str, start: u32) -> String {
+    let profile: String = profile
+        .chars()
+        .filter(|c| *c != '.')
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("gpu-{minor}-mig-{profile}-{start}")
+}
+
+/// The device name of a full GPU.
+pub fn gpu_device_name(minor: u32) -> String {
+    format!("gpu-{minor}")
+}

@@ -1,0 +1,610 @@
+//! The simulated GPU node: a [`GpuBackend`] that behaves like the hardware.
+//!
+//! Node shapes come from node files or built-in [`presets`]; MIG geometry comes from the
+//! embedded reference table ([`crate::hardware::catalog`]). GPU-instance creation enforces the
+//! driver's rules and fails with the same NVML codes (INVALID_ARGUMENT for a placement the
+//! profile does not allow, INSUFFICIENT_RESOURCES for an occupied one, NOT_SUPPORTED with MIG
+//! mode off); MIG mode follows the architecture (Ampere needs a reset, Hopper and later toggle
+//! when idle). With a state directory, the state survives restarts and is shared by every
+//! process that opens it.
+
+pub mod ids;
+pub mod node_file;
+pub mod presets;
+mod state;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub use node_file::{NodePlan, NodeSpec};
+pub use state::STATE_FILE;
+use state::{GpuState, InstanceState, SimState, Store};
+
+use super::geometry::{self, Occupant};
+use super::{
+    GpuBackend, GpuInfo, HardwareError, MigDevice, MigModeChange, MigModeState, MigPolicy,
+    NodeInventory, NvmlCode, Placement,
+};
+
+/// Errors of the simulated backend.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// `--sim-node` names neither a preset nor a readable file.
+    #[error("--sim-node {value:?} is neither a preset nor a file; presets: {presets}")]
+    UnknownNode {
+        /// What was given.
+        value: String,
+        /// Valid preset names.
+        presets: String,
+    },
+    /// A node file is malformed or describes an impossible node.
+    #[error("{file}: {}{detail}", if field.is_empty() { String::new() } else { format!("{field}: ") })]
+    NodeFile {
+        /// File (or preset) name.
+        file: String,
+        /// Field path, e.g. `gpus[0].migDevices`; empty when the whole file is at fault.
+        field: String,
+        /// What is wrong and the valid choices.
+        detail: String,
+    },
+    /// The state file could not be read or written.
+    #[error("simulated GPU state {step} failed for {}", path.display())]
+    StateIo {
+        /// Path involved.
+        path: PathBuf,
+        /// Step that failed.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state file exists but cannot be trusted.
+    #[error("simulated GPU state {} is unreadable: {detail}; move it away to start the node afresh", path.display())]
+    StateCorrupt {
+        /// Path of the state file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// Where a simulated node description comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeSource {
+    /// A built-in preset.
+    Preset(&'static presets::Preset),
+    /// A node file.
+    File(PathBuf),
+}
+
+impl NodeSource {
+    /// Resolves `--sim-node`: a preset name, else a path to a node file.
+    pub fn resolve(value: &str) -> Result<NodeSource, SimError> {
+        if let Some(p) = presets::preset(value) {
+            return Ok(NodeSource::Preset(p));
+        }
+        let path = Path::new(value);
+        if path.is_file() {
+            return Ok(NodeSource::File(path.to_path_buf()));
+        }
+        Err(SimError::UnknownNode {
+            value: value.to_string(),
+            presets: presets::preset_names(),
+        })
+    }
+
+    /// Parses and validates the description.
+    pub fn plan(&self) -> Result<NodePlan, SimError> {
+        match self {
+            NodeSource::Preset(p) => {
+                let source = format!("preset {}", p.name);
+                NodeSpec::parse(&source, p.yaml)?.plan(&source, p.name)
+            }
+            NodeSource::File(path) => {
+                let stem = path
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .map(|s| s.to_ascii_lowercase().replace('_', "-"))
+                    .unwrap_or_else(|| "sim-node".to_string());
+                NodeSpec::load(path)?.plan(&path.display().to_string(), &stem)
+            }
+        }
+    }
+}
+
+/// Fixed facts of one simulated GPU.
+#[derive(Debug, Clone)]
+struct StaticGpu {
+    uuid: String,
+    pci_bus_id: String,
+    pcie_root: String,
+    numa_node: i64,
+}
+
+/// A simulated GPU node.
+pub struct SimBackend {
+    plan: NodePlan,
+    statics: Vec<StaticGpu>,
+    store: Store,
+}
+
+impl std::fmt::Debug for SimBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimBackend")
+            .field("node", &self.plan.node_name)
+            .field("gpus", &self.plan.gpus.len())
+            .finish()
+    }
+}
+
+impl SimBackend {
+    /// Powers on a simulated node from `--sim-node` (preset or file). With `state_dir`, the
+    /// hardware state is read from and written to `<state_dir>/sim-gpu-state.json`;
+    /// otherwise it lives in memory.
+    pub fn open(sim_node: &str, state_dir: Option<&Path>) -> Result<SimBackend, SimError> {
+        let plan = NodeSource::resolve(sim_node)?.plan()?;
+        Ok(SimBackend::from_plan(plan, state_dir))
+    }
+
+    /// Powers on a validated node plan.
+    pub fn from_plan(plan: NodePlan, state_dir: Option<&Path>) -> SimBackend {
+        let count = plan.gpus.len() as u32;
+        let statics: Vec<StaticGpu> = (0..count)
+            .map(|i| {
+                let (pci_bus_id, pcie_root) = ids::pci_address(i);
+                StaticGpu {
+                    uuid: ids::gpu_uuid(&plan.node_name, i),
+                    pci_bus_id,
+                    pcie_root,
+                    numa_node: ids::numa_node(i, count, plan.numa_nodes),
+                }
+            })
+            .collect();
+        let initial = initial_state(&plan, &statics);
+        let store = match state_dir {
+            Some(dir) => Store::File {
+                dir: dir.to_path_buf(),
+                fingerprint: fingerprint(&plan),
+                initial,
+            },
+            None => Store::Memory(Mutex::new(initial)),
+        };
+        SimBackend {
+            plan,
+            statics,
+            store,
+        }
+    }
+
+    /// The node name the description gives.
+    pub fn node_name(&self) -> &str {
+        &self.plan.node_name
+    }
+
+    /// The validated node description.
+    pub fn plan(&self) -> &NodePlan {
+        &self.plan
+    }
+
+    /// MIG policy of each GPU, by index.
+    pub fn mig_policies(&self) -> Vec<MigPolicy> {
+        self.plan.gpus.iter().map(|g| g.policy).collect()
+    }
+
+    fn check_index(&self, index: u32) -> Result<usize, HardwareError> {
+        let i = index as usize;
+        if i < self.plan.gpus.len() {
+            Ok(i)
+        } else {
+            Err(HardwareError::NoSuchGpu {
+                index,
+                count: self.plan.gpus.len(),
+            })
+        }
+    }
+
+    /// Resets GPU `index` (`nvidia-smi -r`): a pending MIG mode takes effect. Fails with
+    /// IN_USE while GPU instances exist.
+    pub fn reset_gpu(&self, index: u32) -> Result<(), HardwareError> {
+        let i = self.check_index(index)?;
+        self.store.with(|s| {
+            let gpu = &mut s.gpus[i];
+            if !gpu.instances.is_empty() {
+                return Err(nvml_err("reset GPU", index, NvmlCode::InUse));
+            }
+            let changed = gpu.mig_current != gpu.mig_pending;
+            gpu.mig_current = gpu.mig_pending;
+            Ok(((), changed))
+        })
+    }
+
+    /// Marks GPU `index` healthy or unhealthy, as an XID event would.
+    pub fn set_healthy(&self, index: u32, healthy: bool) -> Result<(), HardwareError> {
+        let i = self.check_index(index)?;
+        self.store.with(|s| {
+            let changed = s.gpus[i].healthy != healthy;
+            s.gpus[i].healthy = healthy;
+            Ok(((), changed))
+        })
+    }
+
+    /// `nvmlDeviceCreateGpuInstanceWithPlacement`: creates a GPU instance of profile
+    /// `profile_id` (driver id) at `start` and returns its GI id.
+    pub fn create_gpu_instance(
+        &self,
+        index: u32,
+        profile_id: u32,
+        start: u32,
+    ) -> Result<u32, HardwareError> {
+        let i = self.check_index(index)?;
+        let model = self.plan.gpus[i].model;
+        let op = |code| {
+            nvml_err(
+                &format!("create GPU instance (profile id {profile_id}) at {start}"),
+                index,
+                code,
+            )
+        };
+        self.store.with(|s| {
+            let gpu = &mut s.gpus[i];
+            if !model.mig_capable() || !gpu.mig_current {
+                return Err(op(NvmlCode::NotSupported));
+            }
+            let Some(profile) = model.profiles.iter().find(|p| p.id == profile_id) else {
+                return Err(op(NvmlCode::InvalidArgument));
+            };
+            let existing = occupants(model, &gpu.instances);
+            geometry::check_placement(&model.profiles, &existing, profile, start).map_err(|c| {
+                op(match c {
+                    geometry::PlacementConflict::InvalidStart { .. } => NvmlCode::InvalidArgument,
+                    _ => NvmlCode::InsufficientResources,
+                })
+            })?;
+            let placement = Placement {
+                start,
+                size: profile.memory_slices,
+            };
+            let gi_id = gi_id_for(model.memory_slices, placement, &gpu.instances);
+            gpu.instances.push(InstanceState {
+                gi_id,
+                profile_id,
+                start,
+                size: profile.memory_slices,
+                compute_instances: Vec::new(),
+            });
+            Ok((gi_id, true))
+        })
+    }
+
+    /// `nvmlGpuInstanceCreateComputeInstance` with the default (whole-GI) profile: returns
+    /// the CI id and the new MIG device's UUID.
+    pub fn create_compute_instance(
+        &self,
+        index: u32,
+        gi_id: u32,
+    ) -> Result<(u32, String), HardwareError> {
+        let i = self.check_index(index)?;
+        let gpu_uuid = self.statics[i].uuid.clone();
+        let op = |code| {
+            nvml_err(
+                &format!("create compute instance in GI {gi_id}"),
+                index,
+                code,
+            )
+        };
+        self.store.with(|s| {
+            s.serial += 1;
+            let serial = s.serial;
+            let gi = s.gpus[i]
+                .instances
+                .iter_mut()
+                .find(|g| g.gi_id == gi_id)
+                .ok_or_else(|| op(NvmlCode::NotFound))?;
+            if !gi.compute_instances.is_empty() {
+                return Err(op(NvmlCode::InsufficientResources));
+            }
+            let uuid = ids::mig_uuid(&gpu_uuid, gi_id, 0, serial);
+            gi.compute_instances.push((0, uuid.clone()));
+            Ok(((0, uuid), true))
+        })
+    }
+
+    /// `nvmlComputeInstanceDestroy`.
+    pub fn destroy_compute_instance(
+        &self,
+        index: u32,
+        gi_id: u32,
+        ci_id: u32,
+    ) -> Result<(), HardwareError> {
+        let i = self.check_index(index)?;
+        let op = |code| {
+            nvml_err(
+                &format!("destroy compute instance {ci_id} of GI {gi_id}"),
+                index,
+                code,
+            )
+        };
+        self.store.with(|s| {
+            let gi = s.gpus[i]
+                .instances
+                .iter_mut()
+                .find(|g| g.gi_id == gi_id)
+                .ok_or_else(|| op(NvmlCode::NotFound))?;
+            let before = gi.compute_instances.len();
+            gi.compute_instances.retain(|(ci, _)| *ci != ci_id);
+            if gi.compute_instances.len() == before {
+                return Err(op(NvmlCode::NotFound));
+            }
+            Ok(((), true))
+        })
+    }
+
+    /// `nvmlGpuInstanceDestroy`: fails with IN_USE while compute instances exist.
+    pub fn destroy_gpu_instance(&self, index: u32, gi_id: u32) -> Result<(), HardwareError> {
+        let i = self.check_index(index)?;
+        let op = |code| nvml_err(&format!("destroy GPU instance {gi_id}"), index, code);
+        self.store.with(|s| {
+            let gpu = &mut s.gpus[i];
+            let pos = gpu
+                .instances
+                .iter()
+                .position(|g| g.gi_id == gi_id)
+                .ok_or_else(|| op(NvmlCode::NotFound))?;
+            if !gpu.instances[pos].compute_instances.is_empty() {
+                return Err(op(NvmlCode::InUse));
+            }
+            gpu.instances.remove(pos);
+            Ok(((), true))
+        })
+    }
+}
+
+fn nvml_err(operation: &str, index: u32, code: NvmlCode) -> HardwareError {
+    HardwareError::Nvml {
+        operation: operation.to_string(),
+        index,
+        code,
+    }
+}
+
+/// GI ids as the driver hands them out on the observed hardware: the node of the memory-slice
+/// tree the placement covers (8-wide: 0, 4-wide: 1–2, 2-wide: 3–6, 1-wide: 7–14 on an 8-slice
+/// GPU; e.g. seven 1g instances get 7 + start, as seen on H100). Falls back to the lowest
+/// free id for a placement that is not a tree node.
+fn gi_id_for(memory_slices: u32, placement: Placement, existing: &[InstanceState]) -> u32 {
+    let size = placement.size.max(1);
+    if memory_slices.is_multiple_of(size)
+        && size.is_power_of_two()
+        && placement.start.is_multiple_of(size)
+    {
+        let id = (memory_slices / size - 1) + placement.start / size;
+        if !existing.iter().any(|g| g.gi_id == id) {
+            return id;
+        }
+    }
+    (0..)
+        .find(|id| !existing.iter().any(|g| g.gi_id == *id))
+        .unwrap_or(0)
+}
+
+fn occupants<'a>(
+    model: &'a super::catalog::GpuModel,
+    instances: &[InstanceState],
+) -> Vec<Occupant<'a>> {
+    instances
+        .iter()
+        .filter_map(|g| {
+            let profile = model.profiles.iter().find(|p| p.id == g.profile_id)?;
+            Some(Occupant {
+                profile,
+                placement: Placement {
+                    start: g.start,
+                    size: g.size,
+                },
+            })
+        })
+        .collect()
+}
+
+fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState {
+    let mut serial = 0u64;
+    let gpus = plan
+        .gpus
+        .iter()
+        .zip(statics)
+        .map(|(gpu, st)| {
+            let mut instances: Vec<InstanceState> = Vec::new();
+            for &(profile_id, placement) in &gpu.mig_devices {
+                serial += 1;
+                let gi_id = gi_id_for(gpu.model.memory_slices, placement, &instances);
+                instances.push(InstanceState {
+                    gi_id,
+                    profile_id,
+                    start: placement.start,
+                    size: placement.size,
+                    compute_instances: vec![(0, ids::mig_uuid(&st.uuid, gi_id, 0, serial))],
+                });
+            }
+            GpuState {
+                mig_current: gpu.mig_enabled,
+                mig_pending: gpu.mig_enabled,
+                healthy: true,
+                instances,
+            }
+        })
+        .collect();
+    SimState { serial, gpus }
+}
+
+/// Identifies a node description, so a state file written for another node shape is not
+/// applied to this one.
+fn fingerprint(plan: &NodePlan) -> String {
+    let mut text = format!(
+        "{}|{}|{}",
+        plan.node_name, plan.driver_version, plan.cuda_driver_version
+    );
+    for g in &plan.gpus {
+        text.push_str(&format!(
+            "|{}:{}:{}:{:?}",
+            g.model.key,
+            g.policy.as_str(),
+            g.mig_enabled,
+            g.mig_devices
+        ));
+    }
+    ids::gpu_uuid(&text, 0)
+}
+
+impl GpuBackend for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn inventory(&self) -> Result<NodeInventory, HardwareError> {
+        let state = self.store.with(|s| Ok((s.clone(), false)))?;
+        let gpus = self
+            .plan
+            .gpus
+            .iter()
+            .zip(&self.statics)
+            .zip(&state.gpus)
+            .enumerate()
+            .map(|(i, ((plan, st), gs))| gpu_info(i as u32, plan, st, gs))
+            .collect();
+        Ok(NodeInventory {
+            driver_version: self.plan.driver_version.clone(),
+            cuda_driver_version: self.plan.cuda_driver_version.clone(),
+            gpus,
+        })
+    }
+
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
+        let i = self.check_index(index)?;
+        let model = self.plan.gpus[i].model;
+        let op = |code| {
+            nvml_err(
+                &format!("set MIG mode {}", if enabled { "on" } else { "off" }),
+                index,
+                code,
+            )
+        };
+        self.store.with(|s| {
+            let gpu = &mut s.gpus[i];
+            if !model.mig_capable() {
+                return Err(op(NvmlCode::NotSupported));
+            }
+            if gpu.mig_current == enabled && gpu.mig_pending == enabled {
+                return Ok((MigModeChange::Unchanged, false));
+            }
+            if !gpu.instances.is_empty() {
+                return Err(op(NvmlCode::InUse));
+            }
+            gpu.mig_pending = enabled;
+            if model.architecture.mig_toggle_needs_reset() {
+                Ok((MigModeChange::PendingReset, true))
+            } else {
+                gpu.mig_current = enabled;
+                Ok((MigModeChange::Applied, true))
+            }
+        })
+    }
+
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile_id: u32,
+        placement_start: u32,
+    ) -> Result<MigDevice, HardwareError> {
+        let gi_id = self.create_gpu_instance(index, profile_id, placement_start)?;
+        let (ci_id, uuid) = match self.create_compute_instance(index, gi_id) {
+            Ok(ci) => ci,
+            Err(e) => {
+                // Leave nothing behind: the GI without its CI is useless to anyone.
+                let _ = self.destroy_gpu_instance(index, gi_id);
+                return Err(e);
+            }
+        };
+        let model = self.plan.gpus[index as usize].model;
+        let profile = model.profiles.iter().find(|p| p.id == profile_id);
+        Ok(MigDevice {
+            uuid,
+            profile_id,
+            profile_name: profile.map(|p| p.name.clone()).unwrap_or_default(),
+            gi_id,
+            ci_id,
+            placement: Placement {
+                start: placement_start,
+                size: profile.map(|p| p.memory_slices).unwrap_or(1),
+            },
+        })
+    }
+
+    fn destroy_mig_device(&self, index: u32, gi_id: u32, ci_id: u32) -> Result<(), HardwareError> {
+        match self.destroy_compute_instance(index, gi_id, ci_id) {
+            // A partial earlier cleanup may already have removed the CI.
+            Ok(())
+            | Err(HardwareError::Nvml {
+                code: NvmlCode::NotFound,
+                ..
+            }) => {}
+            Err(e) => return Err(e),
+        }
+        self.destroy_gpu_instance(index, gi_id)
+    }
+}
+
+fn gpu_info(index: u32, plan: &node_file::PlannedGpu, st: &StaticGpu, gs: &GpuState) -> GpuInfo {
+    let model = plan.model;
+    let mut mig_devices = Vec::new();
+    let mut empty_gpu_instances = Vec::new();
+    for gi in &gs.instances {
+        let profile = model.profiles.iter().find(|p| p.id == gi.profile_id);
+        let placement = Placement {
+            start: gi.start,
+            size: gi.size,
+        };
+        let profile_name = profile.map(|p| p.name.clone()).unwrap_or_default();
+        if gi.compute_instances.is_empty() {
+            empty_gpu_instances.push(super::GpuInstanceRef {
+                gi_id: gi.gi_id,
+                profile_id: gi.profile_id,
+                placement,
+            });
+        }
+        for (ci_id, uuid) in &gi.compute_instances {
+            mig_devices.push(MigDevice {
+                uuid: uuid.clone(),
+                profile_id: gi.profile_id,
+                profile_name: profile_name.clone(),
+                gi_id: gi.gi_id,
+                ci_id: *ci_id,
+                placement,
+            });
+        }
+    }
+    mig_devices.sort_by_key(|d| (d.placement.start, d.gi_id));
+    GpuInfo {
+        index,
+        minor: index,
+        uuid: st.uuid.clone(),
+        product_name: model.product_name.clone(),
+        brand: model.brand.clone(),
+        architecture: model.architecture,
+        compute_capability: model.compute_capability,
+        memory_mib: model.memory_mib,
+        multiprocessors: model.multiprocessors,
+        pci_bus_id: st.pci_bus_id.clone(),
+        pcie_root: st.pcie_root.clone(),
+        numa_node: Some(st.numa_node),
+        mig: MigModeState {
+            capable: model.mig_capable(),
+            current: gs.mig_current,
+            pending: gs.mig_pending,
+        },
+        memory_slices: model.memory_slices,
+        mig_profiles: model.profiles.clone(),
+        mig_devices,
+        empty_gpu_instances,
+        healthy: gs.healthy,
+    }
+}

@@ -1,0 +1,194 @@
+//! The mutable state of a simulated node (MIG modes, GPU and compute instances, health) and
+//! where it lives: in memory, or in a state file shared by every process that opens the same
+//! directory — like real hardware, a restarted plugin finds what its predecessor created.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::SimError;
+
+/// Version of the state file's wire format.
+const STATE_VERSION: u32 = 1;
+/// File name of the state inside the state directory.
+pub const STATE_FILE: &str = "sim-gpu-state.json";
+const LOCK_FILE: &str = "sim-gpu-state.lock";
+
+/// Mutable hardware state of the whole node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimState {
+    /// Bumped on every MIG device creation, so a re-created device gets a new UUID.
+    pub serial: u64,
+    /// Per-GPU state, by index.
+    pub gpus: Vec<GpuState>,
+}
+
+/// Mutable state of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuState {
+    /// MIG mode in effect.
+    pub mig_current: bool,
+    /// MIG mode after the next reset.
+    pub mig_pending: bool,
+    /// Health as the device reports it.
+    pub healthy: bool,
+    /// GPU instances that exist.
+    pub instances: Vec<InstanceState>,
+}
+
+/// A GPU instance and its compute instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceState {
+    /// GPU instance id.
+    pub gi_id: u32,
+    /// Driver id of the profile.
+    pub profile_id: u32,
+    /// First memory slice.
+    pub start: u32,
+    /// Memory slices.
+    pub size: u32,
+    /// Compute instances inside: (ci id, MIG device UUID).
+    pub compute_instances: Vec<(u32, String)>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StateFileV1 {
+    version: u32,
+    /// Identifies the node description the state belongs to.
+    fingerprint: String,
+    state: SimState,
+}
+
+/// Where the state lives.
+pub(super) enum Store {
+    /// Process-local; gone when the process ends.
+    Memory(Mutex<SimState>),
+    /// A JSON file guarded by a lock file, re-read on every operation.
+    File {
+        dir: PathBuf,
+        fingerprint: String,
+        initial: SimState,
+    },
+}
+
+impl Store {
+    /// Runs `op` on the current state; when it returns `Ok((value, true))` the changed state
+    /// is persisted before this returns. On error nothing is written.
+    pub(super) fn with<T>(
+        &self,
+        op: impl FnOnce(&mut SimState) -> Result<(T, bool), crate::hardware::HardwareError>,
+    ) -> Result<T, crate::hardware::HardwareError> {
+        match self {
+            Store::Memory(state) => {
+                let mut guard = state
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut scratch = guard.clone();
+                let (value, _) = op(&mut scratch)?;
+                *guard = scratch;
+                Ok(value)
+            }
+            Store::File {
+                dir,
+                fingerprint,
+                initial,
+            } => {
+                let lock = lock_dir(dir)?;
+                let mut state = read_state(dir, fingerprint)?.unwrap_or_else(|| initial.clone());
+                let (value, changed) = op(&mut state)?;
+                if changed || !dir.join(STATE_FILE).exists() {
+                    write_state(dir, fingerprint, &state)?;
+                }
+                drop(lock);
+                Ok(value)
+            }
+        }
+    }
+}
+
+fn io_err<'a>(path: &'a Path, step: &'static str) -> impl FnOnce(std::io::Error) -> SimError + 'a {
+    move |source| SimError::StateIo {
+        path: path.to_path_buf(),
+        step,
+        source,
+    }
+}
+
+/// Takes the exclusive lock that serialises every process using this state directory.
+fn lock_dir(dir: &Path) -> Result<File, SimError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir, "create state directory"))?;
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path, "open lock file"))?;
+    file.lock().map_err(io_err(&path, "lock"))?;
+    Ok(file)
+}
+
+/// Reads the state; `None` when there is none yet or it belongs to another node description.
+/// A file that does not parse is an error: hardware state is never silently reset.
+fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<SimState>, SimError> {
+    let path = dir.join(STATE_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(&path, "read")(e)),
+    };
+    let file: StateFileV1 = serde_json::from_str(&text).map_err(|e| SimError::StateCorrupt {
+        path: path.clone(),
+        detail: e.to_string(),
+    })?;
+    if file.version != STATE_VERSION {
+        return Err(SimError::StateCorrupt {
+            path,
+            detail: format!(
+                "state version {} is not supported (supported: {STATE_VERSION})",
+                file.version
+            ),
+        });
+    }
+    if file.fingerprint != fingerprint {
+        return Ok(None);
+    }
+    Ok(Some(file.state))
+}
+
+fn write_state(dir: &Path, fingerprint: &str, state: &SimState) -> Result<(), SimError> {
+    let file = StateFileV1 {
+        version: STATE_VERSION,
+        fingerprint: fingerprint.to_string(),
+        state: state.clone(),
+    };
+    let mut bytes = serde_json::to_vec_pretty(&file).map_err(|e| SimError::StateCorrupt {
+        path: dir.join(STATE_FILE),
+        detail: e.to_string(),
+    })?;
+    bytes.push(b'\n');
+    write_atomic(&dir.join(STATE_FILE), &bytes)
+}
+
+/// Temp file in the same directory, fsync, rename, fsync the directory: a crash leaves either
+/// the old or the new state, never a torn file.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SimError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{STATE_FILE}.tmp"));
+    let mut f = File::create(&tmp).map_err(io_err(&tmp, "create temp file"))?;
+    f.write_all(bytes)
+        .map_err(io_err(&tmp, "write temp file"))?;
+    f.sync_all().map_err(io_err(&tmp, "fsync temp file"))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path, "rename into place"))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir, "fsync directory"))?;
+    Ok(())
+}

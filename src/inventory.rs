@@ -1,0 +1,257 @@
+//! `gpu-dra inventory`: what a node has and the ResourceSlices it would publish, rendered as a
+//! table for people or as Kubernetes objects for `kubectl create -f -`.
+
+use std::fmt::Write as _;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use crate::devices::{DeviceKind, DeviceModel, ModelOptions};
+use crate::hardware::{HardwareError, MigPolicy, NodeInventory};
+use crate::slices::{self, PoolOptions, SliceError};
+
+/// Errors of the inventory verb.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// The backend could not be queried.
+    #[error("reading the GPU inventory failed")]
+    Hardware(#[source] HardwareError),
+    /// The model breaks a ResourceSlice limit.
+    #[error("building ResourceSlices failed")]
+    Slices(#[source] SliceError),
+    /// Serialising the slices failed.
+    #[error("rendering ResourceSlices as {format} failed: {detail}")]
+    Render {
+        /// yaml or json.
+        format: &'static str,
+        /// Serializer message.
+        detail: String,
+    },
+}
+
+/// Everything `inventory` and `demo` show about a node.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    /// Node name.
+    pub node_name: String,
+    /// Backend name (`sim`, `nvml`).
+    pub backend: &'static str,
+    /// Hardware inventory.
+    pub inventory: NodeInventory,
+    /// MIG policy each GPU is published with.
+    pub policies: Vec<MigPolicy>,
+    /// The device model.
+    pub model: DeviceModel,
+    /// The pool's slices.
+    pub slices: Vec<ResourceSlice>,
+}
+
+/// Reads the backend and computes the model and slices (generation 1).
+pub fn view(
+    backend: &dyn crate::hardware::GpuBackend,
+    node_name: &str,
+    options: &ModelOptions,
+) -> Result<NodeView, InventoryError> {
+    let inventory = backend.inventory().map_err(InventoryError::Hardware)?;
+    let model = crate::devices::build(&inventory, options);
+    let slices = slices::build(
+        &model,
+        &PoolOptions {
+            driver_name: options.driver_name.clone(),
+            node_name: node_name.to_string(),
+            generation: 1,
+        },
+    )
+    .map_err(InventoryError::Slices)?;
+    let policies = inventory
+        .gpus
+        .iter()
+        .map(|g| options.policy_for(g))
+        .collect();
+    Ok(NodeView {
+        node_name: node_name.to_string(),
+        backend: backend.name(),
+        inventory,
+        policies,
+        model,
+        slices,
+    })
+}
+
+/// Slices as multi-document YAML, each a complete object.
+pub fn slices_yaml(slices: &[ResourceSlice]) -> Result<String, InventoryError> {
+    let mut out = String::new();
+    for s in slices {
+        out.push_str("---\n");
+        out.push_str(
+            &serde_yaml::to_string(s).map_err(|e| InventoryError::Render {
+                format: "yaml",
+                detail: e.to_string(),
+            })?,
+        );
+    }
+    Ok(out)
+}
+
+/// Slices as one JSON `v1 List`, which `kubectl create -f` accepts.
+pub fn slices_json(slices: &[ResourceSlice]) -> Result<String, InventoryError> {
+    let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": slices });
+    serde_json::to_string_pretty(&list)
+        .map(|mut s| {
+            s.push('\n');
+            s
+        })
+        .map_err(|e| InventoryError::Render {
+            format: "json",
+            detail: e.to_string(),
+        })
+}
+
+/// The GPU table: one line per GPU.
+pub fn gpu_table(view: &NodeView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} UUID",
+        "GPU", "PRODUCT", "MEMORY", "MIG", "POLICY", "DEVICES", "PCI", "NUMA"
+    );
+    for (gpu, policy) in view.inventory.gpus.iter().zip(&view.policies) {
+        let mig = match (gpu.mig.capable, gpu.mig.current, gpu.mig.pending) {
+            (false, _, _) => "n/a",
+            (true, true, true) => "on",
+            (true, false, false) => "off",
+            (true, false, true) => "pending-on",
+            (true, true, false) => "pending-off",
+        };
+        let devices = view
+            .model
+            .devices
+            .iter()
+            .filter(|d| d.gpu_index == gpu.index)
+            .count();
+        let _ = writeln!(
+            out,
+            "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {}",
+            gpu.index,
+            gpu.product_name,
+            format!("{}Mi", gpu.memory_mib),
+            mig,
+            policy.as_str(),
+            devices,
+            gpu.pci_bus_id,
+            gpu.numa_node
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".into()),
+            gpu.uuid
+        );
+    }
+    out
+}
+
+/// The device table: one line per published device.
+pub fn device_table(view: &NodeView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<4} {:<11} {:<9} {:<10} {:<4} UUID",
+        "DEVICE", "TYPE", "PROFILE", "PLACEMENT", "MEMORY", "SMS"
+    );
+    for d in &view.model.devices {
+        let cap = |k: &str| {
+            d.device
+                .capacity
+                .as_ref()
+                .and_then(|c| c.get(k))
+                .map(|q| q.value.0.clone())
+                .unwrap_or_else(|| "-".into())
+        };
+        let (kind, profile, placement, uuid) = match &d.kind {
+            DeviceKind::Gpu => ("gpu", "-".to_string(), "-".to_string(), d.gpu_uuid.clone()),
+            DeviceKind::MigStatic {
+                profile,
+                placement,
+                uuid,
+                ..
+            } => (
+                "mig",
+                profile.clone(),
+                format!("{}:{}", placement.start, placement.size),
+                uuid.clone(),
+            ),
+            DeviceKind::MigDynamic {
+                profile, placement, ..
+            } => (
+                "mig",
+                profile.clone(),
+                format!("{}:{}", placement.start, placement.size),
+                "(carved on demand)".to_string(),
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "{:<24} {:<4} {:<11} {:<9} {:<10} {:<4} {}",
+            d.name(),
+            kind,
+            profile,
+            placement,
+            cap("memory"),
+            cap("multiprocessors"),
+            uuid
+        );
+    }
+    out
+}
+
+/// One line per slice: name, devices, counter sets.
+pub fn slice_table(slices: &[ResourceSlice]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<40} {:<8} {:<13} CONTENT",
+        "RESOURCESLICE", "DEVICES", "COUNTER-SETS"
+    );
+    for s in slices {
+        let devices = s.spec.devices.as_deref().unwrap_or_default();
+        let sets = s.spec.shared_counters.as_deref().unwrap_or_default();
+        let content = if !sets.is_empty() {
+            let names: Vec<&str> = sets.iter().map(|c| c.name.as_str()).collect();
+            names.join(", ")
+        } else {
+            match (devices.first(), devices.last()) {
+                (Some(a), Some(b)) => format!("{} … {}", a.name, b.name),
+                _ => String::new(),
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{:<40} {:<8} {:<13} {}",
+            s.metadata.name.as_deref().unwrap_or_default(),
+            devices.len(),
+            sets.len(),
+            content
+        );
+    }
+    out
+}
+
+/// The full human-readable inventory: header, GPUs, devices, slices and warnings.
+pub fn render_table(view: &NodeView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Node {} ({} backend): {} GPU(s), driver {}, CUDA {}\n",
+        view.node_name,
+        view.backend,
+        view.inventory.gpus.len(),
+        view.inventory.driver_version,
+        view.inventory.cuda_driver_version
+    );
+    out.push_str(&gpu_table(view));
+    out.push('\n');
+    out.push_str(&device_table(view));
+    out.push('\n');
+    out.push_str(&slice_table(&view.slices));
+    for w in &view.model.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}

@@ -1,0 +1,150 @@
+//! The `resource.k8s.io/v1` ResourceSlice limits (Kubernetes 1.37) and checks that a device
+//! model stays within them, so the API server never rejects what gpu-dra publishes.
+
+use k8s_openapi::api::resource::v1::Device;
+
+use super::SliceError;
+use crate::devices::DeviceModel;
+
+/// Devices per slice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Devices per slice when any device uses taints or consumes counters.
+pub const MAX_DEVICES_PER_SLICE_WITH_COUNTERS: usize = 64;
+/// Attributes plus capacities per device.
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+/// Counter sets per slice.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+/// Counters per counter set, and per consumption.
+pub const MAX_COUNTERS_PER_SET: usize = 32;
+/// Counter consumptions per device.
+pub const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
+/// Length of string and version attribute values.
+pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
+/// Length of a DNS label (device, counter-set and counter names).
+pub const MAX_DNS_LABEL_LEN: usize = 63;
+
+/// Whether a device counts towards the lower per-slice limit.
+pub fn uses_counters_or_taints(d: &Device) -> bool {
+    d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+        || d.taints.as_ref().is_some_and(|t| !t.is_empty())
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_DNS_LABEL_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn limit(object: &str, field: impl Into<String>, problem: impl Into<String>) -> SliceError {
+    SliceError::Limit {
+        object: object.to_string(),
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Checks every device and counter set against the limits.
+pub fn check_model(model: &DeviceModel) -> Result<(), SliceError> {
+    let mut names = std::collections::BTreeSet::new();
+    for d in &model.devices {
+        check_device(&d.device)?;
+        if !names.insert(d.device.name.as_str()) {
+            return Err(limit(&d.device.name, "name", "is not unique in the pool"));
+        }
+    }
+    let mut set_names = std::collections::BTreeSet::new();
+    for set in &model.counter_sets {
+        if !is_dns_label(&set.name) {
+            return Err(limit(
+                &set.name,
+                "name",
+                "must be a DNS label (lowercase letters, digits, '-', at most 63)",
+            ));
+        }
+        if !set_names.insert(set.name.as_str()) {
+            return Err(limit(&set.name, "name", "is not unique in the pool"));
+        }
+        if set.counters.len() > MAX_COUNTERS_PER_SET {
+            return Err(limit(
+                &set.name,
+                "counters",
+                format!(
+                    "has {} counters; at most {MAX_COUNTERS_PER_SET} are allowed",
+                    set.counters.len()
+                ),
+            ));
+        }
+        if let Some(bad) = set.counters.keys().find(|k| !is_dns_label(k)) {
+            return Err(limit(
+                &set.name,
+                format!("counters[{bad}]"),
+                "must be a DNS label",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_device(d: &Device) -> Result<(), SliceError> {
+    let name = d.name.as_str();
+    if !is_dns_label(name) {
+        return Err(limit(
+            name,
+            "name",
+            "must be a DNS label (lowercase letters, digits, '-', at most 63)",
+        ));
+    }
+    let attrs = d.attributes.as_ref().map_or(0, |a| a.len());
+    let caps = d.capacity.as_ref().map_or(0, |c| c.len());
+    if attrs + caps > MAX_ATTRIBUTES_AND_CAPACITIES {
+        return Err(limit(
+            name,
+            "attributes+capacity",
+            format!(
+                "has {} entries; at most {MAX_ATTRIBUTES_AND_CAPACITIES} are allowed",
+                attrs + caps
+            ),
+        ));
+    }
+    for (key, value) in d.attributes.iter().flatten() {
+        for text in [&value.string, &value.version].into_iter().flatten() {
+            if text.len() > MAX_ATTRIBUTE_VALUE_LEN {
+                return Err(limit(
+                    name,
+                    format!("attributes[{key}]"),
+                    format!(
+                        "{text:?} is {} characters; at most {MAX_ATTRIBUTE_VALUE_LEN} are allowed",
+                        text.len()
+                    ),
+                ));
+            }
+        }
+    }
+    let consumptions = d.consumes_counters.as_deref().unwrap_or_default();
+    if consumptions.len() > MAX_CONSUMPTIONS_PER_DEVICE {
+        return Err(limit(
+            name,
+            "consumesCounters",
+            format!(
+                "has {} entries; at most {MAX_CONSUMPTIONS_PER_DEVICE} are allowed",
+                consumptions.len()
+            ),
+        ));
+    }
+    for c in consumptions {
+        if c.counters.len() > MAX_COUNTERS_PER_SET {
+            return Err(limit(
+                name,
+                format!("consumesCounters[{}]", c.counter_set),
+                format!(
+                    "consumes {} counters; at most {MAX_COUNTERS_PER_SET} are allowed",
+                    c.counters.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! ResourceSlices, pure: a [`DeviceModel`] → the `resource.k8s.io/v1` ResourceSlice objects
+//! of one node's pool, within every API limit.
+//!
+//! Layout (Kubernetes ≥ 1.35): counter sets go in device-less slices, at most 8 per slice;
+//! devices go in slices of at most 128 (64 when any of them consumes counters), a GPU's
+//! devices never split across slices. Counter-set slices come first, then device slices in GPU
+//! order; slice `i` is named `<node>-<driver>-<i>`. Every slice carries the pool's generation
+//! and the total slice count. Output is deterministic: the same model gives byte-identical
+//! YAML.
+
+mod limits;
+
+use k8s_openapi::api::resource::v1::{
+    CounterSet, Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::devices::DeviceModel;
+
+pub use limits::{
+    MAX_ATTRIBUTES_AND_CAPACITIES, MAX_COUNTER_SETS_PER_SLICE, MAX_COUNTERS_PER_SET,
+    MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE_WITH_COUNTERS,
+};
+
+/// Errors building slices: the model breaks an API limit the API server would reject.
+#[derive(Debug, thiserror::Error)]
+pub enum SliceError {
+    /// A device, attribute or counter breaks a ResourceSlice limit.
+    #[error("{object}: {field} {problem}")]
+    Limit {
+        /// The device or counter set at fault.
+        object: String,
+        /// The field.
+        field: String,
+        /// What is wrong, with the limit.
+        problem: String,
+    },
+}
+
+/// Which node's pool the slices describe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// DRA driver name.
+    pub driver_name: String,
+    /// Node name; also the pool name.
+    pub node_name: String,
+    /// Pool generation (bumped by the publisher whenever the pool's content changes).
+    pub generation: i64,
+}
+
+/// A slice holds either counter sets or devices, never both (Kubernetes ≥ 1.35).
+type SliceContent = (Option<Vec<CounterSet>>, Option<Vec<Device>>);
+
+/// Builds the slices of one node's pool.
+///
+/// Fails with [`SliceError::Limit`] naming the device or counter set, the field and the limit
+/// when the model cannot be published as it is.
+pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceSlice>, SliceError> {
+    limits::check_model(model)?;
+    let mut specs: Vec<SliceContent> = Vec::new();
+    for chunk in model.counter_sets.chunks(MAX_COUNTER_SETS_PER_SLICE) {
+        specs.push((Some(chunk.to_vec()), None));
+    }
+    for group in pack_devices(model) {
+        specs.push((None, Some(group)));
+    }
+    let count = specs.len() as i64;
+    Ok(specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (shared_counters, devices))| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(&options.node_name, &options.driver_name, i)),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: options.driver_name.clone(),
+                node_name: Some(options.node_name.clone()),
+                pool: ResourcePool {
+                    name: options.node_name.clone(),
+                    generation: options.generation,
+                    resource_slice_count: count,
+                },
+                shared_counters,
+                devices,
+                ..Default::default()
+            },
+        })
+        .collect())
+}
+
+/// Groups devices into slices: whole GPUs, greedily, under the per-slice device limit.
+fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
+    let mut gpus: Vec<Vec<&Device>> = Vec::new();
+    let mut last_gpu = None;
+    for d in &model.devices {
+        if last_gpu != Some(d.gpu_index) {
+            gpus.push(Vec::new());
+            last_gpu = Some(d.gpu_index);
+        }
+        if let Some(g) = gpus.last_mut() {
+            g.push(&d.device);
+        }
+    }
+    let mut slices: Vec<Vec<Device>> = Vec::new();
+    let mut current: Vec<Device> = Vec::new();
+    let mut current_counts = false;
+    for gpu in gpus {
+        let gpu_counts = gpu.iter().any(|d| limits::uses_counters_or_taints(d));
+        let limit = |counts: bool| {
+            if counts {
+                MAX_DEVICES_PER_SLICE_WITH_COUNTERS
+            } else {
+                MAX_DEVICES_PER_SLICE
+            }
+        };
+        let together = current.len() + gpu.len();
+        if !current.is_empty() && together > limit(current_counts || gpu_counts) {
+            slices.push(std::mem::take(&mut current));
+            current_counts = false;
+        }
+        current_counts |= gpu_counts;
+        current.extend(gpu.into_iter().cloned());
+    }
+    if !current.is_empty() {
+        slices.push(current);
+    }
+    slices
+}
+
+/// `<node>-<driver>-<i>`; with a node name so long that this would pass the 253-character
+/// object-name limit, the node part is cut (at a label boundary character) to fit.
+pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
+    let suffix = format!("-{driver}-{index}");
+    let room = 253usize.saturating_sub(suffix.len());
+    let mut node_part = &node[..node.len().min(room)];
+    node_part = node_part.trim_end_matches(['-', '.']);
+    format!("{node_part}{suffix}")
+}
