@@ -1,0 +1,139 @@
+//! The `gpu-dra` binary as users run it: `demo`, `inventory` and their errors.
+
+use std::process::Command;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+fn gpu_dra(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(args)
+        .env_remove("GPU_DRA_SIM_NODE")
+        .output()
+        .expect("run gpu-dra");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn inventory_yaml_is_a_stream_of_resource_slices_kubectl_can_create() {
+    let (code, out, err) = gpu_dra(&["inventory", "--sim-node", "dgx-h100", "-o", "yaml"]);
+    assert_eq!(code, 0, "{err}");
+    let mut slices = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&out) {
+        let value = serde_yaml::Value::deserialize(doc).unwrap();
+        assert_eq!(value["apiVersion"].as_str(), Some("resource.k8s.io/v1"));
+        assert_eq!(value["kind"].as_str(), Some("ResourceSlice"));
+        slices.push(serde_yaml::from_value::<ResourceSlice>(value).unwrap());
+    }
+    let devices: usize = slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(devices, 208);
+}
+
+use serde::Deserialize;
+
+#[test]
+fn inventory_json_is_a_list_object() {
+    let (code, out, err) = gpu_dra(&[
+        "inventory",
+        "--sim-node",
+        "hgx-h100-16",
+        "-o",
+        "json",
+        "--node-name",
+        "gpu-node-7",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 10);
+    assert!(items.iter().all(
+        |i| i["spec"]["nodeName"] == "gpu-node-7" && i["spec"]["pool"]["name"] == "gpu-node-7"
+    ));
+}
+
+#[test]
+fn inventory_table_lists_gpus_devices_and_slices() {
+    let (code, out, _) = gpu_dra(&["inventory", "--sim-node", "mixed"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("Node mixed (sim backend): 3 GPU(s), driver 580.95.05, CUDA 13.0"),
+        "{out}"
+    );
+    assert!(out.contains("gpu-1-mig-3g40gb-4"), "{out}");
+    assert!(out.contains("(carved on demand)"), "{out}");
+    assert!(out.contains("mixed-gpu.nvidia.com-0"), "{out}");
+}
+
+#[test]
+fn demo_runs_on_the_default_preset() {
+    let (code, out, err) = gpu_dra(&["demo"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Node \"mixed\""), "{out}");
+    assert!(out.contains("25 MIG placements carved on demand"), "{out}");
+    assert!(out.contains("3. ResourceSlices"), "{out}");
+}
+
+#[test]
+fn a_bad_sim_node_fails_with_the_valid_choices() {
+    let (code, out, err) = gpu_dra(&["inventory", "--sim-node", "dgx-z9"]);
+    assert_eq!(code, 1);
+    assert!(out.is_empty());
+    assert!(
+        err.starts_with(
+            "error: --sim-node \"dgx-z9\" is neither a preset nor a file; presets: mixed,"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn presets_can_be_listed_and_printed_as_node_files() {
+    let (code, out, _) = gpu_dra(&["inventory", "--list-presets"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("hgx-h100-16") && out.contains("H100-SXM5-80GB"),
+        "{out}"
+    );
+    let (code, out, _) = gpu_dra(&["inventory", "--print-preset", "dgx-a100"]);
+    assert_eq!(code, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("copy.yaml");
+    std::fs::write(&file, out).unwrap();
+    let (code, out, err) = gpu_dra(&["inventory", "--sim-node", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("gpu-0-mig-3g20gb-4"), "{out}");
+}
+
+#[test]
+fn the_nvml_backend_fails_cleanly_without_a_driver() {
+    let (code, out, err) = gpu_dra(&["inventory", "--gpu-backend", "nvml"]);
+    if code == 0 {
+        // A machine with a GPU driver: the real inventory printed.
+        assert!(out.starts_with("Node "), "{out}");
+        return;
+    }
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.contains("libnvidia-ml.so.1"), "{err}");
+    assert!(err.contains("--gpu-backend sim"), "{err}");
+}
+
+#[test]
+fn inventory_shares_the_simulated_state_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    let (code, _, err) = gpu_dra(&["inventory", "--sim-node", "dgx-h100", "--state-dir", state]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        dir.path()
+            .join(gpu_dra::hardware::sim::STATE_FILE)
+            .is_file()
+    );
+}

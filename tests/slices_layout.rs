@@ -1,0 +1,384 @@
+//! ResourceSlices of the presets: device counts, counter sets, API limits, determinism, and
+//! shared counters that allow exactly the MIG layouts the (simulated) hardware accepts.
+
+use std::collections::BTreeMap;
+
+use gpu_dra::devices::{self, DeviceKind, DeviceModel, ModelOptions};
+use gpu_dra::hardware::sim::SimBackend;
+use gpu_dra::hardware::{GpuBackend, MigPolicy};
+use gpu_dra::inventory;
+use gpu_dra::slices::{self, PoolOptions};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+fn options(sim: &SimBackend) -> ModelOptions {
+    ModelOptions {
+        policies: sim
+            .mig_policies()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (i as u32, p))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn model_and_slices(preset: &str) -> (SimBackend, DeviceModel, Vec<ResourceSlice>) {
+    let sim = SimBackend::open(preset, None).unwrap();
+    let model = devices::build(&sim.inventory().unwrap(), &options(&sim));
+    let pool = PoolOptions {
+        driver_name: "gpu.nvidia.com".into(),
+        node_name: sim.node_name().into(),
+        generation: 3,
+    };
+    let slices = slices::build(&model, &pool).unwrap();
+    (sim, model, slices)
+}
+
+/// Quantities as they appear in our counters: plain integers, `Mi`, `Gi`.
+fn amount(q: &str) -> u64 {
+    if let Some(n) = q.strip_suffix("Mi") {
+        n.parse::<u64>().unwrap() << 20
+    } else if let Some(n) = q.strip_suffix("Gi") {
+        n.parse::<u64>().unwrap() << 30
+    } else {
+        q.parse().unwrap()
+    }
+}
+
+#[test]
+fn dgx_h100_publishes_8_gpus_of_26_devices_and_8_counter_sets() {
+    let (_, model, slices) = model_and_slices("dgx-h100");
+    assert_eq!(model.devices.len(), 8 * 26);
+    for gpu in 0..8 {
+        let on_gpu: Vec<&str> = model
+            .devices
+            .iter()
+            .filter(|d| d.gpu_index == gpu)
+            .map(|d| d.name())
+            .collect();
+        assert_eq!(on_gpu.len(), 26);
+        assert_eq!(on_gpu[0], format!("gpu-{gpu}"));
+    }
+    let sets: Vec<_> = slices
+        .iter()
+        .flat_map(|s| s.spec.shared_counters.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(sets.len(), 8);
+    let devices: usize = slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(devices, 208);
+    assert_eq!(
+        slices.len(),
+        5,
+        "one counter slice and four device slices of two GPUs each"
+    );
+    for s in &slices {
+        assert_eq!(s.spec.pool.resource_slice_count, 5);
+        assert_eq!(s.spec.pool.generation, 3);
+        assert_eq!(s.spec.pool.name, "dgx-h100");
+        assert_eq!(s.spec.node_name.as_deref(), Some("dgx-h100"));
+        assert!(
+            s.spec.devices.is_none() || s.spec.shared_counters.is_none(),
+            "a slice holds devices or counter sets, not both"
+        );
+    }
+}
+
+#[test]
+fn every_slice_respects_the_api_limits() {
+    for preset in [
+        "dgx-h100",
+        "hgx-h100-16",
+        "dgx-h200",
+        "dgx-b200",
+        "dgx-a100",
+        "dgx-a100-80",
+        "a30-x4",
+        "mixed",
+        "l4-x4",
+    ] {
+        let (_, _, slices) = model_and_slices(preset);
+        let mut set_names = BTreeMap::new();
+        for s in &slices {
+            let devs = s.spec.devices.as_deref().unwrap_or_default();
+            let counts = devs.iter().any(|d| d.consumes_counters.is_some());
+            assert!(devs.len() <= if counts { 64 } else { 128 }, "{preset}");
+            let sets = s.spec.shared_counters.as_deref().unwrap_or_default();
+            assert!(sets.len() <= 8, "{preset}");
+            for set in sets {
+                assert!(set.counters.len() <= 32);
+                assert!(
+                    set_names.insert(set.name.clone(), set.clone()).is_none(),
+                    "{preset}: duplicate set"
+                );
+            }
+            for d in devs {
+                let n = d.attributes.as_ref().map_or(0, |a| a.len())
+                    + d.capacity.as_ref().map_or(0, |c| c.len());
+                assert!(n <= 32, "{preset} {}", d.name);
+                assert!(
+                    d.name.len() <= 63 && !d.name.contains('.') && d.name == d.name.to_lowercase()
+                );
+                for a in d.attributes.iter().flatten().map(|(_, v)| v) {
+                    assert!(a.string.as_ref().is_none_or(|s| s.len() <= 64));
+                }
+            }
+        }
+        // Every consumption names a set of the pool and counters that set has.
+        for s in &slices {
+            for d in s.spec.devices.iter().flatten() {
+                for c in d.consumes_counters.iter().flatten() {
+                    let set = set_names
+                        .get(&c.counter_set)
+                        .unwrap_or_else(|| panic!("{preset}: {} unknown", c.counter_set));
+                    for (name, q) in &c.counters {
+                        let total = set
+                            .counters
+                            .get(name)
+                            .unwrap_or_else(|| panic!("{preset}: counter {name}"));
+                        assert!(
+                            amount(&q.value.0) <= amount(&total.value.0),
+                            "{preset} {} {name}",
+                            d.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn more_than_8_gpus_spread_counter_sets_over_several_slices() {
+    let (_, model, slices) = model_and_slices("hgx-h100-16");
+    assert_eq!(model.devices.len(), 16 * 26);
+    let per_slice: Vec<usize> = slices
+        .iter()
+        .map(|s| s.spec.shared_counters.as_ref().map_or(0, Vec::len))
+        .collect();
+    assert_eq!(per_slice[..2], [8, 8]);
+    assert_eq!(slices.len(), 10);
+}
+
+#[test]
+fn output_is_byte_identical_for_the_same_input() {
+    let (_, _, a) = model_and_slices("hgx-h100-16");
+    let (_, _, b) = model_and_slices("hgx-h100-16");
+    assert_eq!(
+        inventory::slices_yaml(&a).unwrap(),
+        inventory::slices_yaml(&b).unwrap()
+    );
+    assert_eq!(
+        inventory::slices_json(&a).unwrap(),
+        inventory::slices_json(&b).unwrap()
+    );
+}
+
+#[test]
+fn static_mig_publishes_existing_devices_with_their_uuids() {
+    let (sim, model, _) = model_and_slices("dgx-a100");
+    let inv = sim.inventory().unwrap();
+    let gpu0: Vec<&str> = model
+        .devices
+        .iter()
+        .filter(|d| d.gpu_index == 0)
+        .map(|d| d.name())
+        .collect();
+    assert_eq!(
+        gpu0,
+        [
+            "gpu-0-mig-1g5gb-0",
+            "gpu-0-mig-1g5gb-1",
+            "gpu-0-mig-2g10gb-2",
+            "gpu-0-mig-3g20gb-4"
+        ]
+    );
+    let d = model.device("gpu-0-mig-3g20gb-4").unwrap();
+    let attrs = d.device.attributes.as_ref().unwrap();
+    assert_eq!(
+        attrs["uuid"].string.as_deref(),
+        Some(inv.gpus[0].mig_devices[3].uuid.as_str())
+    );
+    assert_eq!(
+        attrs["parentUUID"].string.as_deref(),
+        Some(inv.gpus[0].uuid.as_str())
+    );
+    assert_eq!(attrs["profile"].string.as_deref(), Some("3g.20gb"));
+    assert_eq!(attrs["type"].string.as_deref(), Some("mig"));
+    assert!(d.device.consumes_counters.is_none());
+    let full: Vec<&str> = model
+        .devices
+        .iter()
+        .filter(|d| d.gpu_index >= 4)
+        .map(|d| d.name())
+        .collect();
+    assert_eq!(full, ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]);
+    let caps = model
+        .device("gpu-4")
+        .unwrap()
+        .device
+        .capacity
+        .as_ref()
+        .unwrap();
+    assert_eq!(caps["memory"].value.0, "40Gi");
+}
+
+#[test]
+fn full_gpu_attributes_match_nvidias_driver() {
+    let (_, model, _) = model_and_slices("mixed");
+    let l4 = model.device("gpu-2").unwrap();
+    let attrs = l4.device.attributes.as_ref().unwrap();
+    let s = |k: &str| {
+        attrs[k]
+            .string
+            .clone()
+            .or_else(|| attrs[k].version.clone())
+            .or_else(|| attrs[k].int.map(|i| i.to_string()))
+    };
+    assert_eq!(s("type").as_deref(), Some("gpu"));
+    assert_eq!(s("productName").as_deref(), Some("NVIDIA L4"));
+    assert_eq!(s("brand").as_deref(), Some("Nvidia"));
+    assert_eq!(s("architecture").as_deref(), Some("Ada Lovelace"));
+    assert_eq!(s("cudaComputeCapability").as_deref(), Some("8.9.0"));
+    assert_eq!(s("driverVersion").as_deref(), Some("580.95.5"));
+    assert_eq!(s("cudaDriverVersion").as_deref(), Some("13.0.0"));
+    assert_eq!(
+        s("resource.kubernetes.io/pciBusID").as_deref(),
+        Some("0000:3a:00.0")
+    );
+    assert_eq!(s("resource.kubernetes.io/numaNode").as_deref(), Some("1"));
+    assert!(s("uuid").unwrap().starts_with("GPU-"));
+}
+
+/// Whether the counters allow all of `names` on one GPU at once.
+fn counters_allow(model: &DeviceModel, names: &[&str]) -> bool {
+    let set = &model.counter_sets[0];
+    let mut used: BTreeMap<&str, u64> = BTreeMap::new();
+    for n in names {
+        for c in model
+            .device(n)
+            .unwrap()
+            .device
+            .consumes_counters
+            .iter()
+            .flatten()
+        {
+            for (k, q) in &c.counters {
+                *used.entry(k.as_str()).or_default() += amount(&q.value.0);
+            }
+        }
+    }
+    used.iter()
+        .all(|(k, v)| *v <= amount(&set.counters[*k].value.0))
+}
+
+/// Whether the simulated hardware accepts all of `names` at once.
+fn hardware_allows(preset_yaml: &str, model: &DeviceModel, names: &[&str]) -> bool {
+    let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", preset_yaml)
+        .unwrap()
+        .plan("t", "t")
+        .unwrap();
+    let sim = SimBackend::from_plan(plan, None);
+    names.iter().all(|n| match &model.device(n).unwrap().kind {
+        DeviceKind::MigDynamic {
+            profile_id,
+            placement,
+            ..
+        } => sim
+            .create_mig_device(0, *profile_id, placement.start)
+            .is_ok(),
+        DeviceKind::Gpu => sim.inventory().unwrap().gpus[0].mig_devices.is_empty(),
+        DeviceKind::MigStatic { .. } => unreachable!(),
+    })
+}
+
+#[test]
+fn counters_allow_exactly_the_pairs_and_triples_the_hardware_accepts() {
+    for model_key in [
+        "H100-SXM5-80GB",
+        "A100-SXM4-40GB",
+        "A30-24GB",
+        "B200",
+        "H200-SXM-141GB",
+    ] {
+        let yaml = format!("gpus:\n  - model: {model_key}\n    mig: dynamic\n");
+        let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", &yaml)
+            .unwrap()
+            .plan("t", "t")
+            .unwrap();
+        let sim = SimBackend::from_plan(plan, None);
+        let opts = ModelOptions {
+            default_policy: Some(MigPolicy::Dynamic),
+            ..Default::default()
+        };
+        let model = devices::build(&sim.inventory().unwrap(), &opts);
+        let migs: Vec<&str> = model
+            .devices
+            .iter()
+            .filter(|d| matches!(d.kind, DeviceKind::MigDynamic { .. }))
+            .map(|d| d.name())
+            .collect();
+        for (i, a) in migs.iter().enumerate() {
+            for b in &migs[i + 1..] {
+                let pair = [*a, *b];
+                assert_eq!(
+                    counters_allow(&model, &pair),
+                    hardware_allows(&yaml, &model, &pair),
+                    "{model_key}: {pair:?}"
+                );
+            }
+        }
+        // The full GPU excludes every MIG device when it exists (Hopper and later).
+        if let Some(full) = model.devices.iter().find(|d| d.kind == DeviceKind::Gpu) {
+            for m in &migs {
+                assert!(
+                    !counters_allow(&model, &[full.name(), m]),
+                    "{model_key}: full GPU with {m}"
+                );
+            }
+        }
+    }
+    // 3g+3g+1g: every pair fits, the triple does not, and the counters agree.
+    let yaml = "gpus:\n  - model: H100-SXM5-80GB\n    mig: dynamic\n";
+    let sim = SimBackend::open("dgx-h100", None).unwrap();
+    let model = devices::build(&sim.inventory().unwrap(), &options(&sim));
+    let triple = [
+        "gpu-0-mig-3g40gb-0",
+        "gpu-0-mig-3g40gb-4",
+        "gpu-0-mig-1g10gb-6",
+    ];
+    assert!(!counters_allow(&model, &triple));
+    assert!(!hardware_allows(yaml, &model, &triple));
+    let seven = (0..7)
+        .map(|s| format!("gpu-0-mig-1g10gb-{s}"))
+        .collect::<Vec<_>>();
+    let seven: Vec<&str> = seven.iter().map(String::as_str).collect();
+    assert!(counters_allow(&model, &seven));
+    assert!(hardware_allows(yaml, &model, &seven));
+}
+
+#[test]
+fn ampere_dynamic_mig_publishes_only_what_the_current_mode_allows() {
+    let on = "gpus:\n  - model: A100-SXM4-80GB\n    mig: dynamic\n";
+    let off = "gpus:\n  - model: A100-SXM4-80GB\n    mig: dynamic\n    migEnabled: false\n";
+    for (yaml, want_full, want_mig) in [(on, false, 25), (off, true, 0)] {
+        let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", yaml)
+            .unwrap()
+            .plan("t", "t")
+            .unwrap();
+        let sim = SimBackend::from_plan(plan, None);
+        let model = devices::build(&sim.inventory().unwrap(), &options(&sim));
+        assert_eq!(model.device("gpu-0").is_some(), want_full);
+        assert_eq!(
+            model
+                .devices
+                .iter()
+                .filter(|d| matches!(d.kind, DeviceKind::MigDynamic { .. }))
+                .count(),
+            want_mig
+        );
+        assert_eq!(model.counter_sets.len(), 1);
+    }
+}
