@@ -27,14 +27,18 @@ type HealthV1alpha1Client =
 /// A DRAPlugin version a kubelet may speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DraApi {
+    /// `v1.DRAPlugin`, Kubernetes 1.34 and later.
     V1,
+    /// `v1beta1.DRAPlugin`, older kubelets.
     V1beta1,
 }
 
 /// A DRAResourceHealth version a kubelet may speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HealthApi {
+    /// `v1.DRAResourceHealth`, Kubernetes 1.37 and later.
     V1,
+    /// `v1alpha1.DRAResourceHealth`, Kubernetes 1.34 to 1.36.
     V1alpha1,
 }
 
@@ -59,7 +63,9 @@ impl HealthApi {
 /// The versions the simulated kubelet understands; an older kubelet knows fewer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeletVersions {
+    /// DRAPlugin versions this kubelet speaks.
     pub dra: Vec<DraApi>,
+    /// DRAResourceHealth versions this kubelet speaks; empty for one without the feature.
     pub health: Vec<HealthApi>,
 }
 
@@ -308,7 +314,9 @@ impl KubeletClient {
 
 /// An open NodeWatchResources stream.
 pub enum HealthWatch {
+    /// Watching over `v1.DRAResourceHealth`.
     V1(Streaming<health_v1::NodeWatchResourcesResponse>),
+    /// Watching over `v1alpha1.DRAResourceHealth`.
     V1alpha1(Streaming<health_v1alpha1::NodeWatchResourcesResponse>),
 }
 

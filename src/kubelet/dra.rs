@@ -1,6 +1,7 @@
 //! The DRAPlugin service in both wire versions, translated to the one [`DraHandler`].
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -27,27 +28,8 @@ impl<H: DraHandler> DraCore<H> {
         api: &'static str,
         claims: Vec<ClaimRef>,
     ) -> Result<BTreeMap<String, Result<Vec<PreparedDevice>, String>>, Status> {
-        let span = info_span!("NodePrepareResources", api, claims = claims.len());
-        async {
-            let (valid, invalid) = validate_claims(claims);
-            let mut results = BTreeMap::new();
-            if !valid.is_empty() {
-                let _guard = self.lock.acquire().await.map_err(lock_failed)?;
-                let answered = self.handler.prepare(valid.clone()).await;
-                results = complete_results(&valid, answered);
-                for claim in &valid {
-                    let _claim = claim_span(claim).entered();
-                    match &results[&claim.uid] {
-                        Ok(devices) => info!(devices = devices.len(), "prepared claim"),
-                        Err(error) => warn!(%error, "preparing claim failed"),
-                    }
-                }
-            }
-            merge_invalid(&mut results, invalid);
-            Ok(results)
-        }
-        .instrument(span)
-        .await
+        let run = |handler: Arc<H>, claims| async move { handler.prepare(claims).await };
+        self.call("NodePrepareResources", api, claims, run).await
     }
 
     async fn unprepare(
@@ -55,19 +37,54 @@ impl<H: DraHandler> DraCore<H> {
         api: &'static str,
         claims: Vec<ClaimRef>,
     ) -> Result<BTreeMap<String, Result<(), String>>, Status> {
-        let span = info_span!("NodeUnprepareResources", api, claims = claims.len());
+        let run = |handler: Arc<H>, claims| async move { handler.unprepare(claims).await };
+        self.call("NodeUnprepareResources", api, claims, run).await
+    }
+
+    /// Validates, then runs the handler under the plugin lock in its own task: a kubelet that
+    /// hangs up (its 45 s timeout) does not cut the work short, so a retry finds it done
+    /// rather than half done, and a panicking handler costs its claims, not the connection.
+    async fn call<T, F, Fut>(
+        &self,
+        method: &'static str,
+        api: &'static str,
+        claims: Vec<ClaimRef>,
+        run: F,
+    ) -> Result<BTreeMap<String, Result<T, String>>, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<H>, Vec<ClaimRef>) -> Fut,
+        Fut: Future<Output = BTreeMap<String, Result<T, String>>> + Send + 'static,
+    {
+        let span = info_span!("dra_call", call = method, api, claims = claims.len());
         async {
             let (valid, invalid) = validate_claims(claims);
             let mut results = BTreeMap::new();
             if !valid.is_empty() {
-                let _guard = self.lock.acquire().await.map_err(lock_failed)?;
-                let answered = self.handler.unprepare(valid.clone()).await;
+                let guard = self.lock.acquire().await.map_err(lock_failed)?;
+                let work = run(Arc::clone(&self.handler), valid.clone());
+                let task = tokio::spawn(
+                    async move {
+                        let answered = work.await;
+                        drop(guard);
+                        answered
+                    }
+                    .in_current_span(),
+                );
+                let answered = task.await.unwrap_or_else(|failure| {
+                    let reason = format!("the driver failed internally ({failure})");
+                    valid
+                        .iter()
+                        .map(|claim| (claim.uid.clone(), Err(reason.clone())))
+                        .collect()
+                });
                 results = complete_results(&valid, answered);
                 for claim in &valid {
                     let _claim = claim_span(claim).entered();
-                    match &results[&claim.uid] {
-                        Ok(()) => info!("unprepared claim"),
-                        Err(error) => warn!(%error, "unpreparing claim failed"),
+                    match results.get(&claim.uid) {
+                        Some(Ok(_)) => info!("claim done"),
+                        Some(Err(error)) => warn!(%error, "claim failed"),
+                        None => {}
                     }
                 }
             }

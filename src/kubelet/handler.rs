@@ -8,8 +8,11 @@ use std::future::Future;
 /// (the allocation, opaque config) from the API server.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClaimRef {
+    /// Namespace of the ResourceClaim.
     pub namespace: String,
+    /// Name of the ResourceClaim.
     pub name: String,
+    /// UID of the ResourceClaim; the key of the kubelet's response map.
     pub uid: String,
 }
 
@@ -18,7 +21,9 @@ pub struct ClaimRef {
 pub struct PreparedDevice {
     /// Requests of the claim this device satisfies; empty means all of them.
     pub request_names: Vec<String>,
+    /// The ResourceSlice pool the device was published in.
     pub pool_name: String,
+    /// The device's name within its pool.
     pub device_name: String,
     /// Fully qualified CDI device names (`vendor/class=name`).
     pub cdi_device_ids: Vec<String>,
@@ -40,7 +45,10 @@ pub type UnprepareResults = BTreeMap<String, Result<(), String>>;
 /// - at most one `prepare`/`unprepare` runs at a time across every plugin instance sharing the
 ///   plugin directory (the `plugin.lock` file lock), so implementations may read and write
 ///   shared state on disk without further locking, and must not keep state in memory between
-///   calls (the next call may reach the other instance during a rolling update).
+///   calls (the next call may reach the other instance during a rolling update);
+/// - a started call runs to completion even if the kubelet hangs up (it gives up after 45 s),
+///   so a retry finds the work done rather than half done;
+/// - a panic fails the claims of that call, not the server.
 ///
 /// Implementations answer per claim: an `Err` is a message for the kubelet (it ends up in pod
 /// events, so say what to do). A claim left out of the map is reported to the kubelet as a

@@ -18,15 +18,20 @@ pub enum HealthStatus {
     /// Not (yet) known, e.g. before the first check or after a failed one.
     #[default]
     Unknown,
+    /// Working normally.
     Healthy,
+    /// Failed a check; pods using it may be affected.
     Unhealthy,
 }
 
 /// One entry of the health list streamed to the kubelet.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceHealth {
+    /// The ResourceSlice pool the device is published in.
     pub pool_name: String,
+    /// The device's name within its pool.
     pub device_name: String,
+    /// The verdict of the last check.
     pub status: HealthStatus,
     /// Detail for humans, e.g. the XID error behind an unhealthy status.
     pub message: String,

@@ -25,7 +25,7 @@ pub use registration::{
     DRA_V1, DRA_V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1, PLUGIN_TYPE, RegistrationState,
     supported_versions,
 };
-pub use server::{RunningPlugin, serve};
+pub use server::{RunningPlugin, SHUTDOWN_GRACE, serve};
 pub use sockets::{
     DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, DIR_MODE, MAX_SOCKET_PATH_BYTES, PluginSockets,
     SOCKET_MODE, check_socket_path, create_private_dir,

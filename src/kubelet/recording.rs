@@ -9,7 +9,9 @@ use super::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResul
 /// One call the handler received, with its claims in the order they arrived.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandlerCall {
+    /// [`DraHandler::prepare`] with these claims.
     Prepare(Vec<ClaimRef>),
+    /// [`DraHandler::unprepare`] with these claims.
     Unprepare(Vec<ClaimRef>),
 }
 

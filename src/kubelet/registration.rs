@@ -23,9 +23,11 @@ pub enum RegistrationState {
     /// The kubelet has not reported yet.
     #[default]
     Pending,
+    /// The kubelet accepted the plugin and will call it.
     Registered,
     /// The kubelet refused the plugin, with its reason.
     Rejected {
+        /// The kubelet's reason, verbatim.
         error: String,
     },
 }

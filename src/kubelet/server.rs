@@ -2,13 +2,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::dra::{DraCore, DraV1, DraV1beta1};
 use super::health::HealthService;
@@ -18,6 +19,10 @@ use super::sockets::{OwnedSocket, create_private_dir, listen};
 use super::{DraHandler, HealthSource, KubeletError, PluginLock, PluginSockets, RegistrationState};
 
 type ServerResult = Result<(), tonic::transport::Error>;
+
+/// How long [`RunningPlugin::shutdown`] waits for connections to drain: the kubelet's own
+/// timeout for a prepare or unprepare call, after which it has stopped waiting anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(45);
 
 /// The plugin's sockets, being served. Dropping it stops serving at once and removes the
 /// sockets; [`RunningPlugin::shutdown`] does the same gracefully.
@@ -145,20 +150,51 @@ impl RunningPlugin {
         &self.reg.0.path
     }
 
+    /// Stops serving gracefully within [`SHUTDOWN_GRACE`]; see
+    /// [`RunningPlugin::shutdown_within`].
+    pub async fn shutdown(self) -> Result<(), KubeletError> {
+        self.shutdown_within(SHUTDOWN_GRACE).await
+    }
+
     /// Stops serving gracefully: removes the registration socket first (the kubelet then
     /// drops the plugin), stops accepting connections, ends health streams, waits for
     /// in-flight prepare/unprepare calls to answer, then removes the DRA socket.
     ///
-    /// Waits as long as in-flight calls take. Fails only if a server ended abnormally; the
-    /// sockets are removed either way.
-    pub async fn shutdown(mut self) -> Result<(), KubeletError> {
+    /// Connections still open after `grace` (a call that hangs, a peer that never speaks
+    /// HTTP/2) are abandoned: they end when the peer hangs up or the process exits. Fails
+    /// only if a server ended abnormally; the sockets are removed either way.
+    pub async fn shutdown_within(mut self, grace: Duration) -> Result<(), KubeletError> {
         self.reg.0.remove();
         self.stop.cancel();
-        let reg = join(&self.reg.0.path, self.reg.1.take()).await;
-        let dra = join(&self.dra.0.path, self.dra.1.take()).await;
+        let tasks = [self.reg.1.take(), self.dra.1.take()];
+        let aborts: Vec<_> = tasks
+            .iter()
+            .flatten()
+            .map(JoinHandle::abort_handle)
+            .collect();
+        let [reg_task, dra_task] = tasks;
+        let drained = tokio::time::timeout(grace, async {
+            let reg = join(&self.reg.0.path, reg_task).await;
+            let dra = join(&self.dra.0.path, dra_task).await;
+            reg.and(dra)
+        })
+        .await;
         self.dra.0.remove();
-        info!(driver = %self.sockets.driver_name, "stopped serving kubelet plugin sockets");
-        reg.and(dra)
+        match drained {
+            Ok(result) => {
+                info!(driver = %self.sockets.driver_name, "stopped serving kubelet plugin sockets");
+                result
+            }
+            Err(_elapsed) => {
+                aborts.iter().for_each(AbortHandle::abort);
+                warn!(
+                    driver = %self.sockets.driver_name,
+                    grace_seconds = grace.as_secs_f64(),
+                    "stopped serving kubelet plugin sockets, abandoning connections still open"
+                );
+                Ok(())
+            }
+        }
     }
 }
 
