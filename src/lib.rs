@@ -9,4 +9,5 @@ pub mod demo;
 pub mod devices;
 pub mod hardware;
 pub mod inventory;
+pub mod kubelet;
 pub mod slices;
