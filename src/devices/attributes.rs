@@ -68,8 +68,8 @@ pub fn semver_of(text: &str) -> Option<String> {
     Some(format!("{}.{}.{}", nums[0], nums[1], nums[2]))
 }
 
-/// Attributes every device of a GPU carries.
-fn common(inventory: &NodeInventory, gpu: &GpuInfo) -> BTreeMap<String, DeviceAttribute> {
+/// Attributes every device of a GPU carries (computed once per GPU, cloned per device).
+pub fn common(inventory: &NodeInventory, gpu: &GpuInfo) -> BTreeMap<String, DeviceAttribute> {
     let mut a = BTreeMap::new();
     a.insert("productName".to_string(), string(&gpu.product_name));
     a.insert("brand".to_string(), string(&gpu.brand));
@@ -103,8 +103,8 @@ fn common(inventory: &NodeInventory, gpu: &GpuInfo) -> BTreeMap<String, DeviceAt
 }
 
 /// The full-GPU device `gpu-<minor>`.
-pub fn full_gpu(inventory: &NodeInventory, gpu: &GpuInfo) -> Device {
-    let mut attributes = common(inventory, gpu);
+pub fn full_gpu(common: &BTreeMap<String, DeviceAttribute>, gpu: &GpuInfo) -> Device {
+    let mut attributes = common.clone();
     attributes.insert("type".to_string(), string("gpu"));
     attributes.insert("uuid".to_string(), string(&gpu.uuid));
     attributes.insert("index".to_string(), int(i64::from(gpu.index)));
@@ -127,13 +127,13 @@ pub fn full_gpu(inventory: &NodeInventory, gpu: &GpuInfo) -> Device {
 
 /// A MIG device of `profile` named `name`; `uuid` when it exists.
 pub fn mig(
-    inventory: &NodeInventory,
+    common: &BTreeMap<String, DeviceAttribute>,
     gpu: &GpuInfo,
     profile: &MigProfile,
     name: String,
     uuid: Option<&str>,
 ) -> Device {
-    let mut attributes = common(inventory, gpu);
+    let mut attributes = common.clone();
     attributes.insert("type".to_string(), string("mig"));
     if let Some(uuid) = uuid {
         attributes.insert("uuid".to_string(), string(uuid));

@@ -9,6 +9,7 @@
 //! hardware accepts.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -26,22 +27,19 @@ fn counter(v: String) -> Counter {
     Counter { value: Quantity(v) }
 }
 
-/// Memoises [`geometry::max_totals`] per profile table: a node has few distinct models.
-#[derive(Default)]
-pub struct TotalsCache {
-    entries: Vec<(Vec<MigProfile>, MigTotals)>,
-}
-
-impl TotalsCache {
-    /// Totals for a GPU with these profiles.
-    pub fn get(&mut self, profiles: &[MigProfile]) -> MigTotals {
-        if let Some((_, t)) = self.entries.iter().find(|(p, _)| p.as_slice() == profiles) {
-            return *t;
-        }
-        let t = geometry::max_totals(profiles);
-        self.entries.push((profiles.to_vec(), t));
-        t
+/// Totals for a GPU with these profiles, memoised for the process: the enumeration takes about
+/// a millisecond, profile tables never change while MIG mode is on, and a node has few models.
+pub fn totals(profiles: &[MigProfile]) -> MigTotals {
+    static CACHE: Mutex<Vec<(Vec<MigProfile>, MigTotals)>> = Mutex::new(Vec::new());
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, t)) = cache.iter().find(|(p, _)| p.as_slice() == profiles) {
+        return *t;
     }
+    let t = geometry::max_totals(profiles);
+    cache.push((profiles.to_vec(), t));
+    t
 }
 
 /// Engine and memory counters (name, value) of a GPU.

@@ -23,7 +23,7 @@ mod counters;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{CounterSet, Device};
+use k8s_openapi::api::resource::v1::{CounterSet, Device, DeviceAttribute};
 
 use crate::hardware::{GpuInfo, MigPolicy, MigProfile, NodeInventory, Placement};
 
@@ -143,14 +143,14 @@ impl ModelOptions {
 /// give the same model.
 pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     let mut model = DeviceModel::default();
-    let mut totals_cache = counters::TotalsCache::default();
     for gpu in &inventory.gpus {
         let policy = options.policy_for(gpu);
+        let common = attributes::common(inventory, gpu);
         let full = || PublishedDevice {
             gpu_index: gpu.index,
             gpu_uuid: gpu.uuid.clone(),
             kind: DeviceKind::Gpu,
-            device: attributes::full_gpu(inventory, gpu),
+            device: attributes::full_gpu(&common, gpu),
         };
         match policy {
             MigPolicy::Disabled if gpu.mig.current => {
@@ -187,7 +187,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                             ci_id: mig.ci_id,
                             placement: mig.placement,
                         },
-                        device: attributes::mig(inventory, gpu, profile, name, Some(&mig.uuid)),
+                        device: attributes::mig(&common, gpu, profile, name, Some(&mig.uuid)),
                     });
                 }
             }
@@ -200,7 +200,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                     model.devices.push(full());
                     continue;
                 }
-                let totals = totals_cache.get(&gpu.mig_profiles);
+                let totals = counters::totals(&gpu.mig_profiles);
                 let set = counters::counter_set(gpu, &totals);
                 let needs_reset = gpu.architecture.mig_toggle_needs_reset();
                 if !needs_reset || !gpu.mig.current {
@@ -214,7 +214,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                         for &start in &profile.placement_starts {
                             model
                                 .devices
-                                .push(dynamic_mig(inventory, gpu, profile, start));
+                                .push(dynamic_mig(&common, gpu, profile, start));
                         }
                     }
                 }
@@ -226,7 +226,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
 }
 
 fn dynamic_mig(
-    inventory: &NodeInventory,
+    common: &BTreeMap<String, DeviceAttribute>,
     gpu: &GpuInfo,
     profile: &MigProfile,
     start: u32,
@@ -236,7 +236,7 @@ fn dynamic_mig(
         size: profile.memory_slices,
     };
     let name = mig_device_name(gpu.minor, &profile.name, start);
-    let mut device = attributes::mig(inventory, gpu, profile, name, None);
+    let mut device = attributes::mig(common, gpu, profile, name, None);
     device.consumes_counters = Some(vec![counters::mig_consumption(gpu, profile, placement)]);
     PublishedDevice {
         gpu_index: gpu.index,
