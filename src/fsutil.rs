@@ -268,7 +268,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("f");
         fs::write(&path, b"x").unwrap();
-        let got = (remove_if_exists(&path).unwrap(), remove_if_exists(&path).unwrap());
+        let got = (
+            remove_if_exists(&path).unwrap(),
+            remove_if_exists(&path).unwrap(),
+        );
         assert_eq!(got, (true, false));
     }
 

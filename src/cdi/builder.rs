@@ -56,7 +56,9 @@ pub enum BuildError {
         uuid: String,
     },
     /// An extra env entry has an empty name or a name containing `=`.
-    #[error("env name {name:?} of device {device} in claim {claim_uid} is invalid: it must be non-empty and contain no '='")]
+    #[error(
+        "env name {name:?} of device {device} in claim {claim_uid} is invalid: it must be non-empty and contain no '='"
+    )]
     EnvName {
         claim_uid: String,
         device: String,
@@ -100,15 +102,16 @@ pub fn build_claim_spec(
                 source,
             })?;
         let uuid = device.gpu.uuid();
-        let mut edits = facts
-            .per_device
-            .get(uuid)
-            .cloned()
-            .ok_or_else(|| BuildError::MissingFacts {
-                claim_uid: claim_uid.to_string(),
-                device: device.device_name.clone(),
-                uuid: uuid.to_string(),
-            })?;
+        let mut edits =
+            facts
+                .per_device
+                .get(uuid)
+                .cloned()
+                .ok_or_else(|| BuildError::MissingFacts {
+                    claim_uid: claim_uid.to_string(),
+                    device: device.device_name.clone(),
+                    uuid: uuid.to_string(),
+                })?;
         edits.env.push(format!("{}={uuid}", uuid_env_name(device)));
         for (key, value) in &device.env {
             if key.is_empty() || key.contains('=') {
@@ -165,7 +168,13 @@ pub fn uuid_env_name(device: &ClaimDevice) -> String {
     }
     let key: String = key
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("{DEVICE_UUID_ENV_PREFIX}{key}")
 }

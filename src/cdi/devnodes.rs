@@ -58,7 +58,11 @@ pub struct NodeInfo {
 /// The spec entry for a stat-ed host node, and the group to add to the container's
 /// supplementary groups when the node is only group-accessible (NVIDIA's rule: gid set and
 /// not world read-write).
-pub fn node_edit(container_path: &str, host_path: &Path, info: NodeInfo) -> (DeviceNode, Option<u32>) {
+pub fn node_edit(
+    container_path: &str,
+    host_path: &Path,
+    info: NodeInfo,
+) -> (DeviceNode, Option<u32>) {
     let node = DeviceNode {
         path: container_path.to_string(),
         host_path: Some(host_path.to_string_lossy().into_owned()),
@@ -143,7 +147,10 @@ pub fn control_node_edits(layout: &HostLayout) -> Result<ContainerEdits, DevNode
 /// # Errors
 /// [`DevNodeError`] naming the path when the GPU node, a capability `access` file or the
 /// `nvidia-caps` entry of `<proc>/devices` is missing or malformed.
-pub fn gpu_node_edits(layout: &HostLayout, gpu: &GpuDeviceRef) -> Result<ContainerEdits, DevNodeError> {
+pub fn gpu_node_edits(
+    layout: &HostLayout,
+    gpu: &GpuDeviceRef,
+) -> Result<ContainerEdits, DevNodeError> {
     let mut edits = ContainerEdits::default();
     let path = format!("/dev/nvidia{}", gpu.gpu_minor());
     let host = layout.dev_path(&path);
@@ -153,12 +160,18 @@ pub fn gpu_node_edits(layout: &HostLayout, gpu: &GpuDeviceRef) -> Result<Contain
     })?;
     push_node(&mut edits, &path, &host, info);
     if let GpuDeviceRef::Mig {
-        parent_minor, gi, ci, ..
+        parent_minor,
+        gi,
+        ci,
+        ..
     } = gpu
     {
         let major = caps_major(layout)?;
         let gi_dir = format!("driver/nvidia/capabilities/gpu{parent_minor}/mig/gi{gi}");
-        for access in [format!("{gi_dir}/access"), format!("{gi_dir}/ci{ci}/access")] {
+        for access in [
+            format!("{gi_dir}/access"),
+            format!("{gi_dir}/ci{ci}/access"),
+        ] {
             let cap = read_cap_access(&layout.proc_path(&access))?;
             edits.device_nodes.push(cap_node(major, cap));
         }
@@ -252,7 +265,12 @@ mod tests {
 
     #[test]
     fn world_accessible_node_gets_no_extra_group() {
-        let info = NodeInfo { major: 195, minor: 0, mode: 0o666, gid: 0 };
+        let info = NodeInfo {
+            major: 195,
+            minor: 0,
+            mode: 0o666,
+            gid: 0,
+        };
         let (node, gid) = node_edit("/dev/nvidia0", Path::new("/dev/nvidia0"), info);
         let want = DeviceNode {
             path: "/dev/nvidia0".into(),
@@ -268,11 +286,26 @@ mod tests {
 
     #[test]
     fn group_only_node_adds_its_gid_as_supplementary_group() {
-        let card = NodeInfo { major: 226, minor: 2, mode: 0o660, gid: 44 };
-        let render = NodeInfo { major: 226, minor: 129, mode: 0o666, gid: 993 };
+        let card = NodeInfo {
+            major: 226,
+            minor: 2,
+            mode: 0o660,
+            gid: 44,
+        };
+        let render = NodeInfo {
+            major: 226,
+            minor: 129,
+            mode: 0o666,
+            gid: 993,
+        };
         let got = (
             node_edit("/dev/dri/card2", Path::new("/dev/dri/card2"), card).1,
-            node_edit("/dev/dri/renderD129", Path::new("/dev/dri/renderD129"), render).1,
+            node_edit(
+                "/dev/dri/renderD129",
+                Path::new("/dev/dri/renderD129"),
+                render,
+            )
+            .1,
         );
         assert_eq!(got, (Some(44), None));
     }
@@ -280,8 +313,17 @@ mod tests {
     #[test]
     fn access_file_is_parsed() {
         let text = "DeviceFileMinor: 84\nDeviceFileMode: 292\nDeviceFileModify: 1\n";
-        assert_eq!(parse_cap_access(text), Ok(CapAccess { minor: 84, mode: 292 }));
-        assert_eq!(parse_cap_access("DeviceFileMode: 292\n"), Err("DeviceFileMinor"));
+        assert_eq!(
+            parse_cap_access(text),
+            Ok(CapAccess {
+                minor: 84,
+                mode: 292
+            })
+        );
+        assert_eq!(
+            parse_cap_access("DeviceFileMode: 292\n"),
+            Err("DeviceFileMinor")
+        );
     }
 
     #[test]

@@ -71,9 +71,9 @@ impl HostMode {
                     visible_devices: VisibleDevices::Void,
                 })
             }
-            HostMode::Simulated(sim) => {
-                sim.facts(gpus).map_err(|source| DiscoverError::Simulated { source })
-            }
+            HostMode::Simulated(sim) => sim
+                .facts(gpus)
+                .map_err(|source| DiscoverError::Simulated { source }),
         }
     }
 }

@@ -18,7 +18,11 @@ const SOCKET_OPTIONS: [&str; 5] = ["nosuid", "nodev", "rbind", "rprivate", "noex
 ///
 /// The hook binary must understand those subcommands (nvidia-cdi-hook from container
 /// toolkit 1.17 or later); without one, no hook is emitted.
-pub fn driver_edits(files: &DriverFiles, layout: &HostLayout, hook_path: Option<&Path>) -> ContainerEdits {
+pub fn driver_edits(
+    files: &DriverFiles,
+    layout: &HostLayout,
+    hook_path: Option<&Path>,
+) -> ContainerEdits {
     let mut edits = ContainerEdits {
         env: vec![format!(
             "NVIDIA_CTK_LIBCUDA_DIR={}",
@@ -27,7 +31,10 @@ pub fn driver_edits(files: &DriverFiles, layout: &HostLayout, hook_path: Option<
         ..ContainerEdits::default()
     };
     for file in &files.files {
-        let host = layout.driver_host_path(&file.found).to_string_lossy().into_owned();
+        let host = layout
+            .driver_host_path(&file.found)
+            .to_string_lossy()
+            .into_owned();
         let container = file.container_path.to_string_lossy().into_owned();
         let mount = match file.kind {
             FileKind::Socket => Mount {
@@ -48,7 +55,10 @@ pub fn driver_edits(files: &DriverFiles, layout: &HostLayout, hook_path: Option<
 
 fn hooks(files: &DriverFiles, hook_path: &Path) -> Vec<Hook> {
     let hook = |args: Vec<String>| {
-        let binary = hook_path.file_name().and_then(|n| n.to_str()).unwrap_or("nvidia-cdi-hook");
+        let binary = hook_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("nvidia-cdi-hook");
         // `nvidia-ctk` takes its hooks as `nvidia-ctk hook <name>`.
         let mut all = match binary {
             "nvidia-ctk" => vec!["nvidia-ctk".to_string(), "hook".to_string()],
@@ -109,8 +119,16 @@ mod tests {
             version: "580.65.06".into(),
             libcuda_dir: "/usr/lib/x86_64-linux-gnu".into(),
             files: vec![
-                DriverFile { found: lib.clone(), container_path: lib, kind: FileKind::Library },
-                DriverFile { found: sock.clone(), container_path: sock, kind: FileKind::Socket },
+                DriverFile {
+                    found: lib.clone(),
+                    container_path: lib,
+                    kind: FileKind::Library,
+                },
+                DriverFile {
+                    found: sock.clone(),
+                    container_path: sock,
+                    kind: FileKind::Socket,
+                },
             ],
             links: vec![Link {
                 target: "libcuda.so.1".into(),
@@ -155,9 +173,23 @@ mod tests {
             .map(|h| h.args)
             .collect();
         let want: Vec<Vec<String>> = [
-            &["nvidia-cdi-hook", "create-symlinks", "--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"][..],
-            &["nvidia-cdi-hook", "enable-cuda-compat", "--host-driver-version=580.65.06"],
-            &["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"],
+            &[
+                "nvidia-cdi-hook",
+                "create-symlinks",
+                "--link",
+                "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so",
+            ][..],
+            &[
+                "nvidia-cdi-hook",
+                "enable-cuda-compat",
+                "--host-driver-version=580.65.06",
+            ],
+            &[
+                "nvidia-cdi-hook",
+                "update-ldcache",
+                "--folder",
+                "/usr/lib/x86_64-linux-gnu",
+            ],
             &["nvidia-cdi-hook", "disable-device-node-modification"],
         ]
         .iter()
@@ -168,8 +200,15 @@ mod tests {
 
     #[test]
     fn nvidia_ctk_binary_gets_the_hook_subcommand() {
-        let edits = driver_edits(&files(), &HostLayout::default(), Some(Path::new("/usr/bin/nvidia-ctk")));
+        let edits = driver_edits(
+            &files(),
+            &HostLayout::default(),
+            Some(Path::new("/usr/bin/nvidia-ctk")),
+        );
         let got = &edits.hooks[edits.hooks.len() - 1].args;
-        assert_eq!(got, &["nvidia-ctk", "hook", "disable-device-node-modification"]);
+        assert_eq!(
+            got,
+            &["nvidia-ctk", "hook", "disable-device-node-modification"]
+        );
     }
 }

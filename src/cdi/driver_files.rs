@@ -77,7 +77,8 @@ pub enum DriverFilesError {
     /// driver is not installed.
     #[error(
         "no {pattern} under driver root {root} (searched {searched}); check the driver root \
-         setting and that the NVIDIA driver is installed there"
+         setting, that the NVIDIA driver is installed there, and that its version is the one \
+         NVML reports"
     )]
     LibcudaNotFound {
         root: PathBuf,
@@ -190,27 +191,38 @@ pub fn discover_driver_files(
     }
     for name in BINARIES {
         let candidates = BINARY_DIRS.map(|d| Path::new(d).join(name));
-        if let Some(bin) = first(&root, &candidates, Want::Executable).map_err(lookup(Path::new(name)))? {
+        if let Some(bin) =
+            first(&root, &candidates, Want::Executable).map_err(lookup(Path::new(name)))?
+        {
             found.push(bin, FileKind::Binary);
         }
     }
     for pair in SOCKETS {
         let candidates = pair.map(PathBuf::from);
-        if let Some(sock) = first(&root, &candidates, Want::NonDir).map_err(lookup(&candidates[0]))? {
+        if let Some(sock) =
+            first(&root, &candidates, Want::NonDir).map_err(lookup(&candidates[0]))?
+        {
             found.push(sock, FileKind::Socket);
         }
     }
     for config in CONFIGS {
         let candidates = CONFIG_DIRS.map(|d| Path::new(d).join(config));
-        if let Some(cfg) = first(&root, &candidates, Want::NonDir).map_err(lookup(Path::new(config)))? {
+        if let Some(cfg) =
+            first(&root, &candidates, Want::NonDir).map_err(lookup(Path::new(config)))?
+        {
             found.push(cfg, FileKind::Config);
         }
     }
     for icd in vulkan_files() {
         // GKE keeps these directly under the driver root; containers look in /etc.
-        let mut candidates: Vec<PathBuf> = CONFIG_DIRS.iter().map(|d| Path::new(d).join(&icd)).collect();
+        let mut candidates: Vec<PathBuf> = CONFIG_DIRS
+            .iter()
+            .map(|d| Path::new(d).join(&icd))
+            .collect();
         candidates.push(Path::new("/").join(&icd));
-        if let Some(file) = first(&root, &candidates, Want::NonDir).map_err(lookup(Path::new(&icd)))? {
+        if let Some(file) =
+            first(&root, &candidates, Want::NonDir).map_err(lookup(Path::new(&icd)))?
+        {
             found.push_at(file, Path::new("/etc").join(&icd), FileKind::Config);
         }
     }
@@ -295,7 +307,10 @@ fn library_links(root: &RootFs<'_>, files: &[DriverFile]) -> io::Result<Vec<Link
     };
     let libraries = files.iter().filter(|f| f.kind == FileKind::Library);
     for lib in libraries {
-        let (Some(dir), Some(name)) = (lib.found.parent(), lib.found.file_name().and_then(|n| n.to_str())) else {
+        let (Some(dir), Some(name)) = (
+            lib.found.parent(),
+            lib.found.file_name().and_then(|n| n.to_str()),
+        ) else {
             continue;
         };
         if wildcard_match("libcuda.so.*.*", name) {
@@ -305,7 +320,10 @@ fn library_links(root: &RootFs<'_>, files: &[DriverFile]) -> io::Result<Vec<Link
             add(name.into(), dir.join("libGLX_indirect.so.0"));
         }
         if wildcard_match("libnvidia-opticalflow.so.*.*", name) {
-            add("libnvidia-opticalflow.so.1".into(), dir.join("libnvidia-opticalflow.so"));
+            add(
+                "libnvidia-opticalflow.so.1".into(),
+                dir.join("libnvidia-opticalflow.so"),
+            );
         }
         // Follow host links backwards: libfoo.so.1 -> libfoo.so.V, then libfoo.so -> libfoo.so.1.
         let host_links = root.symlinks_in(dir)?;

@@ -30,10 +30,14 @@ pub use builder::{
     BuildError, DEVICE_UUID_ENV_PREFIX, HostFacts, VisibleDevices, build_claim_spec, device_ids,
     uuid_env_name,
 };
-pub use devnodes::{CapAccess, DevNodeError, NodeInfo, cap_node, node_edit, parse_cap_access, parse_char_major};
+pub use devnodes::{
+    CapAccess, DevNodeError, NodeInfo, cap_node, node_edit, parse_cap_access, parse_char_major,
+};
 pub use discover::{DiscoverError, HostMode, discover_common, discover_device};
 pub use driver_edits::driver_edits;
-pub use driver_files::{DriverFile, DriverFiles, DriverFilesError, FileKind, Link, discover_driver_files};
+pub use driver_files::{
+    DriverFile, DriverFiles, DriverFilesError, FileKind, Link, discover_driver_files,
+};
 pub use input::{ClaimDevice, DriverOptions, GpuDeviceRef, HostLayout};
 pub use naming::{
     CLAIM_CLASS, ClaimNaming, DEFAULT_DRIVER_NAME, NameError, validate_device_name,

@@ -254,7 +254,11 @@ mod tests {
             ("", false),
         ];
         for (value, want) in cases {
-            assert_eq!(validate_vendor_or_class("vendor", value).is_ok(), want, "{value}");
+            assert_eq!(
+                validate_vendor_or_class("vendor", value).is_ok(),
+                want,
+                "{value}"
+            );
         }
     }
 
@@ -264,7 +268,10 @@ mod tests {
         let cases = [
             (format!("k8s.gpu.nvidia.com-claim_{UID}.json"), Some(UID)),
             (format!("k8s.gpu.nvidia.com-claim_{UID}.yaml"), Some(UID)),
-            (format!(".k8s.gpu.nvidia.com-claim_{UID}.json.tmp-1-0"), None),
+            (
+                format!(".k8s.gpu.nvidia.com-claim_{UID}.json.tmp-1-0"),
+                None,
+            ),
             (format!("k8s.gpu.nvidia.com-device_{UID}.json"), None),
             ("other.json".to_string(), None),
         ];

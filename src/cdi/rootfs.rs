@@ -90,8 +90,7 @@ impl<'a> RootFs<'a> {
             return Ok(None);
         };
         let meta = fs::metadata(self.host(&resolved))?;
-        let ok = !meta.is_dir()
-            && (want == Want::NonDir || meta.permissions().mode() & 0o111 != 0);
+        let ok = !meta.is_dir() && (want == Want::NonDir || meta.permissions().mode() & 0o111 != 0);
         Ok(ok.then_some(resolved))
     }
 
@@ -216,7 +215,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path();
         fs::create_dir_all(root.join("usr/lib/x86_64-linux-gnu")).unwrap();
-        fs::write(root.join("usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"), b"").unwrap();
+        fs::write(
+            root.join("usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"),
+            b"",
+        )
+        .unwrap();
         symlink("/usr/lib", root.join("lib")).unwrap();
         symlink(
             "libcuda.so.580.65.06",
@@ -227,7 +230,9 @@ mod tests {
         let got = fs
             .resolve(Path::new("/lib/x86_64-linux-gnu/libcuda.so.1"))
             .unwrap();
-        let want = Some(PathBuf::from("/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06"));
+        let want = Some(PathBuf::from(
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06",
+        ));
         assert_eq!(got, want);
     }
 
@@ -236,7 +241,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         symlink("b", tmp.path().join("a")).unwrap();
         symlink("a", tmp.path().join("b")).unwrap();
-        let err = RootFs::new(tmp.path()).resolve(Path::new("/a")).unwrap_err();
+        let err = RootFs::new(tmp.path())
+            .resolve(Path::new("/a"))
+            .unwrap_err();
         assert!(err.to_string().contains("symlink loop"), "got {err}");
     }
 

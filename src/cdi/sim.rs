@@ -63,13 +63,18 @@ impl SimulatedHost {
     pub fn facts(&self, gpus: &[GpuDeviceRef]) -> Result<HostFacts, SimError> {
         let mut per_device = BTreeMap::new();
         for gpu in gpus {
-            let nodes = self
-                .device_nodes
-                .get(gpu.uuid())
-                .ok_or_else(|| SimError::UnknownDevice {
-                    uuid: gpu.uuid().to_string(),
-                    known: self.device_nodes.keys().cloned().collect::<Vec<_>>().join(", "),
-                })?;
+            let nodes =
+                self.device_nodes
+                    .get(gpu.uuid())
+                    .ok_or_else(|| SimError::UnknownDevice {
+                        uuid: gpu.uuid().to_string(),
+                        known: self
+                            .device_nodes
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })?;
             let edits = ContainerEdits {
                 device_nodes: nodes.clone(),
                 ..ContainerEdits::default()
@@ -97,8 +102,14 @@ mod tests {
             common_nodes: vec![],
             device_nodes: BTreeMap::from([("GPU-a".to_string(), vec![])]),
         };
-        let gpu = GpuDeviceRef::Full { minor: 1, uuid: "GPU-b".into() };
-        let want = SimError::UnknownDevice { uuid: "GPU-b".into(), known: "GPU-a".into() };
+        let gpu = GpuDeviceRef::Full {
+            minor: 1,
+            uuid: "GPU-b".into(),
+        };
+        let want = SimError::UnknownDevice {
+            uuid: "GPU-b".into(),
+            known: "GPU-a".into(),
+        };
         assert_eq!(sim.facts(&[gpu]), Err(want));
     }
 }

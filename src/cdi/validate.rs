@@ -148,7 +148,7 @@ fn validate_edits(location: &str, edits: &ContainerEdits) -> Result<(), SpecErro
         expected,
     };
     for env in &edits.env {
-        if !env.find('=').is_some_and(|i| i > 0) {
+        if env.find('=').is_none_or(|i| i == 0) {
             return Err(fail("env", env, "NAME=value with a non-empty NAME"));
         }
     }
@@ -169,7 +169,11 @@ fn validate_edits(location: &str, edits: &ContainerEdits) -> Result<(), SpecErro
     }
     for mount in &edits.mounts {
         if mount.host_path.is_empty() {
-            return Err(fail("mounts.hostPath", &mount.host_path, "a non-empty path"));
+            return Err(fail(
+                "mounts.hostPath",
+                &mount.host_path,
+                "a non-empty path",
+            ));
         }
         if !mount.container_path.starts_with('/') {
             return Err(fail(
@@ -244,7 +248,13 @@ mod tests {
 
     #[test]
     fn unknown_versions_are_rejected_and_leading_v_is_tolerated() {
-        let cases = [("v0.6.0", true), ("1.1.0", true), ("0.2.0", false), ("9.0.0", false), ("0.5", false)];
+        let cases = [
+            ("v0.6.0", true),
+            ("1.1.0", true),
+            ("0.2.0", false),
+            ("9.0.0", false),
+            ("0.5", false),
+        ];
         for (version, ok) in cases {
             let mut spec = valid();
             spec.cdi_version = version.into();

@@ -68,7 +68,11 @@ pub fn minimum_version(spec: &Spec) -> CdiVersion {
 
 fn edits_version(edits: &ContainerEdits) -> CdiVersion {
     let mut need = CdiVersion::V0_3_0;
-    if edits.mounts.iter().any(|m| m.kind.as_deref().is_some_and(|t| !t.is_empty())) {
+    if edits
+        .mounts
+        .iter()
+        .any(|m| m.kind.as_deref().is_some_and(|t| !t.is_empty()))
+    {
         need = need.max(CdiVersion::V0_4_0);
     }
     if edits
@@ -135,26 +139,62 @@ mod tests {
             ("env only", spec_with("v.com/c", "dev", env_only()), "0.3.0"),
             (
                 "node without hostPath",
-                spec_with("v.com/c", "dev", ContainerEdits { device_nodes: vec![node(None)], ..Default::default() }),
+                spec_with(
+                    "v.com/c",
+                    "dev",
+                    ContainerEdits {
+                        device_nodes: vec![node(None)],
+                        ..Default::default()
+                    },
+                ),
                 "0.3.0",
             ),
             (
                 "typed mount",
-                spec_with("v.com/c", "dev", ContainerEdits { mounts: vec![typed_mount], ..Default::default() }),
+                spec_with(
+                    "v.com/c",
+                    "dev",
+                    ContainerEdits {
+                        mounts: vec![typed_mount],
+                        ..Default::default()
+                    },
+                ),
                 "0.4.0",
             ),
             (
                 "node with hostPath",
-                spec_with("v.com/c", "dev", ContainerEdits { device_nodes: vec![node(Some("/dev/x"))], ..Default::default() }),
+                spec_with(
+                    "v.com/c",
+                    "dev",
+                    ContainerEdits {
+                        device_nodes: vec![node(Some("/dev/x"))],
+                        ..Default::default()
+                    },
+                ),
                 "0.5.0",
             ),
-            ("name starting with a digit", spec_with("v.com/c", "3f2a-gpu-0", env_only()), "0.5.0"),
-            ("dot in class", spec_with("v.com/c.x", "dev", env_only()), "0.6.0"),
+            (
+                "name starting with a digit",
+                spec_with("v.com/c", "3f2a-gpu-0", env_only()),
+                "0.5.0",
+            ),
+            (
+                "dot in class",
+                spec_with("v.com/c.x", "dev", env_only()),
+                "0.6.0",
+            ),
             ("spec annotations", annotated, "0.6.0"),
             ("device annotations", device_annotated, "0.6.0"),
             (
                 "additionalGids",
-                spec_with("v.com/c", "dev", ContainerEdits { additional_gids: vec![44], ..Default::default() }),
+                spec_with(
+                    "v.com/c",
+                    "dev",
+                    ContainerEdits {
+                        additional_gids: vec![44],
+                        ..Default::default()
+                    },
+                ),
                 "0.7.0",
             ),
         ];

@@ -189,7 +189,11 @@ impl CdiWriter {
     ///
     /// # Errors
     /// [`NameError`] when a name breaks the CDI grammar.
-    pub fn device_ids(&self, claim_uid: &str, devices: &[ClaimDevice]) -> Result<Vec<String>, NameError> {
+    pub fn device_ids(
+        &self,
+        claim_uid: &str,
+        devices: &[ClaimDevice],
+    ) -> Result<Vec<String>, NameError> {
         device_ids(&self.naming, claim_uid, devices)
     }
 }

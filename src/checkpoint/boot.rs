@@ -46,8 +46,15 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("sys/kernel/random");
         fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("boot_id"), "2b0c9a5e-1f4d-4c52-9d7e-0a1b2c3d4e5f\n").unwrap();
-        assert_eq!(boot_id(tmp.path()).unwrap(), "2b0c9a5e-1f4d-4c52-9d7e-0a1b2c3d4e5f");
+        fs::write(
+            dir.join("boot_id"),
+            "2b0c9a5e-1f4d-4c52-9d7e-0a1b2c3d4e5f\n",
+        )
+        .unwrap();
+        assert_eq!(
+            boot_id(tmp.path()).unwrap(),
+            "2b0c9a5e-1f4d-4c52-9d7e-0a1b2c3d4e5f"
+        );
     }
 
     #[test]

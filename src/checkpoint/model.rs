@@ -104,7 +104,12 @@ impl Checkpoint {
         for (key, claim) in &self.claims {
             let location = format!("claim {key}");
             if key != &claim.uid {
-                return Err(invalid(&location, "uid", &claim.uid, "equal to the claim's key"));
+                return Err(invalid(
+                    &location,
+                    "uid",
+                    &claim.uid,
+                    "equal to the claim's key",
+                ));
             }
             non_empty(&location, "uid", &claim.uid)?;
             non_empty(&location, "namespace", &claim.namespace)?;
@@ -115,14 +120,27 @@ impl Checkpoint {
                 non_empty(&location, "pool", &device.pool)?;
                 non_empty(&location, "gpuUuid", &device.gpu_uuid)?;
                 for id in &device.cdi_device_ids {
-                    if !id.split_once('=').is_some_and(|(k, n)| k.contains('/') && !n.is_empty()) {
-                        return Err(invalid(&location, "cdiDeviceIds", id, "<vendor>/<class>=<name>"));
+                    if !id
+                        .split_once('=')
+                        .is_some_and(|(k, n)| k.contains('/') && !n.is_empty())
+                    {
+                        return Err(invalid(
+                            &location,
+                            "cdiDeviceIds",
+                            id,
+                            "<vendor>/<class>=<name>",
+                        ));
                     }
                 }
                 if let Some(mig) = &device.mig {
                     non_empty(&location, "mig.profile", &mig.profile)?;
                     if mig.placement_size == 0 {
-                        return Err(invalid(&location, "mig.placementSize", "0", "a positive size"));
+                        return Err(invalid(
+                            &location,
+                            "mig.placementSize",
+                            "0",
+                            "a positive size",
+                        ));
                     }
                 }
             }
@@ -142,7 +160,12 @@ impl Checkpoint {
     }
 }
 
-fn invalid(location: &str, field: &'static str, value: &str, expected: &'static str) -> InvalidCheckpoint {
+fn invalid(
+    location: &str,
+    field: &'static str,
+    value: &str,
+    expected: &'static str,
+) -> InvalidCheckpoint {
     InvalidCheckpoint {
         location: location.to_string(),
         field,

@@ -131,7 +131,10 @@ impl CheckpointStore {
     /// # Errors
     /// [`StoreError`] for real I/O problems (directory not creatable, file unreadable, a bad
     /// file that cannot be moved aside) and an empty boot ID.
-    pub fn open(state_dir: &Path, current_boot_id: &str) -> Result<(Self, LoadOutcome), StoreError> {
+    pub fn open(
+        state_dir: &Path,
+        current_boot_id: &str,
+    ) -> Result<(Self, LoadOutcome), StoreError> {
         if current_boot_id.is_empty() {
             return Err(StoreError::EmptyBootId);
         }
@@ -145,14 +148,26 @@ impl CheckpointStore {
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok((Self { path, current: fresh }, LoadOutcome::Fresh));
+                return Ok((
+                    Self {
+                        path,
+                        current: fresh,
+                    },
+                    LoadOutcome::Fresh,
+                ));
             }
             Err(source) => return Err(StoreError::Read { path, source }),
         };
         let outcome = match wire::decode(&bytes) {
             Ok(loaded) if loaded.node_boot_id == current_boot_id => {
                 let claims = loaded.claims.len();
-                return Ok((Self { path, current: loaded }, LoadOutcome::Loaded { claims }));
+                return Ok((
+                    Self {
+                        path,
+                        current: loaded,
+                    },
+                    LoadOutcome::Loaded { claims },
+                ));
             }
             Ok(stale) => LoadOutcome::BootChanged {
                 previous_boot_id: stale.node_boot_id,
@@ -163,7 +178,13 @@ impl CheckpointStore {
                 reason: error_chain(&reason),
             },
         };
-        Ok((Self { path, current: fresh }, outcome))
+        Ok((
+            Self {
+                path,
+                current: fresh,
+            },
+            outcome,
+        ))
     }
 
     /// The current state (always equal to what is on disk, or to what the next update
@@ -184,7 +205,10 @@ impl CheckpointStore {
     /// # Errors
     /// [`StoreError::Encode`] when the change breaks an invariant, [`StoreError::Write`] when
     /// the file could not be written.
-    pub fn update<R>(&mut self, change: impl FnOnce(&mut Checkpoint) -> R) -> Result<R, StoreError> {
+    pub fn update<R>(
+        &mut self,
+        change: impl FnOnce(&mut Checkpoint) -> R,
+    ) -> Result<R, StoreError> {
         let mut next = self.current.clone();
         let result = change(&mut next);
         next.normalize();

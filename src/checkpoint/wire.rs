@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::model::{Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord};
+use super::model::{
+    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord,
+};
 
 /// The format version this code writes.
 pub const CURRENT_VERSION: &str = "v1";
@@ -31,7 +33,10 @@ pub enum DecodeError {
     },
     /// JSON, but without the envelope fields.
     #[error("missing or non-{kind} field {field:?} in the checkpoint envelope")]
-    Envelope { field: &'static str, kind: &'static str },
+    Envelope {
+        field: &'static str,
+        kind: &'static str,
+    },
     /// Written by a plugin version with a format this one does not know.
     #[error("checkpoint format version {found:?} is not supported (supported: {supported})")]
     UnsupportedVersion { found: String, supported: String },
@@ -115,7 +120,8 @@ struct MigV1 {
 /// # Errors
 /// [`DecodeError::Invalid`] when `cp` breaks an invariant (nothing invalid is ever written).
 pub fn encode(cp: &Checkpoint) -> Result<Vec<u8>, DecodeError> {
-    cp.validate().map_err(|source| DecodeError::Invalid { source })?;
+    cp.validate()
+        .map_err(|source| DecodeError::Invalid { source })?;
     let payload = serde_json::to_value(to_wire(cp)).map_err(|source| DecodeError::Payload {
         version: CURRENT_VERSION,
         source,
@@ -125,10 +131,11 @@ pub fn encode(cp: &Checkpoint) -> Result<Vec<u8>, DecodeError> {
         "checksum": checksum(&payload),
         "payload": payload,
     });
-    let mut bytes = serde_json::to_vec_pretty(&envelope).map_err(|source| DecodeError::Payload {
-        version: CURRENT_VERSION,
-        source,
-    })?;
+    let mut bytes =
+        serde_json::to_vec_pretty(&envelope).map_err(|source| DecodeError::Payload {
+            version: CURRENT_VERSION,
+            source,
+        })?;
     bytes.push(b'\n');
     Ok(bytes)
 }
@@ -138,11 +145,15 @@ pub fn encode(cp: &Checkpoint) -> Result<Vec<u8>, DecodeError> {
 /// # Errors
 /// [`DecodeError`] saying which check failed.
 pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
-    let envelope: Value = serde_json::from_slice(bytes).map_err(|source| DecodeError::NotJson { source })?;
+    let envelope: Value =
+        serde_json::from_slice(bytes).map_err(|source| DecodeError::NotJson { source })?;
     let field = |name: &'static str| envelope.get(name);
     let version = field("version")
         .and_then(Value::as_str)
-        .ok_or(DecodeError::Envelope { field: "version", kind: "string" })?;
+        .ok_or(DecodeError::Envelope {
+            field: "version",
+            kind: "string",
+        })?;
     if !SUPPORTED_VERSIONS.contains(&version) {
         return Err(DecodeError::UnsupportedVersion {
             found: version.to_string(),
@@ -151,10 +162,16 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
     }
     let stored = field("checksum")
         .and_then(Value::as_str)
-        .ok_or(DecodeError::Envelope { field: "checksum", kind: "string" })?;
+        .ok_or(DecodeError::Envelope {
+            field: "checksum",
+            kind: "string",
+        })?;
     let payload = field("payload")
         .filter(|p| p.is_object())
-        .ok_or(DecodeError::Envelope { field: "payload", kind: "object" })?;
+        .ok_or(DecodeError::Envelope {
+            field: "payload",
+            kind: "object",
+        })?;
     let computed = checksum(payload);
     if stored != computed {
         return Err(DecodeError::Checksum {
@@ -162,12 +179,14 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
             computed,
         });
     }
-    let wire: PayloadV1 = serde_json::from_value(payload.clone()).map_err(|source| DecodeError::Payload {
-        version: CURRENT_VERSION,
-        source,
-    })?;
+    let wire: PayloadV1 =
+        serde_json::from_value(payload.clone()).map_err(|source| DecodeError::Payload {
+            version: CURRENT_VERSION,
+            source,
+        })?;
     let cp = from_wire(wire);
-    cp.validate().map_err(|source| DecodeError::Invalid { source })?;
+    cp.validate()
+        .map_err(|source| DecodeError::Invalid { source })?;
     Ok(cp)
 }
 
