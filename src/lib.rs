@@ -5,8 +5,11 @@
 //! hardware, processes, files or the cluster sits behind a small trait with a real and a
 //! simulated implementation side by side. See `docs/architecture.md`.
 
+pub mod cdi;
+pub mod checkpoint;
 pub mod demo;
 pub mod devices;
+pub mod fsutil;
 pub mod hardware;
 pub mod inventory;
 pub mod kubelet;

@@ -1,0 +1,257 @@
+//! The checkpoint file: loaded once at start, rewritten atomically on every change.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::model::{Checkpoint, ClaimRecord};
+use super::wire::{self, DecodeError};
+use crate::fsutil::{self, FsError};
+
+/// File name of the checkpoint inside the state directory.
+pub const CHECKPOINT_FILE: &str = "checkpoint.json";
+
+/// Only the plugin needs to read its own state.
+const CHECKPOINT_MODE: u32 = 0o600;
+
+/// What [`CheckpointStore::open`] found. Every case leaves a usable store; the caller logs
+/// [`LoadOutcome::message`] and, for the last two, runs recovery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadOutcome {
+    /// No checkpoint file: first start on this node (or state dir wiped).
+    Fresh,
+    /// The file was read and verified; its records are in the store.
+    Loaded { claims: usize },
+    /// The file belongs to an earlier boot. Claims prepared then hold no hardware now (MIG
+    /// devices and MPS daemons do not survive a reboot), so the store starts without them;
+    /// their records are handed over so recovery can delete the files they left (CDI specs,
+    /// MPS directories). The file is rewritten only on the next update, so a crash before
+    /// cleanup hands the same records over again.
+    BootChanged {
+        previous_boot_id: String,
+        dropped: BTreeMap<String, ClaimRecord>,
+    },
+    /// The file could not be used (garbage, truncated, checksum mismatch, unknown format
+    /// version). It was moved aside, unchanged, and the store starts empty.
+    Corrupt { moved_to: PathBuf, reason: String },
+}
+
+impl LoadOutcome {
+    /// A one-line, operator-facing description of the outcome.
+    pub fn message(&self) -> String {
+        match self {
+            LoadOutcome::Fresh => "no checkpoint found; starting with an empty one".to_string(),
+            LoadOutcome::Loaded { claims } => format!("checkpoint loaded with {claims} claim(s)"),
+            LoadOutcome::BootChanged {
+                previous_boot_id,
+                dropped,
+            } => format!(
+                "node rebooted since the checkpoint was written (boot ID was {previous_boot_id}): \
+                 dropped {} claim record(s) whose hardware state is gone; they are kept only to \
+                 clean up their leftover files",
+                dropped.len()
+            ),
+            LoadOutcome::Corrupt { moved_to, reason } => format!(
+                "checkpoint unusable ({reason}); moved it to {} and started empty: claims it \
+                 recorded are unknown until the kubelet prepares them again, and their leftover \
+                 CDI specs are found by listing the CDI directory",
+                moved_to.display()
+            ),
+        }
+    }
+}
+
+/// Failures of the checkpoint file that recovery cannot work around (the plugin should
+/// report them and stop, rather than run with state it cannot save).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The boot ID given is empty.
+    #[error("current boot ID is empty; pass the content of /proc/sys/kernel/random/boot_id")]
+    EmptyBootId,
+    /// The state directory could not be created.
+    #[error("creating checkpoint directory {dir}")]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the file failed for a reason other than absence (e.g. permission denied).
+    #[error("reading checkpoint {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Moving an unusable file aside failed; continuing would overwrite it.
+    #[error("moving unusable checkpoint {path} to {to}")]
+    MoveAside {
+        path: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Temp files of an interrupted write could not be removed.
+    #[error("cleaning leftovers of an interrupted checkpoint write")]
+    CleanTemps {
+        #[source]
+        source: FsError,
+    },
+    /// The change would make the checkpoint invalid; nothing was written.
+    #[error("refusing to store checkpoint {path}")]
+    Encode {
+        path: PathBuf,
+        #[source]
+        source: DecodeError,
+    },
+    /// Writing the file failed; the store keeps the previous state.
+    #[error("writing checkpoint")]
+    Write {
+        #[source]
+        source: FsError,
+    },
+}
+
+/// The plugin's single checkpoint file and its current content.
+///
+/// Not internally synchronised: wrap it in a mutex when several tasks update it.
+#[derive(Debug)]
+pub struct CheckpointStore {
+    path: PathBuf,
+    current: Checkpoint,
+}
+
+impl CheckpointStore {
+    /// Opens (or starts) the checkpoint in `state_dir` for the node's current boot.
+    ///
+    /// Never fails because of the file's content: see [`LoadOutcome`]. Removes temp files
+    /// left by a write that a crash interrupted (the real file is intact by construction).
+    ///
+    /// # Errors
+    /// [`StoreError`] for real I/O problems (directory not creatable, file unreadable, a bad
+    /// file that cannot be moved aside) and an empty boot ID.
+    pub fn open(
+        state_dir: &Path,
+        current_boot_id: &str,
+    ) -> Result<(Self, LoadOutcome), StoreError> {
+        if current_boot_id.is_empty() {
+            return Err(StoreError::EmptyBootId);
+        }
+        fs::create_dir_all(state_dir).map_err(|source| StoreError::CreateDir {
+            dir: state_dir.to_path_buf(),
+            source,
+        })?;
+        let path = state_dir.join(CHECKPOINT_FILE);
+        fsutil::remove_stale_temps(&path).map_err(|source| StoreError::CleanTemps { source })?;
+        let fresh = Checkpoint::new(current_boot_id);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok((
+                    Self {
+                        path,
+                        current: fresh,
+                    },
+                    LoadOutcome::Fresh,
+                ));
+            }
+            Err(source) => return Err(StoreError::Read { path, source }),
+        };
+        let outcome = match wire::decode(&bytes) {
+            Ok(loaded) if loaded.node_boot_id == current_boot_id => {
+                let claims = loaded.claims.len();
+                return Ok((
+                    Self {
+                        path,
+                        current: loaded,
+                    },
+                    LoadOutcome::Loaded { claims },
+                ));
+            }
+            Ok(stale) => LoadOutcome::BootChanged {
+                previous_boot_id: stale.node_boot_id,
+                dropped: stale.claims,
+            },
+            Err(reason) => LoadOutcome::Corrupt {
+                moved_to: move_aside(&path)?,
+                reason: error_chain(&reason),
+            },
+        };
+        Ok((
+            Self {
+                path,
+                current: fresh,
+            },
+            outcome,
+        ))
+    }
+
+    /// The current state (always equal to what is on disk, or to what the next update
+    /// writes after a boot change).
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.current
+    }
+
+    /// Path of the checkpoint file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Applies `change` to a copy of the state, validates it and persists it atomically;
+    /// only then does the store adopt it. When this returns `Ok`, the change survives a
+    /// crash or power loss; when it returns `Err`, neither disk nor memory changed.
+    ///
+    /// # Errors
+    /// [`StoreError::Encode`] when the change breaks an invariant, [`StoreError::Write`] when
+    /// the file could not be written.
+    pub fn update<R>(
+        &mut self,
+        change: impl FnOnce(&mut Checkpoint) -> R,
+    ) -> Result<R, StoreError> {
+        let mut next = self.current.clone();
+        let result = change(&mut next);
+        next.normalize();
+        let bytes = wire::encode(&next).map_err(|source| StoreError::Encode {
+            path: self.path.clone(),
+            source,
+        })?;
+        fsutil::write_atomic(&self.path, &bytes, CHECKPOINT_MODE)
+            .map_err(|source| StoreError::Write { source })?;
+        self.current = next;
+        Ok(result)
+    }
+}
+
+/// Renames a bad file to `<name>.corrupt-<unix seconds>[-<n>]` without replacing an earlier
+/// one, so every bad file stays available for diagnosis.
+fn move_aside(path: &Path) -> Result<PathBuf, StoreError> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let base = format!("{}.corrupt-{now}", path.display());
+    let mut to = PathBuf::from(&base);
+    let mut n = 1;
+    while to.exists() {
+        to = PathBuf::from(format!("{base}-{n}"));
+        n += 1;
+    }
+    fs::rename(path, &to).map_err(|source| StoreError::MoveAside {
+        path: path.to_path_buf(),
+        to: to.clone(),
+        source,
+    })?;
+    Ok(to)
+}
+
+/// The error and its causes on one line, for the outcome message.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

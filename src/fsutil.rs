@@ -1,0 +1,296 @@
+//! Crash-safe file replacement shared by the CDI writer and the checkpoint store.
+//!
+//! A reader (a container runtime watching its CDI directory with inotify, or the plugin itself
+//! after a crash) must only ever see the old file or the complete new one. The temp file lives
+//! in the target's directory so the final `rename` stays on one filesystem and is atomic, and
+//! its name starts with a dot and does not end in `.json`/`.yaml`, so CDI caches ignore it.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Why a file could not be written, replaced or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// The target path has no parent directory or no file name (e.g. `/` or `..`).
+    #[error("cannot write {path}: the path must name a file inside a directory")]
+    NotAFilePath { path: PathBuf },
+    /// Creating the directory that holds the target failed.
+    #[error("creating directory {dir}")]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Creating the temp file next to the target failed.
+    #[error("creating temp file {temp} for {path}")]
+    CreateTemp {
+        path: PathBuf,
+        temp: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Writing, chmod-ing or fsync-ing the temp file failed.
+    #[error("{step} temp file {temp} for {path}")]
+    WriteTemp {
+        step: &'static str,
+        path: PathBuf,
+        temp: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Renaming the temp file over the target failed.
+    #[error("renaming {temp} to {path}")]
+    Rename {
+        path: PathBuf,
+        temp: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Fsync of the directory (making the rename durable) failed.
+    #[error("syncing directory {dir} after replacing {path}")]
+    SyncDir {
+        dir: PathBuf,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Removing a file failed for a reason other than it being absent.
+    #[error("removing {path}")]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Listing a directory (to find leftover temp files) failed.
+    #[error("listing directory {dir}")]
+    ListDir {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Distinguishes temp files of concurrent writers inside one process.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Replaces `path` with `bytes` so that no reader and no crash ever observes a partial file.
+///
+/// Creates the parent directory if it is missing. The file gets exactly `mode` (e.g. `0o644`)
+/// whatever the umask. On return the new content and the directory entry are on stable
+/// storage (file and directory fsynced). On error the target is unchanged and the temp file
+/// is removed when possible; a temp file left by a crash is found by [`remove_stale_temps`].
+///
+/// # Errors
+/// [`FsError`] naming the target, the temp file and the step that failed.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    let (dir, name) = split(path)?;
+    fs::create_dir_all(dir).map_err(|source| FsError::CreateDir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let temp = dir.join(format!(
+        "{}{}-{}",
+        temp_prefix(name),
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = write_then_rename(path, &temp, bytes, mode);
+    if result.is_err() {
+        // Best effort: the original error is what the caller needs to see.
+        let _ = fs::remove_file(&temp);
+    }
+    result?;
+    sync_dir(dir).map_err(|source| FsError::SyncDir {
+        dir: dir.to_path_buf(),
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write_then_rename(path: &Path, temp: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    let step = |step: &'static str| {
+        let (path, temp) = (path.to_path_buf(), temp.to_path_buf());
+        move |source| FsError::WriteTemp {
+            step,
+            path,
+            temp,
+            source,
+        }
+    };
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(temp)
+        .map_err(|source| FsError::CreateTemp {
+            path: path.to_path_buf(),
+            temp: temp.to_path_buf(),
+            source,
+        })?;
+    // The umask may have cleared bits of `mode` at creation.
+    file.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(step("setting mode of"))?;
+    file.write_all(bytes).map_err(step("writing"))?;
+    file.sync_all().map_err(step("syncing"))?;
+    drop(file);
+    fs::rename(temp, path).map_err(|source| FsError::Rename {
+        path: path.to_path_buf(),
+        temp: temp.to_path_buf(),
+        source,
+    })
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Removes `path`; a file that is already gone is success.
+///
+/// Returns whether a file was actually removed, so callers can report idempotent repeats.
+///
+/// # Errors
+/// [`FsError::Remove`] for any failure other than "not found" (e.g. permission denied, or
+/// `path` is a directory).
+pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(FsError::Remove {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Deletes temp files that [`write_atomic`] left next to `path` when a previous process
+/// crashed mid-write, and returns the paths it removed.
+///
+/// Only call this while no other writer targets `path` (e.g. at start-up of the single
+/// process that owns the file). A missing directory means nothing to clean.
+///
+/// # Errors
+/// [`FsError::ListDir`] when the directory cannot be read, [`FsError::Remove`] when a
+/// leftover cannot be deleted.
+pub fn remove_stale_temps(path: &Path) -> Result<Vec<PathBuf>, FsError> {
+    let (dir, name) = split(path)?;
+    let prefix = temp_prefix(name);
+    let list_err = |source| FsError::ListDir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(list_err(e)),
+    };
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(list_err)?;
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let leftover = entry.path();
+            if remove_if_exists(&leftover)? {
+                removed.push(leftover);
+            }
+        }
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+fn temp_prefix(name: &str) -> String {
+    format!(".{name}.tmp-")
+}
+
+fn split(path: &Path) -> Result<(&Path, &str), FsError> {
+    let not_a_file = || FsError::NotAFilePath {
+        path: path.to_path_buf(),
+    };
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(not_a_file)?;
+    let dir = match path.parent() {
+        Some(p) if p.as_os_str().is_empty() => Path::new("."),
+        Some(p) => p,
+        None => return Err(not_a_file()),
+    };
+    Ok((dir, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode_of(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn write_atomic_creates_missing_directory_and_sets_exact_mode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("a/b/spec.json");
+        write_atomic(&path, b"{}", 0o644).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"{}".to_vec());
+        assert_eq!(mode_of(&path), 0o644);
+    }
+
+    #[test]
+    fn write_atomic_replaces_content_and_leaves_no_temp_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("state.json");
+        write_atomic(&path, b"old", 0o600).unwrap();
+        write_atomic(&path, b"new", 0o600).unwrap();
+        let names: Vec<String> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["state.json".to_string()]);
+        assert_eq!(fs::read(&path).unwrap(), b"new".to_vec());
+        assert_eq!(mode_of(&path), 0o600);
+    }
+
+    #[test]
+    fn write_atomic_onto_a_directory_fails_naming_the_path_and_cleans_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("taken");
+        fs::create_dir(&path).unwrap();
+        let err = write_atomic(&path, b"x", 0o644).unwrap_err();
+        assert!(matches!(err, FsError::Rename { .. }), "got {err:?}");
+        assert!(err.to_string().contains("taken"), "got {err}");
+        assert_eq!(remove_stale_temps(&path).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn remove_if_exists_is_idempotent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        fs::write(&path, b"x").unwrap();
+        let got = (
+            remove_if_exists(&path).unwrap(),
+            remove_if_exists(&path).unwrap(),
+        );
+        assert_eq!(got, (true, false));
+    }
+
+    #[test]
+    fn remove_stale_temps_deletes_only_this_files_leftovers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("checkpoint.json");
+        let leftover = tmp.path().join(".checkpoint.json.tmp-42-0");
+        let other = tmp.path().join(".other.json.tmp-42-0");
+        fs::write(&leftover, b"partial").unwrap();
+        fs::write(&other, b"partial").unwrap();
+        assert_eq!(remove_stale_temps(&path).unwrap(), vec![leftover.clone()]);
+        assert!(!leftover.exists());
+        assert!(other.exists());
+    }
+
+    #[test]
+    fn path_without_file_name_is_rejected() {
+        let err = write_atomic(Path::new("/"), b"x", 0o644).unwrap_err();
+        assert!(matches!(err, FsError::NotAFilePath { .. }), "got {err:?}");
+    }
+}

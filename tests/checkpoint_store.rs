@@ -1,0 +1,297 @@
+//! The checkpoint store against a real state directory: every way a file can be bad after a
+//! crash, a reboot, an upgrade or a downgrade.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use gpu_dra::checkpoint::{
+    CHECKPOINT_FILE, CheckpointStore, ClaimPhase, ClaimRecord, DeviceRecord, LoadOutcome,
+    MigRecord, StoreError, checksum,
+};
+use serde_json::{Value, json};
+
+const BOOT: &str = "2b0c9a5e-1f4d-4c52-9d7e-0a1b2c3d4e5f";
+const UID: &str = "3f2a9c1e-8b7d-4e21-a0c4-5d6e7f809a1b";
+
+fn claim() -> ClaimRecord {
+    ClaimRecord {
+        uid: UID.into(),
+        namespace: "ml".into(),
+        name: "train-gpu".into(),
+        phase: ClaimPhase::PrepareCompleted,
+        devices: vec![DeviceRecord {
+            request_names: vec!["mig".into()],
+            pool: "node-a".into(),
+            device: "gpu-0-mig-1g10gb-19-0".into(),
+            share_id: None,
+            cdi_device_ids: vec![format!(
+                "k8s.gpu.nvidia.com/claim={UID}-gpu-0-mig-1g10gb-19-0"
+            )],
+            gpu_uuid: "GPU-aaa".into(),
+            mig: Some(MigRecord {
+                parent_minor: 0,
+                profile_id: 19,
+                profile: "1g.10gb".into(),
+                placement_start: 0,
+                placement_size: 1,
+                gi_id: Some(9),
+                ci_id: Some(0),
+                uuid: Some("MIG-bbb".into()),
+            }),
+            sharing: Some(json!({"strategy": "MPS", "daemon": {"id": "x", "limits": [50, 1.5]}})),
+        }],
+        updated_unix: 1_760_000_000,
+    }
+}
+
+/// A state dir holding a valid checkpoint with one claim, written by the store itself.
+fn saved(boot: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut store, _) = CheckpointStore::open(tmp.path(), boot).unwrap();
+    store
+        .update(|cp| cp.claims.insert(UID.into(), claim()))
+        .unwrap();
+    tmp
+}
+
+fn file(dir: &Path) -> PathBuf {
+    dir.join(CHECKPOINT_FILE)
+}
+
+fn envelope(dir: &Path) -> Value {
+    serde_json::from_slice(&fs::read(file(dir)).unwrap()).unwrap()
+}
+
+/// Opens a dir whose file is unusable and checks it was moved aside unchanged.
+fn expect_corrupt(dir: &Path, reason_part: &str) {
+    let before = fs::read(file(dir)).unwrap();
+    let (store, outcome) = CheckpointStore::open(dir, BOOT).unwrap();
+    let LoadOutcome::Corrupt { moved_to, reason } = &outcome else {
+        panic!("want Corrupt, got {outcome:?}");
+    };
+    assert!(
+        reason.contains(reason_part),
+        "want {reason_part:?} in {reason:?}"
+    );
+    assert!(
+        outcome.message().contains("moved it to"),
+        "{}",
+        outcome.message()
+    );
+    let name = moved_to.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("checkpoint.json.corrupt-"), "{name}");
+    assert_eq!(fs::read(moved_to).unwrap(), before);
+    assert!(!file(dir).exists());
+    assert_eq!(store.checkpoint().claims.len(), 0);
+}
+
+#[test]
+fn a_missing_file_is_a_fresh_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, outcome) = CheckpointStore::open(&tmp.path().join("state"), BOOT).unwrap();
+    assert_eq!(outcome, LoadOutcome::Fresh);
+    assert_eq!(store.checkpoint().node_boot_id, BOOT);
+}
+
+#[test]
+fn records_survive_a_restart_unchanged() {
+    let tmp = saved(BOOT);
+    let (store, outcome) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded { claims: 1 });
+    assert_eq!(store.checkpoint().claims.get(UID), Some(&claim()));
+}
+
+#[test]
+fn the_file_is_a_versioned_checksummed_envelope_readable_only_by_its_owner() {
+    let tmp = saved(BOOT);
+    let env = envelope(tmp.path());
+    let got = (
+        env["version"].clone(),
+        env["checksum"].as_str().map(|c| c.len()),
+        env["payload"]["nodeBootId"].clone(),
+    );
+    assert_eq!(got, (json!("v1"), Some("sha256:".len() + 64), json!(BOOT)));
+    let mode = fs::metadata(file(tmp.path())).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn reformatting_the_file_keeps_the_checksum_valid() {
+    let tmp = saved(BOOT);
+    // Compact output with keys in a different order than written.
+    let compact = serde_json::to_vec(&envelope(tmp.path())).unwrap();
+    fs::write(file(tmp.path()), compact).unwrap();
+    let (_, outcome) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded { claims: 1 });
+}
+
+#[test]
+fn a_payload_changed_behind_the_checksum_is_moved_aside() {
+    let tmp = saved(BOOT);
+    let mut env = envelope(tmp.path());
+    env["payload"]["claims"][UID]["name"] = json!("someone-else");
+    fs::write(file(tmp.path()), serde_json::to_vec_pretty(&env).unwrap()).unwrap();
+    expect_corrupt(tmp.path(), "checksum mismatch");
+}
+
+#[test]
+fn a_truncated_file_is_moved_aside() {
+    let tmp = saved(BOOT);
+    let bytes = fs::read(file(tmp.path())).unwrap();
+    fs::write(file(tmp.path()), &bytes[..bytes.len() / 2]).unwrap();
+    expect_corrupt(tmp.path(), "not valid JSON");
+}
+
+#[test]
+fn garbage_and_empty_files_are_moved_aside() {
+    for content in [
+        &b"\x00\xffnot json"[..],
+        b"",
+        b"[1, 2]",
+        b"{\"version\": 1}",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(file(tmp.path()), content).unwrap();
+        let want = if content.starts_with(b"{") || content.starts_with(b"[") {
+            "version"
+        } else {
+            "not valid JSON"
+        };
+        expect_corrupt(tmp.path(), want);
+    }
+}
+
+#[test]
+fn a_file_from_a_newer_format_names_found_and_supported_versions() {
+    let tmp = saved(BOOT);
+    let mut env = envelope(tmp.path());
+    env["version"] = json!("v2");
+    fs::write(file(tmp.path()), serde_json::to_vec(&env).unwrap()).unwrap();
+    expect_corrupt(
+        tmp.path(),
+        "version \"v2\" is not supported (supported: v1)",
+    );
+}
+
+#[test]
+fn a_well_checksummed_payload_is_still_validated_on_read() {
+    type Breaker = fn(&mut Value);
+    let cases: [(&str, Breaker); 2] = [
+        ("unknown field `extra`", |p| {
+            p["claims"][UID]["extra"] = json!(1)
+        }),
+        ("uid", |p| p["claims"][UID]["uid"] = json!("other-uid")),
+    ];
+    for (want, break_it) in cases {
+        let tmp = saved(BOOT);
+        let mut env = envelope(tmp.path());
+        break_it(&mut env["payload"]);
+        env["checksum"] = json!(checksum(&env["payload"]));
+        fs::write(file(tmp.path()), serde_json::to_vec(&env).unwrap()).unwrap();
+        expect_corrupt(tmp.path(), want);
+    }
+}
+
+#[test]
+fn two_bad_files_in_one_second_are_both_kept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut moved = Vec::new();
+    for _ in 0..2 {
+        fs::write(file(tmp.path()), "garbage").unwrap();
+        if let (_, LoadOutcome::Corrupt { moved_to, .. }) =
+            CheckpointStore::open(tmp.path(), BOOT).unwrap()
+        {
+            moved.push(moved_to);
+        }
+    }
+    assert_eq!(moved.len(), 2);
+    assert_ne!(moved[0], moved[1]);
+    assert!(moved.iter().all(|p| p.exists()));
+}
+
+#[test]
+fn after_a_reboot_claims_are_dropped_but_handed_over_until_the_next_write() {
+    let tmp = saved("old-boot");
+    let want = LoadOutcome::BootChanged {
+        previous_boot_id: "old-boot".into(),
+        dropped: [(UID.to_string(), claim())].into(),
+    };
+    // A crash before cleanup: the same records are handed over again.
+    for _ in 0..2 {
+        let (store, outcome) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+        assert_eq!(outcome, want);
+        assert_eq!(store.checkpoint().claims.len(), 0);
+        assert!(
+            outcome.message().contains("node rebooted"),
+            "{}",
+            outcome.message()
+        );
+    }
+    let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    store.update(|_| ()).unwrap();
+    let (_, outcome) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded { claims: 0 });
+}
+
+#[test]
+fn a_temp_file_left_by_a_crashed_write_is_removed_and_the_last_good_state_loads() {
+    let tmp = saved(BOOT);
+    let leftover = tmp.path().join(".checkpoint.json.tmp-4242-7");
+    fs::write(&leftover, "{\"version\": \"v1\", \"chec").unwrap();
+    let (store, outcome) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    assert_eq!(
+        (outcome, leftover.exists()),
+        (LoadOutcome::Loaded { claims: 1 }, false)
+    );
+    assert_eq!(store.checkpoint().claims.get(UID), Some(&claim()));
+}
+
+#[test]
+fn an_update_that_breaks_an_invariant_changes_neither_disk_nor_memory() {
+    let tmp = saved(BOOT);
+    let before = fs::read(file(tmp.path())).unwrap();
+    let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    let err = store
+        .update(|cp| cp.claims.get_mut(UID).unwrap().namespace.clear())
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Encode { .. }), "got {err:?}");
+    let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(chain.contains("payload is inconsistent"), "{chain}");
+    assert_eq!(fs::read(file(tmp.path())).unwrap(), before);
+    assert_eq!(store.checkpoint().claims.get(UID), Some(&claim()));
+}
+
+#[test]
+fn null_sharing_state_is_stored_as_absent_so_memory_matches_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    let mut record = claim();
+    record.devices[0].sharing = Some(Value::Null);
+    store
+        .update(|cp| cp.claims.insert(UID.into(), record))
+        .unwrap();
+    let (reopened, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    assert_eq!(reopened.checkpoint(), store.checkpoint());
+    assert_eq!(reopened.checkpoint().claims[UID].devices[0].sharing, None);
+}
+
+#[test]
+fn an_unreadable_checkpoint_path_is_an_error_naming_it_not_a_fresh_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    fs::create_dir(file(tmp.path())).unwrap();
+    let err = CheckpointStore::open(tmp.path(), BOOT).unwrap_err();
+    assert!(matches!(err, StoreError::Read { .. }), "got {err:?}");
+    assert!(
+        err.to_string()
+            .contains(&file(tmp.path()).display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_empty_boot_id_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = CheckpointStore::open(tmp.path(), "").unwrap_err();
+    assert!(matches!(err, StoreError::EmptyBootId), "got {err:?}");
+}
