@@ -58,6 +58,9 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
+    /// Writing the state file failed.
+    #[error("writing simulated GPU state failed")]
+    StateWrite(#[source] crate::fsutil::FsError),
     /// The state file exists but cannot be trusted.
     #[error("simulated GPU state {} is unreadable: {detail}; move it away to start the node afresh", path.display())]
     StateCorrupt {

@@ -3,7 +3,6 @@
 //! directory — like real hardware, a restarted plugin finds what its predecessor created.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -174,21 +173,5 @@ fn write_state(dir: &Path, fingerprint: &str, state: &SimState) -> Result<(), Si
         detail: e.to_string(),
     })?;
     bytes.push(b'\n');
-    write_atomic(&dir.join(STATE_FILE), &bytes)
-}
-
-/// Temp file in the same directory, fsync, rename, fsync the directory: a crash leaves either
-/// the old or the new state, never a torn file.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SimError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{STATE_FILE}.tmp"));
-    let mut f = File::create(&tmp).map_err(io_err(&tmp, "create temp file"))?;
-    f.write_all(bytes)
-        .map_err(io_err(&tmp, "write temp file"))?;
-    f.sync_all().map_err(io_err(&tmp, "fsync temp file"))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path, "rename into place"))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir, "fsync directory"))?;
-    Ok(())
+    crate::fsutil::write_atomic(&dir.join(STATE_FILE), &bytes, 0o644).map_err(SimError::StateWrite)
 }
