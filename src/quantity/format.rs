@@ -21,10 +21,10 @@ pub(super) fn canonical(nanos: i128, format: QuantityFormat) -> String {
     let sign = if nanos < 0 { "-" } else { "" };
     let magnitude = nanos.unsigned_abs();
     let unit = NANOS_PER_UNIT as u128;
-    if format == QuantityFormat::BinarySi && magnitude >= 1024 * unit && magnitude % unit == 0 {
+    if format == QuantityFormat::BinarySi && magnitude >= 1024 * unit && magnitude.is_multiple_of(unit) {
         let mut mantissa = magnitude / unit;
         let mut exponent = 0;
-        while mantissa % 1024 == 0 {
+        while mantissa.is_multiple_of(1024) {
             mantissa /= 1024;
             exponent += 1;
         }
@@ -47,7 +47,7 @@ pub(super) fn canonical(nanos: i128, format: QuantityFormat) -> String {
 fn decimal(magnitude_nanos: u128, format: QuantityFormat) -> String {
     let mut mantissa = magnitude_nanos;
     let mut exponent: i64 = -9;
-    while mantissa % 10 == 0 {
+    while mantissa.is_multiple_of(10) {
         mantissa /= 10;
         exponent += 1;
     }
