@@ -1,0 +1,31 @@
+//! Kubernetes-compatible CEL for DRA device selectors, on the `cel` crate.
+//!
+//! A [`Selector`] is compiled once and evaluated against [`DeviceView`]s, the `device`
+//! variable of Kubernetes' DRA CEL environment (driver, attributes, capacity,
+//! allowMultipleAllocations). The environment adds to the CEL standard library what
+//! Kubernetes selectors use: the strings extension, the quantity and semver libraries,
+//! `includes()` and `cel.bind()`. Two guards keep expressions bounded as Kubernetes does:
+//! a compile-time estimate of the worst-case cost ([`CelError::CostEstimate`]) and a runtime
+//! meter that stops an evaluation past [`COST_LIMIT`] ([`CelError::CostLimit`],
+//! `actual cost limit exceeded`). Pure: no I/O except [`evaluate_device_file`].
+
+mod cost;
+mod device;
+mod diagnose;
+mod env;
+mod error;
+mod estimate;
+mod includes;
+mod parse;
+mod quantity_lib;
+mod selector;
+mod semver_lib;
+mod walk;
+
+pub use device::DeviceView;
+pub use error::{CelError, Position};
+pub use includes::MAX_LIST_LENGTH;
+pub use parse::{MAX_BRACKET_NESTING, MAX_CALL_NESTING, MAX_TREE_DEPTH};
+pub use selector::{
+    COST_LIMIT, CompileOptions, MAX_EXPRESSION_LENGTH, Selector, evaluate_device_file,
+};
