@@ -245,3 +245,26 @@ fn syntax_and_runtime_errors_carry_their_position() {
         )
     );
 }
+
+#[test]
+fn selectors_views_and_errors_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync + 'static>() {}
+    shareable::<Selector>();
+    shareable::<DeviceView>();
+    shareable::<CelError>();
+    let selector =
+        std::sync::Arc::new(Selector::compile(&gpu(".type == 'mig'")).expect("compiles"));
+    let device = std::sync::Arc::new(mig_device());
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (selector, device) = (selector.clone(), device.clone());
+            std::thread::spawn(move || selector.evaluate(&device).map_err(|e| e.to_string()))
+        })
+        .collect();
+    let got: Vec<Result<bool, String>> = handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .collect();
+    assert_eq!(got, vec![Ok(true); 4]);
+    assert_eq!(selector.expression(), gpu(".type == 'mig'"));
+}

@@ -12,6 +12,7 @@
 mod cost;
 mod device;
 mod diagnose;
+mod domain_map;
 mod env;
 mod error;
 mod estimate;
