@@ -21,7 +21,10 @@ pub(super) fn canonical(nanos: i128, format: QuantityFormat) -> String {
     let sign = if nanos < 0 { "-" } else { "" };
     let magnitude = nanos.unsigned_abs();
     let unit = NANOS_PER_UNIT as u128;
-    if format == QuantityFormat::BinarySi && magnitude >= 1024 * unit && magnitude.is_multiple_of(unit) {
+    if format == QuantityFormat::BinarySi
+        && magnitude >= 1024 * unit
+        && magnitude.is_multiple_of(unit)
+    {
         let mut mantissa = magnitude / unit;
         let mut exponent = 0;
         while mantissa.is_multiple_of(1024) {
