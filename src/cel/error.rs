@@ -8,7 +8,9 @@ use crate::quantity::QuantityError;
 /// Where in an expression something went wrong: 1-based line and column (in characters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Position {
+    /// Line, from 1.
     pub line: usize,
+    /// Column in characters, from 1.
     pub column: usize,
 }
 
