@@ -81,8 +81,7 @@ pub(super) fn parse(input: &str) -> Result<(i128, QuantityFormat), QuantityError
         Multiplier::Decimal(exponent) => (exponent - fraction_len, 0),
         Multiplier::Binary(exponent) => (-fraction_len, exponent),
     };
-    let digits = format!("{num}{fraction}");
-    let magnitude = nanos_of(&digits, shift10, binary_exponent);
+    let magnitude = nanos_of(num, fraction, shift10, binary_exponent);
     let magnitude = match (magnitude, format) {
         (Some(m), QuantityFormat::BinarySi) => m.min(BINARY_CAP_NANOS),
         (None, QuantityFormat::BinarySi) => BINARY_CAP_NANOS,
@@ -153,9 +152,43 @@ fn interpret_suffix(suffix: &str) -> Option<(Multiplier, QuantityFormat)> {
     Some(known)
 }
 
-/// `ceil(digits × 2^binary_exponent × 10^(shift10 + 9))`: the magnitude in nanos, rounded
-/// away from zero, or `None` when it does not fit in a `u128`.
-fn nanos_of(digits: &str, shift10: i64, binary_exponent: u32) -> Option<u128> {
+/// `ceil(digits × 2^binary_exponent × 10^(shift10 + 9))`, where the digits are those of
+/// `num` then `fraction`: the magnitude in nanos, rounded away from zero, or `None` when it
+/// does not fit in a `u128`.
+fn nanos_of(num: &str, fraction: &str, shift10: i64, binary_exponent: u32) -> Option<u128> {
+    // Up to 30 digits fit in a u128 with room for the binary multiplier: the common case,
+    // computed without allocating.
+    if num.len() + fraction.len() <= 30 {
+        let digits = num.bytes().chain(fraction.bytes());
+        let n = digits.fold(0u128, |acc, d| acc * 10 + u128::from(d - b'0'));
+        return scale_nanos(n, shift10, binary_exponent);
+    }
+    nanos_of_long(&format!("{num}{fraction}"), shift10, binary_exponent)
+}
+
+/// `ceil(n × 2^binary_exponent × 10^(shift10 + 9))` in `u128` arithmetic.
+fn scale_nanos(n: u128, shift10: i64, binary_exponent: u32) -> Option<u128> {
+    if n == 0 {
+        return Some(0);
+    }
+    let n = n.checked_mul(1u128.checked_shl(binary_exponent)?)?;
+    let scale = shift10.saturating_add(9);
+    if scale >= 0 {
+        let factor = 10u128.checked_pow(u32::try_from(scale).ok()?)?;
+        return n.checked_mul(factor);
+    }
+    // n < 10^39, so dividing by 10^39 or more leaves a non-zero fraction of one nano.
+    let Some(divisor) = u32::try_from(scale.unsigned_abs())
+        .ok()
+        .and_then(|k| 10u128.checked_pow(k))
+    else {
+        return Some(1);
+    };
+    Some(n / divisor + u128::from(n % divisor != 0))
+}
+
+/// The general case of [`nanos_of`], for any number of digits.
+fn nanos_of_long(digits: &str, shift10: i64, binary_exponent: u32) -> Option<u128> {
     let significant = digits.trim_start_matches('0');
     let trimmed = significant.trim_end_matches('0');
     if trimmed.is_empty() {

@@ -328,3 +328,31 @@ fn serde_reads_strings_and_numbers_and_writes_the_canonical_string() {
         "{err}"
     );
 }
+
+#[test]
+fn short_and_long_inputs_of_the_same_value_agree() {
+    for input in [
+        "1.5Gi",
+        "3.001n",
+        "0.000000000001Ki",
+        "100.035k",
+        "9Ei",
+        "1.1E-9",
+        "12E",
+        "1e28",
+    ] {
+        let (number, suffix) = input.split_at(
+            input
+                .find(|c: char| c.is_ascii_alphabetic())
+                .unwrap_or(input.len()),
+        );
+        let dot = if number.contains('.') { "" } else { "." };
+        // Trailing fraction zeros push the digit count past the fast path.
+        let long = format!("{number}{dot}{}{suffix}", "0".repeat(40));
+        assert_eq!(
+            (q(&long).as_nanos(), q(&long).format()),
+            (q(input).as_nanos(), q(input).format()),
+            "{long}"
+        );
+    }
+}
