@@ -6,6 +6,7 @@
 //! simulated implementation side by side. See `docs/architecture.md`.
 
 pub mod cdi;
+pub mod cel;
 pub mod checkpoint;
 pub mod demo;
 pub mod devices;
@@ -13,4 +14,5 @@ pub mod fsutil;
 pub mod hardware;
 pub mod inventory;
 pub mod kubelet;
+pub mod quantity;
 pub mod slices;
