@@ -32,6 +32,20 @@ enum Command {
     },
     /// Show what a node has and the ResourceSlices it would publish.
     Inventory(InventoryArgs),
+    /// Evaluate one CEL selector against one device, as the scheduler would: prints `true`
+    /// or `false` (exit 0), or `error: …` (exit 2).
+    Cel {
+        /// The selector, e.g. "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'".
+        #[arg(long, short = 'e')]
+        expression: String,
+        /// A resource.k8s.io/v1 Device (name, attributes, capacity, allowMultipleAllocations)
+        /// as YAML or JSON.
+        #[arg(long, short = 'd')]
+        device: PathBuf,
+        /// The driver publishing the device: the domain of unqualified attribute names.
+        #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+        driver: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -141,6 +155,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Inventory(args) => run_inventory(args),
+        Command::Cel {
+            expression,
+            device,
+            driver,
+        } => match gpu_dra::cel::evaluate_device_file(&expression, &device, &driver) {
+            Ok(matched) => {
+                emit(&format!("{matched}\n"))?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("error: {}", chain(&anyhow::Error::new(e)));
+                Ok(ExitCode::from(2))
+            }
+        },
     }
 }
 
