@@ -8,11 +8,14 @@
 pub mod cdi;
 pub mod cel;
 pub mod checkpoint;
+pub mod claims;
+pub mod crashpoint;
 pub mod demo;
 pub mod devices;
 pub mod fsutil;
 pub mod hardware;
 pub mod inventory;
 pub mod kubelet;
+pub mod plugin;
 pub mod quantity;
 pub mod slices;

@@ -69,6 +69,8 @@ pub enum DeviceKind {
 pub struct PublishedDevice {
     /// NVML index of the (parent) GPU.
     pub gpu_index: u32,
+    /// Minor number of the (parent) GPU's device node.
+    pub gpu_minor: u32,
     /// UUID of the (parent) GPU.
     pub gpu_uuid: String,
     /// What it is.
@@ -148,6 +150,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
         let common = attributes::common(inventory, gpu);
         let full = || PublishedDevice {
             gpu_index: gpu.index,
+            gpu_minor: gpu.minor,
             gpu_uuid: gpu.uuid.clone(),
             kind: DeviceKind::Gpu,
             device: attributes::full_gpu(&common, gpu),
@@ -178,6 +181,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                     }
                     model.devices.push(PublishedDevice {
                         gpu_index: gpu.index,
+                        gpu_minor: gpu.minor,
                         gpu_uuid: gpu.uuid.clone(),
                         kind: DeviceKind::MigStatic {
                             uuid: mig.uuid.clone(),
@@ -240,6 +244,7 @@ fn dynamic_mig(
     device.consumes_counters = Some(vec![counters::mig_consumption(gpu, profile, placement)]);
     PublishedDevice {
         gpu_index: gpu.index,
+        gpu_minor: gpu.minor,
         gpu_uuid: gpu.uuid.clone(),
         kind: DeviceKind::MigDynamic {
             profile_id: profile.id,

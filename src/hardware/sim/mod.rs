@@ -519,6 +519,7 @@ impl GpuBackend for SimBackend {
         placement_start: u32,
     ) -> Result<MigDevice, HardwareError> {
         let gi_id = self.create_gpu_instance(index, profile_id, placement_start)?;
+        crate::crashpoint::hit("prepare-gpu-instance-created");
         let (ci_id, uuid) = match self.create_compute_instance(index, gi_id) {
             Ok(ci) => ci,
             Err(e) => {

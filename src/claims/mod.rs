@@ -1,0 +1,575 @@
+//! The claim lifecycle on the node: prepare and unprepare, crash-safe and idempotent.
+//!
+//! Prepare reads the claim's allocation (through [`ClaimSource`]), plans each device against
+//! the node's current device model ([`plan`]), records the intent in the checkpoint, acts on
+//! the hardware (carves a dynamic MIG device at exactly the allocated placement, switches MIG
+//! mode where the architecture allows), writes one CDI spec, records completion and returns
+//! one CDI device ID per device. Unprepare reverses it. Every durable step is followed by a
+//! [`crate::crashpoint`], and [`ClaimsManager::recover`] brings hardware, checkpoint and CDI
+//! directory back in line after a crash.
+//!
+//! Nothing is kept in memory between calls: the checkpoint is re-read and the device model
+//! rebuilt from the hardware on every call, so two plugin instances (a seamless rolling
+//! update), serialised by the kubelet-socket lock, never act on stale state.
+
+pub mod plan;
+mod recover;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::cdi::{self, CdiWriter, ClaimDevice, GpuDeviceRef, HostFacts};
+use crate::checkpoint::{self, CheckpointStore, ClaimPhase, ClaimRecord, DeviceRecord};
+use crate::devices::{self, DeviceModel, ModelOptions};
+use crate::hardware::{GpuBackend, HardwareError, MigModeChange, NvmlCode};
+use plan::{Action, PlannedDevice};
+pub use recover::RecoveryReport;
+
+/// The claim the kubelet names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimId {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+impl fmt::Display for ClaimId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// One allocated device of this driver in this node's pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedDevice {
+    /// Request name (`<request>/<subrequest>` for firstAvailable).
+    pub request: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// Admin access: may use a device others hold, never changes it.
+    pub admin_access: bool,
+    /// Share ID of a consumable-capacity allocation.
+    pub share_id: Option<String>,
+}
+
+/// One opaque config entry of this driver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigEntry {
+    /// From the DeviceClass (lower precedence) rather than the claim.
+    pub from_class: bool,
+    /// Requests it applies to; empty = all.
+    pub requests: Vec<String>,
+    /// The raw parameters object.
+    pub parameters: serde_json::Value,
+}
+
+/// What the API server says about a claim, already filtered to this driver and node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimAllocation {
+    /// Allocated devices in allocation order.
+    pub devices: Vec<AllocatedDevice>,
+    /// Opaque config entries (class first, then claim).
+    pub config: Vec<ConfigEntry>,
+}
+
+/// Where allocations come from (the API server in production, a table in tests).
+pub trait ClaimSource: Send + Sync {
+    /// Reads the claim and checks its UID; the error text names the claim and the cause.
+    fn fetch(&self, id: &ClaimId) -> impl Future<Output = Result<ClaimAllocation, String>> + Send;
+}
+
+/// Where CDI edits for devices come from: the real host, or a simulated node's device nodes.
+pub trait HostFactsSource: Send + Sync {
+    /// Facts for these devices; the error text says what is missing.
+    fn facts(&self, gpus: &[GpuDeviceRef]) -> Result<HostFacts, String>;
+}
+
+impl HostFactsSource for cdi::HostMode {
+    fn facts(&self, gpus: &[GpuDeviceRef]) -> Result<HostFacts, String> {
+        cdi::HostMode::facts(self, gpus).map_err(|e| crate::kubelet::error_chain(&e))
+    }
+}
+
+/// Errors of the claim lifecycle; each names the claim.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The allocation could not be read.
+    #[error("claim {claim}: {detail}")]
+    Fetch {
+        /// Claim.
+        claim: String,
+        /// What the API server (reader) said.
+        detail: String,
+    },
+    /// The claim has no devices of this driver on this node.
+    #[error("claim {claim}: the allocation has no devices of this driver on this node")]
+    NoDevices {
+        /// Claim.
+        claim: String,
+    },
+    /// A device belongs to another pool.
+    #[error("claim {claim}: device {device} is in pool {pool}, not this node's pool {expected}")]
+    WrongPool {
+        /// Claim.
+        claim: String,
+        /// Device.
+        device: String,
+        /// Its pool.
+        pool: String,
+        /// This node's pool.
+        expected: String,
+    },
+    /// The allocated device is not published by this node now.
+    #[error(
+        "claim {claim}: device {device} is not published by this node (the allocation is stale or the node changed)"
+    )]
+    UnknownDevice {
+        /// Claim.
+        claim: String,
+        /// Device.
+        device: String,
+    },
+    /// Another claim holds the device (or the whole GPU).
+    #[error("claim {claim}: device {device} is not free: claim {holder} holds {held}")]
+    DeviceBusy {
+        /// Claim.
+        claim: String,
+        /// Device wanted.
+        device: String,
+        /// Holder claim.
+        holder: String,
+        /// Device the holder has.
+        held: String,
+    },
+    /// A hardware step failed.
+    #[error("claim {claim}: {step} for device {device}")]
+    Hardware {
+        /// Claim.
+        claim: String,
+        /// Device.
+        device: String,
+        /// Step.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: Box<HardwareError>,
+    },
+    /// MIG mode cannot change without a GPU reset.
+    #[error(
+        "claim {claim}: device {device} needs MIG mode {wanted} on GPU {gpu}, which takes effect only after a GPU reset on this architecture"
+    )]
+    NeedsReset {
+        /// Claim.
+        claim: String,
+        /// Device.
+        device: String,
+        /// GPU index.
+        gpu: u32,
+        /// `on` or `off`.
+        wanted: &'static str,
+    },
+    /// Building or writing the CDI spec failed.
+    #[error("claim {claim}: CDI spec: {detail}")]
+    Cdi {
+        /// Claim.
+        claim: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The checkpoint could not be read or written.
+    #[error("claim {claim}: checkpoint")]
+    Checkpoint {
+        /// Claim (or `startup`).
+        claim: String,
+        /// Cause.
+        #[source]
+        source: Box<checkpoint::StoreError>,
+    },
+    /// The inventory could not be read.
+    #[error("claim {claim}: reading the GPU inventory")]
+    Inventory {
+        /// Claim.
+        claim: String,
+        /// Cause.
+        #[source]
+        source: Box<HardwareError>,
+    },
+}
+
+/// Everything prepare/unprepare need.
+pub struct ClaimsManager<S> {
+    /// The GPUs.
+    pub backend: Arc<dyn GpuBackend>,
+    /// Allocations.
+    pub source: S,
+    /// CDI edits for devices.
+    pub host: Box<dyn HostFactsSource>,
+    /// CDI spec writer.
+    pub cdi: CdiWriter,
+    /// CDI naming.
+    pub naming: cdi::ClaimNaming,
+    /// How the node publishes its devices (driver name, MIG policies).
+    pub model_options: ModelOptions,
+    /// This node's pool name.
+    pub pool: String,
+    /// Directory of the checkpoint.
+    pub state_dir: PathBuf,
+    /// Current boot ID.
+    pub boot_id: String,
+}
+
+/// A prepared device as the kubelet gets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// Requests it serves.
+    pub request_names: Vec<String>,
+    /// Pool.
+    pub pool: String,
+    /// Device.
+    pub device: String,
+    /// CDI device IDs.
+    pub cdi_device_ids: Vec<String>,
+    /// Share ID.
+    pub share_id: Option<String>,
+}
+
+fn prepared(records: &[DeviceRecord]) -> Vec<PreparedDevice> {
+    records
+        .iter()
+        .map(|r| PreparedDevice {
+            request_names: r.request_names.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            cdi_device_ids: r.cdi_device_ids.clone(),
+            share_id: r.share_id.clone(),
+        })
+        .collect()
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+impl<S: ClaimSource> ClaimsManager<S> {
+    fn store(&self, claim: &str) -> Result<CheckpointStore, ClaimError> {
+        CheckpointStore::open(&self.state_dir, &self.boot_id)
+            .map(|(store, _)| store)
+            .map_err(|e| ClaimError::Checkpoint {
+                claim: claim.to_string(),
+                source: Box::new(e),
+            })
+    }
+
+    fn model(&self, claim: &str) -> Result<DeviceModel, ClaimError> {
+        let inventory = self
+            .backend
+            .inventory()
+            .map_err(|source| ClaimError::Inventory {
+                claim: claim.to_string(),
+                source: Box::new(source),
+            })?;
+        Ok(devices::build(&inventory, &self.model_options))
+    }
+
+    fn update(
+        &self,
+        store: &mut CheckpointStore,
+        claim: &str,
+        change: impl FnOnce(&mut checkpoint::Checkpoint),
+    ) -> Result<(), ClaimError> {
+        store.update(change).map_err(|e| ClaimError::Checkpoint {
+            claim: claim.to_string(),
+            source: Box::new(e),
+        })
+    }
+
+    /// Prepares a claim: returns one entry per device with its CDI device IDs.
+    ///
+    /// Idempotent: a claim already prepared returns its recorded devices without touching the
+    /// hardware. On failure everything this call did is undone and the claim is not recorded.
+    pub async fn prepare(&self, id: &ClaimId) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let claim = id.to_string();
+        let mut store = self.store(&claim)?;
+        if let Some(rec) = store.checkpoint().claims.get(&id.uid) {
+            if rec.phase == ClaimPhase::PrepareCompleted {
+                return Ok(prepared(&rec.devices));
+            }
+            // Half done by an earlier call: undo, then start afresh.
+            let rec = rec.clone();
+            self.roll_back(&mut store, &rec)?;
+        }
+        let allocation = self
+            .source
+            .fetch(id)
+            .await
+            .map_err(|detail| ClaimError::Fetch {
+                claim: claim.clone(),
+                detail,
+            })?;
+        let model = self.model(&claim)?;
+        let planned = plan::plan(id, &allocation, &model, &self.pool, store.checkpoint())?;
+        let record = ClaimRecord {
+            uid: id.uid.clone(),
+            namespace: id.namespace.clone(),
+            name: id.name.clone(),
+            phase: ClaimPhase::PrepareStarted,
+            devices: planned.iter().map(|p| p.record.clone()).collect(),
+            updated_unix: now_unix(),
+        };
+        self.update(&mut store, &claim, |cp| {
+            cp.claims.insert(id.uid.clone(), record);
+        })?;
+        crate::crashpoint::hit("prepare-intent-recorded");
+        match self.act(&mut store, id, &planned) {
+            Ok(devices) => Ok(devices),
+            Err(e) => {
+                if let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned() {
+                    // The original error is what the kubelet must see; a failed rollback
+                    // is finished by recovery at the next start.
+                    let _ = self.roll_back(&mut store, &rec);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn act(
+        &self,
+        store: &mut CheckpointStore,
+        id: &ClaimId,
+        planned: &[PlannedDevice],
+    ) -> Result<Vec<PreparedDevice>, ClaimError> {
+        let claim = id.to_string();
+        let mut refs = Vec::with_capacity(planned.len());
+        for (i, p) in planned.iter().enumerate() {
+            let hw = |step, source| ClaimError::Hardware {
+                claim: claim.clone(),
+                device: p.allocated.device.clone(),
+                step,
+                source: Box::new(source),
+            };
+            let gpu_ref = match &p.action {
+                Action::FullGpu {
+                    gpu,
+                    minor,
+                    dynamic,
+                } => {
+                    if *dynamic {
+                        self.ensure_mig_mode(&claim, &p.allocated.device, *gpu, false)?;
+                    }
+                    GpuDeviceRef::Full {
+                        minor: *minor,
+                        uuid: p.record.gpu_uuid.clone(),
+                    }
+                }
+                Action::StaticMig {
+                    minor,
+                    gi,
+                    ci,
+                    uuid,
+                } => GpuDeviceRef::Mig {
+                    parent_minor: *minor,
+                    parent_uuid: p.record.gpu_uuid.clone(),
+                    gi: *gi,
+                    ci: *ci,
+                    uuid: uuid.clone(),
+                },
+                Action::CarveMig {
+                    gpu,
+                    minor,
+                    profile_id,
+                } => {
+                    self.ensure_mig_mode(&claim, &p.allocated.device, *gpu, true)?;
+                    let start = p.record.mig.as_ref().map_or(0, |m| m.placement_start);
+                    let created = self
+                        .backend
+                        .create_mig_device(*gpu, *profile_id, start)
+                        .map_err(|e| hw("create MIG device", e))?;
+                    let uid = id.uid.clone();
+                    let made = created.clone();
+                    let recorded = self.update(store, &claim, move |cp| {
+                        if let Some(m) = cp
+                            .claims
+                            .get_mut(&uid)
+                            .and_then(|c| c.devices.get_mut(i))
+                            .and_then(|d| d.mig.as_mut())
+                        {
+                            m.gi_id = Some(made.gi_id);
+                            m.ci_id = Some(made.ci_id);
+                            m.uuid = Some(made.uuid.clone());
+                        }
+                    });
+                    if let Err(e) = recorded {
+                        let _ = self
+                            .backend
+                            .destroy_mig_device(*gpu, created.gi_id, created.ci_id);
+                        return Err(e);
+                    }
+                    crate::crashpoint::hit("prepare-mig-device-created");
+                    GpuDeviceRef::Mig {
+                        parent_minor: *minor,
+                        parent_uuid: p.record.gpu_uuid.clone(),
+                        gi: created.gi_id,
+                        ci: created.ci_id,
+                        uuid: created.uuid,
+                    }
+                }
+            };
+            refs.push(gpu_ref);
+        }
+        let devices: Vec<ClaimDevice> = planned
+            .iter()
+            .zip(&refs)
+            .map(|(p, gpu)| ClaimDevice {
+                device_name: p.allocated.device.clone(),
+                share_id: p.allocated.share_id.clone(),
+                gpu: gpu.clone(),
+                env: Vec::new(),
+                mounts: Vec::new(),
+            })
+            .collect();
+        let cdi_err = |detail: String| ClaimError::Cdi {
+            claim: claim.clone(),
+            detail,
+        };
+        let facts = self.host.facts(&refs).map_err(cdi_err)?;
+        let spec = cdi::build_claim_spec(&self.naming, &id.uid, &devices, &facts)
+            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))?;
+        self.cdi
+            .write_claim_spec(&id.uid, &spec)
+            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))?;
+        crate::crashpoint::hit("prepare-cdi-written");
+        let ids = cdi::device_ids(&self.naming, &id.uid, &devices)
+            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))?;
+        let uid = id.uid.clone();
+        let mut result = Vec::new();
+        self.update(store, &claim, |cp| {
+            if let Some(c) = cp.claims.get_mut(&uid) {
+                for (d, id) in c.devices.iter_mut().zip(&ids) {
+                    d.cdi_device_ids = vec![id.clone()];
+                }
+                c.phase = ClaimPhase::PrepareCompleted;
+                c.updated_unix = now_unix();
+                result = prepared(&c.devices);
+            }
+        })?;
+        crate::crashpoint::hit("prepare-completed");
+        Ok(result)
+    }
+
+    fn ensure_mig_mode(
+        &self,
+        claim: &str,
+        device: &str,
+        gpu: u32,
+        enabled: bool,
+    ) -> Result<(), ClaimError> {
+        match self.backend.set_mig_mode(gpu, enabled) {
+            Ok(MigModeChange::Unchanged | MigModeChange::Applied) => Ok(()),
+            Ok(MigModeChange::PendingReset) => Err(ClaimError::NeedsReset {
+                claim: claim.to_string(),
+                device: device.to_string(),
+                gpu,
+                wanted: if enabled { "on" } else { "off" },
+            }),
+            Err(source) => Err(ClaimError::Hardware {
+                claim: claim.to_string(),
+                device: device.to_string(),
+                step: if enabled {
+                    "switch MIG mode on"
+                } else {
+                    "switch MIG mode off"
+                },
+                source: Box::new(source),
+            }),
+        }
+    }
+
+    /// Unprepares a claim: removes its CDI spec, destroys the MIG devices it carved, forgets
+    /// it. Unknown claims succeed (the kubelet may repeat calls).
+    pub async fn unprepare(&self, id: &ClaimId) -> Result<(), ClaimError> {
+        let claim = id.to_string();
+        let mut store = self.store(&claim)?;
+        let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned() else {
+            return Ok(());
+        };
+        let uid = id.uid.clone();
+        self.update(&mut store, &claim, |cp| {
+            if let Some(c) = cp.claims.get_mut(&uid) {
+                c.phase = ClaimPhase::UnprepareStarted;
+            }
+        })?;
+        crate::crashpoint::hit("unprepare-started");
+        self.roll_back(&mut store, &rec)
+    }
+
+    /// Undoes whatever of `rec` exists: CDI spec, carved MIG devices, the record itself.
+    /// Each step tolerates work already done, so it can be repeated after a crash.
+    fn roll_back(&self, store: &mut CheckpointStore, rec: &ClaimRecord) -> Result<(), ClaimError> {
+        let claim = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
+        self.cdi
+            .remove_claim_spec(&rec.uid)
+            .map_err(|e| ClaimError::Cdi {
+                claim: claim.clone(),
+                detail: crate::kubelet::error_chain(&e),
+            })?;
+        crate::crashpoint::hit("unprepare-cdi-removed");
+        if rec
+            .devices
+            .iter()
+            .any(|d| d.mig.as_ref().is_some_and(|m| m.gi_id.is_some()))
+        {
+            let inventory = self
+                .backend
+                .inventory()
+                .map_err(|source| ClaimError::Inventory {
+                    claim: claim.clone(),
+                    source: Box::new(source),
+                })?;
+            let model = devices::build(&inventory, &self.model_options);
+            for d in &rec.devices {
+                let Some(mig) = &d.mig else { continue };
+                // Only what the claim carved: an existing (static) MIG device stays.
+                if matches!(
+                    model.device(&d.device).map(|p| &p.kind),
+                    Some(devices::DeviceKind::MigStatic { .. })
+                ) {
+                    continue;
+                }
+                let Some(gpu) = inventory.gpus.iter().find(|g| g.minor == mig.parent_minor) else {
+                    continue; // the GPU is gone, and its instances with it
+                };
+                if let (Some(gi), Some(ci)) = (mig.gi_id, mig.ci_id) {
+                    match self.backend.destroy_mig_device(gpu.index, gi, ci) {
+                        Ok(())
+                        | Err(HardwareError::Nvml {
+                            code: NvmlCode::NotFound,
+                            ..
+                        }) => {}
+                        Err(source) => {
+                            return Err(ClaimError::Hardware {
+                                claim,
+                                device: d.device.clone(),
+                                step: "destroy MIG device",
+                                source: Box::new(source),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        crate::crashpoint::hit("unprepare-mig-destroyed");
+        let uid = rec.uid.clone();
+        self.update(store, &claim, |cp| {
+            cp.claims.remove(&uid);
+        })
+    }
+}

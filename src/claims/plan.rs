@@ -1,0 +1,216 @@
+//! Pure decisions of prepare: which hardware action each allocated device needs, and whether
+//! the claim may have it at all (this node's pool, a published device, nobody else holding it).
+
+use super::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId, ConfigEntry};
+use crate::checkpoint::{Checkpoint, DeviceRecord, MigRecord};
+use crate::devices::{DeviceKind, DeviceModel};
+
+/// What prepare must do for one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// A whole GPU: nothing to create; MIG mode must be off (switched off on a dynamic GPU that
+    /// can toggle it).
+    FullGpu {
+        /// GPU index.
+        gpu: u32,
+        /// GPU minor.
+        minor: u32,
+        /// Whether the GPU publishes dynamic MIG (so prepare may switch MIG mode).
+        dynamic: bool,
+    },
+    /// An existing MIG device: nothing to create.
+    StaticMig {
+        /// GPU minor.
+        minor: u32,
+        /// GPU instance id.
+        gi: u32,
+        /// Compute instance id.
+        ci: u32,
+        /// MIG device UUID.
+        uuid: String,
+    },
+    /// A MIG device to carve at exactly this placement.
+    CarveMig {
+        /// GPU index.
+        gpu: u32,
+        /// GPU minor.
+        minor: u32,
+        /// Profile driver id.
+        profile_id: u32,
+    },
+}
+
+/// One device of the claim with its action and the checkpoint record to write first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedDevice {
+    /// The allocation result.
+    pub allocated: AllocatedDevice,
+    /// What to do.
+    pub action: Action,
+    /// The intent record (MIG ids filled in once created).
+    pub record: DeviceRecord,
+    /// Opaque config entries that apply to this device, lowest precedence first.
+    pub config: Vec<ConfigEntry>,
+}
+
+/// Plans a claim's devices against the node's current model and the other prepared claims.
+///
+/// Fails when a device is in another pool, is not published here, or is held exclusively by
+/// another claim (or, for a full GPU, when another claim holds any device of that GPU).
+pub fn plan(
+    id: &ClaimId,
+    allocation: &ClaimAllocation,
+    model: &DeviceModel,
+    pool: &str,
+    checkpoint: &Checkpoint,
+) -> Result<Vec<PlannedDevice>, ClaimError> {
+    if allocation.devices.is_empty() {
+        return Err(ClaimError::NoDevices {
+            claim: id.to_string(),
+        });
+    }
+    let mut planned = Vec::with_capacity(allocation.devices.len());
+    for dev in &allocation.devices {
+        if dev.pool != pool {
+            return Err(ClaimError::WrongPool {
+                claim: id.to_string(),
+                device: dev.device.clone(),
+                pool: dev.pool.clone(),
+                expected: pool.to_string(),
+            });
+        }
+        let published = model
+            .device(&dev.device)
+            .ok_or_else(|| ClaimError::UnknownDevice {
+                claim: id.to_string(),
+                device: dev.device.clone(),
+            })?;
+        if !dev.admin_access {
+            let full = matches!(published.kind, DeviceKind::Gpu);
+            check_exclusive(id, dev, published.gpu_minor, full, model, checkpoint)?;
+        }
+        // Only a dynamic-MIG GPU's full-GPU device consumes counters.
+        let dynamic_gpu = published.device.consumes_counters.is_some();
+        let (action, mig) = match &published.kind {
+            DeviceKind::Gpu => (
+                Action::FullGpu {
+                    gpu: published.gpu_index,
+                    minor: published.gpu_minor,
+                    dynamic: dynamic_gpu,
+                },
+                None,
+            ),
+            DeviceKind::MigStatic {
+                uuid,
+                profile_id,
+                profile,
+                gi_id,
+                ci_id,
+                placement,
+            } => (
+                Action::StaticMig {
+                    minor: published.gpu_minor,
+                    gi: *gi_id,
+                    ci: *ci_id,
+                    uuid: uuid.clone(),
+                },
+                Some(MigRecord {
+                    parent_minor: published.gpu_minor,
+                    profile_id: *profile_id,
+                    profile: profile.clone(),
+                    placement_start: placement.start,
+                    placement_size: placement.size,
+                    gi_id: Some(*gi_id),
+                    ci_id: Some(*ci_id),
+                    uuid: Some(uuid.clone()),
+                }),
+            ),
+            DeviceKind::MigDynamic {
+                profile_id,
+                profile,
+                placement,
+            } => (
+                Action::CarveMig {
+                    gpu: published.gpu_index,
+                    minor: published.gpu_minor,
+                    profile_id: *profile_id,
+                },
+                Some(MigRecord {
+                    parent_minor: published.gpu_minor,
+                    profile_id: *profile_id,
+                    profile: profile.clone(),
+                    placement_start: placement.start,
+                    placement_size: placement.size,
+                    gi_id: None,
+                    ci_id: None,
+                    uuid: None,
+                }),
+            ),
+        };
+        planned.push(PlannedDevice {
+            allocated: dev.clone(),
+            action,
+            record: DeviceRecord {
+                request_names: vec![dev.request.clone()],
+                pool: dev.pool.clone(),
+                device: dev.device.clone(),
+                share_id: dev.share_id.clone(),
+                cdi_device_ids: Vec::new(),
+                gpu_uuid: published.gpu_uuid.clone(),
+                mig,
+                sharing: None,
+            },
+            config: configs_for(&dev.request, &allocation.config),
+        });
+    }
+    Ok(planned)
+}
+
+/// Config entries for `request`: class entries before claim entries, list order within each;
+/// an entry naming requests applies only to those (a `<request>/<sub>` result also matches
+/// an entry naming the parent request).
+pub fn configs_for(request: &str, entries: &[ConfigEntry]) -> Vec<ConfigEntry> {
+    let parent = request.split('/').next().unwrap_or(request);
+    let applies = |e: &&ConfigEntry| {
+        e.requests.is_empty() || e.requests.iter().any(|r| r == request || r == parent)
+    };
+    let class = entries.iter().filter(|e| e.from_class).filter(applies);
+    let claim = entries.iter().filter(|e| !e.from_class).filter(applies);
+    class.chain(claim).cloned().collect()
+}
+
+fn check_exclusive(
+    id: &ClaimId,
+    dev: &AllocatedDevice,
+    gpu_minor: u32,
+    full_gpu: bool,
+    model: &DeviceModel,
+    checkpoint: &Checkpoint,
+) -> Result<(), ClaimError> {
+    for (uid, other) in &checkpoint.claims {
+        if uid == &id.uid {
+            continue;
+        }
+        for held in &other.devices {
+            let same_device = held.device == dev.device;
+            let shared = same_device && held.share_id.is_some() && dev.share_id.is_some();
+            let held_gpu = model
+                .device(&held.device)
+                .map(|d| d.gpu_minor)
+                .or(held.mig.as_ref().map(|m| m.parent_minor));
+            let held_full = model
+                .device(&held.device)
+                .is_some_and(|d| matches!(d.kind, DeviceKind::Gpu));
+            let gpu_clash = held_gpu == Some(gpu_minor) && (full_gpu || held_full) && !same_device;
+            if (same_device && !shared) || gpu_clash {
+                return Err(ClaimError::DeviceBusy {
+                    claim: id.to_string(),
+                    device: dev.device.clone(),
+                    holder: format!("{}/{} ({})", other.namespace, other.name, other.uid),
+                    held: held.device.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,30 @@
+//! Named crash points for crash-recovery tests.
+//!
+//! The claim lifecycle calls [`hit`] after each durable step. When the environment variable
+//! `GPU_DRA_CRASH_AT` names that step, the process aborts on the spot — as a SIGKILL or a
+//! power cut would stop it — so tests can restart the plugin and check that hardware,
+//! checkpoint and CDI directory converge. Unset (always, in production), a crash point is one
+//! environment lookup.
+
+/// The environment variable naming the step to abort at.
+pub const ENV: &str = "GPU_DRA_CRASH_AT";
+
+/// Every crash point, in the order a prepare and then an unprepare pass them.
+pub const POINTS: &[&str] = &[
+    "prepare-intent-recorded",
+    "prepare-gpu-instance-created",
+    "prepare-mig-device-created",
+    "prepare-cdi-written",
+    "prepare-completed",
+    "unprepare-started",
+    "unprepare-cdi-removed",
+    "unprepare-mig-destroyed",
+];
+
+/// Aborts the process if `GPU_DRA_CRASH_AT` equals `point`.
+pub fn hit(point: &str) {
+    if std::env::var_os(ENV).is_some_and(|v| v == point) {
+        eprintln!("gpu-dra: crash point {point} reached ({ENV}); aborting");
+        std::process::abort();
+    }
+}
