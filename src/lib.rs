@@ -9,5 +9,6 @@ pub mod demo;
 pub mod devices;
 pub mod hardware;
 pub mod inventory;
+pub mod k8s;
 pub mod kubelet;
 pub mod slices;
