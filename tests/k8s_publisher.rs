@@ -113,8 +113,8 @@ async fn publishing_what_the_cluster_holds_writes_nothing() {
 
     // A restarted plugin looks the Node up again, then finds nothing to do either, although
     // the stored slices carry server-set metadata (uid, resourceVersion, managedFields).
-    let restarted = SlicePublisher::new(fake.client(), DRIVER, node.clone())
-        .with_options(options());
+    let restarted =
+        SlicePublisher::new(fake.client(), DRIVER, node.clone()).with_options(options());
     let restarted = restarted.publish(&model).await.unwrap();
     assert!(restarted.wrote_nothing(), "{restarted:?}");
     let want = vec![format!("GET /api/v1/nodes/{node}"), format!("GET {SLICES}")];
@@ -157,7 +157,11 @@ async fn a_changed_model_bumps_the_generation_and_writes_every_slice_before_dele
     }
     for delete in requests.iter().filter(|r| r.method == "DELETE") {
         let uid = &delete.body.as_ref().unwrap()["preconditions"]["uid"];
-        assert!(uid.is_string(), "{} deletes by UID precondition", delete.path);
+        assert!(
+            uid.is_string(),
+            "{} deletes by UID precondition",
+            delete.path
+        );
     }
     assert_eq!(want_specs, stored_specs(&fake));
 
@@ -165,7 +169,12 @@ async fn a_changed_model_bumps_the_generation_and_writes_every_slice_before_dele
     let grown = publisher.publish(&big).await.unwrap();
     assert_eq!(
         (3, kept, gone, 0),
-        (grown.generation, grown.updated, grown.created, grown.deleted)
+        (
+            grown.generation,
+            grown.updated,
+            grown.created,
+            grown.deleted
+        )
     );
     assert_eq!(built(&big, &node, 3), stored_specs(&fake));
 }
@@ -278,7 +287,13 @@ async fn an_invalid_slice_is_reported_with_its_name_and_the_servers_message_at_o
         Some(&format!("POST {SLICES}")),
         requests.last().map(|r| r.line()).as_ref()
     );
-    assert_eq!(1, requests.iter().filter(|r| r.path == SLICES && r.method == "GET").count());
+    assert_eq!(
+        1,
+        requests
+            .iter()
+            .filter(|r| r.path == SLICES && r.method == "GET")
+            .count()
+    );
 }
 
 #[tokio::test]

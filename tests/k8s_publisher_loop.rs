@@ -41,7 +41,10 @@ fn specs(model: &DeviceModel, node: &str, generation: i64) -> Vec<Value> {
 }
 
 fn stored(fake: &FakeApi) -> Vec<Value> {
-    fake.slices().into_values().map(|o| o["spec"].clone()).collect()
+    fake.slices()
+        .into_values()
+        .map(|o| o["spec"].clone())
+        .collect()
 }
 
 fn published_at(generation: i64) -> impl FnMut(&PublishStatus) -> bool {
@@ -147,7 +150,11 @@ async fn a_model_breaking_an_api_limit_is_reported_and_the_next_model_published(
     };
     assert!(!transient);
     assert!(error.contains("attributes"), "{error}");
-    assert_eq!(0, fake.take_requests().len(), "nothing is sent for a broken model");
+    assert_eq!(
+        0,
+        fake.take_requests().len(),
+        "nothing is sent for a broken model"
+    );
 
     models.send(model.clone()).unwrap();
     status.wait_for(published_at(1)).await.unwrap();

@@ -39,10 +39,7 @@ impl Backoff {
     /// within `[d/2, d]`. Never more than `max`.
     pub fn delay_with(&self, retry: u32, fraction: f64) -> Duration {
         let doublings = retry.saturating_sub(1).min(31);
-        let full = self
-            .initial
-            .saturating_mul(1u32 << doublings)
-            .min(self.max);
+        let full = self.initial.saturating_mul(1u32 << doublings).min(self.max);
         let half = full / 2;
         half + half.mul_f64(fraction.clamp(0.0, 1.0))
     }

@@ -109,8 +109,17 @@ impl ClaimReader {
         let api = Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
         let claim = match api.get_opt(name).await {
             Ok(Some(claim)) => claim,
-            Ok(None) => return Err(K8sError::ClaimNotFound { claim: wanted }),
-            Err(e) => return Err(K8sError::from_kube(Step::GetClaim { claim: wanted }, e)),
+            Ok(None) => {
+                return Err(K8sError::ClaimNotFound {
+                    claim: Box::new(wanted),
+                });
+            }
+            Err(e) => {
+                let step = Step::GetClaim {
+                    claim: Box::new(wanted),
+                };
+                return Err(K8sError::from_kube(step, e));
+            }
         };
         allocated(&claim, wanted, &self.driver, &self.pool)
     }
@@ -127,12 +136,14 @@ pub fn allocated(
     let found = claim.metadata.uid.clone().unwrap_or_default();
     if found != wanted.uid {
         return Err(K8sError::ClaimUidMismatch {
-            claim: wanted,
+            claim: Box::new(wanted),
             found,
         });
     }
     let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
-        return Err(K8sError::ClaimNotAllocated { claim: wanted });
+        return Err(K8sError::ClaimNotAllocated {
+            claim: Box::new(wanted),
+        });
     };
     let results = allocation
         .devices
@@ -162,7 +173,7 @@ pub fn allocated(
             .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
             .collect();
         return Err(K8sError::ClaimNoResults {
-            claim: wanted,
+            claim: Box::new(wanted),
             driver: driver.to_string(),
             pool: pool.to_string(),
             allocated: if listed.is_empty() {
@@ -184,7 +195,7 @@ pub fn allocated(
         };
         let Some(source) = ConfigSource::parse(&entry.source) else {
             return Err(K8sError::ClaimConfigSource {
-                claim: wanted,
+                claim: Box::new(wanted),
                 index,
                 value: entry.source.clone(),
             });

@@ -105,14 +105,17 @@ pub async fn serves_resource_v1(client: &Client) -> Result<bool, K8sError> {
 /// Fails with [`K8sError::Api`] (404 when the node is not registered), [`K8sError::Unreachable`]
 /// or [`K8sError::NodeWithoutUid`].
 pub async fn node_uid(client: &Client, node: &str) -> Result<String, K8sError> {
-    let found = Api::<Node>::all(client.clone()).get(node).await.map_err(|e| {
-        K8sError::from_kube(
-            Step::GetNode {
-                node: node.to_string(),
-            },
-            e,
-        )
-    })?;
+    let found = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .map_err(|e| {
+            K8sError::from_kube(
+                Step::GetNode {
+                    node: node.to_string(),
+                },
+                e,
+            )
+        })?;
     found.metadata.uid.ok_or_else(|| K8sError::NodeWithoutUid {
         node: node.to_string(),
     })

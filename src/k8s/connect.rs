@@ -45,5 +45,8 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<Client, K8sError> {
     config.default_retry = false;
     config.read_timeout = Some(READ_TIMEOUT);
     config.connect_timeout = Some(CONNECT_TIMEOUT);
-    Client::try_from(config).map_err(|source| K8sError::BuildClient { origin, source })
+    Client::try_from(config).map_err(|source| K8sError::BuildClient {
+        origin,
+        source: Box::new(source),
+    })
 }

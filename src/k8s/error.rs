@@ -59,7 +59,7 @@ pub enum Step {
     /// `GET` of one ResourceClaim.
     GetClaim {
         /// The claim.
-        claim: ClaimRef,
+        claim: Box<ClaimRef>,
     },
 }
 
@@ -70,7 +70,10 @@ impl fmt::Display for Step {
             Step::ListApiGroups => f.write_str("listing the API groups"),
             Step::GetNode { node } => write!(f, "reading Node {node}"),
             Step::ListSlices { node, driver } => {
-                write!(f, "listing the ResourceSlices of driver {driver} on node {node}")
+                write!(
+                    f,
+                    "listing the ResourceSlices of driver {driver} on node {node}"
+                )
             }
             Step::CreateSlice { name } => write!(f, "creating ResourceSlice {name}"),
             Step::UpdateSlice { name } => write!(f, "updating ResourceSlice {name}"),
@@ -109,7 +112,7 @@ pub enum K8sError {
         /// `kubeconfig <path>` or `in-cluster configuration`.
         origin: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 
     /// The API server answered with an error status.
@@ -131,7 +134,7 @@ pub enum K8sError {
         /// What was being done.
         step: Step,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 
     /// The API server answered something this client cannot read.
@@ -140,7 +143,7 @@ pub enum K8sError {
         /// What was being done.
         step: Step,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 
     /// The device model breaks a ResourceSlice limit.
@@ -172,7 +175,7 @@ pub enum K8sError {
     #[error("ResourceClaim {claim} not found (deleted?)")]
     ClaimNotFound {
         /// The claim.
-        claim: ClaimRef,
+        claim: Box<ClaimRef>,
     },
 
     /// A claim of that name exists, but it is another object: the claim was deleted and
@@ -180,7 +183,7 @@ pub enum K8sError {
     #[error("ResourceClaim {claim} has UID {found} in the cluster: it was deleted and re-created")]
     ClaimUidMismatch {
         /// The claim as the kubelet named it (with the expected UID).
-        claim: ClaimRef,
+        claim: Box<ClaimRef>,
         /// The UID found in the cluster.
         found: String,
     },
@@ -189,7 +192,7 @@ pub enum K8sError {
     #[error("ResourceClaim {claim} is not allocated (no status.allocation)")]
     ClaimNotAllocated {
         /// The claim.
-        claim: ClaimRef,
+        claim: Box<ClaimRef>,
     },
 
     /// The allocation has no device of this driver in this node's pool.
@@ -199,7 +202,7 @@ pub enum K8sError {
     )]
     ClaimNoResults {
         /// The claim.
-        claim: ClaimRef,
+        claim: Box<ClaimRef>,
         /// This driver.
         driver: String,
         /// This node's pool.
@@ -215,7 +218,7 @@ pub enum K8sError {
     )]
     ClaimConfigSource {
         /// The claim.
-        claim: ClaimRef,
+        claim: Box<ClaimRef>,
         /// Index in `status.allocation.devices.config`.
         index: usize,
         /// The source found.
@@ -237,12 +240,12 @@ impl K8sError {
             kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
                 K8sError::Unreachable {
                     step,
-                    source: error,
+                    source: Box::new(error),
                 }
             }
             other => K8sError::Protocol {
                 step,
-                source: other,
+                source: Box::new(other),
             },
         }
     }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use tokio::sync::{OnceCell, watch};
 
 use super::backoff::Backoff;

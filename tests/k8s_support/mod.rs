@@ -164,7 +164,9 @@ impl FakeApi {
     /// Deletes every stored ResourceSlice, as the kubelet does when it starts.
     pub fn remove_slices(&self) {
         let mut state = self.state.lock().expect("state");
-        state.objects.retain(|path, _| !path.starts_with(&format!("{SLICES}/")));
+        state
+            .objects
+            .retain(|path, _| !path.starts_with(&format!("{SLICES}/")));
     }
 
     fn serve(&self, request: Recorded) -> Option<(u16, Value)> {
@@ -220,8 +222,7 @@ impl State {
                     return not_found(path);
                 };
                 let mut object = r.body.clone().unwrap_or_default();
-                if object["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]
-                {
+                if object["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
                     return status(409, "Conflict", "the object has been modified");
                 }
                 object["metadata"]["uid"] = current["metadata"]["uid"].clone();
