@@ -15,6 +15,7 @@ pub mod devices;
 pub mod fsutil;
 pub mod hardware;
 pub mod inventory;
+pub mod k8s;
 pub mod kubelet;
 pub mod plugin;
 pub mod quantity;

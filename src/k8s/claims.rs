@@ -1,0 +1,216 @@
+//! Reading a ResourceClaim for prepare: the kubelet sends only namespace, name and UID, so the
+//! plugin reads the claim and keeps what its allocation says about this driver on this node.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::{Api, Client};
+
+use super::error::{ClaimRef, K8sError, Step};
+
+/// Where an opaque config entry came from. Class entries come first: claim entries override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ConfigSource {
+    /// From the DeviceClass (`FromClass`).
+    FromClass,
+    /// From the claim itself (`FromClaim`).
+    FromClaim,
+}
+
+impl ConfigSource {
+    fn parse(text: &str) -> Option<ConfigSource> {
+        match text {
+            "FromClass" => Some(ConfigSource::FromClass),
+            "FromClaim" => Some(ConfigSource::FromClaim),
+            _ => None,
+        }
+    }
+}
+
+/// One opaque config entry of this driver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpaqueConfig {
+    /// Class or claim.
+    pub source: ConfigSource,
+    /// The requests it applies to, as written (`req` or `req/subrequest`); empty = all.
+    pub requests: Vec<String>,
+    /// The raw `parameters` object, undecoded.
+    pub parameters: serde_json::Value,
+}
+
+/// One device the allocation gives this driver on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedDevice {
+    /// The request it satisfies (`req` or `req/subrequest`).
+    pub request: String,
+    /// Pool (this node's).
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// Admin access: the device is shared with other claims for monitoring; do not change it.
+    pub admin_access: bool,
+    /// Share of a device allocated to several claims (consumable capacity).
+    pub share_id: Option<String>,
+    /// Capacity this allocation consumes, as quantities (`"10Gi"`).
+    pub consumed_capacity: BTreeMap<String, String>,
+}
+
+/// What prepare needs from a claim, without Kubernetes types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocatedClaim {
+    /// The claim, with its verified UID.
+    pub claim: ClaimRef,
+    /// This driver's devices in this node's pool, in allocation order.
+    pub devices: Vec<AllocatedDevice>,
+    /// This driver's opaque config: class entries, then claim entries, each in list order (so
+    /// a later entry overrides an earlier one).
+    pub config: Vec<OpaqueConfig>,
+}
+
+/// Reads claims for one driver on one node.
+#[derive(Clone)]
+pub struct ClaimReader {
+    client: Client,
+    driver: String,
+    pool: String,
+}
+
+impl ClaimReader {
+    /// A reader keeping the results of `driver` in `pool` (the node name, which names the
+    /// node's pool).
+    pub fn new(client: Client, driver: impl Into<String>, pool: impl Into<String>) -> Self {
+        ClaimReader {
+            client,
+            driver: driver.into(),
+            pool: pool.into(),
+        }
+    }
+
+    /// Reads claim `namespace/name` and checks it is the object the kubelet means (`uid`).
+    ///
+    /// One request, not retried: the kubelet calls prepare again on failure.
+    ///
+    /// Fails with [`K8sError::ClaimNotFound`] (deleted), [`K8sError::ClaimUidMismatch`]
+    /// (deleted and re-created), [`K8sError::ClaimNotAllocated`], [`K8sError::ClaimNoResults`]
+    /// (nothing for this driver here), [`K8sError::ClaimConfigSource`], or
+    /// [`K8sError::Api`] / [`K8sError::Unreachable`] for [`Step::GetClaim`]; every one names
+    /// `namespace/name (uid)`.
+    pub async fn fetch(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<AllocatedClaim, K8sError> {
+        let wanted = ClaimRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+        };
+        let api = Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
+        let claim = match api.get_opt(name).await {
+            Ok(Some(claim)) => claim,
+            Ok(None) => {
+                return Err(K8sError::ClaimNotFound {
+                    claim: Box::new(wanted),
+                });
+            }
+            Err(e) => {
+                let step = Step::GetClaim {
+                    claim: Box::new(wanted),
+                };
+                return Err(K8sError::from_kube(step, e));
+            }
+        };
+        allocated(&claim, wanted, &self.driver, &self.pool)
+    }
+}
+
+/// The part of `claim` that belongs to `driver` in `pool`, checked against the claim the kubelet
+/// named. Pure; the errors are those of [`ClaimReader::fetch`].
+pub fn allocated(
+    claim: &ResourceClaim,
+    wanted: ClaimRef,
+    driver: &str,
+    pool: &str,
+) -> Result<AllocatedClaim, K8sError> {
+    let found = claim.metadata.uid.clone().unwrap_or_default();
+    if found != wanted.uid {
+        return Err(K8sError::ClaimUidMismatch {
+            claim: Box::new(wanted),
+            found,
+        });
+    }
+    let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+        return Err(K8sError::ClaimNotAllocated {
+            claim: Box::new(wanted),
+        });
+    };
+    let results = allocation
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default();
+    let devices: Vec<AllocatedDevice> = results
+        .iter()
+        .filter(|r| r.driver == driver && r.pool == pool)
+        .map(|r| AllocatedDevice {
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            admin_access: r.admin_access.unwrap_or(false),
+            share_id: r.share_id.clone(),
+            consumed_capacity: r
+                .consumed_capacity
+                .iter()
+                .flatten()
+                .map(|(k, q)| (k.clone(), q.0.clone()))
+                .collect(),
+        })
+        .collect();
+    if devices.is_empty() {
+        let listed: Vec<String> = results
+            .iter()
+            .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
+            .collect();
+        return Err(K8sError::ClaimNoResults {
+            claim: Box::new(wanted),
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+            allocated: if listed.is_empty() {
+                "nothing".to_string()
+            } else {
+                listed.join(", ")
+            },
+        });
+    }
+    let entries = allocation
+        .devices
+        .as_ref()
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or_default();
+    let mut config = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        let Some(source) = ConfigSource::parse(&entry.source) else {
+            return Err(K8sError::ClaimConfigSource {
+                claim: Box::new(wanted),
+                index,
+                value: entry.source.clone(),
+            });
+        };
+        config.push(OpaqueConfig {
+            source,
+            requests: entry.requests.clone().unwrap_or_default(),
+            parameters: opaque.parameters.0.clone(),
+        });
+    }
+    // Stable: list order is kept within each source.
+    config.sort_by_key(|c| c.source);
+    Ok(AllocatedClaim {
+        claim: wanted,
+        devices,
+        config,
+    })
+}
