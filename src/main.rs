@@ -32,6 +32,8 @@ enum Command {
     },
     /// Show what a node has and the ResourceSlices it would publish.
     Inventory(InventoryArgs),
+    /// Run the DRA kubelet plugin on this node: publish ResourceSlices, serve prepare/unprepare.
+    KubeletPlugin(Box<PluginArgs>),
     /// Evaluate one CEL selector against one device, as the scheduler would: prints `true`
     /// or `false` (exit 0), or `error: …` (exit 2).
     Cel {
@@ -82,6 +84,73 @@ struct InventoryArgs {
     print_preset: Option<String>,
 }
 
+#[derive(clap::Args, Debug)]
+struct PluginArgs {
+    /// DRA driver name.
+    #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// This node's name (the pool name); in a pod, from the downward API. Defaults to the
+    /// simulated node's name with --gpu-backend sim.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Kubeconfig file; in-cluster configuration when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// GPU backend.
+    #[arg(long, env = "GPU_DRA_GPU_BACKEND", value_enum, default_value = "nvml")]
+    gpu_backend: Backend,
+    /// Simulated node (preset or node file) for --gpu-backend sim.
+    #[arg(long, env = "GPU_DRA_SIM_NODE", default_value = demo::DEFAULT_PRESET)]
+    sim_node: String,
+    /// MIG policy for every GPU (default: the node file's with sim; with nvml, static for
+    /// GPUs with MIG on, disabled otherwise).
+    #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
+    mig_policy: Option<Policy>,
+    /// Directory of the DRA socket (default /var/lib/kubelet/plugins/<driver>).
+    #[arg(long, env = "GPU_DRA_PLUGIN_DIR")]
+    plugin_dir: Option<PathBuf>,
+    /// Directory the kubelet watches for plugin registration sockets.
+    #[arg(
+        long,
+        env = "GPU_DRA_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    registry_dir: PathBuf,
+    /// This pod's UID, for the kubelet's seamless rolling update (sockets named after it).
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+    /// Where CDI specs are written.
+    #[arg(long, env = "GPU_DRA_CDI_ROOT", default_value = "/var/run/cdi")]
+    cdi_root: PathBuf,
+    /// NVIDIA driver root as this process sees it.
+    #[arg(long, env = "GPU_DRA_DRIVER_ROOT", default_value = "/")]
+    driver_root: PathBuf,
+    /// NVIDIA driver root on the host, when the plugin sees it elsewhere (a container mount).
+    #[arg(long, env = "GPU_DRA_HOST_DRIVER_ROOT")]
+    host_driver_root: Option<PathBuf>,
+    /// Root under which /dev is found.
+    #[arg(long, env = "GPU_DRA_DEV_ROOT", default_value = "/")]
+    dev_root: PathBuf,
+    /// The proc filesystem.
+    #[arg(long, env = "GPU_DRA_PROC_ROOT", default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Checkpoint and simulated-hardware state (default: the plugin directory).
+    #[arg(long, env = "GPU_DRA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Seconds between inventory checks (health, MIG mode, model changes).
+    #[arg(long, env = "GPU_DRA_INVENTORY_INTERVAL", default_value_t = 10)]
+    inventory_interval: u64,
+    /// Log format.
+    #[arg(long, env = "GPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
     Sim,
@@ -114,7 +183,13 @@ enum Output {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    let json = matches!(&cli.command, Command::KubeletPlugin(a) if a.log_format == LogFormat::Json);
+    let default_level = if matches!(cli.command, Command::KubeletPlugin(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    init_logging(json, default_level);
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -136,13 +211,63 @@ fn chain(e: &anyhow::Error) -> String {
     parts.join(": ")
 }
 
-fn init_logging() {
+fn init_logging(json: bool, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPU_DRA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::plugin::{BackendChoice, PluginConfig};
+    let backend = match args.gpu_backend {
+        Backend::Nvml => BackendChoice::Nvml,
+        Backend::Sim => BackendChoice::Sim {
+            sim_node: args.sim_node.clone(),
+        },
+    };
+    let node_name = match (args.node_name, &backend) {
+        (Some(n), _) => n,
+        (None, BackendChoice::Sim { sim_node }) => {
+            sim::NodeSource::resolve(sim_node)?.plan()?.node_name
+        }
+        (None, BackendChoice::Nvml) => {
+            bail!("--node-name (or NODE_NAME) is required with --gpu-backend nvml")
+        }
+    };
+    let plugin_dir = args
+        .plugin_dir
+        .unwrap_or_else(|| PathBuf::from(format!("/var/lib/kubelet/plugins/{}", args.driver_name)));
+    let config = PluginConfig {
+        driver_name: args.driver_name,
+        node_name,
+        kubeconfig: args.kubeconfig,
+        backend,
+        mig_policy: args.mig_policy.map(MigPolicy::from),
+        state_dir: args.state_dir.unwrap_or_else(|| plugin_dir.clone()),
+        plugin_dir,
+        registry_dir: args.registry_dir,
+        pod_uid: args.pod_uid,
+        cdi_root: args.cdi_root,
+        driver_root: args.driver_root,
+        host_driver_root: args.host_driver_root,
+        dev_root: args.dev_root,
+        proc_root: args.proc_root,
+        inventory_interval: std::time::Duration::from_secs(args.inventory_interval.max(1)),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(gpu_dra::plugin::run(config))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -155,6 +280,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Inventory(args) => run_inventory(args),
+        Command::KubeletPlugin(args) => run_plugin(*args),
         Command::Cel {
             expression,
             device,

@@ -1,4 +1,284 @@
-//! `gpu-dra kubelet-plugin`: the composition of backend, claims, CDI, checkpoint, kubelet
-//! sockets and API-server publishing into the running driver.
+//! `gpu-dra kubelet-plugin`: the composition of GPU backend, claim lifecycle, CDI, checkpoint,
+//! kubelet sockets and API-server publishing into the running driver.
+//!
+//! Start-up order: open the backend, recover (checkpoint, orphaned MIG devices, stale CDI
+//! specs), publish the node's ResourceSlices in the background, then register with the
+//! kubelet. A watcher re-reads the inventory periodically: a changed device model is
+//! re-published, changed health is streamed to the kubelet. SIGTERM or SIGINT shut down
+//! gracefully (in-flight calls finish, sockets are removed; slices stay for the next start).
 
+pub mod config;
+mod handler;
 pub mod simhost;
+mod source;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::cdi::{self, CdiWriter, ClaimNaming, DriverOptions, HostLayout};
+use crate::claims::{ClaimsManager, HostFactsSource};
+use crate::devices::{self, DeviceModel, ModelOptions};
+use crate::hardware::nvml::NvmlBackend;
+use crate::hardware::sim::SimBackend;
+use crate::hardware::{GpuBackend, NodeInventory};
+use crate::kubelet::{self, DeviceHealth, HealthStatus, PluginSockets};
+pub use config::{BackendChoice, PluginConfig};
+
+/// Errors that stop the plugin from starting or running.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// The GPU backend could not be opened.
+    #[error("opening the GPU backend")]
+    Backend(#[source] crate::hardware::HardwareError),
+    /// The simulated node could not be built.
+    #[error("building the simulated node")]
+    Sim(#[source] crate::hardware::sim::SimError),
+    /// The boot ID could not be read.
+    #[error("reading the node's boot ID")]
+    BootId(#[source] crate::checkpoint::BootIdError),
+    /// The driver name is not usable for CDI names.
+    #[error("driver name {driver:?} cannot name CDI devices")]
+    Naming {
+        /// Driver name.
+        driver: String,
+        /// Cause.
+        #[source]
+        source: crate::cdi::NameError,
+    },
+    /// Start-up recovery failed.
+    #[error("start-up recovery")]
+    Recovery(#[source] crate::claims::ClaimError),
+    /// The API server could not be reached or configured.
+    #[error("connecting to the API server")]
+    Kube(#[source] crate::k8s::K8sError),
+    /// The kubelet sockets could not be served.
+    #[error("serving the kubelet sockets")]
+    Kubelet(#[source] crate::kubelet::KubeletError),
+    /// Waiting for signals failed.
+    #[error("installing signal handlers")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Runs the plugin until SIGTERM/SIGINT. Returns after a graceful shutdown.
+pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
+    let (backend, host, default_policies): (Arc<dyn GpuBackend>, Box<dyn HostFactsSource>, _) =
+        match &config.backend {
+            BackendChoice::Sim { sim_node } => {
+                let state = config.state_dir.join("sim");
+                let sim = SimBackend::open(sim_node, Some(&state)).map_err(PluginError::Sim)?;
+                let policies = sim.mig_policies();
+                (
+                    Arc::new(sim),
+                    Box::new(simhost::SimHostFacts),
+                    Some(policies),
+                )
+            }
+            BackendChoice::Nvml => {
+                let nvml = NvmlBackend::open().map_err(PluginError::Backend)?;
+                let layout = HostLayout {
+                    dev_root: config.dev_root.clone(),
+                    proc_root: config.proc_root.clone(),
+                    driver_root: config.driver_root.clone(),
+                    host_driver_root: config.host_driver_root.clone(),
+                };
+                let host = cdi::HostMode::Real {
+                    layout,
+                    driver: DriverOptions::default(),
+                };
+                (Arc::new(nvml), Box::new(host), None)
+            }
+        };
+    let model_options = ModelOptions {
+        driver_name: config.driver_name.clone(),
+        policies: match (&config.mig_policy, default_policies) {
+            (None, Some(p)) => p
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| (i as u32, p))
+                .collect(),
+            _ => Default::default(),
+        },
+        default_policy: config.mig_policy,
+    };
+    let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
+    let naming =
+        ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {
+            driver: config.driver_name.clone(),
+            source,
+        })?;
+    let client = crate::k8s::connect(config.kubeconfig.as_deref())
+        .await
+        .map_err(PluginError::Kube)?;
+    let manager = Arc::new(ClaimsManager {
+        backend: backend.clone(),
+        source: source::ApiClaims(crate::k8s::ClaimReader::new(
+            client.clone(),
+            config.driver_name.clone(),
+            config.node_name.clone(),
+        )),
+        host,
+        cdi: CdiWriter::with_naming(config.cdi_root.clone(), naming.clone()),
+        naming,
+        model_options: model_options.clone(),
+        pool: config.node_name.clone(),
+        state_dir: config.state_dir.clone(),
+        boot_id,
+    });
+    let report = manager.recover().map_err(PluginError::Recovery)?;
+    info!(
+        checkpoint = %report.checkpoint,
+        rolled_back = ?report.rolled_back,
+        orphans_destroyed = ?report.orphans_destroyed,
+        stale_specs_removed = ?report.stale_specs_removed,
+        "recovered state"
+    );
+
+    let inventory = backend.inventory().map_err(PluginError::Backend)?;
+    let model = devices::build(&inventory, &model_options);
+    for w in &model.warnings {
+        warn!(warning = %w, "device model");
+    }
+    let (health_tx, health_rx) = watch::channel(health_of(&inventory, &model, &config.node_name));
+    let (model_tx, model_rx) = watch::channel(model);
+    let publisher = crate::k8s::SlicePublisher::new(
+        client,
+        config.driver_name.clone(),
+        config.node_name.clone(),
+    );
+    let publishing = tokio::spawn(async move { publisher.run(model_rx).await });
+    let watching = tokio::spawn(watch_inventory(
+        backend.clone(),
+        model_options,
+        config.node_name.clone(),
+        config.inventory_interval,
+        model_tx,
+        health_tx,
+    ));
+
+    let sockets = PluginSockets {
+        driver_name: config.driver_name.clone(),
+        registry_dir: config.registry_dir.clone(),
+        plugin_dir: config.plugin_dir.clone(),
+        pod_uid: config.pod_uid.clone(),
+    };
+    let running = kubelet::serve(
+        sockets,
+        Arc::new(handler::Handler { manager }),
+        Some(health_rx),
+    )
+    .await
+    .map_err(PluginError::Kubelet)?;
+    info!(
+        driver = %config.driver_name,
+        node = %config.node_name,
+        dra_socket = %running.dra_socket().display(),
+        registration_socket = %running.registration_socket().display(),
+        "serving the kubelet"
+    );
+
+    wait_for_shutdown_signal()
+        .await
+        .map_err(PluginError::Signals)?;
+    info!("shutting down");
+    watching.abort();
+    publishing.abort();
+    running.shutdown().await.map_err(PluginError::Kubelet)
+}
+
+async fn wait_for_shutdown_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+/// Re-reads the inventory every `interval`; sends a changed model to the publisher and
+/// changed health to the kubelet.
+async fn watch_inventory(
+    backend: Arc<dyn GpuBackend>,
+    options: ModelOptions,
+    pool: String,
+    interval: Duration,
+    models: watch::Sender<DeviceModel>,
+    health: watch::Sender<Vec<DeviceHealth>>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let inventory = match backend.inventory() {
+            Ok(inv) => inv,
+            Err(e) => {
+                warn!(error = %crate::kubelet::error_chain(&e), "reading the GPU inventory");
+                continue;
+            }
+        };
+        let model = devices::build(&inventory, &options);
+        let next_health = health_of(&inventory, &model, &pool);
+        health.send_if_modified(|current| {
+            let changed = strip_times(current) != strip_times(&next_health);
+            if changed {
+                *current = next_health;
+            }
+            changed
+        });
+        models.send_if_modified(|current| {
+            let changed = *current != model;
+            if changed {
+                info!(
+                    devices = model.devices.len(),
+                    "device model changed; re-publishing"
+                );
+                *current = model;
+            }
+            changed
+        });
+    }
+}
+
+fn strip_times(h: &[DeviceHealth]) -> Vec<(String, String, HealthStatus)> {
+    h.iter()
+        .map(|d| (d.pool_name.clone(), d.device_name.clone(), d.status))
+        .collect()
+}
+
+/// Health of every published device: a device is as healthy as its GPU.
+fn health_of(inventory: &NodeInventory, model: &DeviceModel, pool: &str) -> Vec<DeviceHealth> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    model
+        .devices
+        .iter()
+        .map(|d| {
+            let healthy = inventory
+                .gpus
+                .iter()
+                .find(|g| g.index == d.gpu_index)
+                .is_some_and(|g| g.healthy);
+            DeviceHealth {
+                pool_name: pool.to_string(),
+                device_name: d.name().to_string(),
+                status: if healthy {
+                    HealthStatus::Healthy
+                } else {
+                    HealthStatus::Unhealthy
+                },
+                message: if healthy {
+                    String::new()
+                } else {
+                    format!("GPU {} reported a fatal error", d.gpu_uuid)
+                },
+                last_updated_unix_seconds: now,
+                health_check_timeout_seconds: 30,
+            }
+        })
+        .collect()
+}

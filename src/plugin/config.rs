@@ -1,0 +1,53 @@
+//! What `gpu-dra kubelet-plugin` is told on its command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::hardware::MigPolicy;
+
+/// Which GPUs the plugin drives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// Real GPUs through NVML.
+    Nvml,
+    /// A simulated node (preset or node file).
+    Sim {
+        /// `--sim-node`.
+        sim_node: String,
+    },
+}
+
+/// The plugin's configuration; every field has a flag and an environment variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginConfig {
+    /// DRA driver name.
+    pub driver_name: String,
+    /// This node's name (also the pool name).
+    pub node_name: String,
+    /// Kubeconfig; in-cluster config when absent.
+    pub kubeconfig: Option<PathBuf>,
+    /// GPU backend.
+    pub backend: BackendChoice,
+    /// MIG policy for every GPU; `None`: the node file's (sim) or static/disabled by mode.
+    pub mig_policy: Option<MigPolicy>,
+    /// Directory of the DRA socket and lock.
+    pub plugin_dir: PathBuf,
+    /// Directory the kubelet watches for registration sockets.
+    pub registry_dir: PathBuf,
+    /// Pod UID for seamless rolling updates (socket names carry it).
+    pub pod_uid: Option<String>,
+    /// Where CDI specs go.
+    pub cdi_root: PathBuf,
+    /// Driver root as the plugin sees it.
+    pub driver_root: PathBuf,
+    /// Driver root on the host, when it differs from `driver_root`.
+    pub host_driver_root: Option<PathBuf>,
+    /// Root under which `/dev` is found.
+    pub dev_root: PathBuf,
+    /// The proc filesystem.
+    pub proc_root: PathBuf,
+    /// Checkpoint (and simulated hardware state) directory.
+    pub state_dir: PathBuf,
+    /// How often the inventory is re-read for health and model changes.
+    pub inventory_interval: Duration,
+}
