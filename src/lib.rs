@@ -4,3 +4,5 @@
 //! calls in. Pure modules (device model, slices, CEL, allocator) do no I/O; every effect on
 //! hardware, processes, files or the cluster sits behind a small trait with a real and a
 //! simulated implementation side by side. See `docs/architecture.md`.
+
+pub mod alloc;
