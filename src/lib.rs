@@ -6,3 +6,4 @@
 //! simulated implementation side by side. See `docs/architecture.md`.
 
 pub mod alloc;
+pub mod explain;

@@ -183,10 +183,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
         {
             return None;
         }
-        let uses = self
-            .counters
-            .uses(&self.alloc.inventory, &self.alloc.state, at)
-            .ok()?;
+        let uses = self.uses_at(pos).ok()?;
         let short = self.counters.shortfall(&uses, false)?;
         let (counter_set, counter, needed, left) = self.counters.describe(&short);
         let consumers =

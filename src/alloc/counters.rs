@@ -196,22 +196,36 @@ impl<'a> Counters<'a> {
         self.resolve(at.pool, pool_device.slice, consumption)
     }
 
-    /// The first counter that `uses` would overdraw; `with_search` also counts what the
-    /// current search has taken (otherwise only earlier allocations).
+    /// A counter that `uses` would overdraw; `with_search` also counts what the current
+    /// search has taken. Of several, the one a person recognises as the conflict: first one
+    /// with nothing left, and of those the smallest (a memory slice rather than an engine
+    /// count).
     pub(crate) fn shortfall(&self, uses: &[Use], with_search: bool) -> Option<Shortfall> {
-        uses.iter().find_map(|one| {
+        let mut best: Option<(bool, Amount, Shortfall)> = None;
+        for one in uses {
             let counter = &self.sets[one.set].counters[one.counter];
             let mut left = counter.total.minus(counter.existing);
             if with_search {
                 left = left.minus(counter.claim);
             }
-            (one.amount > left).then_some(Shortfall {
-                set: one.set,
-                counter: one.counter,
-                needed: one.amount,
-                left,
-            })
-        })
+            if one.amount <= left {
+                continue;
+            }
+            let rank = (left > Amount::ZERO, counter.total);
+            if best
+                .as_ref()
+                .is_none_or(|(some_left, total, _)| rank < (*some_left, *total))
+            {
+                let short = Shortfall {
+                    set: one.set,
+                    counter: one.counter,
+                    needed: one.amount,
+                    left,
+                };
+                best = Some((rank.0, rank.1, short));
+            }
+        }
+        best.map(|(_, _, short)| short)
     }
 
     pub(crate) fn take(&mut self, uses: &[Use]) {

@@ -42,6 +42,7 @@ pub use reason::{
     Abort, CapacityProblem, ConstraintKind, Consumer, DeviceRef, Holder, IgnoredPool, Outcome,
     Progress, Rejected, Rejection, RequestStatus, RequestTrace, Wants,
 };
+pub use state::claim_display;
 
 use inventory::Inventory;
 use search::NodeSearch;

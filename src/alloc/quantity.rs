@@ -66,13 +66,13 @@ impl Amount {
         if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
             return Err("it does not start with a number");
         }
-        let digits = format!("{whole}{fraction}");
-        if digits.len() > 30 {
+        if whole.len() + fraction.len() > 30 {
             return Err("it has too many digits");
         }
-        let mantissa: i128 = digits
-            .parse()
-            .map_err(|_| "it does not start with a number")?;
+        let mut mantissa: i128 = 0;
+        for digit in whole.bytes().chain(fraction.bytes()) {
+            mantissa = mantissa * 10 + i128::from(digit - b'0');
+        }
         let (style, exp10, exp2) = suffix_scale(suffix)?;
         let scaled = mantissa
             .checked_mul(1i128 << exp2)

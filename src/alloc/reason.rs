@@ -51,8 +51,6 @@ pub enum Rejection {
         expression: String,
         message: String,
     },
-    /// The slice selects nodes per device and this device is not reachable from the node.
-    NotOnNode,
     /// The device is allocated to another claim and is not shareable.
     #[serde(rename_all = "camelCase")]
     AlreadyAllocated { claim: String },

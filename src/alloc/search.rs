@@ -4,6 +4,7 @@
 //! undone when what follows cannot be satisfied.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use super::capacity::{self, Consumed, Fit};
 use super::constraint::Constraints;
@@ -30,7 +31,7 @@ pub(crate) enum Status {
 pub(crate) struct Pick<'a> {
     pub(crate) slot: usize,
     pub(crate) pos: usize,
-    pub(crate) uses: Vec<Use>,
+    pub(crate) uses: Rc<[Use]>,
     pub(crate) consumed: Vec<Consumed<'a>>,
 }
 
@@ -50,6 +51,8 @@ pub(crate) struct NodeSearch<'s, 'a, E: SelectorEngine> {
     pub(crate) shares: Vec<u32>,
     pub(crate) share_use: HashMap<usize, HashMap<String, Amount>>,
     pub(crate) counters: Counters<'a>,
+    /// Counter consumption per device, resolved once.
+    uses: Vec<Option<Rc<[Use]>>>,
     pub(crate) constraints: Constraints<'a>,
     pub(crate) picks: Vec<Pick<'a>>,
     /// Chosen alternative per top-level request.
@@ -79,6 +82,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             shares: vec![0; n],
             share_use: HashMap::new(),
             counters: Counters::new(),
+            uses: vec![None; n],
             constraints: Constraints::new(prep.constraints.len()),
             picks: Vec::new(),
             chosen: vec![0; prep.requests.len()],
@@ -303,12 +307,10 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 pool.name,
                 device.name.as_str(),
             ));
-        let mut uses = Vec::new();
+        let mut uses: Rc<[Use]> = Rc::new([]);
         // Admin access consumes nothing; a shared device's counters are taken by its first share.
         if !spec.admin && !(shareable && already_shared) {
-            uses = self
-                .counters
-                .uses(&self.alloc.inventory, &self.alloc.state, at)?;
+            uses = self.uses_at(pos)?;
             if let Some(short) = self.counters.shortfall(&uses, true) {
                 let (counter_set, counter, needed, left) = self.counters.describe(&short);
                 let mut consumers = self.counters.existing_consumers(
@@ -349,6 +351,20 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             uses,
             consumed,
         }))
+    }
+
+    /// The counters the device at `pos` consumes, resolved on first use.
+    pub(crate) fn uses_at(&mut self, pos: usize) -> Result<Rc<[Use]>, Abort> {
+        if let Some(known) = &self.uses[pos] {
+            return Ok(known.clone());
+        }
+        let at = self.node.devices[pos];
+        let resolved: Rc<[Use]> = self
+            .counters
+            .uses(&self.alloc.inventory, &self.alloc.state, at)?
+            .into();
+        self.uses[pos] = Some(resolved.clone());
+        Ok(resolved)
     }
 
     fn commit(&mut self, pick: Pick<'a>) {

@@ -32,8 +32,8 @@ pub(crate) struct AllocatedState<'a> {
     pub(crate) share_ids: HashSet<(DeviceKey<'a>, &'a str)>,
 }
 
-/// `<namespace>/<name>` (or just the name) of a claim, as shown to people.
-pub(crate) fn claim_display(claim: &ResourceClaim) -> String {
+/// `<namespace>/<name>` (or just the name) of a claim, as reports show it.
+pub fn claim_display(claim: &ResourceClaim) -> String {
     let name = claim.metadata.name.as_deref().unwrap_or("<unnamed>");
     match claim.metadata.namespace.as_deref() {
         Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
