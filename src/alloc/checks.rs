@@ -3,8 +3,11 @@
 
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint, DeviceToleration};
 
+use std::rc::Rc;
+
 use super::SelectorEngine;
-use super::capacity::Fit;
+use super::capacity::{self, Fit};
+use super::counters::{Use, invalid_slice};
 use super::reason::{Abort, DeviceRef, Rejected, Rejection, RequestStatus, RequestTrace, Wants};
 use super::search::{NodeSearch, Status};
 
@@ -63,7 +66,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
     }
 
     /// The static status of (slot, device); a selector error aborts, as in Kubernetes.
-    pub(crate) fn eligible(&mut self, slot: usize, pos: usize) -> Result<Status, Abort> {
+    pub(crate) fn eligible(&mut self, slot: usize, pos: usize) -> Result<Status, Box<Abort>> {
         let status = self.status_of(slot, pos);
         if status != Status::Error {
             return Ok(status);
@@ -82,7 +85,8 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             class,
             expression,
             message,
-        })
+        }
+        .into())
     }
 
     pub(crate) fn status_of(&mut self, slot: usize, pos: usize) -> Status {
@@ -162,6 +166,63 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             return (Status::Blocked, reason);
         }
         (Status::Eligible, None)
+    }
+
+    /// Capacity check for `slot` on the device at `pos`; `with_search` also counts shares
+    /// taken in this run.
+    pub(crate) fn capacity_fit(
+        &self,
+        slot: usize,
+        pos: usize,
+        with_search: bool,
+    ) -> Result<Fit<'a>, Box<Abort>> {
+        let spec = &self.prep.slots[slot];
+        let at = self.node.devices[pos];
+        let pool = &self.alloc.inventory.pools[at.pool];
+        let found = &pool.devices[at.index];
+        let device = found.device;
+        if spec.admin
+            || (spec.capacity.is_empty() && device.allow_multiple_allocations != Some(true))
+        {
+            return Ok(Fit::Fits(Vec::new()));
+        }
+        let existing = self
+            .alloc
+            .state
+            .shared
+            .get(&(pool.driver, pool.name, device.name.as_str()));
+        let in_run = self.share_use.get(&pos).filter(|_| with_search);
+        let used = |key: &str| {
+            let before = existing
+                .and_then(|e| e.consumed.get(key))
+                .copied()
+                .unwrap_or_default();
+            let now = in_run.and_then(|r| r.get(key)).copied().unwrap_or_default();
+            before.plus(now)
+        };
+        capacity::check(device, pool.driver, &spec.capacity, used).map_err(|p| {
+            invalid_slice(
+                found.slice,
+                format!("devices[{}].{}", device.name, p.field),
+                &p.value,
+                &p.problem,
+            )
+            .into()
+        })
+    }
+
+    /// The counters the device at `pos` consumes, resolved on first use.
+    pub(crate) fn uses_at(&mut self, pos: usize) -> Result<Rc<[Use]>, Box<Abort>> {
+        if let Some(known) = &self.uses[pos] {
+            return Ok(known.clone());
+        }
+        let at = self.node.devices[pos];
+        let resolved: Rc<[Use]> = self
+            .counters
+            .uses(&self.alloc.inventory, &self.alloc.state, at)?
+            .into();
+        self.uses[pos] = Some(resolved.clone());
+        Ok(resolved)
     }
 
     /// Why an eligible device cannot serve the slot even with nothing else chosen:

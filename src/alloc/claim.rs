@@ -7,9 +7,10 @@ use k8s_openapi::api::resource::v1::{
     CapacityRequirements, DeviceClass, DeviceSelector, DeviceToleration, ResourceClaim,
 };
 
+use super::constraint::ConstraintSpec;
 use super::engine::{ProgramCache, SelectorEngine};
 use super::quantity::{Amount, Style};
-use super::reason::{ConstraintKind, Wants};
+use super::reason::Wants;
 use super::state::claim_display;
 use super::{AllocError, MAX_DEVICES_PER_CLAIM};
 
@@ -67,26 +68,6 @@ pub(crate) struct Slot<'a> {
     pub(crate) admin: bool,
     pub(crate) tolerations: &'a [DeviceToleration],
     pub(crate) capacity: Vec<CapacityRequest<'a>>,
-}
-
-pub(crate) struct ConstraintSpec<'a> {
-    pub(crate) claim: usize,
-    pub(crate) index: usize,
-    pub(crate) kind: ConstraintKind,
-    pub(crate) attribute: &'a str,
-    /// Request or sub-request names it applies to; empty means all of the claim.
-    pub(crate) requests: Vec<&'a str>,
-}
-
-impl ConstraintSpec<'_> {
-    pub(crate) fn applies_to(&self, slot: &Slot<'_>) -> bool {
-        slot.claim == self.claim
-            && (self.requests.is_empty()
-                || self
-                    .requests
-                    .iter()
-                    .any(|r| *r == slot.base || *r == slot.name))
-    }
 }
 
 /// The fields an `exactly` request and a `firstAvailable` sub-request share.
@@ -150,7 +131,7 @@ impl<'a, 'e, E: SelectorEngine> Builder<'a, 'e, E> {
         let mut known: Vec<String> = Vec::new();
         for (ri, request) in requests.iter().enumerate() {
             let path = format!("spec.devices.requests[{ri}]");
-            if known.iter().any(|k| *k == request.name) {
+            if known.contains(&request.name) {
                 return Err(invalid(
                     format!("{path}.name"),
                     request.name.clone(),
@@ -238,51 +219,9 @@ impl<'a, 'e, E: SelectorEngine> Builder<'a, 'e, E> {
         let constraints = devices
             .and_then(|d| d.constraints.as_deref())
             .unwrap_or_default();
-        for (ci, constraint) in constraints.iter().enumerate() {
-            let path = format!("spec.devices.constraints[{ci}]");
-            let (kind, attribute) =
-                match (&constraint.match_attribute, &constraint.distinct_attribute) {
-                    (Some(a), None) => (ConstraintKind::MatchAttribute, a.as_str()),
-                    (None, Some(a)) => (ConstraintKind::DistinctAttribute, a.as_str()),
-                    _ => {
-                        return Err(invalid(
-                            path,
-                            String::new(),
-                            "set exactly one of matchAttribute or distinctAttribute".into(),
-                        ));
-                    }
-                };
-            if !attribute.contains('/') {
-                return Err(invalid(
-                    format!("{path}.{}", kind_field(kind)),
-                    attribute.to_string(),
-                    "must be fully qualified as <domain>/<name>, e.g. gpu.nvidia.com/parentUUID"
-                        .into(),
-                ));
-            }
-            let names: Vec<&'a str> = constraint
-                .requests
-                .iter()
-                .flatten()
-                .map(String::as_str)
-                .collect();
-            for (ni, name) in names.iter().enumerate() {
-                if !known.iter().any(|k| k == name) {
-                    return Err(invalid(
-                        format!("{path}.requests[{ni}]"),
-                        name.to_string(),
-                        format!("no such request; valid: {}", known.join(", ")),
-                    ));
-                }
-            }
-            self.prepared.constraints.push(ConstraintSpec {
-                claim: claim_index,
-                index: ci,
-                kind,
-                attribute,
-                requests: names,
-            });
-        }
+        let specs = super::constraint::parse(constraints, claim_index, &known)
+            .map_err(|(field, value, problem)| invalid(field, value, problem))?;
+        self.prepared.constraints.extend(specs);
         self.prepared.claims.push(plan);
         Ok(())
     }
@@ -417,12 +356,5 @@ impl<'a, 'e, E: SelectorEngine> Builder<'a, 'e, E> {
             });
         }
         Ok(out)
-    }
-}
-
-fn kind_field(kind: ConstraintKind) -> &'static str {
-    match kind {
-        ConstraintKind::MatchAttribute => "matchAttribute",
-        ConstraintKind::DistinctAttribute => "distinctAttribute",
     }
 }

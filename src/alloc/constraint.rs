@@ -4,8 +4,85 @@ use std::fmt;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
-use super::claim::{ConstraintSpec, Slot};
+use k8s_openapi::api::resource::v1::DeviceConstraint;
+
+use super::claim::Slot;
 use super::reason::{ConstraintKind, Holder, Rejection};
+
+pub(crate) struct ConstraintSpec<'a> {
+    pub(crate) claim: usize,
+    pub(crate) index: usize,
+    pub(crate) kind: ConstraintKind,
+    pub(crate) attribute: &'a str,
+    /// Request or sub-request names it applies to; empty means all of the claim.
+    pub(crate) requests: Vec<&'a str>,
+}
+
+impl ConstraintSpec<'_> {
+    pub(crate) fn applies_to(&self, slot: &Slot<'_>) -> bool {
+        slot.claim == self.claim
+            && (self.requests.is_empty()
+                || self
+                    .requests
+                    .iter()
+                    .any(|r| *r == slot.base || *r == slot.name))
+    }
+}
+
+/// Checks a claim's constraints against the request names it has (`known`, including
+/// `<request>/<subrequest>`). Errors are (field, value, problem).
+pub(crate) fn parse<'a>(
+    constraints: &'a [DeviceConstraint],
+    claim: usize,
+    known: &[String],
+) -> Result<Vec<ConstraintSpec<'a>>, (String, String, String)> {
+    let mut specs = Vec::with_capacity(constraints.len());
+    for (index, constraint) in constraints.iter().enumerate() {
+        let path = format!("spec.devices.constraints[{index}]");
+        let (kind, field, attribute) =
+            match (&constraint.match_attribute, &constraint.distinct_attribute) {
+                (Some(a), None) => (ConstraintKind::MatchAttribute, "matchAttribute", a.as_str()),
+                (None, Some(a)) => (
+                    ConstraintKind::DistinctAttribute,
+                    "distinctAttribute",
+                    a.as_str(),
+                ),
+                _ => {
+                    let problem = "set exactly one of matchAttribute or distinctAttribute";
+                    return Err((path, String::new(), problem.into()));
+                }
+            };
+        if !attribute.contains('/') {
+            let problem =
+                "must be fully qualified as <domain>/<name>, e.g. gpu.nvidia.com/parentUUID";
+            return Err((
+                format!("{path}.{field}"),
+                attribute.to_string(),
+                problem.into(),
+            ));
+        }
+        let requests: Vec<&'a str> = constraint
+            .requests
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        for (ni, name) in requests.iter().enumerate() {
+            if !known.iter().any(|k| k == name) {
+                let problem = format!("no such request; valid: {}", known.join(", "));
+                return Err((format!("{path}.requests[{ni}]"), name.to_string(), problem));
+            }
+        }
+        specs.push(ConstraintSpec {
+            claim,
+            index,
+            kind,
+            attribute,
+            requests,
+        });
+    }
+    Ok(specs)
+}
 
 /// A typed attribute value; values of different types never compare equal.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,7 +166,7 @@ impl<'a> Constraints<'a> {
         slot: usize,
         device: &'a Device,
         driver: &str,
-    ) -> Result<(), Rejection> {
+    ) -> Result<(), Box<Rejection>> {
         let mut added = Vec::new();
         for (i, spec) in specs.iter().enumerate() {
             if !spec.applies_to(&slots[slot]) {
@@ -121,7 +198,7 @@ impl<'a> Constraints<'a> {
                     let list: &mut Vec<Chosen<'a>> = &mut self.chosen[j];
                     list.pop();
                 }
-                return Err(rejection);
+                return Err(Box::new(rejection));
             }
             if let Some(value) = value {
                 self.chosen[i].push(Chosen {

@@ -77,7 +77,7 @@ impl<'a> Counters<'a> {
         inventory: &Inventory<'a>,
         state: &AllocatedState<'a>,
         pool_index: usize,
-    ) -> Result<(), Abort> {
+    ) -> Result<(), Box<Abort>> {
         if !self.loaded.insert(pool_index) {
             return Ok(());
         }
@@ -145,7 +145,7 @@ impl<'a> Counters<'a> {
         pool: usize,
         slice: &ResourceSlice,
         consumption: &[DeviceCounterConsumption],
-    ) -> Result<Vec<Use>, Abort> {
+    ) -> Result<Vec<Use>, Box<Abort>> {
         let mut uses = Vec::new();
         for consumed in consumption {
             // Unknown counter sets and counters are ignored, as in Kubernetes: API
@@ -182,7 +182,7 @@ impl<'a> Counters<'a> {
         inventory: &Inventory<'a>,
         state: &AllocatedState<'a>,
         at: Located,
-    ) -> Result<Vec<Use>, Abort> {
+    ) -> Result<Vec<Use>, Box<Abort>> {
         let pool_device = &inventory.pools[at.pool].devices[at.index];
         let consumption = pool_device
             .device

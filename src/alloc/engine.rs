@@ -12,13 +12,14 @@ use k8s_openapi::api::resource::v1::Device;
 /// Compiles and evaluates the selector expressions of DeviceClasses and requests.
 ///
 /// Errors are plain messages: the allocator attaches the expression, the class or request
-/// and the device before anyone sees them.
+/// and the device before anyone sees them. The allocator is single-threaded, so neither
+/// programs nor views need to be `Send` or `Sync`.
 pub trait SelectorEngine {
     /// A compiled selector, reused for every device it is evaluated against.
-    type Program: Send + Sync;
+    type Program;
     /// What a selector sees of one device. It may borrow the device (lifetime `'d`), so an
     /// engine that needs no conversion pays nothing to build it.
-    type View<'d>: Send + Sync;
+    type View<'d>;
 
     /// Builds the view of `device` as published by `driver`. Called at most once per device
     /// per allocator; an error is reported against every selector evaluated on the device.

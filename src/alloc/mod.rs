@@ -186,7 +186,7 @@ impl<'a, E: SelectorEngine> Allocator<'a, E> {
         let mut search = NodeSearch::new(self, prepared, &devices, full);
         let (found, abort) = match search.run() {
             Ok(found) => (found, None),
-            Err(abort) => (false, Some(abort)),
+            Err(abort) => (false, Some(*abort)),
         };
         let allocations = found.then(|| search.results(node));
         let needed = prepared

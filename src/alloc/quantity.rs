@@ -136,9 +136,9 @@ impl Amount {
             return "0".to_string();
         }
         let nano = NANO.unsigned_abs();
-        if nanos % nano != 0 {
+        if !nanos.is_multiple_of(nano) {
             for (suffix, divisor) in [("m", 1_000_000u128), ("u", 1_000), ("n", 1)] {
-                if nanos % divisor == 0 {
+                if nanos.is_multiple_of(divisor) {
                     return format!("{sign}{}{suffix}", nanos / divisor);
                 }
             }
@@ -146,7 +146,7 @@ impl Amount {
         let units = nanos / nano;
         if style == Style::Binary {
             for (suffix, shift) in BINARY.iter().rev() {
-                if units % (1u128 << shift) == 0 {
+                if units.is_multiple_of(1u128 << shift) {
                     return format!("{sign}{}{suffix}", units >> shift);
                 }
             }
@@ -154,7 +154,7 @@ impl Amount {
         }
         for (suffix, exp) in DECIMAL.iter().rev().filter(|(_, e)| *e > 0) {
             let divisor = 10u128.pow(*exp as u32);
-            if units % divisor == 0 {
+            if units.is_multiple_of(divisor) {
                 return format!("{sign}{}{suffix}", units / divisor);
             }
         }

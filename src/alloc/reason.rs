@@ -9,8 +9,11 @@ use serde::Serialize;
 /// One device, identified the way allocation results identify it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct DeviceRef {
+    /// The driver publishing the device, e.g. `gpu.nvidia.com`.
     pub driver: String,
+    /// The pool (our driver names it after the node).
     pub pool: String,
+    /// The device name, unique within the pool.
     pub device: String,
 }
 
@@ -37,23 +40,34 @@ pub enum Rejection {
     /// A selector of the request's DeviceClass is false for the device.
     #[serde(rename_all = "camelCase")]
     ClassSelector {
+        /// DeviceClass name.
         class: String,
+        /// Position in the class's `spec.selectors`.
         index: usize,
         expression: String,
     },
     /// A selector of the request itself is false for the device.
     #[serde(rename_all = "camelCase")]
-    RequestSelector { index: usize, expression: String },
+    RequestSelector {
+        /// Position in the request's `selectors`.
+        index: usize,
+        expression: String,
+    },
     /// Evaluating a selector failed; Kubernetes aborts allocation on the node for this.
     #[serde(rename_all = "camelCase")]
     SelectorError {
+        /// The class owning the selector; `None` for a request selector.
         class: Option<String>,
         expression: String,
+        /// The engine's error message.
         message: String,
     },
     /// The device is allocated to another claim and is not shareable.
     #[serde(rename_all = "camelCase")]
-    AlreadyAllocated { claim: String },
+    AlreadyAllocated {
+        /// `<namespace>/<name>` of the holding claim.
+        claim: String,
+    },
     /// A NoSchedule/NoExecute taint of the device that the request does not tolerate.
     #[serde(rename_all = "camelCase")]
     TaintNotTolerated {
@@ -72,7 +86,9 @@ pub enum Rejection {
     CountersExhausted {
         counter_set: String,
         counter: String,
+        /// What the device consumes of the counter, as a quantity.
         needed: String,
+        /// What is left of it, as a quantity (never negative).
         left: String,
         /// Devices holding the counter: allocated to other claims, or chosen in this run.
         consumers: Vec<Consumer>,
@@ -80,6 +96,7 @@ pub enum Rejection {
     /// A `matchAttribute` / `distinctAttribute` constraint of the claim rejects the device.
     #[serde(rename_all = "camelCase")]
     Constraint {
+        /// Position in the claim's `spec.devices.constraints`.
         index: usize,
         kind: ConstraintKind,
         attribute: String,
@@ -90,7 +107,10 @@ pub enum Rejection {
     },
     /// Chosen for another request of the claims being allocated.
     #[serde(rename_all = "camelCase")]
-    TakenByRequest { request: String },
+    TakenByRequest {
+        /// The request (or `<request>/<subrequest>`) holding it.
+        request: String,
+    },
 }
 
 /// Why a capacity cannot serve a request.
@@ -119,8 +139,11 @@ pub enum ConstraintKind {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Holder {
+    /// Device name.
     pub device: String,
+    /// The request it was chosen for.
     pub request: String,
+    /// Its value of the constrained attribute.
     pub value: String,
 }
 
@@ -128,6 +151,7 @@ pub struct Holder {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Consumer {
+    /// Device name.
     pub device: String,
     /// `claim <namespace>/<name>` for earlier allocations, `request <name>` for this run.
     pub by: String,
@@ -176,7 +200,9 @@ pub enum Abort {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IgnoredPool {
+    /// Driver of the pool.
     pub driver: String,
+    /// Pool name.
     pub pool: String,
     /// `incomplete: 2 of 3 slices` or `duplicate device name gpu-0`.
     pub why: String,
@@ -215,9 +241,13 @@ pub struct RequestTrace {
     pub claim: String,
     /// The request name; `<request>/<subrequest>` for `firstAvailable`.
     pub request: String,
+    /// The DeviceClass the request names.
     pub class: String,
+    /// How many devices it wants.
     pub wants: Wants,
+    /// `adminAccess: true` was requested.
     pub admin_access: bool,
+    /// Where it ended up.
     pub status: RequestStatus,
     /// Devices allocated to this request.
     pub allocated: Vec<DeviceRef>,
@@ -233,7 +263,9 @@ pub struct RequestTrace {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Progress {
+    /// Most devices held at once during the search (all of them when the claims fit).
     pub placed: usize,
+    /// Fewest devices the claims need (an `All` request counts as one).
     pub needed: usize,
 }
 
@@ -241,11 +273,15 @@ pub struct Progress {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Outcome {
+    /// The node tried (empty when the slices name no node).
     pub node: String,
     /// One result per claim, in input order, when every claim fits.
     pub allocations: Option<Vec<AllocationResult>>,
+    /// How far the search got.
     pub progress: Progress,
+    /// Why the search stopped early, if it did.
     pub abort: Option<Abort>,
+    /// Pools reachable from the node that were not considered.
     pub ignored_pools: Vec<IgnoredPool>,
     /// Per request and sub-request; empty unless [`Detail::Full`](super::Detail) was asked.
     pub requests: Vec<RequestTrace>,

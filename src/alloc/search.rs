@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::capacity::{self, Consumed, Fit};
+use super::capacity::{Consumed, Fit};
 use super::constraint::Constraints;
 use super::counters::{Counters, Use};
 use super::inventory::NodeDevices;
@@ -52,12 +52,15 @@ pub(crate) struct NodeSearch<'s, 'a, E: SelectorEngine> {
     pub(crate) share_use: HashMap<usize, HashMap<String, Amount>>,
     pub(crate) counters: Counters<'a>,
     /// Counter consumption per device, resolved once.
-    uses: Vec<Option<Rc<[Use]>>>,
+    pub(crate) uses: Vec<Option<Rc<[Use]>>>,
     pub(crate) constraints: Constraints<'a>,
     pub(crate) picks: Vec<Pick<'a>>,
     /// Chosen alternative per top-level request.
     pub(crate) chosen: Vec<usize>,
     pub(crate) all_devices: HashMap<usize, Vec<usize>>,
+    /// Eligible devices per slot, in node order, as far as classified (`scanned`).
+    candidates: Vec<Vec<usize>>,
+    scanned: Vec<usize>,
     pub(crate) steps: u64,
     pub(crate) best: usize,
 }
@@ -87,13 +90,15 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             picks: Vec::new(),
             chosen: vec![0; prep.requests.len()],
             all_devices: HashMap::new(),
+            candidates: vec![Vec::new(); prep.slots.len()],
+            scanned: vec![0; prep.slots.len()],
             steps: 0,
             best: 0,
         }
     }
 
     /// Runs the search; `Ok(true)` when every request of every claim is satisfied.
-    pub(crate) fn run(&mut self) -> Result<bool, Abort> {
+    pub(crate) fn run(&mut self) -> Result<bool, Box<Abort>> {
         self.place(0, None, 0, 0)
     }
 
@@ -103,12 +108,13 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
         alt: Option<usize>,
         k: usize,
         start: usize,
-    ) -> Result<bool, Abort> {
+    ) -> Result<bool, Box<Abort>> {
         self.steps += 1;
         if self.steps > self.alloc.step_limit {
             return Err(Abort::StepLimit {
                 steps: self.alloc.step_limit,
-            });
+            }
+            .into());
         }
         let prep = self.prep;
         let Some(plan) = prep.requests.get(request) else {
@@ -155,14 +161,14 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 Err(Rejection::Constraint { .. }) => Err(Abort::AllBlockedByConstraint {
                     request: prep.slots[slot].name.clone(),
                     device: self.device_ref(pos),
-                }),
+                }
+                .into()),
                 Err(_) => Ok(false),
             };
         }
-        for pos in start..self.node.devices.len() {
-            if self.eligible(slot, pos)? != Status::Eligible {
-                continue;
-            }
+        let mut next = self.candidates[slot].partition_point(|&p| p < start);
+        while let Some(pos) = self.next_candidate(slot, next)? {
+            next += 1;
             if let Ok(pick) = self.try_take(slot, pos)?
                 && self.descend(pick, request, alt, k, pos + 1)?
             {
@@ -170,6 +176,23 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             }
         }
         Ok(false)
+    }
+
+    /// The `index`-th eligible device of `slot` in node order. Devices are classified only
+    /// as far as the search has needed, so a claim that fits early evaluates few selectors,
+    /// while later steps skip ineligible devices without looking at them again.
+    fn next_candidate(&mut self, slot: usize, index: usize) -> Result<Option<usize>, Box<Abort>> {
+        while self.candidates[slot].len() <= index {
+            let pos = self.scanned[slot];
+            if pos == self.node.devices.len() {
+                return Ok(None);
+            }
+            self.scanned[slot] += 1;
+            if self.eligible(slot, pos)? == Status::Eligible {
+                self.candidates[slot].push(pos);
+            }
+        }
+        Ok(Some(self.candidates[slot][index]))
     }
 
     /// Keeps `pick` and continues with the next device; undoes it if that fails.
@@ -180,7 +203,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
         alt: usize,
         k: usize,
         next: usize,
-    ) -> Result<bool, Abort> {
+    ) -> Result<bool, Box<Abort>> {
         self.commit(pick);
         self.best = self.best.max(self.picks.len());
         let found = self.place(request, Some(alt), k + 1, next);
@@ -192,7 +215,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
 
     /// The devices a request for `All` must get: every device its selectors accept whose
     /// capacity could serve it. Computed once per slot.
-    fn all_for(&mut self, slot: usize) -> Result<&Vec<usize>, Abort> {
+    fn all_for(&mut self, slot: usize) -> Result<&Vec<usize>, Box<Abort>> {
         if !self.all_devices.contains_key(&slot) {
             let name = &self.prep.slots[slot].name;
             if let Some(&pool) = self.node.ignored_pools.first() {
@@ -200,7 +223,8 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 return Err(Abort::PoolNotReady {
                     request: name.clone(),
                     pool: format!("{}/{}", pool.driver, pool.name),
-                });
+                }
+                .into());
             }
             let mut all = Vec::new();
             for pos in 0..self.node.devices.len() {
@@ -216,58 +240,21 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                     request: self.prep.slots[slot].name.clone(),
                     count: all.len(),
                     limit: MAX_DEVICES_PER_CLAIM,
-                });
+                }
+                .into());
             }
             self.all_devices.insert(slot, all);
         }
         Ok(&self.all_devices[&slot])
     }
 
-    /// Capacity check for `slot` on the device at `pos`; `with_search` also counts shares
-    /// taken in this run.
-    pub(crate) fn capacity_fit(
-        &self,
-        slot: usize,
-        pos: usize,
-        with_search: bool,
-    ) -> Result<Fit<'a>, Abort> {
-        let spec = &self.prep.slots[slot];
-        let at = self.node.devices[pos];
-        let pool = &self.alloc.inventory.pools[at.pool];
-        let found = &pool.devices[at.index];
-        let device = found.device;
-        if spec.admin
-            || (spec.capacity.is_empty() && device.allow_multiple_allocations != Some(true))
-        {
-            return Ok(Fit::Fits(Vec::new()));
-        }
-        let existing = self
-            .alloc
-            .state
-            .shared
-            .get(&(pool.driver, pool.name, device.name.as_str()));
-        let in_run = self.share_use.get(&pos).filter(|_| with_search);
-        let used = |key: &str| {
-            let before = existing
-                .and_then(|e| e.consumed.get(key))
-                .copied()
-                .unwrap_or_default();
-            let now = in_run.and_then(|r| r.get(key)).copied().unwrap_or_default();
-            before.plus(now)
-        };
-        capacity::check(device, pool.driver, &spec.capacity, used).map_err(|p| {
-            super::counters::invalid_slice(
-                found.slice,
-                format!("devices[{}].{}", device.name, p.field),
-                &p.value,
-                &p.problem,
-            )
-        })
-    }
-
     /// Checks everything that depends on other choices; on success returns the pick to
     /// commit, otherwise the reason (recorded as the device's first conflict in Full mode).
-    fn try_take(&mut self, slot: usize, pos: usize) -> Result<Result<Pick<'a>, Rejection>, Abort> {
+    fn try_take(
+        &mut self,
+        slot: usize,
+        pos: usize,
+    ) -> Result<Result<Pick<'a>, Rejection>, Box<Abort>> {
         let outcome = self.check_take(slot, pos)?;
         if let Err(reason) = &outcome
             && self.full
@@ -283,7 +270,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
         &mut self,
         slot: usize,
         pos: usize,
-    ) -> Result<Result<Pick<'a>, Rejection>, Abort> {
+    ) -> Result<Result<Pick<'a>, Rejection>, Box<Abort>> {
         let prep = self.prep;
         let spec = &prep.slots[slot];
         if let Some(holder) = self.taken[pos]
@@ -309,7 +296,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             ));
         let mut uses: Rc<[Use]> = Rc::new([]);
         // Admin access consumes nothing; a shared device's counters are taken by its first share.
-        if !spec.admin && !(shareable && already_shared) {
+        if !(spec.admin || (shareable && already_shared)) {
             uses = self.uses_at(pos)?;
             if let Some(short) = self.counters.shortfall(&uses, true) {
                 let (counter_set, counter, needed, left) = self.counters.describe(&short);
@@ -343,7 +330,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             self.constraints
                 .try_add(&prep.constraints, &prep.slots, slot, device, pool.driver)
         {
-            return Ok(Err(reason));
+            return Ok(Err(*reason));
         }
         Ok(Ok(Pick {
             slot,
@@ -351,20 +338,6 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             uses,
             consumed,
         }))
-    }
-
-    /// The counters the device at `pos` consumes, resolved on first use.
-    pub(crate) fn uses_at(&mut self, pos: usize) -> Result<Rc<[Use]>, Abort> {
-        if let Some(known) = &self.uses[pos] {
-            return Ok(known.clone());
-        }
-        let at = self.node.devices[pos];
-        let resolved: Rc<[Use]> = self
-            .counters
-            .uses(&self.alloc.inventory, &self.alloc.state, at)?
-            .into();
-        self.uses[pos] = Some(resolved.clone());
-        Ok(resolved)
     }
 
     fn commit(&mut self, pick: Pick<'a>) {

@@ -276,18 +276,18 @@ fn pod_claims(
     }
     let mut out = Vec::with_capacity(entries.len());
     for (index, entry) in entries.iter().enumerate() {
-        let reference = |what: &str, name: &str, found: Vec<String>| ExplainError::Reference {
-            path: path.to_path_buf(),
-            pod: pod_name.clone(),
-            index,
-            what: what.to_string(),
-            name: name.to_string(),
-            found: if found.is_empty() {
-                "none".into()
-            } else {
-                found.join(", ")
-            },
-        };
+        let reference =
+            |what: &'static str, name: &str, found: Vec<String>| ExplainError::Reference {
+                path: path.to_path_buf(),
+                entry: format!("Pod {pod_name}: spec.resourceClaims[{index}]"),
+                what,
+                name: name.to_string(),
+                found: if found.is_empty() {
+                    "none".into()
+                } else {
+                    found.join(", ")
+                },
+            };
         match (
             &entry.resource_claim_name,
             &entry.resource_claim_template_name,

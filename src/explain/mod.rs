@@ -90,13 +90,13 @@ pub enum ExplainError {
         index: usize,
     },
     #[error(
-        "{path}: Pod {pod}: spec.resourceClaims[{index}] refers to {what} {name:?}, which the file does not contain (it has: {found})"
+        "{path}: {entry} refers to {what} {name:?}, which the file does not contain (it has: {found})"
     )]
     Reference {
         path: PathBuf,
-        pod: String,
-        index: usize,
-        what: String,
+        /// `Pod <name>: spec.resourceClaims[<index>]`.
+        entry: String,
+        what: &'static str,
         name: String,
         found: String,
     },

@@ -22,13 +22,18 @@ pub(super) fn render(report: &ExplainReport) -> String {
         many => format!("claims {} (together)", many.join(", ")),
     };
     if let Some(error) = &report.error {
-        let _ = writeln!(out, "{subject}: cannot be checked: {error}");
+        let _ = writeln!(out, "{subject}: cannot be checked\n  {error}");
         return out;
     }
     let single = report.nodes_checked == 1;
     if report.fits {
         let where_ = if single {
-            format!("node {}", node_name(&report.fitting_nodes[0]))
+            let node = report
+                .fitting_nodes
+                .first()
+                .map(String::as_str)
+                .unwrap_or_default();
+            format!("node {}", node_name(node))
         } else {
             format!(
                 "{} of {} nodes ({})",

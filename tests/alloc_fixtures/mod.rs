@@ -19,26 +19,48 @@ pub const GPU_SELECTOR: &str =
 pub const MIG_SELECTOR: &str =
     "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'";
 
-/// H100-SXM5-80GB MIG profiles: name, memory MiB, SMs, copy engines, decoders, jpeg, ofa,
-/// memory slices, placement starts.
-pub const H100_PROFILES: [(&str, u32, u32, u32, u32, u32, u32, u32, &[u32]); 7] = [
-    ("1g.10gb", 9984, 16, 1, 1, 1, 0, 1, &[0, 1, 2, 3, 4, 5, 6]),
-    (
+/// One H100-SXM5-80GB MIG profile: memory in MiB, SMs, engines, memory slices and the
+/// placements (first memory slice) it may take.
+pub struct Profile {
+    pub name: &'static str,
+    pub memory_mib: u32,
+    pub sms: u32,
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub jpeg: u32,
+    pub ofa: u32,
+    pub slices: u32,
+    pub starts: &'static [u32],
+}
+
+const fn profile(name: &'static str, numbers: [u32; 7], starts: &'static [u32]) -> Profile {
+    let [memory_mib, sms, copy_engines, decoders, jpeg, ofa, slices] = numbers;
+    Profile {
+        name,
+        memory_mib,
+        sms,
+        copy_engines,
+        decoders,
+        jpeg,
+        ofa,
+        slices,
+        starts,
+    }
+}
+
+/// From shared/reference/mig-profiles.json.
+pub const H100_PROFILES: [Profile; 7] = [
+    profile("1g.10gb", [9984, 16, 1, 1, 1, 0, 1], &[0, 1, 2, 3, 4, 5, 6]),
+    profile(
         "1g.10gb+me",
-        9984,
-        16,
-        1,
-        1,
-        1,
-        1,
-        1,
+        [9984, 16, 1, 1, 1, 1, 1],
         &[0, 1, 2, 3, 4, 5, 6],
     ),
-    ("1g.20gb", 20096, 26, 1, 1, 1, 0, 2, &[0, 2, 4, 6]),
-    ("2g.20gb", 20096, 32, 2, 2, 2, 0, 2, &[0, 2, 4]),
-    ("3g.40gb", 40448, 60, 3, 3, 3, 0, 4, &[0, 4]),
-    ("4g.40gb", 40448, 64, 4, 4, 4, 0, 4, &[0]),
-    ("7g.80gb", 81152, 132, 8, 7, 7, 1, 8, &[0]),
+    profile("1g.20gb", [20096, 26, 1, 1, 1, 0, 2], &[0, 2, 4, 6]),
+    profile("2g.20gb", [20096, 32, 2, 2, 2, 0, 2], &[0, 2, 4]),
+    profile("3g.40gb", [40448, 60, 3, 3, 3, 0, 4], &[0, 4]),
+    profile("4g.40gb", [40448, 64, 4, 4, 4, 0, 4], &[0]),
+    profile("7g.80gb", [81152, 132, 8, 7, 7, 1, 8], &[0]),
 ];
 
 pub fn profile_selector(profile: &str) -> String {
@@ -54,9 +76,10 @@ pub fn engine() -> TableEngine {
         .with(MIG_SELECTOR, |driver, d| {
             driver == DRIVER && string_attribute(d, "type") == Some("mig")
         });
-    for (profile, ..) in H100_PROFILES {
-        engine = engine.with(&profile_selector(profile), move |_, d| {
-            string_attribute(d, "profile") == Some(profile)
+    for profile in H100_PROFILES {
+        let name = profile.name;
+        engine = engine.with(&profile_selector(name), move |_, d| {
+            string_attribute(d, "profile") == Some(name)
         });
     }
     engine
@@ -182,8 +205,10 @@ pub fn h100_devices(node: &str, minor: u32) -> Vec<Device> {
         }]),
         ..Default::default()
     }];
-    for (profile, mem, sms, ce, dec, jpeg, ofa, size, starts) in H100_PROFILES {
-        for &start in starts {
+    for p in H100_PROFILES {
+        let (profile, mem, sms, size) = (p.name, p.memory_mib, p.sms, p.slices);
+        let (ce, dec, jpeg, ofa) = (p.copy_engines, p.decoders, p.jpeg, p.ofa);
+        for &start in p.starts {
             let mut attrs = common(node, minor);
             attrs.insert("type".into(), string("mig"));
             attrs.insert("profile".into(), string(profile));
