@@ -5,6 +5,7 @@
 //! hardware, processes, files or the cluster sits behind a small trait with a real and a
 //! simulated implementation side by side. See `docs/architecture.md`.
 
+pub mod alloc;
 pub mod cdi;
 pub mod cel;
 pub mod checkpoint;
@@ -12,6 +13,7 @@ pub mod claims;
 pub mod crashpoint;
 pub mod demo;
 pub mod devices;
+pub mod explain;
 pub mod fsutil;
 pub mod hardware;
 pub mod inventory;

@@ -1,0 +1,234 @@
+//! `gpu-dra explain`: why a set of claims does or does not fit a node, or which nodes of a
+//! cluster it fits, per request and per device, in a form people read and in JSON/YAML.
+//!
+//! The allocator does the deciding; this module picks which nodes to look at closely,
+//! groups identical reasons so a node with hundreds of devices stays readable, and loads
+//! the inputs from files. Exit codes are the CLI's business: see [`ExplainReport::fits`]
+//! and [`ExplainReport::input_error`].
+
+mod load;
+mod render;
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde::Serialize;
+
+use crate::alloc::{Allocator, Detail, Node, Outcome, SelectorEngine};
+
+pub use load::{load_allocated, load_claims, load_classes, load_slices};
+
+/// How many of the closest non-fitting nodes get a full explanation.
+pub const NEAR_MISSES: usize = 3;
+
+/// Everything explain looks at.
+#[derive(Clone, Debug, Default)]
+pub struct ExplainInput {
+    pub classes: Vec<DeviceClass>,
+    /// Slices of one node, or of many (a cluster).
+    pub slices: Vec<ResourceSlice>,
+    /// Claims already allocated: what they hold is not available.
+    pub allocated: Vec<ResourceClaim>,
+    /// The claims to explain; they must fit together on one node, as a Pod's claims do.
+    pub claims: Vec<ResourceClaim>,
+}
+
+/// Reading the inputs failed. Each variant names the file and, where it applies, the
+/// document (1-based) and object.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: document {document} is not valid YAML or JSON")]
+    Parse {
+        path: PathBuf,
+        document: usize,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error(
+        "{path}: document {document}: {kind} {name} does not match the resource.k8s.io/v1 schema"
+    )]
+    Decode {
+        path: PathBuf,
+        document: usize,
+        kind: String,
+        name: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error(
+        "{path}: document {document}: {kind} has apiVersion {api_version:?}; supported: {supported}"
+    )]
+    Version {
+        path: PathBuf,
+        document: usize,
+        kind: String,
+        api_version: String,
+        supported: String,
+    },
+    #[error("{path}: no {kind} found (kinds present: {seen})")]
+    Missing {
+        path: PathBuf,
+        kind: String,
+        seen: String,
+    },
+    #[error("{path}: {count} Pods found; explain takes one Pod at a time")]
+    Pods { path: PathBuf, count: usize },
+    #[error("{path}: Pod {pod} has no spec.resourceClaims")]
+    PodWithoutClaims { path: PathBuf, pod: String },
+    #[error(
+        "{path}: Pod {pod}: spec.resourceClaims[{index}] sets neither resourceClaimName nor resourceClaimTemplateName"
+    )]
+    EmptyPodClaim {
+        path: PathBuf,
+        pod: String,
+        index: usize,
+    },
+    #[error(
+        "{path}: {entry} refers to {what} {name:?}, which the file does not contain (it has: {found})"
+    )]
+    Reference {
+        path: PathBuf,
+        /// `Pod <name>: spec.resourceClaims[<index>]`.
+        entry: String,
+        what: &'static str,
+        name: String,
+        found: String,
+    },
+}
+
+/// The answer of [`explain`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExplainReport {
+    /// `<namespace>/<name>` of each claim explained.
+    pub claims: Vec<String>,
+    pub fits: bool,
+    /// Bad input (unknown class, count 0, …): nothing was allocated.
+    pub error: Option<String>,
+    pub nodes_checked: usize,
+    pub fitting_nodes: Vec<String>,
+    /// The allocation on the first fitting node (by name).
+    pub chosen: Option<Outcome>,
+    /// Full explanations for the closest nodes that do not fit.
+    pub near_misses: Vec<Outcome>,
+}
+
+impl ExplainReport {
+    fn failed(claims: Vec<String>, error: String) -> Self {
+        Self {
+            claims,
+            fits: false,
+            error: Some(error),
+            nodes_checked: 0,
+            fitting_nodes: Vec::new(),
+            chosen: None,
+            near_misses: Vec::new(),
+        }
+    }
+
+    /// True when the claims fit together on at least one node.
+    pub fn fits(&self) -> bool {
+        self.fits
+    }
+
+    /// The bad-input message, if the claims could not be checked at all.
+    pub fn input_error(&self) -> Option<&str> {
+        self.error.as_deref()
+    }
+
+    /// The report in machine form: the allocation when the claims fit, the reasons when not.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+    }
+
+    /// [`ExplainReport::to_json`] as YAML text.
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(&self.to_json()).unwrap_or_else(|e| format!("error: {e}\n"))
+    }
+
+    /// The report for people: per node and request, usable devices and grouped reasons.
+    pub fn render_human(&self) -> String {
+        render::render(self)
+    }
+}
+
+/// Explains whether `input.claims` fit, allocating them together as the scheduler would.
+///
+/// One node: the full explanation for it. Several nodes: every node is tried cheaply; if
+/// one fits, the allocation on the first fitting node is reported, otherwise the
+/// [`NEAR_MISSES`] nodes that got furthest are explained in full. Bad input ends up in
+/// [`ExplainReport::error`] rather than failing the call.
+pub fn explain<E: SelectorEngine>(engine: &E, input: &ExplainInput) -> ExplainReport {
+    let names: Vec<String> = input
+        .claims
+        .iter()
+        .map(crate::alloc::claim_display)
+        .collect();
+    if input.claims.is_empty() {
+        return ExplainReport::failed(names, "no claims to explain".into());
+    }
+    let allocator = match Allocator::new(engine, &input.classes, &input.slices, &input.allocated) {
+        Ok(a) => a,
+        Err(e) => return ExplainReport::failed(names, e.to_string()),
+    };
+    let prepared = match allocator.prepare(&input.claims) {
+        Ok(p) => p,
+        Err(e) => return ExplainReport::failed(names, e.to_string()),
+    };
+    let mut nodes: Vec<Node> = allocator
+        .node_names()
+        .into_iter()
+        .map(Node::named)
+        .collect();
+    if nodes.is_empty() {
+        // Only slices reachable from every node (or none at all): any node will do.
+        nodes.push(Node::named(""));
+    }
+    let mut report = ExplainReport {
+        claims: names,
+        fits: false,
+        error: None,
+        nodes_checked: nodes.len(),
+        fitting_nodes: Vec::new(),
+        chosen: None,
+        near_misses: Vec::new(),
+    };
+    if let [node] = nodes.as_slice() {
+        let outcome = allocator.allocate(&prepared, node, Detail::Full);
+        report.fits = outcome.fits();
+        if report.fits {
+            report.fitting_nodes.push(node.name.clone());
+            report.chosen = Some(outcome);
+        } else {
+            report.near_misses.push(outcome);
+        }
+        return report;
+    }
+    let mut misses: Vec<(usize, Outcome)> = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let outcome = allocator.allocate(&prepared, node, Detail::Brief);
+        if outcome.fits() {
+            report.fitting_nodes.push(node.name.clone());
+            report.chosen.get_or_insert(outcome);
+        } else if report.fitting_nodes.is_empty() {
+            misses.push((i, outcome));
+        }
+    }
+    report.fits = !report.fitting_nodes.is_empty();
+    if !report.fits {
+        // Furthest progress first; an aborted search is as interesting as a near fit.
+        misses.sort_by_key(|(i, o)| (std::cmp::Reverse(o.progress.placed), o.abort.is_none(), *i));
+        report.near_misses = misses
+            .iter()
+            .take(NEAR_MISSES)
+            .map(|(i, _)| allocator.allocate(&prepared, &nodes[*i], Detail::Full))
+            .collect();
+    }
+    report
+}
