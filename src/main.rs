@@ -32,6 +32,9 @@ enum Command {
     },
     /// Show what a node has and the ResourceSlices it would publish.
     Inventory(InventoryArgs),
+    /// Explain why claims do or do not fit a node: per request, per device, the first reason.
+    /// Exit 0 when they fit, 1 when they do not, 2 on bad input.
+    Explain(ExplainArgs),
     /// Run the DRA kubelet plugin on this node: publish ResourceSlices, serve prepare/unprepare.
     KubeletPlugin(Box<PluginArgs>),
     /// Evaluate one CEL selector against one device, as the scheduler would: prints `true`
@@ -82,6 +85,42 @@ struct InventoryArgs {
     /// Print a preset's node file (a starting point for your own), then exit.
     #[arg(long, value_name = "PRESET")]
     print_preset: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ExplainArgs {
+    /// A ResourceClaim, ResourceClaimTemplate or Pod manifest (with its claims and templates),
+    /// YAML or JSON, one or several documents.
+    #[arg(long)]
+    claim: PathBuf,
+    /// Slices of a simulated node (preset or node file).
+    #[arg(long, conflicts_with_all = ["slices", "kubeconfig"])]
+    sim_node: Option<String>,
+    /// Slices from a file (e.g. `kubectl get resourceslices -o yaml`).
+    #[arg(long, conflicts_with = "kubeconfig")]
+    slices: Option<PathBuf>,
+    /// DeviceClasses (file or directory); default: the built-in gpu.nvidia.com and
+    /// mig.nvidia.com.
+    #[arg(long)]
+    classes: Option<PathBuf>,
+    /// Claims already allocated (file or directory): what they hold is not free.
+    #[arg(long)]
+    allocated: Option<PathBuf>,
+    /// Read classes, slices and allocated claims from this cluster.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Read them from the cluster this pod runs in.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    in_cluster: bool,
+    /// With a cluster: only this node (default: every node).
+    #[arg(long)]
+    node: Option<String>,
+    /// DRA driver name of simulated slices.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// Output: reasons for people, or the allocation / reasons as JSON or YAML.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: Output,
 }
 
 #[derive(clap::Args, Debug)]
@@ -281,6 +320,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Inventory(args) => run_inventory(args),
         Command::KubeletPlugin(args) => run_plugin(*args),
+        Command::Explain(args) => run_explain(args),
         Command::Cel {
             expression,
             device,
@@ -355,6 +395,79 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         Output::Json => emit(&inventory::slices_json(&view.slices)?)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn run_explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::explain::{self, ExplainInput};
+    use gpu_dra::explain_inputs;
+    let bad_input = |e: String| -> anyhow::Result<ExitCode> {
+        eprintln!("error: {e}");
+        Ok(ExitCode::from(2))
+    };
+    let claims = match explain::load_claims(&args.claim) {
+        Ok(c) => c,
+        Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
+    };
+    let mut allocated = match &args.allocated {
+        Some(p) => match explain::load_allocated(p) {
+            Ok(a) => a,
+            Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
+        },
+        None => Vec::new(),
+    };
+    let (classes, slices) = if args.kubeconfig.is_some() || args.in_cluster {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let state = runtime.block_on(async {
+            let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
+            anyhow::Ok(explain_inputs::cluster_state(client, args.node.as_deref()).await?)
+        })?;
+        allocated.extend(state.allocated);
+        let classes = match &args.classes {
+            Some(_) => explain_inputs::classes(args.classes.as_deref()),
+            None => Ok(state.classes),
+        };
+        (classes, Ok(state.slices))
+    } else {
+        let slices = match (&args.slices, &args.sim_node) {
+            (Some(path), _) => {
+                explain::load_slices(path).map_err(|e| chain(&anyhow::Error::new(e)))
+            }
+            (None, sim_node) => explain_inputs::sim_slices(
+                sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET),
+                &args.driver_name,
+            )
+            .map_err(|e| chain(&anyhow::Error::new(e))),
+        };
+        (explain_inputs::classes(args.classes.as_deref()), slices)
+    };
+    let (classes, slices) = match (classes, slices) {
+        (Ok(c), Ok(s)) => (c, s),
+        (Err(e), _) | (_, Err(e)) => return bad_input(e),
+    };
+    let input = ExplainInput {
+        classes,
+        slices,
+        allocated,
+        claims,
+    };
+    let report = explain::explain(&gpu_dra::selectors::CelEngine, &input);
+    match args.output {
+        Output::Table => emit(&report.render_human())?,
+        Output::Json => emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report.to_json())?
+        ))?,
+        Output::Yaml => emit(&report.to_yaml())?,
+    }
+    Ok(if report.input_error().is_some() {
+        ExitCode::from(2)
+    } else if report.fits() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn list_presets() -> anyhow::Result<String> {

@@ -210,10 +210,26 @@ pub fn load_claims(path: &Path) -> Result<Vec<ResourceClaim>, ExplainError> {
         }
     }
     if pods.len() > 1 {
-        return Err(ExplainError::Pods {
-            path: path.to_path_buf(),
-            count: pods.len(),
-        });
+        // Pods that share a named claim run on one node: explain their claims together, each
+        // shared claim once. Pods with only claims of their own may land anywhere.
+        let mut all: Vec<ResourceClaim> = Vec::new();
+        let mut shares = false;
+        for pod in &pods {
+            for claim in pod_claims(path, pod, &claims, &templates)? {
+                if all.iter().any(|c| c.metadata.name == claim.metadata.name) {
+                    shares = true;
+                } else {
+                    all.push(claim);
+                }
+            }
+        }
+        if !shares {
+            return Err(ExplainError::Pods {
+                path: path.to_path_buf(),
+                count: pods.len(),
+            });
+        }
+        return Ok(all);
     }
     let Some(pod) = pods.pop() else {
         if in_order.is_empty() {
