@@ -78,6 +78,32 @@ fn demo_runs_on_the_default_preset() {
     assert!(out.contains("Node \"mixed\""), "{out}");
     assert!(out.contains("25 MIG placements carved on demand"), "{out}");
     assert!(out.contains("3. ResourceSlices"), "{out}");
+    assert!(
+        out.contains("mig-h100.yaml") && out.contains("allocated mig=gpu-1-mig-3g40gb-0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\"kind\": \"k8s.gpu.nvidia.com/claim\""),
+        "a CDI spec is shown: {out}"
+    );
+    assert!(
+        out.contains("GPU 1 3g.40gb@0"),
+        "the carved MIG device is listed: {out}"
+    );
+    assert!(
+        out.contains("CDI specs removed (0 left); MIG devices remaining: 4"),
+        "{out}"
+    );
+}
+
+#[test]
+fn demo_runs_every_example_on_a_dgx_a100() {
+    let (code, out, err) = gpu_dra(&["demo", "--sim-node", "dgx-a100"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains("pending"),
+        "all examples fit on eight GPUs: {out}"
+    );
 }
 
 #[test]

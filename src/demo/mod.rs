@@ -1,7 +1,10 @@
 //! `gpu-dra demo`: the driver's pipeline on a simulated node, in-process, explained step by
 //! step for a person reading the terminal.
 
+mod claims;
+
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::devices::{DeviceKind, ModelOptions};
 use crate::hardware::sim::{NodeSource, SimBackend, SimError};
@@ -19,13 +22,19 @@ pub enum DemoError {
     /// Inventory or slices failed.
     #[error(transparent)]
     Inventory(#[from] InventoryError),
+    /// Allocating or preparing the example claims failed.
+    #[error("running the example claims: {detail}")]
+    Claims {
+        /// What failed.
+        detail: String,
+    },
 }
 
 /// Runs the demo on `sim_node` (a preset name or node file) and returns what it prints.
 pub fn run(sim_node: &str, driver_name: &str) -> Result<String, DemoError> {
     let source = NodeSource::resolve(sim_node).map_err(DemoError::Sim)?;
     let plan = source.plan().map_err(DemoError::Sim)?;
-    let backend = SimBackend::from_plan(plan, None);
+    let backend = Arc::new(SimBackend::from_plan(plan, None));
     let options = ModelOptions {
         driver_name: driver_name.to_string(),
         policies: backend
@@ -36,7 +45,7 @@ pub fn run(sim_node: &str, driver_name: &str) -> Result<String, DemoError> {
             .collect(),
         default_policy: None,
     };
-    let view = inventory::view(&backend, backend.node_name(), &options)?;
+    let view = inventory::view(backend.as_ref(), backend.node_name(), &options)?;
     let mut out = String::new();
     let described = match &source {
         NodeSource::Preset(p) => format!("preset {}: {}", p.name, p.summary),
@@ -61,6 +70,11 @@ pub fn run(sim_node: &str, driver_name: &str) -> Result<String, DemoError> {
     for w in &view.model.warnings {
         let _ = writeln!(out, "warning: {w}");
     }
+    let classes = crate::explain_inputs::builtin_classes().map_err(|e| DemoError::Claims {
+        detail: e.to_string(),
+    })?;
+    claims::run(&mut out, backend.clone(), &options, &classes, &view.slices)
+        .map_err(|detail| DemoError::Claims { detail })?;
     let _ = writeln!(
         out,
         "\nSee every device: gpu-dra inventory --sim-node {sim_node}\nPrint the slices for kubectl: gpu-dra inventory --sim-node {sim_node} -o yaml"

@@ -1,0 +1,289 @@
+//! Demo steps 4–6: the seed talk's claims allocated by the built-in allocator with CEL, then
+//! prepared and unprepared by the real claim lifecycle on the simulated hardware.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+
+use crate::alloc::{self, Detail, Node};
+use crate::cdi::{CdiWriter, ClaimNaming};
+use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ClaimsManager};
+use crate::devices::ModelOptions;
+use crate::hardware::GpuBackend;
+use crate::hardware::sim::SimBackend;
+use crate::plugin::simhost::SimHostFacts;
+use crate::selectors::CelEngine;
+
+/// The example files shipped in `examples/`, in the order the demo submits them.
+pub const EXAMPLES: [(&str, &str); 6] = [
+    (
+        "mig-profiles.yaml",
+        include_str!("../../examples/mig-profiles.yaml"),
+    ),
+    (
+        "mig-h100.yaml",
+        include_str!("../../examples/mig-h100.yaml"),
+    ),
+    (
+        "first-available.yaml",
+        include_str!("../../examples/first-available.yaml"),
+    ),
+    (
+        "dedicated-gpu.yaml",
+        include_str!("../../examples/dedicated-gpu.yaml"),
+    ),
+    (
+        "shared-gpu-two-containers.yaml",
+        include_str!("../../examples/shared-gpu-two-containers.yaml"),
+    ),
+    (
+        "shared-claim-two-pods.yaml",
+        include_str!("../../examples/shared-claim-two-pods.yaml"),
+    ),
+];
+
+/// Claims from the demo's table, as the API server would return them.
+struct Allocated(BTreeMap<String, ClaimAllocation>);
+
+impl ClaimSource for Allocated {
+    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
+        self.0
+            .get(&id.uid)
+            .cloned()
+            .ok_or_else(|| format!("claim {id} is not allocated"))
+    }
+}
+
+/// Allocates every example in turn (earlier claims keep their devices), prepares the ones that
+/// fit, shows the CDI specs and what the hardware did, then unprepares them.
+pub fn run(
+    out: &mut String,
+    backend: Arc<SimBackend>,
+    options: &ModelOptions,
+    classes: &[DeviceClass],
+    slices: &[ResourceSlice],
+) -> Result<(), String> {
+    let node = Node::named(backend.node_name());
+    let mut allocated: Vec<ResourceClaim> = Vec::new();
+    let _ = writeln!(
+        out,
+        "\n4. Allocation: the seed talk's claims, one after another (built-in allocator, CEL selectors)"
+    );
+    for (file, text) in EXAMPLES {
+        let dir = tempfile_dir()?;
+        let path = dir.join(file);
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        let claims =
+            crate::explain::load_claims(&path).map_err(|e| crate::kubelet::error_chain(&e))?;
+        let _ = std::fs::remove_dir_all(&dir);
+        for mut claim in claims {
+            let name = alloc::claim_display(&claim);
+            let outcome = alloc::allocate_claim(
+                &CelEngine,
+                classes,
+                slices,
+                &allocated,
+                &claim,
+                &node,
+                Detail::Brief,
+            )
+            .map_err(|e| crate::kubelet::error_chain(&e))?;
+            match outcome.allocations.and_then(|mut a| a.pop()) {
+                Some(result) => {
+                    let devices: Vec<String> = result
+                        .devices
+                        .as_ref()
+                        .map(|d| {
+                            d.results
+                                .iter()
+                                .flatten()
+                                .map(|r| format!("{}={}", r.request, r.device))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "   {file:<32} {name:<40} allocated {}",
+                        devices.join(", ")
+                    );
+                    claim.metadata.uid = Some(format!("demo-{:02}", allocated.len() + 1));
+                    claim
+                        .metadata
+                        .namespace
+                        .get_or_insert_with(|| "default".to_string());
+                    claim.status = Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+                        allocation: Some(result),
+                        ..Default::default()
+                    });
+                    allocated.push(claim);
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "   {file:<32} {name:<40} pending: no free device (explain: gpu-dra explain --claim examples/{file} --sim-node {})",
+                        backend.node_name()
+                    );
+                }
+            }
+        }
+    }
+    prepare_all(out, backend, options, &allocated)
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "gpu-dra-demo-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+fn prepare_all(
+    out: &mut String,
+    backend: Arc<SimBackend>,
+    options: &ModelOptions,
+    claims: &[ResourceClaim],
+) -> Result<(), String> {
+    let work = tempfile_dir()?.join("node");
+    let table = claims
+        .iter()
+        .map(|c| {
+            let uid = c.metadata.uid.clone().unwrap_or_default();
+            let results = c
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.clone())
+                .unwrap_or_default();
+            let devices = results
+                .into_iter()
+                .map(|r| AllocatedDevice {
+                    request: r.request,
+                    pool: r.pool,
+                    device: r.device,
+                    admin_access: r.admin_access.unwrap_or(false),
+                    share_id: r.share_id,
+                })
+                .collect();
+            (
+                uid,
+                ClaimAllocation {
+                    devices,
+                    config: Vec::new(),
+                },
+            )
+        })
+        .collect();
+    let manager = ClaimsManager {
+        backend: backend.clone(),
+        source: Allocated(table),
+        host: Box::new(SimHostFacts),
+        cdi: CdiWriter::new(work.join("cdi")),
+        naming: ClaimNaming::default(),
+        model_options: options.clone(),
+        pool: backend.node_name().to_string(),
+        state_dir: work.join("state"),
+        boot_id: "demo-boot".to_string(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| format!("starting the demo runtime: {e}"))?;
+    let ids: Vec<ClaimId> = claims
+        .iter()
+        .map(|c| ClaimId {
+            namespace: c.metadata.namespace.clone().unwrap_or_default(),
+            name: c.metadata.name.clone().unwrap_or_default(),
+            uid: c.metadata.uid.clone().unwrap_or_default(),
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\n5. Prepare: what the kubelet plugin does when the pods start (NodePrepareResources)"
+    );
+    let mut shown_spec = false;
+    for id in &ids {
+        let devices = runtime
+            .block_on(manager.prepare(id))
+            .map_err(|e| crate::kubelet::error_chain(&e))?;
+        for d in &devices {
+            let _ = writeln!(
+                out,
+                "   {:<40} {:<22} → {}",
+                format!("{}/{}", id.namespace, id.name),
+                d.device,
+                d.cdi_device_ids.join(", ")
+            );
+        }
+        if !shown_spec && devices.iter().any(|d| d.device.contains("-mig-")) {
+            let path = work
+                .join("cdi")
+                .join(format!("k8s.gpu.nvidia.com-claim_{}.json", id.uid));
+            if let Ok(spec) = std::fs::read_to_string(&path) {
+                let _ = writeln!(
+                    out,
+                    "\n   CDI spec written for {} ({}):",
+                    id.name,
+                    path.file_name()
+                        .map(|f| f.to_string_lossy())
+                        .unwrap_or_default()
+                );
+                for line in spec.lines() {
+                    let _ = writeln!(out, "     {line}");
+                }
+                out.push('\n');
+                shown_spec = true;
+            }
+        }
+    }
+    let carved: Vec<String> = backend
+        .inventory()
+        .map_err(|e| e.to_string())?
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig_devices.iter().map(move |m| {
+                format!(
+                    "GPU {} {}@{} (GI {}, {})",
+                    g.index, m.profile_name, m.placement.start, m.gi_id, m.uuid
+                )
+            })
+        })
+        .collect();
+    let _ = writeln!(out, "   MIG devices on the (simulated) hardware now:");
+    for c in &carved {
+        let _ = writeln!(out, "     {c}");
+    }
+    let _ = writeln!(
+        out,
+        "\n6. Unprepare: the pods are gone (NodeUnprepareResources)"
+    );
+    for id in &ids {
+        runtime
+            .block_on(manager.unprepare(id))
+            .map_err(|e| crate::kubelet::error_chain(&e))?;
+    }
+    let left: usize = backend
+        .inventory()
+        .map_err(|e| e.to_string())?
+        .gpus
+        .iter()
+        .map(|g| g.mig_devices.len())
+        .sum();
+    let specs = manager
+        .cdi
+        .list_claim_specs()
+        .map_err(|e| e.to_string())?
+        .len();
+    let _ = writeln!(
+        out,
+        "   {} claim(s) unprepared: carved MIG devices destroyed, CDI specs removed ({specs} left); MIG devices remaining: {left} (the pre-created static ones)",
+        ids.len()
+    );
+    let _ = std::fs::remove_dir_all(work.parent().unwrap_or(&work));
+    Ok(())
+}
