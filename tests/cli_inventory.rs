@@ -100,10 +100,13 @@ fn demo_runs_on_the_default_preset() {
 fn demo_runs_every_example_on_a_dgx_a100() {
     let (code, out, err) = gpu_dra(&["demo", "--sim-node", "dgx-a100"]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        !out.contains("pending"),
-        "all examples fit on eight GPUs: {out}"
+    let pending: Vec<&str> = out.lines().filter(|l| l.contains("pending")).collect();
+    assert_eq!(
+        pending.len(),
+        1,
+        "only the H100 profile waits on A100s: {out}"
     );
+    assert!(pending[0].contains("mig-h100.yaml"), "{out}");
 }
 
 #[test]
