@@ -34,15 +34,8 @@ fn main() {
     );
     for preset in ["dgx-h200", "hgx-h100-16", "dgx-h100", "mixed"] {
         let sim = SimBackend::open(preset, None).expect("preset");
-        let options = ModelOptions {
-            policies: sim
-                .mig_policies()
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| (i as u32, p))
-                .collect(),
-            ..Default::default()
-        };
+        let options =
+            ModelOptions::with_policies(gpu_dra::devices::DEFAULT_DRIVER_NAME, &sim.mig_policies());
         let model = devices::build(&sim.inventory().expect("inventory"), &options);
         let node = sim.node_name().to_string();
         let owner = node_owner(&node, "uid");

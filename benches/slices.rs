@@ -20,15 +20,8 @@ fn main() {
     for preset in ["dgx-h200", "hgx-h100-16", "dgx-h100", "mixed"] {
         let sim = SimBackend::open(preset, None).expect("preset");
         let inventory = sim.inventory().expect("inventory");
-        let options = ModelOptions {
-            policies: sim
-                .mig_policies()
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| (i as u32, p))
-                .collect(),
-            ..Default::default()
-        };
+        let options =
+            ModelOptions::with_policies(gpu_dra::devices::DEFAULT_DRIVER_NAME, &sim.mig_policies());
         let pool = PoolOptions {
             driver_name: "gpu.nvidia.com".into(),
             node_name: sim.node_name().into(),

@@ -72,16 +72,7 @@ pub fn builtin_classes() -> Result<Vec<DeviceClass>, InputError> {
 /// them.
 pub fn sim_slices(sim_node: &str, driver: &str) -> Result<Vec<ResourceSlice>, InputError> {
     let sim = SimBackend::open(sim_node, None).map_err(InputError::Sim)?;
-    let options = ModelOptions {
-        driver_name: driver.to_string(),
-        policies: sim
-            .mig_policies()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| (i as u32, p))
-            .collect(),
-        default_policy: None,
-    };
+    let options = ModelOptions::with_policies(driver, &sim.mig_policies());
     let inventory = sim.inventory().map_err(|e| InputError::SimSlices {
         detail: e.to_string(),
     })?;

@@ -374,12 +374,8 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
             let node = args.sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET);
             let sim = SimBackend::open(node, args.state_dir.as_deref())?;
             if args.mig_policy.is_none() {
-                options.policies = sim
-                    .mig_policies()
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, p)| (i as u32, p))
-                    .collect();
+                options.policies =
+                    ModelOptions::with_policies(&args.driver_name, &sim.mig_policies()).policies;
             }
             let name = sim.node_name().to_string();
             (Box::new(sim), name)

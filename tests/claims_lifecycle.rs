@@ -60,15 +60,10 @@ fn node(claims: &[(&str, &[&str])]) -> Node {
         host: Box::new(SimHostFacts),
         cdi: CdiWriter::new(dir.path().join("cdi")),
         naming: ClaimNaming::default(),
-        model_options: ModelOptions {
-            policies: sim
-                .mig_policies()
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| (i as u32, p))
-                .collect(),
-            ..Default::default()
-        },
+        model_options: ModelOptions::with_policies(
+            gpu_dra::devices::DEFAULT_DRIVER_NAME,
+            &sim.mig_policies(),
+        ),
         pool: "dgx-h100".into(),
         state_dir: dir.path().join("state"),
         boot_id: "boot-1".into(),

@@ -11,15 +11,7 @@ use gpu_dra::slices::{self, PoolOptions};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 fn options(sim: &SimBackend) -> ModelOptions {
-    ModelOptions {
-        policies: sim
-            .mig_policies()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| (i as u32, p))
-            .collect(),
-        ..Default::default()
-    }
+    ModelOptions::with_policies(gpu_dra::devices::DEFAULT_DRIVER_NAME, &sim.mig_policies())
 }
 
 fn model_and_slices(preset: &str) -> (SimBackend, DeviceModel, Vec<ResourceSlice>) {

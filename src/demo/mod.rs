@@ -35,16 +35,7 @@ pub fn run(sim_node: &str, driver_name: &str) -> Result<String, DemoError> {
     let source = NodeSource::resolve(sim_node).map_err(DemoError::Sim)?;
     let plan = source.plan().map_err(DemoError::Sim)?;
     let backend = Arc::new(SimBackend::from_plan(plan, None));
-    let options = ModelOptions {
-        driver_name: driver_name.to_string(),
-        policies: backend
-            .mig_policies()
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| (i as u32, p))
-            .collect(),
-        default_policy: None,
-    };
+    let options = ModelOptions::with_policies(driver_name, &backend.mig_policies());
     let view = inventory::view(backend.as_ref(), backend.node_name(), &options)?;
     let mut out = String::new();
     let described = match &source {

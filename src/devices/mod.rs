@@ -128,6 +128,16 @@ impl Default for ModelOptions {
 }
 
 impl ModelOptions {
+    /// Options for `driver_name` with one policy per GPU index (as a simulated node file
+    /// gives them).
+    pub fn with_policies(driver_name: &str, policies: &[MigPolicy]) -> ModelOptions {
+        ModelOptions {
+            driver_name: driver_name.to_string(),
+            policies: (0u32..).zip(policies.iter().copied()).collect(),
+            default_policy: None,
+        }
+    }
+
     /// The policy that applies to `gpu`.
     pub fn policy_for(&self, gpu: &GpuInfo) -> MigPolicy {
         if let Some(p) = self.policies.get(&gpu.index) {

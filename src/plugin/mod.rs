@@ -91,18 +91,14 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 (Arc::new(nvml), Box::new(host), None)
             }
         };
-    let model_options = ModelOptions {
-        driver_name: config.driver_name.clone(),
-        policies: match (&config.mig_policy, default_policies) {
-            (None, Some(p)) => p
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| (i as u32, p))
-                .collect(),
-            _ => Default::default(),
-        },
-        default_policy: config.mig_policy,
-    };
+    let mut model_options = ModelOptions::with_policies(&config.driver_name, &[]);
+    match (config.mig_policy, default_policies) {
+        (Some(policy), _) => model_options.default_policy = Some(policy),
+        (None, Some(per_gpu)) => {
+            model_options = ModelOptions::with_policies(&config.driver_name, &per_gpu)
+        }
+        (None, None) => {}
+    }
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
         ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {
