@@ -202,7 +202,10 @@ impl State {
             "GET" if path == SLICES => (200, self.list(r)),
             "GET" => match self.objects.get(path) {
                 Some(o) => (200, o.clone()),
-                None => not_found(path),
+                None => match self.collection(path) {
+                    Some(list) => (200, list),
+                    None => not_found(path),
+                },
             },
             "POST" => {
                 let mut object = r.body.clone().unwrap_or_default();
@@ -245,6 +248,30 @@ impl State {
             }
             _ => status(405, "MethodNotAllowed", "unsupported"),
         }
+    }
+
+    /// A list of stored objects under a collection path: `/apis/g/v/<plural>` lists every
+    /// object of that plural, in any namespace (`/apis/g/v/namespaces/*/<plural>/*`).
+    fn collection(&self, path: &str) -> Option<Value> {
+        let (group_version, plural) = path.rsplit_once('/')?;
+        let items: Vec<Value> = self
+            .objects
+            .iter()
+            .filter(|(p, _)| {
+                let Some(rest) = p.strip_prefix(group_version) else {
+                    return false;
+                };
+                let parts: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+                matches!(parts.as_slice(), [pl, _] if *pl == plural)
+                    || matches!(parts.as_slice(), ["namespaces", _, pl, _] if *pl == plural)
+            })
+            .map(|(_, o)| o.clone())
+            .collect();
+        if items.is_empty() {
+            return None;
+        }
+        Some(json!({"apiVersion": "v1", "kind": "List",
+                    "metadata": {"resourceVersion": self.next_version.to_string()}, "items": items}))
     }
 
     /// Server-set metadata, as the API server adds it to every write.
