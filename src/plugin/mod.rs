@@ -123,7 +123,19 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         state_dir: config.state_dir.clone(),
         boot_id,
     });
+    let sockets = PluginSockets {
+        driver_name: config.driver_name.clone(),
+        registry_dir: config.registry_dir.clone(),
+        plugin_dir: config.plugin_dir.clone(),
+        pod_uid: config.pod_uid.clone(),
+    };
+    // During a seamless rolling update the other instance may be mid-call: recover under the
+    // same lock its calls hold, so a claim it is preparing is not rolled back under it.
+    crate::kubelet::create_private_dir(&config.plugin_dir).map_err(PluginError::Kubelet)?;
+    let lock = crate::kubelet::PluginLock::new(sockets.lock_file());
+    let guard = lock.acquire().await.map_err(PluginError::Kubelet)?;
     let report = manager.recover().map_err(PluginError::Recovery)?;
+    drop(guard);
     info!(
         checkpoint = %report.checkpoint,
         rolled_back = ?report.rolled_back,
@@ -154,12 +166,6 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         health_tx,
     ));
 
-    let sockets = PluginSockets {
-        driver_name: config.driver_name.clone(),
-        registry_dir: config.registry_dir.clone(),
-        plugin_dir: config.plugin_dir.clone(),
-        pod_uid: config.pod_uid.clone(),
-    };
     let running = kubelet::serve(
         sockets,
         Arc::new(handler::Handler { manager }),
