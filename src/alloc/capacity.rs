@@ -8,9 +8,9 @@ use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, Device, DeviceCapaci
 
 use super::SliceProblem;
 use super::claim::CapacityRequest;
-use super::quantity::{Amount, Style};
 use super::reason::{CapacityProblem, Rejection};
 use super::state::capacity_key;
+use crate::quantity::{Quantity, QuantityError};
 
 /// What one share of a device consumes, per capacity.
 #[derive(Clone, Debug)]
@@ -19,8 +19,8 @@ pub(crate) struct Consumed<'a> {
     pub(crate) published: &'a str,
     /// The name without the driver's domain (used for accounting).
     pub(crate) key: String,
-    pub(crate) amount: Amount,
-    pub(crate) style: Style,
+    /// Carries the format the share is reported in.
+    pub(crate) amount: Quantity,
 }
 
 pub(crate) enum Fit<'a> {
@@ -29,11 +29,11 @@ pub(crate) enum Fit<'a> {
     No(Rejection),
 }
 
-fn parse(published: &str, what: &str, text: &str) -> Result<(Amount, Style), SliceProblem> {
-    Amount::parse(text).map_err(|problem| SliceProblem {
+fn parse(published: &str, what: &str, text: &str) -> Result<Quantity, SliceProblem> {
+    text.parse().map_err(|err: QuantityError| SliceProblem {
         field: format!("capacity.{published}.{what}"),
         value: text.to_string(),
-        problem: problem.to_string(),
+        problem: err.problem(),
     })
 }
 
@@ -60,7 +60,7 @@ pub(crate) fn check<'a>(
     device: &'a Device,
     driver: &str,
     requests: &[CapacityRequest<'_>],
-    used: impl Fn(&str) -> Amount,
+    used: impl Fn(&str) -> Quantity,
 ) -> Result<Fit<'a>, SliceProblem> {
     static NONE: BTreeMap<String, DeviceCapacity> = BTreeMap::new();
     let capacities = device.capacity.as_ref().unwrap_or(&NONE);
@@ -78,13 +78,13 @@ pub(crate) fn check<'a>(
     }
     if device.allow_multiple_allocations != Some(true) {
         for (published, request) in wanted {
-            let (value, style) = parse(published, "value", &capacities[published].value.0)?;
+            let value = parse(published, "value", &capacities[published].value.0)?;
             if request.amount > value {
                 return Ok(Fit::No(Rejection::Capacity {
                     capacity: published.to_string(),
                     problem: CapacityProblem::Insufficient {
-                        requested: request.amount.format(request.style),
-                        left: value.format(style),
+                        requested: request.amount.to_string(),
+                        left: value.to_string(),
                     },
                 }));
             }
@@ -93,32 +93,35 @@ pub(crate) fn check<'a>(
     }
     let mut consumed = Vec::with_capacity(capacities.len());
     for (published, capacity) in capacities {
-        let (value, value_style) = parse(published, "value", &capacity.value.0)?;
+        let value = parse(published, "value", &capacity.value.0)?;
         let requested = wanted
             .iter()
             .find(|(p, _)| p == published)
-            .map(|(_, r)| (r.amount, r.style));
+            .map(|(_, r)| r.amount);
         let policy = capacity.request_policy.as_ref();
-        let (amount, style) = consumed_amount(published, requested, (value, value_style), policy)?;
+        let amount = consumed_amount(published, requested, value, policy)?;
         if let Some(policy) = policy
             && let Some(description) = violation(published, amount, policy)?
         {
             return Ok(Fit::No(Rejection::Capacity {
                 capacity: published.clone(),
                 problem: CapacityProblem::PolicyViolated {
-                    requested: amount.format(style),
+                    requested: amount.to_string(),
                     policy: description,
                 },
             }));
         }
         let key = capacity_key(driver, published);
-        let left = value.minus(used(&key));
+        // What is left is reported in the capacity's own format, even when nothing is.
+        let left = value
+            .saturating_sub(&used(&key))
+            .with_format(value.format());
         if amount > left {
             return Ok(Fit::No(Rejection::Capacity {
                 capacity: published.clone(),
                 problem: CapacityProblem::Insufficient {
-                    requested: amount.format(style),
-                    left: left.format(value_style),
+                    requested: amount.to_string(),
+                    left: left.to_string(),
                 },
             }));
         }
@@ -126,89 +129,89 @@ pub(crate) fn check<'a>(
             published,
             key,
             amount,
-            style,
         });
     }
     Ok(Fit::Fits(consumed))
 }
 
 /// The amount one share consumes: the request rounded up per policy, else the policy's
-/// default, else the whole capacity.
+/// default, else the whole capacity. The result carries the format it is reported in.
 fn consumed_amount(
     published: &str,
-    requested: Option<(Amount, Style)>,
-    whole: (Amount, Style),
+    requested: Option<Quantity>,
+    whole: Quantity,
     policy: Option<&CapacityRequestPolicy>,
-) -> Result<(Amount, Style), SliceProblem> {
-    let Some((request, request_style)) = requested else {
+) -> Result<Quantity, SliceProblem> {
+    let Some(request) = requested else {
         return match policy.and_then(|p| p.default.as_ref()) {
             Some(default) => parse(published, "requestPolicy.default", &default.0),
             None => Ok(whole),
         };
     };
     let Some(policy) = policy else {
-        return Ok((request, request_style));
+        return Ok(request);
     };
     if let Some(range) = &policy.valid_range {
-        let (min, min_style) = parse(published, "requestPolicy.validRange.min", &range.min.0)?;
+        let min = parse(published, "requestPolicy.validRange.min", &range.min.0)?;
         if request <= min {
-            return Ok((min, min_style));
+            return Ok(min);
         }
         return match &range.step {
             Some(step) => {
-                let (step, step_style) =
-                    parse(published, "requestPolicy.validRange.step", &step.0)?;
-                let rounded = request
-                    .round_up_from(min, step)
-                    .ok_or_else(|| SliceProblem {
-                        field: format!("capacity.{published}.requestPolicy.validRange.step"),
-                        value: step.format(step_style),
-                        problem: "a step must be above zero".into(),
-                    })?;
-                Ok((rounded, step_style))
+                let step = parse(published, "requestPolicy.validRange.step", &step.0)?;
+                let rounded =
+                    request
+                        .round_up_to_step(&min, &step)
+                        .map_err(|err| SliceProblem {
+                            field: format!("capacity.{published}.requestPolicy.validRange.step"),
+                            value: step.to_string(),
+                            problem: err.problem(),
+                        })?;
+                // Reported in the step's format (Kubernetes keeps the request's).
+                Ok(rounded.with_format(step.format()))
             }
-            None => Ok((request, request_style)),
+            None => Ok(request),
         };
     }
     for (i, valid) in policy.valid_values.iter().flatten().enumerate() {
-        let (valid, style) = parse(
+        let valid = parse(
             published,
             &format!("requestPolicy.validValues[{i}]"),
             &valid.0,
         )?;
         if request <= valid {
-            return Ok((valid, style));
+            return Ok(valid);
         }
     }
-    Ok((request, request_style))
+    Ok(request)
 }
 
 /// Describes the policy when `amount` breaks it.
 fn violation(
     published: &str,
-    amount: Amount,
+    amount: Quantity,
     policy: &CapacityRequestPolicy,
 ) -> Result<Option<String>, SliceProblem> {
     if let Some(default) = &policy.default
-        && parse(published, "requestPolicy.default", &default.0)?.0 == amount
+        && parse(published, "requestPolicy.default", &default.0)? == amount
     {
         return Ok(None);
     }
     if let Some(range) = &policy.valid_range {
-        let (min, _) = parse(published, "requestPolicy.validRange.min", &range.min.0)?;
+        let min = parse(published, "requestPolicy.validRange.min", &range.min.0)?;
         let mut description = format!("validRange min {}", range.min.0);
         let mut broken = false;
         if let Some(max) = &range.max {
             description.push_str(&format!(" max {}", max.0));
-            broken |= amount > parse(published, "requestPolicy.validRange.max", &max.0)?.0;
+            broken |= amount > parse(published, "requestPolicy.validRange.max", &max.0)?;
         }
         if let Some(step) = &range.step {
             description.push_str(&format!(" step {}", step.0));
-            let (step, _) = parse(published, "requestPolicy.validRange.step", &step.0)?;
+            let step = parse(published, "requestPolicy.validRange.step", &step.0)?;
             broken |= amount
-                .minus(min)
-                .rem(step)
-                .is_some_and(|r| r != Amount::ZERO);
+                .saturating_sub(&min)
+                .remainder(&step)
+                .is_some_and(|r| !r.is_zero());
         }
         return Ok(broken.then_some(description));
     }
@@ -221,8 +224,7 @@ fn violation(
             published,
             &format!("requestPolicy.validValues[{i}]"),
             &valid.0,
-        )?
-        .0 == amount
+        )? == amount
         {
             return Ok(None);
         }

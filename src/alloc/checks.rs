@@ -198,7 +198,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 .copied()
                 .unwrap_or_default();
             let now = in_run.and_then(|r| r.get(key)).copied().unwrap_or_default();
-            before.plus(now)
+            before.saturating_add(&now)
         };
         capacity::check(device, pool.driver, &spec.capacity, used).map_err(|p| {
             invalid_slice(

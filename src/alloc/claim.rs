@@ -9,10 +9,10 @@ use k8s_openapi::api::resource::v1::{
 
 use super::constraint::ConstraintSpec;
 use super::engine::{ProgramCache, SelectorEngine};
-use super::quantity::{Amount, Style};
 use super::reason::Wants;
 use super::state::claim_display;
 use super::{AllocError, MAX_DEVICES_PER_CLAIM};
+use crate::quantity::Quantity;
 
 /// A set of claims checked and compiled, ready to be allocated on any number of nodes.
 ///
@@ -49,8 +49,8 @@ pub(crate) struct Selector<'a> {
 /// A capacity amount a request asks for.
 pub(crate) struct CapacityRequest<'a> {
     pub(crate) name: &'a str,
-    pub(crate) amount: Amount,
-    pub(crate) style: Style,
+    /// As written, so that reports print it in the request's format.
+    pub(crate) amount: Quantity,
 }
 
 /// One request or sub-request: what a device must satisfy and how many are wanted.
@@ -295,18 +295,14 @@ impl<'a, 'e, E: SelectorEngine> Builder<'a, 'e, E> {
             .into_iter()
             .flatten()
         {
-            let (amount, style) = Amount::parse(&quantity.0).map_err(|problem| {
+            let amount = Quantity::from_k8s(quantity).map_err(|err| {
                 invalid(
                     format!("{path}.capacity.requests.{cap}"),
                     quantity.0.clone(),
-                    format!("not a quantity: {problem}"),
+                    format!("not a quantity: {}", err.problem()),
                 )
             })?;
-            capacity.push(CapacityRequest {
-                name: cap,
-                amount,
-                style,
-            });
+            capacity.push(CapacityRequest { name: cap, amount });
         }
         Ok(Slot {
             claim,

@@ -6,18 +6,18 @@ use std::collections::{HashMap, HashSet};
 use k8s_openapi::api::resource::v1::{DeviceCounterConsumption, ResourceSlice};
 
 use super::inventory::{Inventory, Located};
-use super::quantity::{Amount, Style};
 use super::reason::{Abort, Consumer};
 use super::state::AllocatedState;
+use crate::quantity::Quantity;
 
 struct CounterState<'a> {
     name: &'a str,
-    total: Amount,
-    style: Style,
+    /// Its format is the one shortfalls of the counter are reported in.
+    total: Quantity,
     /// Taken by devices of already-allocated claims.
-    existing: Amount,
+    existing: Quantity,
     /// Taken by devices chosen so far in this search.
-    claim: Amount,
+    claim: Quantity,
 }
 
 struct SetState<'a> {
@@ -31,15 +31,15 @@ struct SetState<'a> {
 pub(crate) struct Use {
     pub(crate) set: usize,
     pub(crate) counter: usize,
-    pub(crate) amount: Amount,
+    pub(crate) amount: Quantity,
 }
 
 /// The first counter a device would overdraw.
 pub(crate) struct Shortfall {
     pub(crate) set: usize,
     pub(crate) counter: usize,
-    pub(crate) needed: Amount,
-    pub(crate) left: Amount,
+    pub(crate) needed: Quantity,
+    pub(crate) left: Quantity,
 }
 
 /// Counter bookkeeping for one node's search; pools are loaded on first use.
@@ -85,7 +85,7 @@ impl<'a> Counters<'a> {
         for set in &pool.counter_sets {
             let mut counters = Vec::with_capacity(set.counters.len());
             for (name, counter) in &set.counters {
-                let (total, style) = Amount::parse(&counter.value.0).map_err(|problem| {
+                let total = Quantity::from_k8s(&counter.value).map_err(|err| {
                     let slice = pool
                         .slices
                         .iter()
@@ -103,15 +103,14 @@ impl<'a> Counters<'a> {
                             .unwrap_or_default(),
                         field: format!("spec.sharedCounters[{}].counters.{name}.value", set.name),
                         value: counter.value.0.clone(),
-                        problem: problem.to_string(),
+                        problem: err.problem(),
                     }
                 })?;
                 counters.push(CounterState {
                     name,
                     total,
-                    style,
-                    existing: Amount::ZERO,
-                    claim: Amount::ZERO,
+                    existing: Quantity::ZERO,
+                    claim: Quantity::ZERO,
                 });
             }
             self.index
@@ -134,7 +133,7 @@ impl<'a> Counters<'a> {
                 .unwrap_or_default();
             for one in self.resolve(pool_index, found.slice, consumption)? {
                 let counter = &mut self.sets[one.set].counters[one.counter];
-                counter.existing = counter.existing.plus(one.amount);
+                counter.existing = counter.existing.saturating_add(&one.amount);
             }
         }
         Ok(())
@@ -158,12 +157,12 @@ impl<'a> Counters<'a> {
                 else {
                     continue;
                 };
-                let (amount, _) = Amount::parse(&value.value.0).map_err(|problem| {
+                let amount = Quantity::from_k8s(&value.value).map_err(|err| {
                     invalid_slice(
                         slice,
                         format!("consumesCounters[{}].counters.{name}", consumed.counter_set),
                         &value.value.0,
-                        problem,
+                        &err.problem(),
                     )
                 })?;
                 uses.push(Use {
@@ -201,17 +200,17 @@ impl<'a> Counters<'a> {
     /// with nothing left, and of those the smallest (a memory slice rather than an engine
     /// count).
     pub(crate) fn shortfall(&self, uses: &[Use], with_search: bool) -> Option<Shortfall> {
-        let mut best: Option<(bool, Amount, Shortfall)> = None;
+        let mut best: Option<(bool, Quantity, Shortfall)> = None;
         for one in uses {
             let counter = &self.sets[one.set].counters[one.counter];
-            let mut left = counter.total.minus(counter.existing);
+            let mut left = counter.total.saturating_sub(&counter.existing);
             if with_search {
-                left = left.minus(counter.claim);
+                left = left.saturating_sub(&counter.claim);
             }
             if one.amount <= left {
                 continue;
             }
-            let rank = (left > Amount::ZERO, counter.total);
+            let rank = (left > Quantity::ZERO, counter.total);
             if best
                 .as_ref()
                 .is_none_or(|(some_left, total, _)| rank < (*some_left, *total))
@@ -231,14 +230,14 @@ impl<'a> Counters<'a> {
     pub(crate) fn take(&mut self, uses: &[Use]) {
         for one in uses {
             let counter = &mut self.sets[one.set].counters[one.counter];
-            counter.claim = counter.claim.plus(one.amount);
+            counter.claim = counter.claim.saturating_add(&one.amount);
         }
     }
 
     pub(crate) fn release(&mut self, uses: &[Use]) {
         for one in uses {
             let counter = &mut self.sets[one.set].counters[one.counter];
-            counter.claim = counter.claim.minus(one.amount);
+            counter.claim = counter.claim.saturating_sub(&one.amount);
         }
     }
 
@@ -246,16 +245,13 @@ impl<'a> Counters<'a> {
     pub(crate) fn describe(&self, shortfall: &Shortfall) -> (String, String, String, String) {
         let set = &self.sets[shortfall.set];
         let counter = &set.counters[shortfall.counter];
-        let left = if shortfall.left.is_negative() {
-            Amount::ZERO
-        } else {
-            shortfall.left
-        };
+        let left = shortfall.left.max(Quantity::ZERO);
+        let format = counter.total.format();
         (
             set.name.to_string(),
             counter.name.to_string(),
-            shortfall.needed.format(counter.style),
-            left.format(counter.style),
+            shortfall.needed.with_format(format).to_string(),
+            left.with_format(format).to_string(),
         )
     }
 

@@ -23,7 +23,6 @@ mod counters;
 mod engine;
 mod inventory;
 mod node;
-mod quantity;
 mod reason;
 mod result;
 mod search;

@@ -93,7 +93,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 let consumed: BTreeMap<String, Quantity> = pick
                     .consumed
                     .iter()
-                    .map(|c| (c.published.to_string(), Quantity(c.amount.format(c.style))))
+                    .map(|c| (c.published.to_string(), c.amount.to_k8s()))
                     .collect();
                 results.push(DeviceRequestAllocationResult {
                     request: spec.name.clone(),

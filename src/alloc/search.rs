@@ -10,9 +10,9 @@ use super::capacity::{Consumed, Fit};
 use super::constraint::Constraints;
 use super::counters::{Counters, Use};
 use super::inventory::NodeDevices;
-use super::quantity::Amount;
 use super::reason::{Abort, Consumer, Rejection, Wants};
 use super::{Allocator, MAX_DEVICES_PER_CLAIM, Prepared, SelectorEngine};
+use crate::quantity::Quantity;
 
 /// What is known about a (slot, device) pair without looking at other choices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub(crate) struct NodeSearch<'s, 'a, E: SelectorEngine> {
     pub(crate) taken: Vec<Option<usize>>,
     /// Shares of each shareable device taken in this run.
     pub(crate) shares: Vec<u32>,
-    pub(crate) share_use: HashMap<usize, HashMap<String, Amount>>,
+    pub(crate) share_use: HashMap<usize, HashMap<String, Quantity>>,
     pub(crate) counters: Counters<'a>,
     /// Counter consumption per device, resolved once.
     pub(crate) uses: Vec<Option<Rc<[Use]>>>,
@@ -347,7 +347,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             let usage = self.share_use.entry(pick.pos).or_default();
             for c in &pick.consumed {
                 let slot = usage.entry(c.key.clone()).or_default();
-                *slot = slot.plus(c.amount);
+                *slot = slot.saturating_add(&c.amount);
             }
         } else {
             self.taken[pick.pos] = Some(pick.slot);
@@ -369,7 +369,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             if let Some(usage) = self.share_use.get_mut(&pick.pos) {
                 for c in &pick.consumed {
                     if let Some(slot) = usage.get_mut(&c.key) {
-                        *slot = slot.minus(c.amount);
+                        *slot = slot.saturating_sub(&c.amount);
                     }
                 }
             }

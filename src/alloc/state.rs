@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::AllocError;
-use super::quantity::Amount;
+use crate::quantity::Quantity;
 
 /// (driver, pool, device).
 pub(crate) type DeviceKey<'a> = (&'a str, &'a str, &'a str);
@@ -15,7 +15,7 @@ pub(crate) type DeviceKey<'a> = (&'a str, &'a str, &'a str);
 #[derive(Default)]
 pub(crate) struct SharedUse {
     /// Consumed amount per capacity name (without the driver's domain).
-    pub(crate) consumed: HashMap<String, Amount>,
+    pub(crate) consumed: HashMap<String, Quantity>,
     pub(crate) claims: Vec<String>,
 }
 
@@ -84,18 +84,18 @@ impl<'a> AllocatedState<'a> {
                         let entry = state.shared.entry(key).or_default();
                         entry.claims.push(display.clone());
                         for (name, quantity) in result.consumed_capacity.iter().flatten() {
-                            let (amount, _) = Amount::parse(&quantity.0).map_err(|problem| {
+                            let amount = Quantity::from_k8s(quantity).map_err(|err| {
                                 AllocError::AllocatedClaim {
                                     claim: display.clone(),
                                     field: format!(
                                         "status.allocation.devices.results[{i}].consumedCapacity.{name}"
                                     ),
                                     value: quantity.0.clone(),
-                                    problem: problem.to_string(),
+                                    problem: err.problem(),
                                 }
                             })?;
                             let slot = entry.consumed.entry(capacity_key(key.0, name)).or_default();
-                            *slot = slot.plus(amount);
+                            *slot = slot.saturating_add(&amount);
                         }
                     }
                     None => {

@@ -12,6 +12,7 @@
 //! Used by the device model (capacities), the allocator (consumable capacity) and opaque
 //! configuration validation; pure, no I/O.
 
+mod arith;
 mod format;
 mod parse;
 
@@ -71,6 +72,53 @@ pub enum QuantityError {
         lhs: String,
         rhs: String,
     },
+    /// Rounding to a step: the step is zero or negative, so no multiple of it reaches the value.
+    #[error("cannot round to a step of {step}: a step must be above zero")]
+    NonPositiveStep { step: String },
+}
+
+impl QuantityError {
+    /// What is wrong, without repeating the value: for messages that already name the field
+    /// and the value themselves, such as `capacity.memory is "lots": it does not start with a
+    /// number`. Parse problems about the suffix list the valid suffixes.
+    pub fn problem(&self) -> String {
+        match self {
+            QuantityError::Empty => "it is empty".to_owned(),
+            QuantityError::Malformed { value } => {
+                let unsigned = value.strip_prefix(['+', '-']).unwrap_or(value);
+                let after_whole = skip_digits(unsigned);
+                let after = after_whole
+                    .strip_prefix('.')
+                    .map_or(after_whole, skip_digits);
+                if after.len() == unsigned.len() {
+                    "it does not start with a number".to_owned()
+                } else {
+                    unknown_suffix(after)
+                }
+            }
+            QuantityError::UnknownSuffix { suffix, .. } => unknown_suffix(suffix),
+            QuantityError::OutOfRange { .. } => {
+                "it is outside the supported range of quantities (magnitude up to about 1.7e29)"
+                    .to_owned()
+            }
+            QuantityError::NotAnInteger { .. } => "it has a fractional part".to_owned(),
+            QuantityError::IntegerOverflow { .. } => {
+                "it is outside the 64-bit integer range".to_owned()
+            }
+            QuantityError::ArithmeticOverflow { op, lhs, rhs } => {
+                format!("{lhs} {op} {rhs} is outside the supported range of quantities")
+            }
+            QuantityError::NonPositiveStep { .. } => "a step must be above zero".to_owned(),
+        }
+    }
+}
+
+fn skip_digits(text: &str) -> &str {
+    text.trim_start_matches(|c: char| c.is_ascii_digit())
+}
+
+fn unknown_suffix(suffix: &str) -> String {
+    format!("unknown suffix {suffix:?}; valid suffixes are {VALID_SUFFIXES}")
 }
 
 /// An exact Kubernetes quantity. See the [module documentation](self).

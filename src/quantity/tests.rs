@@ -356,3 +356,30 @@ fn short_and_long_inputs_of_the_same_value_agree() {
         );
     }
 }
+
+#[test]
+fn problems_describe_the_fault_without_repeating_the_value() {
+    let cases = [
+        ("", "it is empty"),
+        ("lots", "it does not start with a number"),
+        ("-Gx", "it does not start with a number"),
+        (" 1", "it does not start with a number"),
+        ("10Xi", "unknown suffix \"Xi\""),
+        ("1.1.M", "unknown suffix \".M\""),
+        ("5G1", "unknown suffix \"G1\""),
+        ("1e30", "it is outside the supported range"),
+    ];
+    for (input, want) in cases {
+        let got = input.parse::<Quantity>().expect_err(input).problem();
+        assert!(got.starts_with(want), "{input:?}: {got}");
+        assert!(!got.contains(&format!("{input:?}")), "{input:?}: {got}");
+    }
+    let suffix = "10Xi"
+        .parse::<Quantity>()
+        .expect_err("bad suffix")
+        .problem();
+    assert!(
+        suffix.contains("Ki, Mi, Gi"),
+        "lists the suffixes: {suffix}"
+    );
+}
