@@ -14,6 +14,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -31,6 +32,8 @@ pub struct Recorded {
     pub path: String,
     pub query: BTreeMap<String, String>,
     pub body: Option<Value>,
+    /// When the server received it.
+    pub at: Instant,
 }
 
 impl Recorded {
@@ -117,6 +120,18 @@ impl FakeApiServer {
         self.lock().slices.clone()
     }
 
+    /// The stored slices once they form a complete pool (as many as each one's
+    /// `resourceSliceCount` says), else `None`.
+    pub fn complete_pool(&self) -> Option<Vec<Value>> {
+        let slices: Vec<Value> = self.slices().into_values().collect();
+        let count = json!(slices.len());
+        let complete = !slices.is_empty()
+            && slices
+                .iter()
+                .all(|s| s["spec"]["pool"]["resourceSliceCount"] == count);
+        complete.then_some(slices)
+    }
+
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<Recorded> {
         self.lock().requests.clone()
@@ -165,12 +180,17 @@ async fn answer(
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = request.into_parts();
-    let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let recorded = Recorded {
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
         query: parts.uri.query().map(query_pairs).unwrap_or_default(),
         body: serde_json::from_slice(&bytes).ok(),
+        at: Instant::now(),
     };
     let (code, value) = {
         let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
@@ -199,12 +219,21 @@ impl Store {
                 json!({"apiVersion": "v1", "kind": "Node",
                        "metadata": {"name": name, "uid": NODE_UID, "resourceVersion": "1"}}),
             ),
-            ("GET", ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", n]) => {
-                match self.claims.get(&(ns.to_string(), n.to_string())) {
-                    Some(claim) => (200, claim.clone()),
-                    None => not_found("resourceclaims", n),
-                }
-            }
+            (
+                "GET",
+                [
+                    "apis",
+                    "resource.k8s.io",
+                    "v1",
+                    "namespaces",
+                    ns,
+                    "resourceclaims",
+                    n,
+                ],
+            ) => match self.claims.get(&(ns.to_string(), n.to_string())) {
+                Some(claim) => (200, claim.clone()),
+                None => not_found("resourceclaims", n),
+            },
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => (200, self.list(r)),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
                 match self.slices.get(*name) {
@@ -219,7 +248,11 @@ impl Store {
             ("DELETE", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
                 self.delete(name, r)
             }
-            _ => status(404, "NotFound", &format!("the server could not find {}", r.path)),
+            _ => status(
+                404,
+                "NotFound",
+                &format!("the server could not find {}", r.path),
+            ),
         }
     }
 

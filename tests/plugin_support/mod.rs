@@ -43,9 +43,15 @@ impl Default for Node {
 }
 
 impl Node {
-    /// Fresh directories and an API server that knows Node `dgx-h100`.
+    /// Fresh directories under the system's temp directory and an API server that knows
+    /// Node `dgx-h100`.
     pub fn new() -> Node {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Node::new_in(&std::env::temp_dir())
+    }
+
+    /// [`Node::new`] with the directories under `parent` (another file system).
+    pub fn new_in(parent: &Path) -> Node {
+        let dir = tempfile::tempdir_in(parent).expect("temp dir");
         let api = FakeApiServer::start(claims::NODE);
         api.write_kubeconfig(&dir.path().join("kubeconfig"));
         Node {
@@ -154,6 +160,11 @@ impl Plugin {
         self.child.id()
     }
 
+    /// Whether the process is still alive.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Everything the plugin logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -207,8 +218,10 @@ impl Plugin {
         assert!(status.success(), "kill -{signal} {} failed", self.pid());
     }
 
-    /// Waits for the process to end; panics with the log if it does not.
-    pub fn wait_exit(&mut self) -> ExitStatus {
+    /// Waits for the process to end; panics with the log if it does not. Async, so the
+    /// test's own connections keep answering the plugin (a graceful HTTP/2 shutdown waits for
+    /// the peer's acknowledgement).
+    pub async fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait for the plugin") {
@@ -219,14 +232,14 @@ impl Plugin {
                 "the plugin did not exit:\n{}",
                 self.log()
             );
-            std::thread::sleep(POLL);
+            tokio::time::sleep(POLL).await;
         }
     }
 
     /// SIGKILL, then reap.
-    pub fn kill(&mut self) -> ExitStatus {
+    pub async fn kill(&mut self) -> ExitStatus {
         let _ = self.child.kill();
-        self.wait_exit()
+        self.wait_exit().await
     }
 
     /// The signal that ended the process, if one did.

@@ -126,7 +126,10 @@ fn sim_state(path: &Path) -> (Vec<SimInstance>, Vec<bool>) {
     let Some(file) = read_json(path) else {
         return (Vec::new(), Vec::new());
     };
-    let gpus = file["state"]["gpus"].as_array().cloned().unwrap_or_default();
+    let gpus = file["state"]["gpus"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let mut instances = Vec::new();
     let mut modes = Vec::new();
     for (index, gpu) in gpus.iter().enumerate() {
