@@ -93,6 +93,32 @@ async fn a_crash_at_every_crash_point_converges_after_restart_and_retry() {
     }
 }
 
+#[tokio::test]
+async fn a_spec_write_cut_short_by_a_crash_leaves_no_temp_file_after_recovery() {
+    let node = Node::new();
+    node.api
+        .put_claim(claims::on_node("crash", CLAIM, &["gpu-0-mig-3g40gb-4"]));
+    let claim = [claim_ref("crash", CLAIM)];
+    let mut plugin = node
+        .start_with(&[(crashpoint::ENV, "prepare-mig-device-created")])
+        .await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    assert!(kubelet.prepare(&claim).await.is_err());
+    plugin.wait_exit().await;
+    // What a kill during the spec write (before its rename) leaves behind.
+    let temp = format!(".{}.tmp-4242-0", plugin_support::state::spec_file(CLAIM));
+    std::fs::create_dir_all(node.cdi_root()).unwrap();
+    std::fs::write(node.cdi_root().join(&temp), "{\"cdiVersion\":").unwrap();
+
+    let plugin = node.start().await;
+    node.snapshot()
+        .assert_converged(&[], "after recovery from a cut-short spec write");
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    assert!(kubelet.prepare(&claim).await.unwrap()[CLAIM].is_ok());
+    node.snapshot()
+        .assert_converged(&[CLAIM], "after the retry");
+}
+
 /// A small deterministic generator, so a failing seed can be replayed.
 struct Rng(u64);
 
@@ -148,8 +174,11 @@ async fn burst(
                 prepare.push(claim.clone());
             }
         }
-        prepare.dedup_by(|a, b| a.uid == b.uid);
-        unprepare.dedup_by(|a, b| a.uid == b.uid);
+        // The kubelet names each claim once per call.
+        for list in [&mut prepare, &mut unprepare] {
+            list.sort_by(|a, b| a.uid.cmp(&b.uid));
+            list.dedup_by(|a, b| a.uid == b.uid);
+        }
         wanted.extend(prepare.iter().map(|c| c.uid.clone()));
         let failed = match kubelet.prepare(&prepare).await {
             Ok(results) => results.values().any(Result::is_err),
