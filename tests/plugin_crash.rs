@@ -119,6 +119,43 @@ async fn a_spec_write_cut_short_by_a_crash_leaves_no_temp_file_after_recovery() 
         .assert_converged(&[CLAIM], "after the retry");
 }
 
+#[tokio::test]
+async fn recovery_waits_while_another_instance_is_in_a_call() {
+    let node = Node::new();
+    node.api
+        .put_claim(claims::on_node("crash", CLAIM, &["gpu-0-mig-3g40gb-4"]));
+    let claim = [claim_ref("crash", CLAIM)];
+    let mut plugin = node
+        .start_with(&[(crashpoint::ENV, "prepare-mig-device-created")])
+        .await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    assert!(kubelet.prepare(&claim).await.is_err());
+    plugin.wait_exit().await;
+    let half_done = node.snapshot();
+    assert_eq!("PrepareStarted", half_done.checkpoint[CLAIM].phase);
+
+    // The old instance of a rolling update, half-way through that same prepare: it holds the
+    // plugin lock, and its claim must not be rolled back under its feet.
+    let lock = std::fs::File::create(node.plugin_dir().join("plugin.lock")).unwrap();
+    lock.lock().unwrap();
+    let mut plugin = node.spawn_with(&[]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(plugin.is_running(), "{}", plugin.log());
+    assert_eq!(
+        half_done,
+        node.snapshot(),
+        "recovery ran while the lock was held"
+    );
+    // The socket file of the aborted instance is still there, but nobody answers on it.
+    let answered = KubeletClient::connect(&node.registration_socket()).await;
+    assert!(answered.is_err(), "registrable before recovering");
+
+    drop(lock);
+    plugin.wait_registrable().await;
+    node.snapshot()
+        .assert_converged(&[], "after recovery, once the lock was free");
+}
+
 /// A small deterministic generator, so a failing seed can be replayed.
 struct Rng(u64);
 
