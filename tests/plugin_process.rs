@@ -9,11 +9,11 @@ use std::time::Duration;
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::apiserver::{NODE_UID, Recorded, SLICES};
 use plugin_support::claims::{self, DRIVER, NODE, claim_ref};
-use plugin_support::{Node, eventually};
+use plugin_support::{Node, SIGTERM, eventually};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Every device name in the published slices, and how many slices carry devices.
+/// Every device name in the published slices.
 fn published_devices(slices: &[Value]) -> Vec<String> {
     slices
         .iter()
@@ -187,7 +187,7 @@ async fn sigterm_ends_the_plugin_cleanly_and_removes_its_sockets() {
     let first = health.next().await.unwrap().unwrap();
     assert_eq!(8 * 26, first.len(), "one health entry per published device");
 
-    plugin.signal(15);
+    plugin.signal(SIGTERM);
     let status = plugin.wait_exit().await;
     assert_eq!(Some(0), status.code(), "exit status\n{}", plugin.log());
     assert!(

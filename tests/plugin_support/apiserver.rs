@@ -36,13 +36,6 @@ pub struct Recorded {
     pub at: Instant,
 }
 
-impl Recorded {
-    /// Whether the request changes something (create, update, patch, delete).
-    pub fn is_write(&self) -> bool {
-        !matches!(self.method.as_str(), "GET" | "HEAD")
-    }
-}
-
 struct Store {
     node: String,
     slices: BTreeMap<String, Value>,

@@ -27,6 +27,7 @@ const POLL: Duration = Duration::from_millis(5);
 /// Signal numbers on Linux.
 pub const SIGABRT: i32 = 6;
 pub const SIGKILL: i32 = 9;
+pub const SIGTERM: i32 = 15;
 
 /// A simulated kubelet host.
 pub struct Node {
