@@ -135,22 +135,31 @@ impl CdiWriter {
 
     /// Removes the claim's spec; succeeds if it is already gone. Also removes a `.yaml`
     /// spec of the same claim left by NVIDIA's Go driver, whose devices would otherwise
-    /// clash with ours. Returns whether any file was removed.
+    /// clash with ours, and the temp file of a write of this spec that a crash interrupted
+    /// (so repeated crashes do not fill the directory). Returns whether any file was removed.
+    ///
+    /// Call it only while no other write of this claim's spec is under way (the plugin lock
+    /// serialises the calls of one claim), or that write's temp file goes too.
     ///
     /// # Errors
     /// [`WriterError::ClaimUid`] for a bad UID, [`WriterError::File`] when removal fails.
     pub fn remove_claim_spec(&self, claim_uid: &str) -> Result<bool, WriterError> {
         let json = self.spec_path(claim_uid)?;
         let yaml = json.with_extension("yaml");
-        let mut removed = false;
-        for path in [json, yaml] {
-            removed |= fsutil::remove_if_exists(&path).map_err(|source| WriterError::File {
-                step: "removing",
+        let failed = |step| {
+            move |source| WriterError::File {
+                step,
                 claim_uid: claim_uid.to_string(),
                 source,
-            })?;
+            }
+        };
+        let mut removed = false;
+        for path in [&json, &yaml] {
+            removed |= fsutil::remove_if_exists(path).map_err(failed("removing"))?;
         }
-        Ok(removed)
+        let leftovers =
+            fsutil::remove_stale_temps(&json).map_err(failed("removing interrupted writes of"))?;
+        Ok(removed || !leftovers.is_empty())
     }
 
     /// UIDs of the claims that have a spec file of ours in the directory, sorted and

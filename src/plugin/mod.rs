@@ -2,9 +2,9 @@
 //! kubelet sockets and API-server publishing into the running driver.
 //!
 //! Start-up order: open the backend, recover (checkpoint, orphaned MIG devices, stale CDI
-//! specs), publish the node's ResourceSlices in the background, then register with the
-//! kubelet. A watcher re-reads the inventory periodically: a changed device model is
-//! re-published, changed health is streamed to the kubelet. SIGTERM or SIGINT shut down
+//! specs) under the plugin lock, publish the node's ResourceSlices in the background, then
+//! register with the kubelet. A watcher re-reads the inventory periodically: a changed device
+//! model is re-published, changed health is streamed to the kubelet. SIGTERM or SIGINT shut down
 //! gracefully (in-flight calls finish, sockets are removed; slices stay for the next start).
 
 pub mod config;
@@ -24,7 +24,7 @@ use crate::devices::{self, DeviceModel, ModelOptions};
 use crate::hardware::nvml::NvmlBackend;
 use crate::hardware::sim::SimBackend;
 use crate::hardware::{GpuBackend, NodeInventory};
-use crate::kubelet::{self, DeviceHealth, HealthStatus, PluginSockets};
+use crate::kubelet::{self, DeviceHealth, HealthStatus, PluginLock, PluginSockets};
 pub use config::{BackendChoice, PluginConfig};
 
 /// Errors that stop the plugin from starting or running.
@@ -129,13 +129,15 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         plugin_dir: config.plugin_dir.clone(),
         pod_uid: config.pod_uid.clone(),
     };
-    // During a seamless rolling update the other instance may be mid-call: recover under the
-    // same lock its calls hold, so a claim it is preparing is not rolled back under it.
-    crate::kubelet::create_private_dir(&config.plugin_dir).map_err(PluginError::Kubelet)?;
-    let lock = crate::kubelet::PluginLock::new(sockets.lock_file());
-    let guard = lock.acquire().await.map_err(PluginError::Kubelet)?;
+    // During a seamless rolling update the other instance may be half-way through a call;
+    // recovering then would undo its work under its feet. Its calls hold the plugin lock.
+    kubelet::create_private_dir(&config.plugin_dir).map_err(PluginError::Kubelet)?;
+    let calls_paused = PluginLock::new(sockets.lock_file())
+        .acquire()
+        .await
+        .map_err(PluginError::Kubelet)?;
     let report = manager.recover().map_err(PluginError::Recovery)?;
-    drop(guard);
+    drop(calls_paused);
     info!(
         checkpoint = %report.checkpoint,
         rolled_back = ?report.rolled_back,

@@ -1,0 +1,375 @@
+//! A fake kube-apiserver on a real TCP port, for a plugin running as a separate process.
+//!
+//! It speaks HTTP/1.1 (hyper) on 127.0.0.1 and answers with the JSON the API server would:
+//! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
+//! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
+//! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
+//! table the test fills. Errors are `Status` objects. Every request is recorded.
+//!
+//! The server runs on its own thread and runtime, so it outlives the test's runtime and works
+//! from synchronous benchmarks too; dropping the handle stops it.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+pub const NODE_UID: &str = "0b6c5e1e-node-uid";
+
+/// One request as the server saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: BTreeMap<String, String>,
+    pub body: Option<Value>,
+    /// When the server received it.
+    pub at: Instant,
+}
+
+struct Store {
+    node: String,
+    slices: BTreeMap<String, Value>,
+    claims: BTreeMap<(String, String), Value>,
+    next_version: u64,
+    requests: Vec<Recorded>,
+}
+
+/// The running server. Cheap to share between threads.
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    store: Arc<Mutex<Store>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl FakeApiServer {
+    /// Starts a server that knows Node `node` and nothing else.
+    pub fn start(node: &str) -> FakeApiServer {
+        let store = Arc::new(Mutex::new(Store {
+            node: node.to_string(),
+            slices: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            next_version: 1000,
+            requests: Vec::new(),
+        }));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API server");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("address");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shared = store.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(serve(listener, shared, stopped));
+        });
+        FakeApiServer {
+            addr,
+            store,
+            stop: Some(stop),
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes a kubeconfig pointing at this server (plain HTTP, no credentials).
+    pub fn write_kubeconfig(&self, path: &Path) {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            self.url()
+        );
+        std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// Stores (or replaces) a ResourceClaim; its namespace and name come from its metadata.
+    pub fn put_claim(&self, claim: Value) {
+        let ns = claim["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = claim["metadata"]["name"].as_str().unwrap_or_default();
+        let key = (ns.to_string(), name.to_string());
+        let mut store = self.lock();
+        store.next_version += 1;
+        let mut claim = claim.clone();
+        claim["metadata"]["resourceVersion"] = json!(store.next_version.to_string());
+        store.claims.insert(key, claim);
+    }
+
+    /// The stored ResourceSlices by name.
+    pub fn slices(&self) -> BTreeMap<String, Value> {
+        self.lock().slices.clone()
+    }
+
+    /// The stored slices once they form a complete pool (as many as each one's
+    /// `resourceSliceCount` says), else `None`.
+    pub fn complete_pool(&self) -> Option<Vec<Value>> {
+        let slices: Vec<Value> = self.slices().into_values().collect();
+        let count = json!(slices.len());
+        let complete = !slices.is_empty()
+            && slices
+                .iter()
+                .all(|s| s["spec"]["pool"]["resourceSliceCount"] == count);
+        complete.then_some(slices)
+    }
+
+    /// Every request so far, in order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    store: Arc<Mutex<Store>>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            _ = &mut stopped => return,
+        };
+        let store = store.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| answer(store.clone(), req));
+            // A client that hangs up mid-request is not the server's problem.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn answer(
+    store: Arc<Mutex<Store>>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let recorded = Recorded {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().map(query_pairs).unwrap_or_default(),
+        body: serde_json::from_slice(&bytes).ok(),
+        at: Instant::now(),
+    };
+    let (code, value) = {
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store.requests.push(recorded.clone());
+        store.route(&recorded)
+    };
+    let response = Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(value.to_string())))
+        .expect("response");
+    Ok(response)
+}
+
+impl Store {
+    fn route(&mut self, r: &Recorded) -> (u16, Value) {
+        let segments: Vec<&str> = r.path.trim_matches('/').split('/').collect();
+        match (r.method.as_str(), segments.as_slice()) {
+            ("GET", ["version"]) => (
+                200,
+                json!({"major": "1", "minor": "37", "gitVersion": "v1.37.0-fake",
+                       "platform": "linux/amd64"}),
+            ),
+            ("GET", ["api", "v1", "nodes", name]) if *name == self.node => (
+                200,
+                json!({"apiVersion": "v1", "kind": "Node",
+                       "metadata": {"name": name, "uid": NODE_UID, "resourceVersion": "1"}}),
+            ),
+            (
+                "GET",
+                [
+                    "apis",
+                    "resource.k8s.io",
+                    "v1",
+                    "namespaces",
+                    ns,
+                    "resourceclaims",
+                    n,
+                ],
+            ) => match self.claims.get(&(ns.to_string(), n.to_string())) {
+                Some(claim) => (200, claim.clone()),
+                None => not_found("resourceclaims", n),
+            },
+            ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => (200, self.list(r)),
+            ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
+                match self.slices.get(*name) {
+                    Some(slice) => (200, slice.clone()),
+                    None => not_found("resourceslices", name),
+                }
+            }
+            ("POST", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => self.create(r),
+            ("PUT", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
+                self.update(name, r)
+            }
+            ("DELETE", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
+                self.delete(name, r)
+            }
+            _ => status(
+                404,
+                "NotFound",
+                &format!("the server could not find {}", r.path),
+            ),
+        }
+    }
+
+    fn list(&self, r: &Recorded) -> Value {
+        let selector = r.query.get("fieldSelector").cloned().unwrap_or_default();
+        let terms: Vec<(&str, &str)> = selector
+            .split(',')
+            .filter_map(|t| t.split_once('='))
+            .collect();
+        let items: Vec<&Value> = self
+            .slices
+            .values()
+            .filter(|s| {
+                terms.iter().all(|(field, want)| match *field {
+                    "spec.nodeName" => s["spec"]["nodeName"] == json!(want),
+                    "spec.driver" => s["spec"]["driver"] == json!(want),
+                    _ => false,
+                })
+            })
+            .collect();
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+               "metadata": {"resourceVersion": self.next_version.to_string()}, "items": items})
+    }
+
+    fn create(&mut self, r: &Recorded) -> (u16, Value) {
+        let mut slice = r.body.clone().unwrap_or_default();
+        let Some(name) = slice["metadata"]["name"].as_str().map(str::to_string) else {
+            return status(422, "Invalid", "metadata.name: Required value");
+        };
+        if self.slices.contains_key(&name) {
+            let message = format!("resourceslices.resource.k8s.io \"{name}\" already exists");
+            return status(409, "AlreadyExists", &message);
+        }
+        self.next_version += 1;
+        slice["metadata"]["uid"] = json!(format!("slice-uid-{}", self.next_version));
+        self.stamp(&mut slice);
+        self.slices.insert(name, slice.clone());
+        (201, slice)
+    }
+
+    fn update(&mut self, name: &str, r: &Recorded) -> (u16, Value) {
+        let Some(current) = self.slices.get(name) else {
+            return not_found("resourceslices", name);
+        };
+        let mut slice = r.body.clone().unwrap_or_default();
+        if slice["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+            let message = format!(
+                "Operation cannot be fulfilled on resourceslices.resource.k8s.io \"{name}\": \
+                 the object has been modified; please apply your changes to the latest version"
+            );
+            return status(409, "Conflict", &message);
+        }
+        slice["metadata"]["uid"] = current["metadata"]["uid"].clone();
+        self.stamp(&mut slice);
+        self.slices.insert(name.to_string(), slice.clone());
+        (200, slice)
+    }
+
+    fn delete(&mut self, name: &str, r: &Recorded) -> (u16, Value) {
+        let Some(current) = self.slices.get(name) else {
+            return not_found("resourceslices", name);
+        };
+        let precondition = r.body.as_ref().map(|b| &b["preconditions"]["uid"]);
+        if let Some(Value::String(uid)) = precondition
+            && current["metadata"]["uid"] != json!(uid)
+        {
+            return status(409, "Conflict", "Precondition failed: UID in precondition");
+        }
+        let removed = current.clone();
+        self.slices.remove(name);
+        (200, removed)
+    }
+
+    fn stamp(&mut self, object: &mut Value) {
+        self.next_version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.next_version.to_string());
+        object["metadata"]["creationTimestamp"] = json!("2026-07-01T00:00:00Z");
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": message, "reason": reason, "code": code}),
+    )
+}
+
+fn not_found(resource: &str, name: &str) -> (u16, Value) {
+    status(404, "NotFound", &format!("{resource} \"{name}\" not found"))
+}
+
+/// `a=b&c=d%3De` → pairs, percent-decoded.
+fn query_pairs(query: &str) -> BTreeMap<String, String> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,63 @@
+//! ResourceClaim objects as the API server returns them once the scheduler has allocated them,
+//! and the kubelet's names for them.
+
+use gpu_dra::kubelet::ClaimRef;
+use serde_json::{Value, json};
+
+pub const DRIVER: &str = "gpu.nvidia.com";
+pub const NODE: &str = "dgx-h100";
+pub const NAMESPACE: &str = "team-a";
+
+/// The claim as the kubelet names it.
+pub fn claim_ref(name: &str, uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: NAMESPACE.to_string(),
+        uid: uid.to_string(),
+        name: name.to_string(),
+    }
+}
+
+/// An allocated claim whose results are `(driver, pool, device)`, request `gpu-<i>` each.
+pub fn allocated(name: &str, uid: &str, results: &[(&str, &str, &str)]) -> Value {
+    let requests: Vec<Value> = (0..results.len())
+        .map(|i| json!({"name": format!("gpu-{i}"), "exactly": {"deviceClassName": DRIVER}}))
+        .collect();
+    let results: Vec<Value> = results
+        .iter()
+        .enumerate()
+        .map(|(i, (driver, pool, device))| {
+            json!({"request": format!("gpu-{i}"), "driver": driver, "pool": pool,
+                   "device": device})
+        })
+        .collect();
+    let mut claim = unallocated(name, uid);
+    claim["spec"]["devices"]["requests"] = json!(requests);
+    claim["status"] = json!({
+        "allocation": {
+            "devices": {"results": results, "config": []},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+        },
+        "reservedFor": [{"resource": "pods", "name": format!("pod-{name}"),
+                         "uid": format!("pod-uid-{uid}")}]
+    });
+    claim
+}
+
+/// An allocated claim of this driver's devices on this node.
+pub fn on_node(name: &str, uid: &str, devices: &[&str]) -> Value {
+    let results: Vec<(&str, &str, &str)> = devices.iter().map(|d| (DRIVER, NODE, *d)).collect();
+    allocated(name, uid, &results)
+}
+
+/// A claim the scheduler has not allocated yet.
+pub fn unallocated(name: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": uid},
+        "spec": {"devices": {"requests": [
+            {"name": "gpu-0", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {}
+    })
+}

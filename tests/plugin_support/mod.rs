@@ -1,0 +1,271 @@
+//! A node for the real `gpu-dra kubelet-plugin` binary: temp directories laid out as on a
+//! kubelet host, a fake API server on a TCP port with a kubeconfig for it, and the plugin as a
+//! child process that tests start, drive with [`KubeletClient`], signal and restart.
+#![allow(dead_code)] // each test file and the bench use a different part
+
+pub mod apiserver;
+pub mod claims;
+pub mod state;
+
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use gpu_dra::kubelet::client::{DraApi, KubeletClient, KubeletVersions};
+
+pub use apiserver::FakeApiServer;
+pub use state::Snapshot;
+
+/// Waits for start-up and exits are bounded so a broken plugin fails the test instead of
+/// hanging it; the bound is generous because machines are noisy, never a measurement.
+const PATIENCE: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(5);
+
+/// Signal numbers on Linux.
+pub const SIGABRT: i32 = 6;
+pub const SIGKILL: i32 = 9;
+pub const SIGTERM: i32 = 15;
+
+/// A simulated kubelet host.
+pub struct Node {
+    dir: tempfile::TempDir,
+    runs: AtomicUsize,
+    /// The cluster's API server.
+    pub api: FakeApiServer,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Node {
+    /// Fresh directories under the system's temp directory and an API server that knows
+    /// Node `dgx-h100`.
+    pub fn new() -> Node {
+        Node::new_in(&std::env::temp_dir())
+    }
+
+    /// [`Node::new`] with the directories under `parent` (another file system).
+    pub fn new_in(parent: &Path) -> Node {
+        let dir = tempfile::tempdir_in(parent).expect("temp dir");
+        let api = FakeApiServer::start(claims::NODE);
+        api.write_kubeconfig(&dir.path().join("kubeconfig"));
+        Node {
+            dir,
+            runs: AtomicUsize::new(0),
+            api,
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.root().join("plugins/gpu.nvidia.com")
+    }
+    pub fn registry_dir(&self) -> PathBuf {
+        self.root().join("registry")
+    }
+    pub fn cdi_root(&self) -> PathBuf {
+        self.root().join("cdi")
+    }
+    pub fn state_dir(&self) -> PathBuf {
+        self.root().join("state")
+    }
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir().join("gpu.nvidia.com-reg.sock")
+    }
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir().join("dra.sock")
+    }
+
+    /// What a prepare or unprepare may have changed.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::read(&self.state_dir(), &self.cdi_root())
+    }
+
+    /// The CDI spec of claim `uid`, if written.
+    pub fn spec(&self, uid: &str) -> Option<String> {
+        std::fs::read_to_string(self.cdi_root().join(state::spec_file(uid))).ok()
+    }
+
+    /// The plugin command line, as a DaemonSet would run it on this node.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-dra"));
+        command
+            .arg("kubelet-plugin")
+            .args(["--gpu-backend", "sim", "--sim-node", "dgx-h100"])
+            .args(["--node-name", claims::NODE])
+            .arg("--kubeconfig")
+            .arg(self.root().join("kubeconfig"))
+            .arg("--plugin-dir")
+            .arg(self.plugin_dir())
+            .arg("--registry-dir")
+            .arg(self.registry_dir())
+            .arg("--cdi-root")
+            .arg(self.cdi_root())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .args(["--inventory-interval", "1"])
+            .env_remove(gpu_dra::crashpoint::ENV)
+            .env_remove("GPU_DRA_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        command
+    }
+
+    /// Starts the plugin with extra environment, without waiting for it.
+    pub fn spawn_with(&self, env: &[(&str, &str)]) -> Plugin {
+        let runs = self.runs.fetch_add(1, Ordering::Relaxed);
+        let log = self.root().join(format!("plugin-{runs}.log"));
+        let mut command = self.command();
+        command.stderr(File::create(&log).expect("log file"));
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command.spawn().expect("start gpu-dra kubelet-plugin");
+        Plugin {
+            child,
+            log,
+            registration: self.registration_socket(),
+        }
+    }
+
+    /// Starts the plugin and waits until its registration socket answers GetInfo.
+    pub async fn start(&self) -> Plugin {
+        self.start_with(&[]).await
+    }
+
+    /// [`Node::start`] with extra environment.
+    pub async fn start_with(&self, env: &[(&str, &str)]) -> Plugin {
+        let mut plugin = self.spawn_with(env);
+        plugin.wait_registrable().await;
+        plugin
+    }
+}
+
+/// The plugin process. Killed when dropped if still running.
+pub struct Plugin {
+    child: Child,
+    log: PathBuf,
+    registration: PathBuf,
+}
+
+impl Plugin {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still alive.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Everything the plugin logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the registration socket answers GetInfo; panics with the log if the process
+    /// exits first.
+    pub async fn wait_registrable(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the plugin exited during start-up ({status}):\n{}",
+                    self.log()
+                );
+            }
+            if self.registration.exists()
+                && let Ok(mut client) = KubeletClient::connect(&self.registration).await
+                && client.get_info().await.is_ok()
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the plugin did not register:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Registers as a kubelet speaking `api` would: GetInfo, NotifyRegistrationStatus, connect.
+    pub async fn register(&self, api: DraApi) -> KubeletClient {
+        let versions = KubeletVersions {
+            dra: vec![api],
+            ..KubeletVersions::default()
+        };
+        match KubeletClient::register(&self.registration, &versions).await {
+            Ok(client) => client,
+            Err(e) => panic!("registration failed: {e:?}\n{}", self.log()),
+        }
+    }
+
+    /// Sends `signal` (by number) with the `kill` utility.
+    pub fn signal(&self, signal: i32) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {} failed", self.pid());
+    }
+
+    /// Waits for the process to end; panics with the log if it does not. Async, so the
+    /// test's own connections keep answering the plugin (a graceful HTTP/2 shutdown waits for
+    /// the peer's acknowledgement).
+    pub async fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the plugin") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the plugin did not exit:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGKILL, then reap.
+    pub async fn kill(&mut self) -> ExitStatus {
+        let _ = self.child.kill();
+        self.wait_exit().await
+    }
+
+    /// The signal that ended the process, if one did.
+    pub fn ended_by(status: &ExitStatus) -> Option<i32> {
+        status.signal()
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls `ready` until it returns `Some`, panicking with `what` after [`PATIENCE`].
+pub async fn eventually<T>(what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
