@@ -511,6 +511,17 @@ impl<S: ClaimSource> ClaimsManager<S> {
         self.roll_back(&mut store, &rec)
     }
 
+    /// Destroys a MIG device; one already gone (an earlier, interrupted cleanup) is success.
+    fn destroy_if_present(&self, index: u32, gi: u32, ci: u32) -> Result<(), HardwareError> {
+        match self.backend.destroy_mig_device(index, gi, ci) {
+            Err(HardwareError::Nvml {
+                code: NvmlCode::NotFound,
+                ..
+            }) => Ok(()),
+            other => other,
+        }
+    }
+
     /// Undoes whatever of `rec` exists: CDI spec, carved MIG devices, the record itself.
     /// Each step tolerates work already done, so it can be repeated after a crash.
     fn roll_back(&self, store: &mut CheckpointStore, rec: &ClaimRecord) -> Result<(), ClaimError> {
@@ -547,22 +558,15 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 let Some(gpu) = inventory.gpus.iter().find(|g| g.minor == mig.parent_minor) else {
                     continue; // the GPU is gone, and its instances with it
                 };
-                if let (Some(gi), Some(ci)) = (mig.gi_id, mig.ci_id) {
-                    match self.backend.destroy_mig_device(gpu.index, gi, ci) {
-                        Ok(())
-                        | Err(HardwareError::Nvml {
-                            code: NvmlCode::NotFound,
-                            ..
-                        }) => {}
-                        Err(source) => {
-                            return Err(ClaimError::Hardware {
-                                claim,
-                                device: d.device.clone(),
-                                step: "destroy MIG device",
-                                source: Box::new(source),
-                            });
-                        }
-                    }
+                if let (Some(gi), Some(ci)) = (mig.gi_id, mig.ci_id)
+                    && let Err(source) = self.destroy_if_present(gpu.index, gi, ci)
+                {
+                    return Err(ClaimError::Hardware {
+                        claim,
+                        device: d.device.clone(),
+                        step: "destroy MIG device",
+                        source: Box::new(source),
+                    });
                 }
             }
         }

@@ -194,13 +194,11 @@ fn check_exclusive(
         for held in &other.devices {
             let same_device = held.device == dev.device;
             let shared = same_device && held.share_id.is_some() && dev.share_id.is_some();
-            let held_gpu = model
-                .device(&held.device)
+            let published = model.device(&held.device);
+            let held_gpu = published
                 .map(|d| d.gpu_minor)
                 .or(held.mig.as_ref().map(|m| m.parent_minor));
-            let held_full = model
-                .device(&held.device)
-                .is_some_and(|d| matches!(d.kind, DeviceKind::Gpu));
+            let held_full = published.is_some_and(|d| matches!(d.kind, DeviceKind::Gpu));
             let gpu_clash = held_gpu == Some(gpu_minor) && (full_gpu || held_full) && !same_device;
             if (same_device && !shared) || gpu_clash {
                 return Err(ClaimError::DeviceBusy {

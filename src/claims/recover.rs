@@ -3,7 +3,7 @@
 
 use super::{ClaimError, ClaimSource, ClaimsManager};
 use crate::checkpoint::{CheckpointStore, ClaimPhase};
-use crate::hardware::{HardwareError, MigPolicy, NvmlCode};
+use crate::hardware::MigPolicy;
 
 /// What recovery did, for the start-up log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,20 +82,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 }))
                 .filter(|(gi, ..)| !owned.contains(&(gpu.minor, *gi)));
             for (gi, ci, profile, start) in orphans {
-                match self.backend.destroy_mig_device(gpu.index, gi, ci) {
-                    Ok(())
-                    | Err(HardwareError::Nvml {
-                        code: NvmlCode::NotFound,
-                        ..
-                    }) => {}
-                    Err(source) => {
-                        return Err(ClaimError::Hardware {
-                            claim: startup.to_string(),
-                            device: format!("GPU {} GI {gi}", gpu.index),
-                            step: "destroy orphaned MIG device",
-                            source: Box::new(source),
-                        });
-                    }
+                if let Err(source) = self.destroy_if_present(gpu.index, gi, ci) {
+                    return Err(ClaimError::Hardware {
+                        claim: startup.to_string(),
+                        device: format!("GPU {} GI {gi}", gpu.index),
+                        step: "destroy orphaned MIG device",
+                        source: Box::new(source),
+                    });
                 }
                 report
                     .orphans_destroyed
