@@ -67,6 +67,7 @@ fn node(claims: &[(&str, &[&str])]) -> Node {
         pool: "dgx-h100".into(),
         state_dir: dir.path().join("state"),
         boot_id: "boot-1".into(),
+        model_cache: Default::default(),
     };
     Node { dir, sim, mgr }
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use crate::cdi::{self, CdiWriter, ClaimDevice, GpuDeviceRef, HostFacts};
 use crate::checkpoint::{self, CheckpointStore, ClaimPhase, ClaimRecord, DeviceRecord};
 use crate::devices::{self, DeviceModel, ModelOptions};
-use crate::hardware::{GpuBackend, HardwareError, MigModeChange, NvmlCode};
+use crate::hardware::{GpuBackend, HardwareError, MigModeChange, NodeInventory, NvmlCode};
 use plan::{Action, PlannedDevice};
 pub use recover::RecoveryReport;
 
@@ -202,6 +202,30 @@ pub enum ClaimError {
     },
 }
 
+/// The device model of the last inventory seen, rebuilt only when the inventory differs.
+///
+/// Building the model (every MIG profile at every placement, counters) is the main CPU cost
+/// of a prepare; the inventory it derives from is still read from the hardware on every call,
+/// so a cached model is never stale — a second plugin instance (rolling update) that changed
+/// the hardware makes the next comparison miss.
+#[derive(Default)]
+pub struct ModelCache(std::sync::Mutex<Option<(NodeInventory, Arc<DeviceModel>)>>);
+
+impl ModelCache {
+    /// The model for `inventory`, from the cache when the inventory is unchanged.
+    pub fn get(&self, inventory: NodeInventory, options: &ModelOptions) -> Arc<DeviceModel> {
+        let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((cached, model)) = slot.as_ref()
+            && *cached == inventory
+        {
+            return Arc::clone(model);
+        }
+        let model = Arc::new(devices::build(&inventory, options));
+        *slot = Some((inventory, Arc::clone(&model)));
+        model
+    }
+}
+
 /// Everything prepare/unprepare need.
 pub struct ClaimsManager<S> {
     /// The GPUs.
@@ -222,6 +246,8 @@ pub struct ClaimsManager<S> {
     pub state_dir: PathBuf,
     /// Current boot ID.
     pub boot_id: String,
+    /// The device model of the last inventory (see [`ModelCache`]).
+    pub model_cache: ModelCache,
 }
 
 /// A prepared device as the kubelet gets it.
@@ -268,7 +294,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             })
     }
 
-    fn model(&self, claim: &str) -> Result<DeviceModel, ClaimError> {
+    fn model(&self, claim: &str) -> Result<Arc<DeviceModel>, ClaimError> {
         let inventory = self
             .backend
             .inventory()
@@ -276,7 +302,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 claim: claim.to_string(),
                 source: Box::new(source),
             })?;
-        Ok(devices::build(&inventory, &self.model_options))
+        Ok(self.model_cache.get(inventory, &self.model_options))
     }
 
     fn update(
@@ -545,7 +571,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     claim: claim.clone(),
                     source: Box::new(source),
                 })?;
-            let model = devices::build(&inventory, &self.model_options);
+            let gpus = inventory.gpus.clone();
+            let model = self.model_cache.get(inventory, &self.model_options);
             for d in &rec.devices {
                 let Some(mig) = &d.mig else { continue };
                 // Only what the claim carved: an existing (static) MIG device stays.
@@ -555,7 +582,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 ) {
                     continue;
                 }
-                let Some(gpu) = inventory.gpus.iter().find(|g| g.minor == mig.parent_minor) else {
+                let Some(gpu) = gpus.iter().find(|g| g.minor == mig.parent_minor) else {
                     continue; // the GPU is gone, and its instances with it
                 };
                 if let (Some(gi), Some(ci)) = (mig.gi_id, mig.ci_id)

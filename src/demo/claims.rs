@@ -189,6 +189,7 @@ fn prepare_all(
         pool: backend.node_name().to_string(),
         state_dir: work.join("state"),
         boot_id: "demo-boot".to_string(),
+        model_cache: Default::default(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

@@ -122,6 +122,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         pool: config.node_name.clone(),
         state_dir: config.state_dir.clone(),
         boot_id,
+        model_cache: Default::default(),
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),
