@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::quantity::{NANOS_PER_UNIT, Quantity};
+use crate::quantity::{NANOS_PER_UNIT, Quantity, QuantityError};
 
 use super::{
     API_VERSIONS, ApiVersion, Config, ConfigKind, MIN_PINNED_MEMORY_BYTES, MpsConfig, OpaqueError,
@@ -213,11 +213,13 @@ fn memory(value: &Value, path: &str) -> Result<u64, OpaqueError> {
         Value::Number(number) => number.to_string(),
         other => return Err(wrong_type(path, "a quantity such as \"10Gi\"", other)),
     };
-    let quantity: Quantity = text.parse().map_err(|source| OpaqueError::NotAQuantity {
-        path: path.to_owned(),
-        value: text.clone(),
-        source,
-    })?;
+    let quantity: Quantity =
+        text.parse()
+            .map_err(|err: QuantityError| OpaqueError::NotAQuantity {
+                path: path.to_owned(),
+                value: text.clone(),
+                problem: err.problem(),
+            })?;
     let unit = i128::from(NANOS_PER_UNIT);
     let nanos = quantity.as_nanos();
     let whole = nanos / unit + i128::from(nanos % unit > 0);

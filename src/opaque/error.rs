@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+#[cfg(doc)]
 use crate::quantity::QuantityError;
 
 use super::TimeSliceInterval;
@@ -96,15 +97,14 @@ pub enum OpaqueError {
         range: &'static str,
     },
     /// Decoding: a memory limit that does not parse as a Kubernetes quantity.
-    #[error("{path}: {value:?} is not a quantity")]
+    #[error("{path}: {value:?} is not a quantity: {problem}")]
     NotAQuantity {
         /// Field path.
         path: String,
         /// The value found.
         value: String,
-        /// Why it does not parse.
-        #[source]
-        source: QuantityError,
+        /// Why it does not parse ([`QuantityError::problem`]: the value is not repeated).
+        problem: String,
     },
     /// Decoding: a memory limit below the 1Mi MPS minimum (or beyond 2^64 bytes).
     #[error(
