@@ -212,9 +212,9 @@ fn mig_device(device: &Option<String>) -> String {
 fn bytes(value: u64) -> String {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
-    if value != 0 && value % GIB == 0 {
+    if value != 0 && value.is_multiple_of(GIB) {
         format!("{}Gi", value / GIB)
-    } else if value != 0 && value % MIB == 0 {
+    } else if value != 0 && value.is_multiple_of(MIB) {
         format!("{}Mi", value / MIB)
     } else {
         format!("{value} bytes")
