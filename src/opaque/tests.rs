@@ -1,0 +1,271 @@
+//! Decoding edge cases: one parameters object in, a config or an exact message out.
+
+use serde_json::{Value, json};
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn gpu_config(sharing: Value) -> Value {
+    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing})
+}
+
+fn message(parameters: Value) -> String {
+    let err = decode(&parameters).expect_err("the config must be rejected");
+    crate::kubelet::error_chain(&err)
+}
+
+fn mps(config: MpsConfig) -> Option<SharingConfig> {
+    Some(SharingConfig::Mps(config))
+}
+
+#[test]
+fn config_without_sharing_is_exclusive() {
+    let want = Config {
+        api_version: ApiVersion::ResourceNvidiaV1beta1,
+        kind: ConfigKind::GpuConfig,
+        sharing: None,
+    };
+    let got = decode(&json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}));
+    assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn null_sharing_counts_as_absent() {
+    let got = decode(&gpu_config(Value::Null)).map(|c| c.sharing);
+    assert_eq!(Ok(None), got);
+}
+
+#[test]
+fn seed_talk_api_version_decodes_like_nvidia_one() {
+    let got = decode(&json!({
+        "apiVersion": "gpu.nvidia.com/v1alpha1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS"},
+    }));
+    let want = Config {
+        api_version: ApiVersion::GpuNvidiaV1alpha1,
+        kind: ConfigKind::MigDeviceConfig,
+        sharing: mps(MpsConfig::default()),
+    };
+    assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn time_slicing_without_config_gets_default_interval() {
+    let got = decode(&gpu_config(json!({"strategy": "TimeSlicing"}))).map(|c| c.sharing);
+    let want = Some(SharingConfig::TimeSlicing {
+        interval: TimeSliceInterval::Default,
+    });
+    assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn hyphenated_time_slicing_is_accepted_with_its_interval() {
+    let got = decode(&gpu_config(json!({
+        "strategy": "Time-Slicing",
+        "timeSlicingConfig": {"interval": "Long"},
+    })))
+    .map(|c| c.sharing);
+    let want = Some(SharingConfig::TimeSlicing {
+        interval: TimeSliceInterval::Long,
+    });
+    assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn interval_levels_follow_nvidia_smi() {
+    let want = vec![(0, "Default"), (1, "Short"), (2, "Medium"), (3, "Long")];
+    let got: Vec<(u8, String)> = TimeSliceInterval::ALL
+        .iter()
+        .map(|i| (i.level(), i.to_string()))
+        .collect();
+    let want: Vec<(u8, String)> = want.into_iter().map(|(l, n)| (l, n.to_owned())).collect();
+    assert_eq!(want, got);
+}
+
+#[test]
+fn mps_limits_decode_to_bytes() {
+    let got = decode(&gpu_config(json!({
+        "strategy": "MPS",
+        "mpsConfig": {
+            "defaultActiveThreadPercentage": 50,
+            "defaultPinnedDeviceMemoryLimit": "10Gi",
+            "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi", "0": 2147483648u64},
+        },
+    })))
+    .map(|c| c.sharing);
+    let want = mps(MpsConfig {
+        active_thread_percentage: Some(50),
+        pinned_memory_bytes: Some(10 * GIB),
+        per_device_pinned_memory_bytes: vec![("0".into(), 2 * GIB), ("1".into(), 4 * GIB)],
+    });
+    assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn decimal_memory_limit_is_rounded_up_to_whole_bytes() {
+    let got = decode(&gpu_config(json!({
+        "strategy": "MPS",
+        "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1048576500m"},
+    })))
+    .map(|c| c.sharing);
+    let want = mps(MpsConfig {
+        pinned_memory_bytes: Some(MIB + 1),
+        ..MpsConfig::default()
+    });
+    assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn whole_float_thread_percentage_is_accepted() {
+    let got = decode(&gpu_config(json!({
+        "strategy": "MPS",
+        "mpsConfig": {"defaultActiveThreadPercentage": 25.0},
+    })))
+    .map(|c| c.sharing);
+    let want = mps(MpsConfig {
+        active_thread_percentage: Some(25),
+        ..MpsConfig::default()
+    });
+    assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn decoding_errors_name_the_field_the_value_and_the_choices() {
+    let mps_block = |block: Value| gpu_config(json!({"strategy": "MPS", "mpsConfig": block}));
+    let table = [
+        (
+            json!({"apiVersion": "x/v1", "kind": "GpuConfig"}),
+            "apiVersion: \"x/v1\" is not supported; valid: resource.nvidia.com/v1beta1, gpu.nvidia.com/v1alpha1",
+        ),
+        (
+            json!({"kind": "GpuConfig"}),
+            "apiVersion: required field is missing; valid: resource.nvidia.com/v1beta1, gpu.nvidia.com/v1alpha1",
+        ),
+        (
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuClaimParameters"}),
+            "kind: \"GpuClaimParameters\" is not valid; valid: GpuConfig, MigDeviceConfig",
+        ),
+        (
+            json!({"apiVersion": "resource.nvidia.com/v1beta1"}),
+            "kind: required field is missing; valid: GpuConfig, MigDeviceConfig",
+        ),
+        (
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": 3}),
+            "kind: expected a string, got 3",
+        ),
+        (
+            json!(["GpuConfig"]),
+            "parameters: expected an object with apiVersion, kind and sharing, got [\"GpuConfig\"]",
+        ),
+        (
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "shareing": {}}),
+            "shareing: unknown field; valid fields: apiVersion, kind, sharing",
+        ),
+        (
+            gpu_config(json!({"strategy": "MPS", "replicas": 2})),
+            "sharing.replicas: unknown field; valid fields: strategy, timeSlicingConfig, mpsConfig",
+        ),
+        (
+            gpu_config(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"slice": "Long"}})),
+            "sharing.timeSlicingConfig.slice: unknown field; valid fields: interval",
+        ),
+        (
+            mps_block(json!({"threads": 50})),
+            "sharing.mpsConfig.threads: unknown field; valid fields: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit",
+        ),
+        (
+            gpu_config(json!({"strategy": "Fast"})),
+            "sharing.strategy: \"Fast\" is not valid; valid: TimeSlicing, MPS",
+        ),
+        (
+            gpu_config(json!({"timeSlicingConfig": {}})),
+            "sharing.strategy: required field is missing; valid: TimeSlicing, MPS",
+        ),
+        (
+            gpu_config(
+                json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "VeryLong"}}),
+            ),
+            "sharing.timeSlicingConfig.interval: \"VeryLong\" is not valid; valid: Default, Short, Medium, Long",
+        ),
+        (
+            gpu_config(json!({"strategy": "TimeSlicing", "mpsConfig": {}})),
+            "sharing.mpsConfig: not allowed with strategy TimeSlicing; use timeSlicingConfig or drop it",
+        ),
+        (
+            gpu_config(json!({"strategy": "MPS", "timeSlicingConfig": {}})),
+            "sharing.timeSlicingConfig: not allowed with strategy MPS; use mpsConfig or drop it",
+        ),
+        (
+            mps_block(json!({"defaultActiveThreadPercentage": 150})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: 150 is outside 0–100",
+        ),
+        (
+            mps_block(json!({"defaultActiveThreadPercentage": -5})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: -5 is outside 0–100",
+        ),
+        (
+            mps_block(json!({"defaultActiveThreadPercentage": 12.5})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: expected an integer from 0 to 100, got 12.5",
+        ),
+        (
+            mps_block(json!({"defaultActiveThreadPercentage": "50"})),
+            "sharing.mpsConfig.defaultActiveThreadPercentage: expected an integer from 0 to 100, got \"50\"",
+        ),
+        (
+            mps_block(json!({"defaultPinnedDeviceMemoryLimit": "512Ki"})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 512Ki is outside the valid range of memory limits: at least 1Mi (MPS takes limits in whole MiB) and below 16Ei",
+        ),
+        (
+            mps_block(json!({"defaultPinnedDeviceMemoryLimit": "-1Gi"})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: -1Gi is outside the valid range of memory limits: at least 1Mi (MPS takes limits in whole MiB) and below 16Ei",
+        ),
+        (
+            mps_block(json!({"defaultPinnedDeviceMemoryLimit": true})),
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: expected a quantity such as \"10Gi\", got true",
+        ),
+        (
+            mps_block(json!({"defaultPerDevicePinnedMemoryLimit": {"0": "lots"}})),
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.0: \"lots\" is not a quantity: it does not start with a number",
+        ),
+        (
+            mps_block(json!({"defaultPerDevicePinnedMemoryLimit": ["4Gi"]})),
+            "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit: expected an object of device key to quantity, got [\"4Gi\"]",
+        ),
+        (
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+                   "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}}),
+            "sharing.timeSlicingConfig.interval: Short cannot be set on a MIG device (kind MigDeviceConfig): the time-slice is a whole-GPU setting, so only Default is valid (processes on one MIG device already share it by time-slicing); to choose the interval, claim the full GPU with kind GpuConfig",
+        ),
+    ];
+    let want: Vec<String> = table.iter().map(|(_, m)| (*m).to_owned()).collect();
+    let got: Vec<String> = table.into_iter().map(|(p, _)| message(p)).collect();
+    assert_eq!(want, got);
+}
+
+#[test]
+fn unparsable_quantity_names_field_and_value_first() {
+    let got = message(gpu_config(json!({
+        "strategy": "MPS",
+        "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "5G1"},
+    })));
+    let want = "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: \"5G1\" is not a quantity: \
+                unknown suffix \"G1\"; valid suffixes are ";
+    assert_eq!(want, &got[..want.len().min(got.len())]);
+}
+
+#[test]
+fn mig_device_config_accepts_default_interval() {
+    let got = decode(&json!({
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}},
+    }))
+    .map(|c| c.sharing);
+    let want = Some(SharingConfig::TimeSlicing {
+        interval: TimeSliceInterval::Default,
+    });
+    assert_eq!(Ok(want), got);
+}
