@@ -23,4 +23,5 @@ pub mod kubelet;
 pub mod plugin;
 pub mod quantity;
 pub mod selectors;
+pub mod sharing;
 pub mod slices;
