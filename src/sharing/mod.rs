@@ -18,6 +18,7 @@ mod mps;
 mod procfs;
 pub mod simtools;
 mod spec;
+mod teardown;
 mod timeslice;
 mod tools;
 

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::commands::{half_mem_total, shm_mount, shm_unmount};
+use super::commands::{half_mem_total, shm_mount};
 use super::control::{DaemonDirs, parse_mib, parse_percentage};
 use super::edits::{ClientEdits, client_edits};
 use super::exec;
-use super::procfs::{is_mount_point, process_alive, read_pid};
+use super::procfs::{process_alive, read_pid};
 use super::spec::{self, MIB, MpsDaemonSpec, MpsDevice, full_gpus, validate_daemon_id};
 use super::{ComputeMode, SharingError, Tools};
 
@@ -69,8 +69,8 @@ pub struct MpsManager {
 }
 
 /// Backoff between readiness and exit probes: short first, capped, never a fixed sleep.
-const FIRST_PROBE_DELAY: Duration = Duration::from_millis(1);
-const MAX_PROBE_DELAY: Duration = Duration::from_millis(50);
+pub(super) const FIRST_PROBE_DELAY: Duration = Duration::from_millis(1);
+pub(super) const MAX_PROBE_DELAY: Duration = Duration::from_millis(50);
 
 impl MpsManager {
     pub fn new(tools: Tools, root: impl Into<PathBuf>, options: MpsOptions) -> MpsManager {
@@ -338,73 +338,6 @@ impl MpsManager {
             }
         }
         Ok(())
-    }
-
-    /// Ends the daemon, restores compute mode, unmounts shm; removes the directory only if
-    /// all of that worked, so a retry can redo what failed.
-    fn teardown(&self, id: &str, dirs: &DaemonDirs, gpus: &[String]) -> Result<(), SharingError> {
-        let mut first_error = self.end_daemon(id, dirs).err();
-        for uuid in gpus {
-            if let Err(e) = self.tools.set_compute_mode(uuid, ComputeMode::Default) {
-                first_error.get_or_insert(e);
-            }
-        }
-        if is_mount_point(&self.options.proc_root, &dirs.shm)
-            && let Err(e) = shm_unmount(&dirs.shm)
-                .and_then(|cmd| exec::run_checked(&cmd, self.tools.timeout, None))
-        {
-            first_error.get_or_insert(e);
-        }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        match fs::remove_dir_all(&dirs.base) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(SharingError::Io {
-                step: "removing MPS daemon directory",
-                path: dirs.base.clone(),
-                source: e,
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    fn end_daemon(&self, id: &str, dirs: &DaemonDirs) -> Result<(), SharingError> {
-        let Some(pid) = read_pid(&dirs.pid_file()) else {
-            return Ok(());
-        };
-        let proc_root = &self.options.proc_root;
-        if !process_alive(proc_root, pid) {
-            return Ok(());
-        }
-        // A daemon that cannot take `quit` is killed below; its answer does not matter.
-        let _ = self.tools.control(dirs, "quit");
-        if self.wait_exit(pid) {
-            return Ok(());
-        }
-        // It may have exited between the check and the kill.
-        let _ = exec::kill(pid, self.tools.timeout);
-        if self.wait_exit(pid) {
-            Ok(())
-        } else {
-            Err(SharingError::DaemonWontDie {
-                id: id.to_string(),
-                pid,
-            })
-        }
-    }
-
-    fn wait_exit(&self, pid: u32) -> bool {
-        let deadline = Instant::now() + self.options.stop_timeout;
-        let mut delay = FIRST_PROBE_DELAY;
-        while process_alive(&self.options.proc_root, pid) {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            thread::sleep(delay.min(deadline - now));
-            delay = (delay * 2).min(MAX_PROBE_DELAY);
-        }
-        true
     }
 }
 
