@@ -24,4 +24,5 @@ pub mod opaque;
 pub mod plugin;
 pub mod quantity;
 pub mod selectors;
+pub mod sharing;
 pub mod slices;

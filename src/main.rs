@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use gpu_dra::devices::{DEFAULT_DRIVER_NAME, ModelOptions};
 use gpu_dra::hardware::sim::{self, SimBackend, presets};
 use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend};
+use gpu_dra::sharing::simtools;
 use gpu_dra::{demo, inventory};
 
 /// A Kubernetes DRA driver for NVIDIA GPUs, with a faithful simulated GPU node.
@@ -221,6 +222,13 @@ enum Output {
 }
 
 fn main() -> ExitCode {
+    // Run as `nvidia-smi` or `nvidia-cuda-mps-control` (symlinks made by the simulated tools),
+    // the binary is that tool.
+    let mut argv = std::env::args_os();
+    if let Some(tool) = argv.next().and_then(|a0| simtools::personality(&a0)) {
+        let args = argv.map(|a| a.to_string_lossy().into_owned()).collect();
+        return simtools::run(tool, args);
+    }
     let cli = Cli::parse();
     let json = matches!(&cli.command, Command::KubeletPlugin(a) if a.log_format == LogFormat::Json);
     let default_level = if matches!(cli.command, Command::KubeletPlugin(_)) {
