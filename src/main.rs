@@ -180,6 +180,12 @@ struct PluginArgs {
     /// Seconds between inventory checks (health, MIG mode, model changes).
     #[arg(long, env = "GPU_DRA_INVENTORY_INTERVAL", default_value_t = 10)]
     inventory_interval: u64,
+    /// Allow the MPS sharing strategy (opaque config and consumable-capacity shares).
+    #[arg(long, env = "GPU_DRA_MPS", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    mps: bool,
+    /// Allow the TimeSlicing sharing strategy.
+    #[arg(long, env = "GPU_DRA_TIME_SLICING", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    time_slicing: bool,
     /// Log format.
     #[arg(long, env = "GPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -307,6 +313,8 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         dev_root: args.dev_root,
         proc_root: args.proc_root,
         inventory_interval: std::time::Duration::from_secs(args.inventory_interval.max(1)),
+        mps: args.mps,
+        time_slicing: args.time_slicing,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

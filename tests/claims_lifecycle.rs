@@ -41,6 +41,7 @@ fn alloc(devices: &[&str]) -> ClaimAllocation {
                 device: d.to_string(),
                 admin_access: false,
                 share_id: None,
+                consumed_capacity: Default::default(),
             })
             .collect(),
         config: Vec::new(),
@@ -68,6 +69,7 @@ fn node(claims: &[(&str, &[&str])]) -> Node {
         state_dir: dir.path().join("state"),
         boot_id: "boot-1".into(),
         model_cache: Default::default(),
+        sharing: None,
     };
     Node { dir, sim, mgr }
 }
@@ -214,6 +216,7 @@ async fn bad_allocations_fail_with_the_claim_and_the_cause() {
             device: "gpu-0".into(),
             admin_access: false,
             share_id: None,
+                consumed_capacity: Default::default(),
         }],
         config: vec![],
     };

@@ -14,6 +14,7 @@
 
 pub mod plan;
 mod recover;
+pub mod sharing;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -56,6 +57,8 @@ pub struct AllocatedDevice {
     pub admin_access: bool,
     /// Share ID of a consumable-capacity allocation.
     pub share_id: Option<String>,
+    /// Capacity the share consumes (name → quantity), for consumable-capacity allocations.
+    pub consumed_capacity: std::collections::BTreeMap<String, String>,
 }
 
 /// One opaque config entry of this driver.
@@ -191,6 +194,28 @@ pub enum ClaimError {
         #[source]
         source: Box<checkpoint::StoreError>,
     },
+    /// The claim's sharing config (opaque config or consumable-capacity share) is invalid
+    /// or not allowed on this node; nothing was started.
+    #[error("claim {claim}: {detail}")]
+    Config {
+        /// Claim.
+        claim: String,
+        /// Entry, field, value and valid choices.
+        detail: String,
+    },
+    /// A sharing step (time-slice, MPS daemon) failed.
+    #[error("claim {claim}: {step} for {device}")]
+    Sharing {
+        /// Claim.
+        claim: String,
+        /// Device or daemon.
+        device: String,
+        /// Step.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: Box<crate::sharing::SharingError>,
+    },
     /// The inventory could not be read.
     #[error("claim {claim}: reading the GPU inventory")]
     Inventory {
@@ -248,6 +273,8 @@ pub struct ClaimsManager<S> {
     pub boot_id: String,
     /// The device model of the last inventory (see [`ModelCache`]).
     pub model_cache: ModelCache,
+    /// Time-slicing and MPS; `None`: any claim asking for sharing is refused.
+    pub sharing: Option<sharing::SharingSetup>,
 }
 
 /// A prepared device as the kubelet gets it.
@@ -341,7 +368,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 detail,
             })?;
         let model = self.model(&claim)?;
-        let planned = plan::plan(id, &allocation, &model, &self.pool, store.checkpoint())?;
+        let mut planned = plan::plan(id, &allocation, &model, &self.pool, store.checkpoint())?;
+        sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
         let record = ClaimRecord {
             uid: id.uid.clone(),
             namespace: id.namespace.clone(),
@@ -451,15 +479,21 @@ impl<S: ClaimSource> ClaimsManager<S> {
             };
             refs.push(gpu_ref);
         }
+        let current = store.checkpoint().claims.get(&id.uid).cloned();
+        let edits = match &current {
+            Some(rec) => sharing::apply(self.sharing.as_ref(), &claim, rec)?,
+            None => vec![(Vec::new(), Vec::new()); planned.len()],
+        };
         let devices: Vec<ClaimDevice> = planned
             .iter()
             .zip(&refs)
-            .map(|(p, gpu)| ClaimDevice {
+            .zip(edits)
+            .map(|((p, gpu), (env, mounts))| ClaimDevice {
                 device_name: p.allocated.device.clone(),
                 share_id: p.allocated.share_id.clone(),
                 gpu: gpu.clone(),
-                env: Vec::new(),
-                mounts: Vec::new(),
+                env,
+                mounts,
             })
             .collect();
         let cdi_err = |detail: String| ClaimError::Cdi {
@@ -559,6 +593,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 detail: crate::kubelet::error_chain(&e),
             })?;
         crate::crashpoint::hit("unprepare-cdi-removed");
+        sharing::undo(self.sharing.as_ref(), &claim, rec, store.checkpoint())?;
         if rec
             .devices
             .iter()
@@ -572,6 +607,14 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     source: Box::new(source),
                 })?;
             let gpus = inventory.gpus.clone();
+            // A consumable-capacity share of a carved MIG device: the last claim out destroys it.
+            let held_by_others: std::collections::BTreeSet<&str> = store
+                .checkpoint()
+                .claims
+                .values()
+                .filter(|c| c.uid != rec.uid)
+                .flat_map(|c| c.devices.iter().map(|d| d.device.as_str()))
+                .collect();
             let model = self.model_cache.get(inventory, &self.model_options);
             for d in &rec.devices {
                 let Some(mig) = &d.mig else { continue };
@@ -579,7 +622,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 if matches!(
                     model.device(&d.device).map(|p| &p.kind),
                     Some(devices::DeviceKind::MigStatic { .. })
-                ) {
+                ) || held_by_others.contains(d.device.as_str())
+                {
                     continue;
                 }
                 let Some(gpu) = gpus.iter().find(|g| g.minor == mig.parent_minor) else {

@@ -125,6 +125,23 @@ pub fn plan(
                     uuid: Some(uuid.clone()),
                 }),
             ),
+            DeviceKind::MigDynamic { .. }
+                if let Some(carved) = dev
+                    .share_id
+                    .as_ref()
+                    .and_then(|_| carved_share(id, &dev.device, checkpoint)) =>
+            {
+                // Another share of this device carved it already: use that instance.
+                (
+                    Action::StaticMig {
+                        minor: published.gpu_minor,
+                        gi: carved.gi_id.unwrap_or_default(),
+                        ci: carved.ci_id.unwrap_or_default(),
+                        uuid: carved.uuid.clone().unwrap_or_default(),
+                    },
+                    Some(carved),
+                )
+            }
             DeviceKind::MigDynamic {
                 profile_id,
                 profile,
@@ -164,6 +181,18 @@ pub fn plan(
         });
     }
     Ok(planned)
+}
+
+/// The MIG instance another claim's share of `device` carved (IDs and UUID known).
+fn carved_share(id: &ClaimId, device: &str, checkpoint: &Checkpoint) -> Option<MigRecord> {
+    checkpoint
+        .claims
+        .values()
+        .filter(|c| c.uid != id.uid)
+        .flat_map(|c| c.devices.iter())
+        .filter(|d| d.device == device && d.share_id.is_some())
+        .filter_map(|d| d.mig.clone())
+        .find(|m| m.gi_id.is_some() && m.ci_id.is_some() && m.uuid.is_some())
 }
 
 /// Config entries for `request`: class entries before claim entries, list order within each;

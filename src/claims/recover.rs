@@ -1,7 +1,8 @@
 //! Start-up recovery: after a crash, bring the hardware, the checkpoint and the CDI directory
 //! back in line before serving the kubelet.
 
-use super::{ClaimError, ClaimSource, ClaimsManager};
+use super::{ClaimError, ClaimSource, ClaimsManager, sharing};
+use crate::sharing::Ensured;
 use crate::checkpoint::{CheckpointStore, ClaimPhase};
 use crate::hardware::MigPolicy;
 
@@ -17,6 +18,10 @@ pub struct RecoveryReport {
     pub orphans_destroyed: Vec<String>,
     /// CDI specs of claims that are not prepared, removed.
     pub stale_specs_removed: Vec<String>,
+    /// MPS daemons no prepared claim uses, stopped.
+    pub mps_orphans_stopped: Vec<String>,
+    /// MPS daemons of prepared claims that had died (with the plugin's pod, say), started again.
+    pub mps_restarted: Vec<String>,
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
@@ -95,6 +100,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     .push(format!("GPU {} {profile}@{start} (GI {gi})", gpu.index));
             }
         }
+        self.reconcile_mps(store.checkpoint(), &mut report, startup)?;
         let specs = self.cdi.list_claim_specs().map_err(|e| ClaimError::Cdi {
             claim: startup.to_string(),
             detail: crate::kubelet::error_chain(&e),
@@ -111,5 +117,94 @@ impl<S: ClaimSource> ClaimsManager<S> {
             }
         }
         Ok(report)
+    }
+}
+
+impl<S: ClaimSource> ClaimsManager<S> {
+    /// Stops MPS daemons no claim in `checkpoint` uses, and makes sure every daemon a
+    /// prepared claim uses is running with its limits (restarting dead ones).
+    fn reconcile_mps(
+        &self,
+        checkpoint: &crate::checkpoint::Checkpoint,
+        report: &mut RecoveryReport,
+        context: &str,
+    ) -> Result<(), ClaimError> {
+        let Some(setup) = &self.sharing else {
+            return Ok(());
+        };
+        let wanted = sharing::wanted_daemons(checkpoint);
+        let sharing_error = |device: &str, step, source| ClaimError::Sharing {
+            claim: context.to_string(),
+            device: device.to_string(),
+            step,
+            source: Box::new(source),
+        };
+        let present = setup
+            .mps
+            .list()
+            .map_err(|e| sharing_error("MPS daemons", "list the MPS daemons", e))?;
+        for id in present {
+            if !wanted.iter().any(|(_, spec)| spec.id == id) {
+                setup
+                    .mps
+                    .stop(&id, &[])
+                    .map_err(|e| sharing_error(&id, "stop an orphaned MPS daemon", e))?;
+                report.mps_orphans_stopped.push(id);
+            }
+        }
+        for (claim, spec) in wanted {
+            match setup.mps.ensure_running(&spec) {
+                Ok(Ensured::Running(_)) => {}
+                Ok(Ensured::Restarted(_)) => report.mps_restarted.push(spec.id.clone()),
+                Err(source) => {
+                    return Err(ClaimError::Sharing {
+                        claim,
+                        device: spec.id.clone(),
+                        step: "restart the MPS control daemon",
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One round of MPS supervision: every daemon a prepared claim uses is checked over its
+    /// control pipe and restarted (limits re-sent and verified) if it died. Callers hold the
+    /// plugin lock, so no prepare or unprepare runs at the same time.
+    ///
+    /// # Errors
+    /// The checkpoint cannot be read, or a daemon could not be restarted.
+    pub fn supervise_mps(&self) -> Result<Vec<String>, ClaimError> {
+        let context = "MPS supervision";
+        let (store, _) = CheckpointStore::open(&self.state_dir, &self.boot_id).map_err(|e| {
+            ClaimError::Checkpoint {
+                claim: context.to_string(),
+                source: Box::new(e),
+            }
+        })?;
+        let mut report = RecoveryReport::default();
+        let mut prepared = store.checkpoint().clone();
+        prepared
+            .claims
+            .retain(|_, c| c.phase == ClaimPhase::PrepareCompleted);
+        let Some(setup) = &self.sharing else {
+            return Ok(Vec::new());
+        };
+        for (claim, spec) in sharing::wanted_daemons(&prepared) {
+            match setup.mps.ensure_running(&spec) {
+                Ok(Ensured::Running(_)) => {}
+                Ok(Ensured::Restarted(_)) => report.mps_restarted.push(spec.id.clone()),
+                Err(source) => {
+                    return Err(ClaimError::Sharing {
+                        claim,
+                        device: spec.id.clone(),
+                        step: "restart the MPS control daemon",
+                        source: Box::new(source),
+                    });
+                }
+            }
+        }
+        Ok(report.mps_restarted)
     }
 }

@@ -168,6 +168,12 @@ fn prepare_all(
                     device: r.device,
                     admin_access: r.admin_access.unwrap_or(false),
                     share_id: r.share_id,
+                    consumed_capacity: r
+                        .consumed_capacity
+                        .iter()
+                        .flatten()
+                        .map(|(k, v)| (k.clone(), v.0.clone()))
+                        .collect(),
                 })
                 .collect();
             (
@@ -190,6 +196,7 @@ fn prepare_all(
         state_dir: work.join("state"),
         boot_id: "demo-boot".to_string(),
         model_cache: Default::default(),
+        sharing: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

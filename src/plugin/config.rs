@@ -48,6 +48,11 @@ pub struct PluginConfig {
     pub proc_root: PathBuf,
     /// Checkpoint (and simulated hardware state) directory.
     pub state_dir: PathBuf,
-    /// How often the inventory is re-read for health and model changes.
+    /// How often the inventory is re-read for health and model changes (and MPS daemons
+    /// checked).
     pub inventory_interval: Duration,
+    /// MPS allowed (opaque config and consumable-capacity shares).
+    pub mps: bool,
+    /// Time-slicing allowed.
+    pub time_slicing: bool,
 }

@@ -123,6 +123,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         state_dir: config.state_dir.clone(),
         boot_id,
         model_cache: Default::default(),
+        sharing: None,
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),
