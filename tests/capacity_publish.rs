@@ -189,6 +189,13 @@ fn device(memory: &str, sms: Option<&str>) -> Device {
     }
 }
 
+/// A device, what a share of it consumes, and the limits (or error) wanted.
+type Case<'a> = (
+    &'a Device,
+    Vec<(&'a str, &'a str)>,
+    Result<ShareLimits, String>,
+);
+
 fn limits(percent: u8, bytes: Option<u64>) -> Result<ShareLimits, String> {
     Ok(ShareLimits {
         active_thread_percentage: percent,
@@ -201,7 +208,7 @@ fn share_limits_follow_the_consumed_capacity() {
     let h100 = device("81559Mi", Some("132"));
     let no_sms = device("24Gi", None);
     let gib = 1u64 << 30;
-    let cases: Vec<(&Device, Vec<(&str, &str)>, Result<ShareLimits, String>)> = vec![
+    let cases: Vec<Case> = vec![
         (&h100, vec![("memory", "40Gi"), ("multiprocessors", "66")], limits(50, Some(40 * gib))),
         (&h100, vec![("memory", "20389Mi"), ("multiprocessors", "33")], limits(25, Some(20389 << 20))),
         // Rounded down, but a share with any multiprocessors gets at least 1 %.

@@ -33,7 +33,7 @@ fn quantity(device: &str, field: String, text: &str) -> Result<Quantity, Sharing
         device: device.to_string(),
         field,
         value: text.to_string(),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -42,7 +42,7 @@ fn integer(device: &str, field: String, q: Quantity) -> Result<i64, SharingError
         device: device.to_string(),
         field,
         value: q.to_string(),
-        source,
+        source: Box::new(source),
     })
 }
 

@@ -118,7 +118,7 @@ pub enum SharingError {
         value: String,
         /// Why.
         #[source]
-        source: QuantityError,
+        source: Box<QuantityError>,
     },
     /// A share consumes an amount MPS cannot be set to.
     #[error("device {device}: consumedCapacity.{capacity} is {value}; valid range: {valid}")]
