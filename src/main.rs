@@ -384,6 +384,7 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         driver_name: args.driver_name.clone(),
         policies: Default::default(),
         default_policy: args.mig_policy.map(MigPolicy::from),
+        ..Default::default()
     };
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
         Backend::Sim => {

@@ -157,6 +157,21 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             });
             return (Status::Blocked, reason);
         }
+        // A device republished without allowMultipleAllocations while shares of it are still
+        // allocated must not be handed out whole: the shares' workloads are still on it.
+        if !spec.admin
+            && device.allow_multiple_allocations != Some(true)
+            && let Some(shared) =
+                self.alloc
+                    .state
+                    .shared
+                    .get(&(pool.driver, pool.name, device.name.as_str()))
+        {
+            let reason = self.full.then(|| Rejection::AlreadyAllocated {
+                claim: shared.claims.join(", "),
+            });
+            return (Status::Blocked, reason);
+        }
         if let Some(taint) = blocking_taint(device, spec.tolerations) {
             let reason = self.full.then(|| Rejection::TaintNotTolerated {
                 key: taint.key.clone(),

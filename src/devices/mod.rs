@@ -17,9 +17,19 @@
 //!   `decoders`, `encoders`, `jpeg-engines`, `ofa-engines`), and the full GPU consuming all of
 //!   them. On Ampere, where switching MIG mode needs a GPU reset, only the side the current
 //!   mode allows is published.
+//!
+//! # Sharing ([`SharedGpus`], KEP-5075 consumable capacity)
+//! Off by default (output unchanged). When on, every full GPU and MIG device is published with
+//! `allowMultipleAllocations: true` and a request policy on each capacity (`memory` in whole
+//! MiB, `multiprocessors` in whole SMs, engines defaulting to nothing), so several claims can
+//! hold shares of one device; [`share_limits`] turns a share into MPS client limits. Names,
+//! attributes and counters are the same either way: a shared device's counters are consumed
+//! once, by its first share (Kubernetes' rule).
 
 mod attributes;
 mod counters;
+mod share_limits;
+mod sharing;
 
 use std::collections::BTreeMap;
 
@@ -29,6 +39,8 @@ use crate::hardware::{GpuInfo, MigPolicy, MigProfile, NodeInventory, Placement};
 
 pub use attributes::semver_of;
 pub use counters::counter_set_name;
+pub use share_limits::{ShareLimits, share_limits};
+pub use sharing::{MAX_SHARES, MIN_SHARES, SharedGpus, SharingError};
 
 /// The default DRA driver name, shared with NVIDIA's driver.
 pub const DEFAULT_DRIVER_NAME: &str = "gpu.nvidia.com";
@@ -105,7 +117,7 @@ impl DeviceModel {
     }
 }
 
-/// How to publish: the driver name and each GPU's MIG policy.
+/// How to publish: the driver name, each GPU's MIG policy, and whether devices are shared.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelOptions {
     /// DRA driver name (attribute domain).
@@ -115,6 +127,9 @@ pub struct ModelOptions {
     /// Policy for GPUs not in `policies`; `None` means: `static` if the GPU's MIG mode is
     /// on, `disabled` otherwise.
     pub default_policy: Option<MigPolicy>,
+    /// Whether full GPUs and MIG devices are published shareable between claims
+    /// (consumable capacity); [`SharedGpus::Off`] by default.
+    pub shared_gpus: SharedGpus,
 }
 
 impl Default for ModelOptions {
@@ -123,6 +138,7 @@ impl Default for ModelOptions {
             driver_name: DEFAULT_DRIVER_NAME.to_string(),
             policies: BTreeMap::new(),
             default_policy: None,
+            shared_gpus: SharedGpus::Off,
         }
     }
 }
@@ -135,6 +151,7 @@ impl ModelOptions {
             driver_name: driver_name.to_string(),
             policies: (0u32..).zip(policies.iter().copied()).collect(),
             default_policy: None,
+            shared_gpus: SharedGpus::Off,
         }
     }
 
@@ -234,6 +251,30 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                 }
                 model.counter_sets.push(set);
             }
+        }
+    }
+    if options.shared_gpus.is_on() {
+        for published in &mut model.devices {
+            let Some(gpu) = inventory
+                .gpus
+                .iter()
+                .find(|g| g.index == published.gpu_index)
+            else {
+                continue;
+            };
+            let (memory_mib, multiprocessors) = match &published.kind {
+                DeviceKind::Gpu => (gpu.memory_mib, gpu.multiprocessors),
+                DeviceKind::MigStatic { profile_id, .. }
+                | DeviceKind::MigDynamic { profile_id, .. } => gpu
+                    .profile_by_id(*profile_id)
+                    .map_or((0, 0), |p| (p.memory_mib, p.multiprocessors)),
+            };
+            sharing::make_shareable(
+                &mut published.device,
+                options.shared_gpus,
+                memory_mib,
+                multiprocessors,
+            );
         }
     }
     model

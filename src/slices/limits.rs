@@ -123,6 +123,7 @@ fn check_device(d: &Device) -> Result<(), SliceError> {
             }
         }
     }
+    super::policy::check_device(d)?;
     let consumptions = d.consumes_counters.as_deref().unwrap_or_default();
     if consumptions.len() > MAX_CONSUMPTIONS_PER_DEVICE {
         return Err(limit(

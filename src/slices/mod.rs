@@ -9,6 +9,7 @@
 //! YAML.
 
 mod limits;
+mod policy;
 
 use k8s_openapi::api::resource::v1::{
     CounterSet, Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
@@ -21,6 +22,7 @@ pub use limits::{
     MAX_ATTRIBUTES_AND_CAPACITIES, MAX_COUNTER_SETS_PER_SLICE, MAX_COUNTERS_PER_SET,
     MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE_WITH_COUNTERS,
 };
+pub use policy::MAX_VALID_VALUES;
 
 /// Errors building slices: the model breaks an API limit the API server would reject.
 #[derive(Debug, thiserror::Error)]
