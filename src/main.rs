@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use gpu_dra::devices::{DEFAULT_DRIVER_NAME, ModelOptions};
+use gpu_dra::devices::{DEFAULT_DRIVER_NAME, ModelOptions, SharedGpus};
 use gpu_dra::hardware::sim::{self, SimBackend, presets};
 use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend};
 use gpu_dra::sharing::simtools;
@@ -77,6 +77,9 @@ struct InventoryArgs {
     /// default `static` for GPUs with MIG on, `disabled` otherwise.
     #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
     mig_policy: Option<Policy>,
+    /// Publish GPUs and MIG devices shareable (consumable capacity): off, memory or N shares.
+    #[arg(long, env = "GPU_DRA_SHARED_GPUS", default_value = "off", value_name = "off|memory|N")]
+    shared_gpus: SharedGpus,
     /// Output: a table for people, or ResourceSlice objects for `kubectl create -f -`.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
@@ -180,6 +183,10 @@ struct PluginArgs {
     /// Seconds between inventory checks (health, MIG mode, model changes).
     #[arg(long, env = "GPU_DRA_INVENTORY_INTERVAL", default_value_t = 10)]
     inventory_interval: u64,
+    /// Publish GPUs and MIG devices shareable by several claims (consumable capacity):
+    /// off, memory (claims ask for memory), or N equal shares by default (2..=48).
+    #[arg(long, env = "GPU_DRA_SHARED_GPUS", default_value = "off", value_name = "off|memory|N")]
+    shared_gpus: SharedGpus,
     /// Allow the MPS sharing strategy (opaque config and consumable-capacity shares).
     #[arg(long, env = "GPU_DRA_MPS", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     mps: bool,
@@ -315,6 +322,7 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         inventory_interval: std::time::Duration::from_secs(args.inventory_interval.max(1)),
         mps: args.mps,
         time_slicing: args.time_slicing,
+        shared_gpus: args.shared_gpus,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -384,6 +392,7 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         driver_name: args.driver_name.clone(),
         policies: Default::default(),
         default_policy: args.mig_policy.map(MigPolicy::from),
+        shared_gpus: args.shared_gpus,
         ..Default::default()
     };
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::devices::SharedGpus;
 use crate::hardware::MigPolicy;
 
 /// Which GPUs the plugin drives.
@@ -55,4 +56,6 @@ pub struct PluginConfig {
     pub mps: bool,
     /// Time-slicing allowed.
     pub time_slicing: bool,
+    /// Publish GPUs and MIG devices shareable (consumable capacity).
+    pub shared_gpus: SharedGpus,
 }

@@ -19,7 +19,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::cdi::{self, CdiWriter, ClaimNaming, DriverOptions, HostLayout};
+use crate::claims::sharing::SharingSetup;
 use crate::claims::{ClaimsManager, HostFactsSource};
+use crate::sharing::{MpsManager, MpsOptions, Tools};
 use crate::devices::{self, DeviceModel, ModelOptions};
 use crate::hardware::nvml::NvmlBackend;
 use crate::hardware::sim::SimBackend;
@@ -91,6 +93,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 (Arc::new(nvml), Box::new(host), None)
             }
         };
+    let sharing = sharing_setup(&config);
     let mut model_options = ModelOptions::with_policies(&config.driver_name, &[]);
     match (config.mig_policy, default_policies) {
         (Some(policy), _) => model_options.default_policy = Some(policy),
@@ -99,6 +102,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         }
         (None, None) => {}
     }
+    model_options.shared_gpus = config.shared_gpus;
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
         ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {
@@ -123,7 +127,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         state_dir: config.state_dir.clone(),
         boot_id,
         model_cache: Default::default(),
-        sharing: None,
+        sharing,
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),
@@ -145,6 +149,8 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         rolled_back = ?report.rolled_back,
         orphans_destroyed = ?report.orphans_destroyed,
         stale_specs_removed = ?report.stale_specs_removed,
+        mps_orphans_stopped = ?report.mps_orphans_stopped,
+        mps_restarted = ?report.mps_restarted,
         "recovered state"
     );
 
@@ -170,6 +176,11 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         health_tx,
     ));
 
+    let supervising = tokio::spawn(supervise_mps(
+        Arc::clone(&manager),
+        PluginLock::new(sockets.lock_file()),
+        config.inventory_interval,
+    ));
     let running = kubelet::serve(
         sockets,
         Arc::new(handler::Handler { manager }),
@@ -190,8 +201,88 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         .map_err(PluginError::Signals)?;
     info!("shutting down");
     watching.abort();
+    supervising.abort();
     publishing.abort();
     running.shutdown().await.map_err(PluginError::Kubelet)
+}
+
+/// The sharing tools: simulated ones with the sim backend and the default driver root (so a
+/// node without GPUs still runs MPS and time-slicing claims), else the driver root's. Without
+/// tools, claims that ask for sharing are refused with the reason; everything else works.
+fn sharing_setup(config: &PluginConfig) -> Option<SharingSetup> {
+    let simulated = matches!(config.backend, BackendChoice::Sim { .. })
+        && config.driver_root == std::path::Path::new("/");
+    let tools = if simulated {
+        std::env::current_exe()
+            .map_err(|e| e.to_string())
+            .and_then(|exe| {
+                Tools::simulated(&exe, &config.state_dir.join("sim").join("tools"))
+                    .map_err(|e| crate::kubelet::error_chain(&e))
+            })
+    } else {
+        Tools::from_driver_root(&config.driver_root).map_err(|e| crate::kubelet::error_chain(&e))
+    };
+    match tools {
+        Ok(tools) => {
+            info!(
+                nvidia_smi = %tools.nvidia_smi.display(),
+                mps_control = %tools.mps_control.display(),
+                simulated,
+                mps = config.mps,
+                time_slicing = config.time_slicing,
+                "sharing tools"
+            );
+            let options = MpsOptions {
+                isolate_shm: !simulated,
+                proc_root: config.proc_root.clone(),
+                ..MpsOptions::default()
+            };
+            Some(SharingSetup {
+                mps: MpsManager::new(tools, config.plugin_dir.join("mps"), options),
+                mps_enabled: config.mps,
+                time_slicing_enabled: config.time_slicing,
+            })
+        }
+        Err(error) => {
+            warn!(%error, "no sharing tools: claims asking for time-slicing or MPS will be refused");
+            None
+        }
+    }
+}
+
+/// Restarts MPS daemons of prepared claims that died, every `interval`, holding the plugin
+/// lock so no prepare or unprepare (of this or another instance) runs meanwhile.
+async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
+    manager: Arc<ClaimsManager<S>>,
+    lock: PluginLock,
+    interval: Duration,
+) {
+    if manager.sharing.is_none() {
+        return;
+    }
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await; // recovery just checked them
+    loop {
+        ticker.tick().await;
+        let guard = match lock.acquire().await {
+            Ok(guard) => guard,
+            Err(e) => {
+                warn!(error = %crate::kubelet::error_chain(&e), "MPS supervision: taking the plugin lock");
+                continue;
+            }
+        };
+        let m = Arc::clone(&manager);
+        match tokio::task::spawn_blocking(move || m.supervise_mps()).await {
+            Ok(Ok(restarted)) if !restarted.is_empty() => {
+                warn!(daemons = ?restarted, "MPS control daemons had died; restarted them");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %crate::kubelet::error_chain(&e), "MPS supervision"),
+            Err(e) => warn!(error = %e, "MPS supervision task"),
+        }
+        drop(guard);
+    }
 }
 
 async fn wait_for_shutdown_signal() -> std::io::Result<()> {

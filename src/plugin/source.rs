@@ -23,7 +23,7 @@ impl ClaimSource for ApiClaims {
                     device: d.device,
                     admin_access: d.admin_access,
                     share_id: d.share_id,
-                    consumed_capacity: Default::default(),
+                    consumed_capacity: d.consumed_capacity,
                 })
                 .collect(),
             config: claim
