@@ -5,6 +5,7 @@
 
 pub mod apiserver;
 pub mod claims;
+pub mod sharing;
 pub mod state;
 
 use std::fs::File;
@@ -35,6 +36,13 @@ pub struct Node {
     runs: AtomicUsize,
     /// The cluster's API server.
     pub api: FakeApiServer,
+}
+
+impl Drop for Node {
+    /// MPS daemons are detached processes: a failing test must not leave them running.
+    fn drop(&mut self) {
+        sharing::reap(self.dir.path());
+    }
 }
 
 impl Default for Node {
