@@ -14,10 +14,12 @@ pub const POINTS: &[&str] = &[
     "prepare-intent-recorded",
     "prepare-gpu-instance-created",
     "prepare-mig-device-created",
+    "prepare-sharing-applied",
     "prepare-cdi-written",
     "prepare-completed",
     "unprepare-started",
     "unprepare-cdi-removed",
+    "unprepare-sharing-undone",
     "unprepare-mig-destroyed",
 ];
 

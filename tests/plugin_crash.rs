@@ -11,6 +11,7 @@ use gpu_dra::crashpoint;
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::{DraApi, KubeletClient};
 use plugin_support::claims::{self, claim_ref};
+use plugin_support::sharing::{daemon_dirs, live_daemons, mps_config, with_config};
 use plugin_support::{Node, Plugin, SIGABRT, SIGKILL};
 
 const CLAIM: &str = "uid-crash";
@@ -19,8 +20,12 @@ const CLAIM: &str = "uid-crash";
 /// retry, and checks that the node converged.
 async fn crash_and_recover(point: &str) {
     let node = Node::new();
-    node.api
-        .put_claim(claims::on_node("crash", CLAIM, &["gpu-0-mig-3g40gb-4"]));
+    // MPS on the carved device, so every step has hardware, a daemon and a spec to leak.
+    node.api.put_claim(with_config(
+        claims::on_node("crash", CLAIM, &["gpu-0-mig-3g40gb-4"]),
+        &[],
+        mps_config("MigDeviceConfig", 50, "8Gi"),
+    ));
     let claim = [claim_ref("crash", CLAIM)];
     let in_prepare = point.starts_with("prepare-");
 
@@ -54,6 +59,12 @@ async fn crash_and_recover(point: &str) {
     let recovered = node.snapshot();
     let recorded: Vec<&str> = recovered.checkpoint.keys().map(String::as_str).collect();
     recovered.assert_converged(&recorded, &format!("{point}: after recovery"));
+    assert_eq!(
+        recorded.len(),
+        live_daemons(node.root()).len(),
+        "{point}: one MPS daemon per prepared claim after recovery"
+    );
+    assert_eq!(recorded.len(), daemon_dirs(&node).len(), "{point}: daemon dirs");
 
     // The kubelet got no answer, so it retries the same call on the new plugin.
     let mut kubelet = plugin.register(DraApi::V1).await;
@@ -82,6 +93,8 @@ async fn crash_and_recover(point: &str) {
     }
     let end = node.snapshot();
     end.assert_converged(&[], &format!("{point}: at the end"));
+    assert_eq!(Vec::<u32>::new(), live_daemons(node.root()), "{point}: leaked daemons");
+    assert_eq!(Vec::<String>::new(), daemon_dirs(&node), "{point}: leaked daemon dirs");
     assert!(end.instances.is_empty(), "{point}: {:?}", end.instances);
 }
 
