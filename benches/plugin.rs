@@ -234,7 +234,10 @@ fn main() {
         // allocates its own arena, which idle RSS shows.
         for (label, env) in [
             ("glibc defaults", &[][..]),
-            ("MALLOC_ARENA_MAX=2, as the chart runs it", &[("MALLOC_ARENA_MAX", "2")][..]),
+            (
+                "MALLOC_ARENA_MAX=2, as the chart runs it",
+                &[("MALLOC_ARENA_MAX", "2")][..],
+            ),
         ] {
             println!("\n-- idle plugin, {label}");
             for (name, kib) in idle_memory(env).await {

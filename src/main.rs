@@ -78,7 +78,12 @@ struct InventoryArgs {
     #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
     mig_policy: Option<Policy>,
     /// Publish GPUs and MIG devices shareable (consumable capacity): off, memory or N shares.
-    #[arg(long, env = "GPU_DRA_SHARED_GPUS", default_value = "off", value_name = "off|memory|N")]
+    #[arg(
+        long,
+        env = "GPU_DRA_SHARED_GPUS",
+        default_value = "off",
+        value_name = "off|memory|N"
+    )]
     shared_gpus: SharedGpus,
     /// Output: a table for people, or ResourceSlice objects for `kubectl create -f -`.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
@@ -185,7 +190,12 @@ struct PluginArgs {
     inventory_interval: u64,
     /// Publish GPUs and MIG devices shareable by several claims (consumable capacity):
     /// off, memory (claims ask for memory), or N equal shares by default (2..=48).
-    #[arg(long, env = "GPU_DRA_SHARED_GPUS", default_value = "off", value_name = "off|memory|N")]
+    #[arg(
+        long,
+        env = "GPU_DRA_SHARED_GPUS",
+        default_value = "off",
+        value_name = "off|memory|N"
+    )]
     shared_gpus: SharedGpus,
     /// Allow the MPS sharing strategy (opaque config and consumable-capacity shares).
     #[arg(long, env = "GPU_DRA_MPS", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
@@ -393,7 +403,6 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         policies: Default::default(),
         default_policy: args.mig_policy.map(MigPolicy::from),
         shared_gpus: args.shared_gpus,
-        ..Default::default()
     };
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
         Backend::Sim => {

@@ -216,7 +216,7 @@ async fn bad_allocations_fail_with_the_claim_and_the_cause() {
             device: "gpu-0".into(),
             admin_access: false,
             share_id: None,
-                consumed_capacity: Default::default(),
+            consumed_capacity: Default::default(),
         }],
         config: vec![],
     };

@@ -64,7 +64,11 @@ async fn crash_and_recover(point: &str) {
         live_daemons(node.root()).len(),
         "{point}: one MPS daemon per prepared claim after recovery"
     );
-    assert_eq!(recorded.len(), daemon_dirs(&node).len(), "{point}: daemon dirs");
+    assert_eq!(
+        recorded.len(),
+        daemon_dirs(&node).len(),
+        "{point}: daemon dirs"
+    );
 
     // The kubelet got no answer, so it retries the same call on the new plugin.
     let mut kubelet = plugin.register(DraApi::V1).await;
@@ -93,8 +97,16 @@ async fn crash_and_recover(point: &str) {
     }
     let end = node.snapshot();
     end.assert_converged(&[], &format!("{point}: at the end"));
-    assert_eq!(Vec::<u32>::new(), live_daemons(node.root()), "{point}: leaked daemons");
-    assert_eq!(Vec::<String>::new(), daemon_dirs(&node), "{point}: leaked daemon dirs");
+    assert_eq!(
+        Vec::<u32>::new(),
+        live_daemons(node.root()),
+        "{point}: leaked daemons"
+    );
+    assert_eq!(
+        Vec::<String>::new(),
+        daemon_dirs(&node),
+        "{point}: leaked daemon dirs"
+    );
     assert!(end.instances.is_empty(), "{point}: {:?}", end.instances);
 }
 

@@ -9,8 +9,7 @@ mod plugin_support;
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::sharing::{
-    as_share, daemon_dirs, daemon_pid, live_daemons, mps_config, smi_state, tool_calls,
-    with_config,
+    as_share, daemon_dirs, daemon_pid, live_daemons, mps_config, smi_state, tool_calls, with_config,
 };
 use plugin_support::{Node, eventually};
 use serde_json::json;
@@ -42,13 +41,19 @@ async fn an_mps_claim_gets_its_own_daemon_with_verified_limits_and_unprepare_sto
     assert!(uuid.starts_with(GPU3_UUID_PREFIX));
     let mut kubelet = plugin.register(DraApi::V1).await;
 
-    let got = kubelet.prepare(&[claim_ref("mps", "uid-mps")]).await.unwrap();
+    let got = kubelet
+        .prepare(&[claim_ref("mps", "uid-mps")])
+        .await
+        .unwrap();
     assert!(got["uid-mps"].is_ok(), "{got:?}\n{}", plugin.log());
     let daemons = daemon_dirs(&node);
     assert_eq!(1, daemons.len(), "{daemons:?}");
     let pid = daemon_pid(&node, &daemons[0]).expect("pid file");
     assert_eq!(vec![pid], live_daemons(node.root()));
-    assert_eq!(("EXCLUSIVE_PROCESS".to_string(), 0), smi_state(&node, &uuid));
+    assert_eq!(
+        ("EXCLUSIVE_PROCESS".to_string(), 0),
+        smi_state(&node, &uuid)
+    );
     let calls = tool_calls(&node);
     let want = [
         format!("nvidia-smi -i {uuid} -c EXCLUSIVE_PROCESS"),
@@ -74,7 +79,10 @@ async fn an_mps_claim_gets_its_own_daemon_with_verified_limits_and_unprepare_sto
         assert!(spec.contains(w), "spec lacks {w}: {spec}");
     }
 
-    kubelet.unprepare(&[claim_ref("mps", "uid-mps")]).await.unwrap();
+    kubelet
+        .unprepare(&[claim_ref("mps", "uid-mps")])
+        .await
+        .unwrap();
     assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
     assert_eq!(Vec::<String>::new(), daemon_dirs(&node));
     assert_eq!(("DEFAULT".to_string(), 0), smi_state(&node, &uuid));
@@ -105,7 +113,10 @@ async fn a_time_sliced_claim_sets_the_interval_and_unprepare_resets_it() {
             .any(|c| c == &format!("nvidia-smi compute-policy -i {uuid} --set-timeslice 3")),
         "{calls:#?}"
     );
-    kubelet.unprepare(&[claim_ref("ts", "uid-ts")]).await.unwrap();
+    kubelet
+        .unprepare(&[claim_ref("ts", "uid-ts")])
+        .await
+        .unwrap();
     assert_eq!(("DEFAULT".to_string(), 0), smi_state(&node, &uuid));
     assert_eq!(Vec::<String>::new(), daemon_dirs(&node));
 }
@@ -128,9 +139,9 @@ async fn mps_on_a_carved_mig_device_points_the_daemon_at_the_mig_uuid() {
     let mig_uuid = node.snapshot().hardware_mig_uuids()[0].clone();
     let calls = tool_calls(&node);
     assert!(
-        calls
-            .iter()
-            .any(|c| c.contains(&format!("CUDA_VISIBLE_DEVICES={mig_uuid} nvidia-cuda-mps-control -d"))),
+        calls.iter().any(|c| c.contains(&format!(
+            "CUDA_VISIBLE_DEVICES={mig_uuid} nvidia-cuda-mps-control -d"
+        ))),
         "{calls:#?}"
     );
     assert!(
@@ -159,7 +170,10 @@ async fn an_invalid_config_fails_prepare_with_the_field_and_starts_nothing() {
     ));
     let plugin = node.start().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    let got = kubelet.prepare(&[claim_ref("bad", "uid-bad")]).await.unwrap();
+    let got = kubelet
+        .prepare(&[claim_ref("bad", "uid-bad")])
+        .await
+        .unwrap();
     let error = got["uid-bad"].as_ref().expect_err("must fail");
     assert!(
         error.contains("defaultActiveThreadPercentage: 150 is outside 0–100"),
@@ -183,7 +197,13 @@ async fn a_daemon_that_dies_is_restarted_by_the_plugin_with_its_limits() {
     ));
     let plugin = node.start().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    assert!(kubelet.prepare(&[claim_ref("mps", "uid-mps")]).await.unwrap()["uid-mps"].is_ok());
+    assert!(
+        kubelet
+            .prepare(&[claim_ref("mps", "uid-mps")])
+            .await
+            .unwrap()["uid-mps"]
+            .is_ok()
+    );
     let id = daemon_dirs(&node)[0].clone();
     let first = daemon_pid(&node, &id).unwrap();
     std::process::Command::new("kill")
@@ -200,7 +220,10 @@ async fn a_daemon_that_dies_is_restarted_by_the_plugin_with_its_limits() {
         .filter(|c| c.contains("set_default_active_thread_percentage 25"))
         .count();
     assert_eq!(2, sets, "limits sent again to the new daemon");
-    kubelet.unprepare(&[claim_ref("mps", "uid-mps")]).await.unwrap();
+    kubelet
+        .unprepare(&[claim_ref("mps", "uid-mps")])
+        .await
+        .unwrap();
     assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
 }
 
@@ -214,18 +237,35 @@ async fn after_a_plugin_crash_the_daemon_is_found_again_and_later_stopped() {
     ));
     let mut plugin = node.start().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    assert!(kubelet.prepare(&[claim_ref("mps", "uid-mps")]).await.unwrap()["uid-mps"].is_ok());
+    assert!(
+        kubelet
+            .prepare(&[claim_ref("mps", "uid-mps")])
+            .await
+            .unwrap()["uid-mps"]
+            .is_ok()
+    );
     let id = daemon_dirs(&node)[0].clone();
     let pid = daemon_pid(&node, &id).unwrap();
     plugin.signal(plugin_support::SIGKILL);
     plugin.wait_exit().await;
-    assert_eq!(vec![pid], live_daemons(node.root()), "daemons outlive the plugin");
+    assert_eq!(
+        vec![pid],
+        live_daemons(node.root()),
+        "daemons outlive the plugin"
+    );
 
     let plugin = node.start().await;
-    assert_eq!(Some(pid), daemon_pid(&node, &id), "the same daemon, found again");
+    assert_eq!(
+        Some(pid),
+        daemon_pid(&node, &id),
+        "the same daemon, found again"
+    );
     assert_eq!(vec![pid], live_daemons(node.root()));
     let mut kubelet = plugin.register(DraApi::V1).await;
-    kubelet.unprepare(&[claim_ref("mps", "uid-mps")]).await.unwrap();
+    kubelet
+        .unprepare(&[claim_ref("mps", "uid-mps")])
+        .await
+        .unwrap();
     assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
     node.snapshot().assert_converged(&[], "after unprepare");
 }
@@ -245,9 +285,7 @@ async fn two_consumable_capacity_shares_use_one_daemon_with_their_own_client_lim
         .put_claim(share("a", "uid-a", "aaaa1111", "40Gi", "66"));
     node.api
         .put_claim(share("b", "uid-b", "bbbb2222", "20Gi", "33"));
-    let plugin = node
-        .start_with(&[("GPU_DRA_SHARED_GPUS", "4")])
-        .await;
+    let plugin = node.start_with(&[("GPU_DRA_SHARED_GPUS", "4")]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let got = kubelet
         .prepare(&[claim_ref("a", "uid-a"), claim_ref("b", "uid-b")])
@@ -258,13 +296,26 @@ async fn two_consumable_capacity_shares_use_one_daemon_with_their_own_client_lim
     let a = node.spec("uid-a").unwrap();
     let b = node.spec("uid-b").unwrap();
     assert!(a.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"), "{a}");
-    assert!(a.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M"), "{a}");
+    assert!(
+        a.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M"),
+        "{a}"
+    );
     assert!(b.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"), "{b}");
-    assert!(b.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"), "{b}");
-    assert!(a.contains("aaaa1111") && b.contains("bbbb2222"), "CDI names carry the share IDs");
+    assert!(
+        b.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"),
+        "{b}"
+    );
+    assert!(
+        a.contains("aaaa1111") && b.contains("bbbb2222"),
+        "CDI names carry the share IDs"
+    );
 
     kubelet.unprepare(&[claim_ref("a", "uid-a")]).await.unwrap();
-    assert_eq!(1, live_daemons(node.root()).len(), "b still uses the daemon");
+    assert_eq!(
+        1,
+        live_daemons(node.root()).len(),
+        "b still uses the daemon"
+    );
     kubelet.unprepare(&[claim_ref("b", "uid-b")]).await.unwrap();
     assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
     assert_eq!(Vec::<String>::new(), daemon_dirs(&node));

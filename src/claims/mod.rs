@@ -239,7 +239,10 @@ pub struct ModelCache(std::sync::Mutex<Option<(NodeInventory, Arc<DeviceModel>)>
 impl ModelCache {
     /// The model for `inventory`, from the cache when the inventory is unchanged.
     pub fn get(&self, inventory: NodeInventory, options: &ModelOptions) -> Arc<DeviceModel> {
-        let mut slot = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((cached, model)) = slot.as_ref()
             && *cached == inventory
         {

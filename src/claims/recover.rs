@@ -2,9 +2,9 @@
 //! back in line before serving the kubelet.
 
 use super::{ClaimError, ClaimSource, ClaimsManager, sharing};
-use crate::sharing::Ensured;
 use crate::checkpoint::{CheckpointStore, ClaimPhase};
 use crate::hardware::MigPolicy;
+use crate::sharing::Ensured;
 
 /// What recovery did, for the start-up log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -85,9 +85,7 @@ impl DeviceSharing {
     fn daemon(&self) -> Option<&str> {
         match self {
             DeviceSharing::TimeSlicing { .. } => None,
-            DeviceSharing::Mps { daemon, .. } | DeviceSharing::Share { daemon, .. } => {
-                Some(daemon)
-            }
+            DeviceSharing::Mps { daemon, .. } | DeviceSharing::Share { daemon, .. } => Some(daemon),
         }
     }
 }
@@ -262,12 +260,13 @@ pub(super) fn decide(
                 ),
             ));
         }
-        let published = model
-            .device(&p.allocated.device)
-            .ok_or_else(|| ClaimError::UnknownDevice {
-                claim: id.to_string(),
-                device: p.allocated.device.clone(),
-            })?;
+        let published =
+            model
+                .device(&p.allocated.device)
+                .ok_or_else(|| ClaimError::UnknownDevice {
+                    claim: id.to_string(),
+                    device: p.allocated.device.clone(),
+                })?;
         let limits =
             crate::devices::share_limits(&published.device, &p.allocated.consumed_capacity)
                 .map_err(|e| {
@@ -323,11 +322,16 @@ fn device_uuid(record: &DeviceRecord) -> Option<(String, bool)> {
     }
 }
 
+/// One device of a daemon: ordinal, device, default thread %, pinned limit.
+type DaemonDevice = (usize, MpsDevice, Option<u8>, Option<u64>);
+
+/// CDI edits of one device: env and mounts.
+pub(super) type DeviceEdits = (Vec<(String, String)>, Vec<cdi::Mount>);
+
 /// The MPS daemons a claim's records call for, with their devices in ordinal order. A
 /// device whose MIG instance does not exist (yet) leaves its daemon out.
 pub(super) fn daemon_specs(rec: &ClaimRecord) -> Result<Vec<MpsDaemonSpec>, String> {
-    let mut specs: BTreeMap<String, Vec<(usize, MpsDevice, Option<u8>, Option<u64>)>> =
-        BTreeMap::new();
+    let mut specs: BTreeMap<String, Vec<DaemonDevice>> = BTreeMap::new();
     let mut incomplete = BTreeSet::new();
     for d in &rec.devices {
         let Some(sharing) = DeviceSharing::of(d)? else {
@@ -387,7 +391,7 @@ pub(super) fn apply(
     setup: Option<&SharingSetup>,
     claim: &str,
     rec: &ClaimRecord,
-) -> Result<Vec<(Vec<(String, String)>, Vec<cdi::Mount>)>, ClaimError> {
+) -> Result<Vec<DeviceEdits>, ClaimError> {
     let mut edits = vec![(Vec::new(), Vec::new()); rec.devices.len()];
     let decided: Vec<Option<DeviceSharing>> = rec
         .devices
@@ -564,13 +568,16 @@ mod tests {
 
     #[test]
     fn claim_daemon_ids_are_dns_labels_and_stable() {
-        let id = claim_daemon_id(
-            "0b3e9f6c-1a2b-4c5d-8e9f-001122334455",
-            &["gpu-0", "gpu-1"],
+        let id = claim_daemon_id("0b3e9f6c-1a2b-4c5d-8e9f-001122334455", &["gpu-0", "gpu-1"]);
+        assert_eq!(
+            id,
+            claim_daemon_id("0b3e9f6c-1a2b-4c5d-8e9f-001122334455", &["gpu-0", "gpu-1"])
         );
-        assert_eq!(id, claim_daemon_id("0b3e9f6c-1a2b-4c5d-8e9f-001122334455", &["gpu-0", "gpu-1"]));
         assert!(crate::sharing::validate_daemon_id(&id).is_ok(), "{id}");
-        assert_ne!(id, claim_daemon_id("0b3e9f6c-1a2b-4c5d-8e9f-001122334455", &["gpu-0"]));
+        assert_ne!(
+            id,
+            claim_daemon_id("0b3e9f6c-1a2b-4c5d-8e9f-001122334455", &["gpu-0"])
+        );
     }
 
     #[test]

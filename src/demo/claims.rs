@@ -1,4 +1,4 @@
-//! Demo steps 4–6: the seed talk's claims allocated by the built-in allocator with CEL, then
+//! Demo steps 4–6 (and the prepare/unprepare rounds of 7–8): the seed talk's claims allocated by the built-in allocator with CEL, then
 //! prepared and unprepared by the real claim lifecycle on the simulated hardware.
 
 use std::collections::BTreeMap;
@@ -9,12 +9,14 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 use crate::alloc::{self, Detail, Node};
 use crate::cdi::{CdiWriter, ClaimNaming};
+use crate::claims::sharing::SharingSetup;
 use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ClaimsManager};
 use crate::devices::ModelOptions;
 use crate::hardware::GpuBackend;
 use crate::hardware::sim::SimBackend;
 use crate::plugin::simhost::SimHostFacts;
 use crate::selectors::CelEngine;
+use crate::sharing::{MpsManager, MpsOptions, Tools};
 
 /// The example files shipped in `examples/`, in the order the demo submits them.
 pub const EXAMPLES: [(&str, &str); 6] = [
@@ -65,13 +67,40 @@ pub fn run(
     classes: &[DeviceClass],
     slices: &[ResourceSlice],
 ) -> Result<(), String> {
-    let node = Node::named(backend.node_name());
-    let mut allocated: Vec<ResourceClaim> = Vec::new();
     let _ = writeln!(
         out,
         "\n4. Allocation: the seed talk's claims, one after another (built-in allocator, CEL selectors)"
     );
-    for (file, text) in EXAMPLES {
+    let allocated = allocate(out, &EXAMPLES, &backend, classes, slices, "demo")?;
+    let steps = Steps {
+        prepare: "5. Prepare: what the kubelet plugin does when the pods start (NodePrepareResources)",
+        unprepare: "6. Unprepare: the pods are gone (NodeUnprepareResources)",
+        show_mig_spec: true,
+    };
+    prepare_all(out, backend, options, &allocated, &steps)
+}
+
+/// Section titles and what to show of a prepare/unprepare round.
+pub(super) struct Steps {
+    pub prepare: &'static str,
+    pub unprepare: &'static str,
+    /// Print the first MIG claim's CDI spec in full.
+    pub show_mig_spec: bool,
+}
+
+/// Allocates the claims of `examples` in turn on the node of `slices`; returns the allocated
+/// claims with UIDs `<uid_prefix>-NN`.
+pub(super) fn allocate(
+    out: &mut String,
+    examples: &[(&str, &str)],
+    backend: &SimBackend,
+    classes: &[DeviceClass],
+    slices: &[ResourceSlice],
+    uid_prefix: &str,
+) -> Result<Vec<ResourceClaim>, String> {
+    let node = Node::named(backend.node_name());
+    let mut allocated: Vec<ResourceClaim> = Vec::new();
+    for (file, text) in examples {
         let dir = tempfile_dir()?;
         let path = dir.join(file);
         std::fs::write(&path, text).map_err(|e| e.to_string())?;
@@ -99,7 +128,12 @@ pub fn run(
                             d.results
                                 .iter()
                                 .flatten()
-                                .map(|r| format!("{}={}", r.request, r.device))
+                                .map(|r| match &r.share_id {
+                                    Some(share) => {
+                                        format!("{}={} (share {share})", r.request, r.device)
+                                    }
+                                    None => format!("{}={}", r.request, r.device),
+                                })
                                 .collect()
                         })
                         .unwrap_or_default();
@@ -108,7 +142,7 @@ pub fn run(
                         "   {file:<32} {name:<40} allocated {}",
                         devices.join(", ")
                     );
-                    claim.metadata.uid = Some(format!("demo-{:02}", allocated.len() + 1));
+                    claim.metadata.uid = Some(format!("{uid_prefix}-{:02}", allocated.len() + 1));
                     claim
                         .metadata
                         .namespace
@@ -129,7 +163,7 @@ pub fn run(
             }
         }
     }
-    prepare_all(out, backend, options, &allocated)
+    Ok(allocated)
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf, String> {
@@ -142,13 +176,14 @@ fn tempfile_dir() -> Result<std::path::PathBuf, String> {
     Ok(dir)
 }
 
-fn prepare_all(
+pub(super) fn prepare_all(
     out: &mut String,
     backend: Arc<SimBackend>,
     options: &ModelOptions,
     claims: &[ResourceClaim],
+    steps: &Steps,
 ) -> Result<(), String> {
-    let work = tempfile_dir()?.join("node");
+    let work = tempfile_dir()?.join(format!("node-{}", backend.node_name()));
     let table = claims
         .iter()
         .map(|c| {
@@ -180,7 +215,7 @@ fn prepare_all(
                 uid,
                 ClaimAllocation {
                     devices,
-                    config: Vec::new(),
+                    config: allocation_config(c),
                 },
             )
         })
@@ -196,7 +231,7 @@ fn prepare_all(
         state_dir: work.join("state"),
         boot_id: "demo-boot".to_string(),
         model_cache: Default::default(),
-        sharing: None,
+        sharing: Some(simulated_sharing(&work)?),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -209,10 +244,7 @@ fn prepare_all(
             uid: c.metadata.uid.clone().unwrap_or_default(),
         })
         .collect();
-    let _ = writeln!(
-        out,
-        "\n5. Prepare: what the kubelet plugin does when the pods start (NodePrepareResources)"
-    );
+    let _ = writeln!(out, "\n{}", steps.prepare);
     let mut shown_spec = false;
     for id in &ids {
         let devices = runtime
@@ -227,7 +259,9 @@ fn prepare_all(
                 d.cdi_device_ids.join(", ")
             );
         }
-        if !shown_spec && devices.iter().any(|d| d.device.contains("-mig-")) {
+        show_sharing_edits(out, &work.join("cdi"), &id.uid);
+        if steps.show_mig_spec && !shown_spec && devices.iter().any(|d| d.device.contains("-mig-"))
+        {
             let path = work
                 .join("cdi")
                 .join(format!("k8s.gpu.nvidia.com-claim_{}.json", id.uid));
@@ -266,10 +300,9 @@ fn prepare_all(
     for c in &carved {
         let _ = writeln!(out, "     {c}");
     }
-    let _ = writeln!(
-        out,
-        "\n6. Unprepare: the pods are gone (NodeUnprepareResources)"
-    );
+    show_tool_calls(out, &work.join("tools"), "while preparing");
+    let tools_seen = crate::sharing::simtools::read_log(&work.join("tools")).len();
+    let _ = writeln!(out, "\n{}", steps.unprepare);
     for id in &ids {
         runtime
             .block_on(manager.unprepare(id))
@@ -292,6 +325,106 @@ fn prepare_all(
         "   {} claim(s) unprepared: carved MIG devices destroyed, CDI specs removed ({specs} left); MIG devices remaining: {left} (the pre-created static ones)",
         ids.len()
     );
+    let calls = crate::sharing::simtools::read_log(&work.join("tools"));
+    if calls.len() > tools_seen {
+        let _ = writeln!(
+            out,
+            "   Commands the simulated tools received while unpreparing (daemons quit, GPUs back to DEFAULT):"
+        );
+        for c in &calls[tools_seen..] {
+            let _ = writeln!(out, "     {}", c.command_line());
+        }
+    }
     let _ = std::fs::remove_dir_all(work.parent().unwrap_or(&work));
     Ok(())
+}
+
+/// The opaque config entries of this driver the allocation carries (class entries first),
+/// as the API server hands them to the plugin.
+fn allocation_config(claim: &ResourceClaim) -> Vec<crate::claims::ConfigEntry> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|c| {
+            let opaque = c.opaque?;
+            Some(crate::claims::ConfigEntry {
+                from_class: c.source == "FromClass",
+                requests: c.requests.unwrap_or_default(),
+                parameters: opaque.parameters.0,
+            })
+        })
+        .collect()
+}
+
+/// Simulated `nvidia-smi` / `nvidia-cuda-mps-control` (this binary under those names) with
+/// their record and the MPS daemons' directories under `work`.
+fn simulated_sharing(work: &std::path::Path) -> Result<SharingSetup, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding the gpu-dra binary: {e}"))?;
+    let tools =
+        Tools::simulated(&exe, &work.join("tools")).map_err(|e| crate::kubelet::error_chain(&e))?;
+    Ok(SharingSetup {
+        mps: MpsManager::new(tools, work.join("mps"), MpsOptions::default()),
+        mps_enabled: true,
+        time_slicing_enabled: true,
+    })
+}
+
+/// The MPS part of a claim's CDI spec: the env its containers get.
+fn show_sharing_edits(out: &mut String, cdi_root: &std::path::Path, uid: &str) {
+    let path = cdi_root.join(format!("k8s.gpu.nvidia.com-claim_{uid}.json"));
+    let Ok(spec) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let Ok(spec) = serde_json::from_str::<serde_json::Value>(&spec) else {
+        return;
+    };
+    for device in spec["devices"].as_array().into_iter().flatten() {
+        let edits = &device["containerEdits"];
+        let env: Vec<&str> = edits["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.as_str())
+            .filter(|e| e.starts_with("CUDA_MPS"))
+            .collect();
+        if env.is_empty() {
+            continue;
+        }
+        let mounts: Vec<String> = edits["mounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["containerPath"].as_str().map(String::from))
+            .collect();
+        let _ = writeln!(
+            out,
+            "   {:<40} CDI edits of {}: {}; mounts {}",
+            "",
+            device["name"].as_str().unwrap_or(""),
+            env.join(" "),
+            mounts.join(", ")
+        );
+    }
+}
+
+fn show_tool_calls(out: &mut String, dir: &std::path::Path, when: &str) {
+    let calls = crate::sharing::simtools::read_log(dir);
+    if calls.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "   Commands the simulated tools received {when}:");
+    for c in &calls {
+        let visible = c
+            .env
+            .get("CUDA_VISIBLE_DEVICES")
+            .filter(|_| c.args.iter().any(|a| a == "-d"))
+            .map(|v| format!("CUDA_VISIBLE_DEVICES={v} "))
+            .unwrap_or_default();
+        let _ = writeln!(out, "     {visible}{}", c.command_line());
+    }
 }

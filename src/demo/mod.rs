@@ -2,6 +2,7 @@
 //! step for a person reading the terminal.
 
 mod claims;
+pub mod sharing;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -66,6 +67,7 @@ pub fn run(sim_node: &str, driver_name: &str) -> Result<String, DemoError> {
     })?;
     claims::run(&mut out, backend.clone(), &options, &classes, &view.slices)
         .map_err(|detail| DemoError::Claims { detail })?;
+    sharing::run(&mut out, driver_name, &classes).map_err(|detail| DemoError::Claims { detail })?;
     let _ = writeln!(
         out,
         "\nSee every device: gpu-dra inventory --sim-node {sim_node}\nPrint the slices for kubectl: gpu-dra inventory --sim-node {sim_node} -o yaml"

@@ -21,12 +21,12 @@ use tracing::{info, warn};
 use crate::cdi::{self, CdiWriter, ClaimNaming, DriverOptions, HostLayout};
 use crate::claims::sharing::SharingSetup;
 use crate::claims::{ClaimsManager, HostFactsSource};
-use crate::sharing::{MpsManager, MpsOptions, Tools};
 use crate::devices::{self, DeviceModel, ModelOptions};
 use crate::hardware::nvml::NvmlBackend;
 use crate::hardware::sim::SimBackend;
 use crate::hardware::{GpuBackend, NodeInventory};
 use crate::kubelet::{self, DeviceHealth, HealthStatus, PluginLock, PluginSockets};
+use crate::sharing::{MpsManager, MpsOptions, Tools};
 pub use config::{BackendChoice, PluginConfig};
 
 /// Errors that stop the plugin from starting or running.

@@ -1,0 +1,121 @@
+//! Demo steps 7–9: the sharing strategies on fresh simulated DGX H100 nodes — time-slicing,
+//! MPS with limits, MPS on a carved MIG device (opaque config), then two claims sharing one
+//! GPU through consumable capacity — prepared by the real claim lifecycle, with the commands
+//! the simulated `nvidia-smi` and `nvidia-cuda-mps-control` received.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::DeviceClass;
+
+use super::claims::{Steps, allocate, prepare_all};
+use crate::devices::{ModelOptions, SharedGpus};
+use crate::hardware::sim::SimBackend;
+use crate::inventory;
+
+/// The node the sharing steps run on (eight H100s with dynamic MIG).
+pub const SHARING_PRESET: &str = "dgx-h100";
+
+/// Examples with opaque sharing config, in the order the demo submits them.
+pub const SHARING_EXAMPLES: [(&str, &str); 4] = [
+    (
+        "sharing-time-slicing.yaml",
+        include_str!("../../examples/sharing-time-slicing.yaml"),
+    ),
+    (
+        "sharing-mps-limits.yaml",
+        include_str!("../../examples/sharing-mps-limits.yaml"),
+    ),
+    (
+        "sharing-mps-on-mig.yaml",
+        include_str!("../../examples/sharing-mps-on-mig.yaml"),
+    ),
+    (
+        "sharing-mig-time-slicing-seed.yaml",
+        include_str!("../../examples/sharing-mig-time-slicing-seed.yaml"),
+    ),
+];
+
+/// The consumable-capacity example: its two ResourceClaimTemplates (the pods each use one).
+const CAPACITY_EXAMPLE: &str = include_str!("../../examples/consumable-capacity.yaml");
+
+/// How many equal shares the consumable-capacity step publishes per device.
+const SHARES: u8 = 4;
+
+fn node(options: &ModelOptions) -> Result<(Arc<SimBackend>, ModelOptions), String> {
+    let backend = Arc::new(
+        SimBackend::open(SHARING_PRESET, None).map_err(|e| crate::kubelet::error_chain(&e))?,
+    );
+    let options = ModelOptions {
+        shared_gpus: options.shared_gpus,
+        ..ModelOptions::with_policies(&options.driver_name, &backend.mig_policies())
+    };
+    Ok((backend, options))
+}
+
+/// Runs steps 7–9 and appends what they print.
+pub fn run(out: &mut String, driver_name: &str, classes: &[DeviceClass]) -> Result<(), String> {
+    let base = ModelOptions::with_policies(driver_name, &[]);
+    let (backend, options) = node(&base)?;
+    let view = inventory::view(backend.as_ref(), backend.node_name(), &options)
+        .map_err(|e| crate::kubelet::error_chain(&e))?;
+    let _ = writeln!(
+        out,
+        "\n7. Sharing strategies (opaque config), on a fresh simulated node: preset {SHARING_PRESET}"
+    );
+    let allocated = allocate(
+        out,
+        &SHARING_EXAMPLES,
+        &backend,
+        classes,
+        &view.slices,
+        "sharing",
+    )?;
+    prepare_all(
+        out,
+        backend,
+        &options,
+        &allocated,
+        &Steps {
+            prepare: "   Prepare: time-slice set, MPS control daemons started with verified limits",
+            unprepare: "   Unprepare: daemons stopped, compute mode and time-slice reset",
+            show_mig_spec: false,
+        },
+    )?;
+
+    let shared = ModelOptions {
+        shared_gpus: SharedGpus::Shares(SHARES),
+        ..base
+    };
+    let (backend, options) = node(&shared)?;
+    let view = inventory::view(backend.as_ref(), backend.node_name(), &options)
+        .map_err(|e| crate::kubelet::error_chain(&e))?;
+    let _ = writeln!(
+        out,
+        "\n8. Consumable capacity: the same preset published with --shared-gpus {SHARES}; two claims share one GPU"
+    );
+    let templates: Vec<&str> = CAPACITY_EXAMPLE
+        .split("\n---")
+        .filter(|doc| doc.contains("kind: ResourceClaimTemplate"))
+        .collect();
+    let templates = templates.join("\n---\n");
+    let allocated = allocate(
+        out,
+        &[("consumable-capacity.yaml", templates.as_str())],
+        &backend,
+        classes,
+        &view.slices,
+        "share",
+    )?;
+    prepare_all(
+        out,
+        backend,
+        &options,
+        &allocated,
+        &Steps {
+            prepare: "   Prepare: one MPS daemon for the shared GPU; each claim's CDI spec carries its own client limits",
+            unprepare: "   Unprepare: the last share out stops the daemon",
+            show_mig_spec: false,
+        },
+    )
+}
