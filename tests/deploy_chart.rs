@@ -85,6 +85,7 @@ fn schema_rejects_values_outside_their_choices() {
         ("gpuBackend", json!({"gpuBackend": "cuda"})),
         ("migPolicy", json!({"migPolicy": "auto"})),
         ("logging.format", json!({"logging": {"format": "xml"}})),
+        ("logging.level", json!({"logging": {"level": "verbose"}})),
         (
             "sharing.sharedGpus",
             json!({"sharing": {"sharedGpus": "half"}}),
