@@ -7,10 +7,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
   cat <<USAGE
-Usage: hack/kind/install.sh [extra helm arguments...]
+Usage: hack/kind/install.sh [--build] [extra helm arguments...]
 
 helm upgrade --install ${HELM_RELEASE} into namespace ${HELM_NAMESPACE} of context
 ${KUBE_CONTEXT}, with deployments/helm/gpu-dra/values-sim.yaml and image ${IMAGE}.
+  --build   first build the image and load it into the cluster (hack/kind/build-image.sh)
 Extra arguments go to helm, e.g. --set logging.format=json.
 Environment: KIND_CLUSTER_NAME, IMAGE_REPOSITORY, IMAGE_TAG, HELM_RELEASE, HELM_NAMESPACE,
 WAIT_SECONDS (default 180).
@@ -19,6 +20,10 @@ USAGE
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   usage
   exit 0
+fi
+if [ "${1:-}" = "--build" ]; then
+  shift
+  "${REPO_ROOT}/hack/kind/build-image.sh"
 fi
 need helm kubectl
 wait_seconds="${WAIT_SECONDS:-180}"
