@@ -317,3 +317,68 @@ fn helm_refuses_a_misspelt_value() {
         "{stderr}"
     );
 }
+
+/// Deserialises `object` as `T` and serialises it back: a field the API type does not have
+/// (a typo, a wrong indentation level) is dropped on the way and shows up as a difference.
+fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(object: &Value) -> Value {
+    let typed: T = serde_json::from_value(object.clone())
+        .unwrap_or_else(|e| panic!("{} {}: {e}", object["kind"], object["metadata"]["name"]));
+    serde_json::to_value(typed).unwrap()
+}
+
+/// The paths where `want` and `got` differ (a field only one of them has, or different values).
+fn differences(want: &Value, got: &Value, path: &str) -> Vec<String> {
+    match (want, got) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .flat_map(|k| {
+                    let (x, y) = (
+                        a.get(k).unwrap_or(&Value::Null),
+                        b.get(k).unwrap_or(&Value::Null),
+                    );
+                    differences(x, y, &format!("{path}.{k}"))
+                })
+                .collect()
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .flat_map(|(i, (x, y))| differences(x, y, &format!("{path}[{i}]")))
+            .collect(),
+        (a, b) if a == b => Vec::new(),
+        (a, b) => vec![format!("{path}: rendered {a}, API type keeps {b}")],
+    }
+}
+
+#[test]
+fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
+    use k8s_openapi::api::admissionregistration::v1 as admission;
+    use k8s_openapi::api::resource::v1 as resource;
+    use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, rbac::v1 as rbac};
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let sim = sim_values();
+    for extra in [vec![], vec!["-f", sim.as_str()]] {
+        for object in render(&helm, &extra) {
+            let got = match object["kind"].as_str().unwrap() {
+                "DaemonSet" => round_trip::<apps::DaemonSet>(&object),
+                "ServiceAccount" => round_trip::<core::ServiceAccount>(&object),
+                "ClusterRole" => round_trip::<rbac::ClusterRole>(&object),
+                "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(&object),
+                "DeviceClass" => round_trip::<resource::DeviceClass>(&object),
+                "ValidatingAdmissionPolicy" => {
+                    round_trip::<admission::ValidatingAdmissionPolicy>(&object)
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    round_trip::<admission::ValidatingAdmissionPolicyBinding>(&object)
+                }
+                other => panic!("unexpected kind {other}"),
+            };
+            let what = format!("{} {}", object["kind"], object["metadata"]["name"]);
+            assert_eq!(differences(&object, &got, &what), Vec::<String>::new());
+        }
+    }
+}
