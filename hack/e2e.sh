@@ -128,10 +128,9 @@ YAML
   claim="$(claim_of mig-parent mig)"
   small="$(check_sees_claim mig-parent small "${claim}")" || return 1
   medium="$(check_sees_claim mig-parent medium "${claim}")" || return 1
-  case "${small},${medium}" in
-    MIG-*,MIG-*) ;;
-    *) fail "containers should see one MIG device each, saw '${small}' and '${medium}'" || return 1 ;;
-  esac
+  if [[ "${small}" != MIG-* || "${small}" == *" "* || "${medium}" != MIG-* || "${medium}" == *" "* ]]; then
+    fail "containers should get one MIG device each, got '${small}' and '${medium}'" || return 1
+  fi
   [ "${small}" != "${medium}" ] || fail "both containers see the same MIG device ${small}" || return 1
   parents="$(allocated "${claim}" | while read -r pool device; do
     device_attr "${pool}" "${device}" parentUUID
