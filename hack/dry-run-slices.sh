@@ -3,6 +3,10 @@
 # publishes for every simulated preset (server-side dry run: nothing is stored).
 # Usage: hack/dry-run-slices.sh [preset...]   (needs kubectl and a cluster with resource.k8s.io/v1)
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  echo "Usage: hack/dry-run-slices.sh [preset...]   (default: every built-in preset)"
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 cargo build --quiet --release --bin gpu-dra
 bin=target/release/gpu-dra

@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# End-to-end suite for gpu-dra against the cluster of the current kubeconfig (e.g. the kind
+# cluster of hack/kind/, or real GPU nodes). Each case creates claims and pods, checks that the
+# containers see their devices through the env of the claim's CDI spec, deletes them and checks
+# that unprepare cleaned up: claims deallocated or deleted, the claim's CDI spec file gone.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+Usage: hack/e2e.sh [case...]
+
+Cases (default: all): dedicated shared-claim mig-parent time-slicing mps consumable-capacity
+
+The cluster needs gpu-dra installed (hack/kind/install.sh, or the Helm chart on GPU nodes):
+full H100 GPUs and dynamic MIG on H100s (kind: the dgx-h100 worker), full A100s (dgx-a100),
+and for consumable-capacity GPUs published with sharing.sharedGpus=memory (l4-x4); a case
+whose devices no node publishes fails with the reason.
+
+Environment:
+  E2E_NAMESPACE   namespace the suite creates and deletes (gpu-dra-e2e)
+  E2E_IMAGE       container image with a shell, printenv and ls (busybox:1.36)
+  E2E_TIMEOUT     seconds to wait for a pod or a cleanup (180)
+  E2E_KEEP=1      keep the namespace after the run, to look around
+  DRIVER_NAME     the driver's name (gpu.nvidia.com)
+  CDI_ROOT        where the plugin writes CDI specs on the nodes (/var/run/cdi)
+USAGE
+}
+
+namespace="${E2E_NAMESPACE:-gpu-dra-e2e}"
+image="${E2E_IMAGE:-busybox:1.36}"
+timeout="${E2E_TIMEOUT:-180}"
+driver="${DRIVER_NAME:-gpu.nvidia.com}"
+cdi_root="${CDI_ROOT:-/var/run/cdi}"
+all_cases=(dedicated shared-claim mig-parent time-slicing mps consumable-capacity)
+
+# shellcheck source=e2e-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/e2e-lib.sh"
+
+h100="device.attributes['${driver}'].productName.startsWith('NVIDIA H100')"
+a100="device.attributes['${driver}'].productName.startsWith('NVIDIA A100')"
+
+case_dedicated() {
+  {
+    template dedicated gpu.nvidia.com "${h100}"
+    echo "---"
+    pod_spec_head dedicated
+    echo "  containers:"
+    container ctr gpu
+    echo "  resourceClaims: [{name: gpu, resourceClaimTemplateName: dedicated}]"
+  } | k apply -f - >/dev/null
+  wait_ready dedicated || return 1
+  local claim
+  claim="$(claim_of dedicated gpu)"
+  check_sees_claim dedicated ctr "${claim}" >/dev/null || return 1
+  check_cleanup "${claim}" template dedicated
+}
+
+case_shared_claim() {
+  {
+    cat <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: shared
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel:
+            expression: "${a100}"
+YAML
+    for pod in shared-0 shared-1; do
+      echo "---"
+      pod_spec_head "${pod}"
+      echo "  containers:"
+      container ctr gpu
+      echo "  resourceClaims: [{name: gpu, resourceClaimName: shared}]"
+    done
+  } | k apply -f - >/dev/null
+  wait_ready shared-0 || return 1
+  wait_ready shared-1 || return 1
+  local first second
+  first="$(check_sees_claim shared-0 ctr shared)" || return 1
+  second="$(check_sees_claim shared-1 ctr shared)" || return 1
+  expect_eq "GPU of the second pod sharing the claim" "${first}" "${second}" || return 1
+  check_cleanup shared named shared-0 shared-1
+}
+
+case_mig_parent() {
+  {
+    cat <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: mig-parent
+spec:
+  spec:
+    devices:
+      requests:
+      - name: small
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: "device.attributes['${driver}'].profile == '1g.10gb'"
+      - name: medium
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: "device.attributes['${driver}'].profile == '2g.20gb'"
+      constraints:
+      - requests: ["small", "medium"]
+        matchAttribute: "${driver}/parentUUID"
+---
+YAML
+    pod_spec_head mig-parent
+    echo "  containers:"
+    container small mig small
+    container medium mig medium
+    echo "  resourceClaims: [{name: mig, resourceClaimTemplateName: mig-parent}]"
+  } | k apply -f - >/dev/null
+  wait_ready mig-parent || return 1
+  local claim small medium parents
+  claim="$(claim_of mig-parent mig)"
+  small="$(check_sees_claim mig-parent small "${claim}")" || return 1
+  medium="$(check_sees_claim mig-parent medium "${claim}")" || return 1
+  if [[ "${small}" != MIG-* || "${small}" == *" "* || "${medium}" != MIG-* || "${medium}" == *" "* ]]; then
+    fail "containers should get one MIG device each, got '${small}' and '${medium}'" || return 1
+  fi
+  [ "${small}" != "${medium}" ] || fail "both containers see the same MIG device ${small}" || return 1
+  parents="$(allocated "${claim}" | while read -r pool device; do
+    device_attr "${pool}" "${device}" parentUUID
+    echo
+  done | sort -u | grep -c .)"
+  expect_eq "distinct parentUUIDs of the allocated MIG devices" 1 "${parents}" || return 1
+  check_cleanup "${claim}" template mig-parent
+}
+
+case_time_slicing() {
+  {
+    template time-slicing gpu.nvidia.com "${h100}" "" "$(gpu_config "$(cat <<'YAML'
+              strategy: TimeSlicing
+              timeSlicingConfig:
+                interval: Long
+YAML
+)")"
+    echo "---"
+    pod_spec_head time-slicing
+    echo "  containers:"
+    container ctr0 gpu
+    container ctr1 gpu
+    echo "  resourceClaims: [{name: gpu, resourceClaimTemplateName: time-slicing}]"
+  } | k apply -f - >/dev/null
+  wait_ready time-slicing || return 1
+  local claim first second
+  claim="$(claim_of time-slicing gpu)"
+  first="$(check_sees_claim time-slicing ctr0 "${claim}")" || return 1
+  second="$(check_sees_claim time-slicing ctr1 "${claim}")" || return 1
+  expect_eq "GPU of the second time-sliced container" "${first}" "${second}" || return 1
+  check_cleanup "${claim}" template time-slicing
+}
+
+case_mps() {
+  {
+    template mps gpu.nvidia.com "${h100}" "" "$(gpu_config "$(cat <<'YAML'
+              strategy: MPS
+              mpsConfig:
+                defaultActiveThreadPercentage: 50
+                defaultPinnedDeviceMemoryLimit: 10Gi
+YAML
+)")"
+    echo "---"
+    pod_spec_head mps
+    echo "  containers:"
+    container ctr0 gpu
+    container ctr1 gpu
+    echo "  resourceClaims: [{name: gpu, resourceClaimTemplateName: mps}]"
+  } | k apply -f - >/dev/null
+  wait_ready mps || return 1
+  local claim ctr
+  claim="$(claim_of mps gpu)"
+  for ctr in ctr0 ctr1; do
+    check_sees_claim mps "${ctr}" "${claim}" >/dev/null || return 1
+    expect_nonempty "CUDA_MPS_PIPE_DIRECTORY in ${ctr}" "$(pod_env mps "${ctr}" CUDA_MPS_PIPE_DIRECTORY)" || return 1
+    expect_eq "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in ${ctr}" 50 \
+      "$(pod_env mps "${ctr}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)" || return 1
+    expect_nonempty "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in ${ctr}" \
+      "$(pod_env mps "${ctr}" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)" || return 1
+  done
+  check_cleanup "${claim}" template mps
+}
+
+case_consumable_capacity() {
+  local shareable
+  shareable="$(kubectl get resourceslices --field-selector "spec.driver=${driver}" \
+    -o jsonpath='{.items[*].spec.devices[?(@.allowMultipleAllocations==true)].name}')"
+  if [ -z "${shareable}" ]; then
+    fail "no node publishes shareable devices: install with sharing.sharedGpus=memory (kind: the l4-x4 worker)" || return 1
+  fi
+  {
+    template capacity gpu.nvidia.com "device.allowMultipleAllocations" "$(cat <<'YAML'
+          capacity:
+            requests:
+              memory: 4Gi
+YAML
+)"
+    for pod in capacity-0 capacity-1; do
+      echo "---"
+      pod_spec_head "${pod}"
+      echo "  containers:"
+      container ctr gpu
+      echo "  resourceClaims: [{name: gpu, resourceClaimTemplateName: capacity}]"
+    done
+  } | k apply -f - >/dev/null
+  local pod claim share consumed
+  for pod in capacity-0 capacity-1; do
+    wait_ready "${pod}" || return 1
+    claim="$(claim_of "${pod}" gpu)"
+    check_sees_claim "${pod}" ctr "${claim}" >/dev/null || return 1
+    share="$(k get resourceclaim "${claim}" -o jsonpath='{.status.allocation.devices.results[0].shareID}')"
+    expect_nonempty "shareID of claim ${claim}" "${share}" || return 1
+    consumed="$(k get resourceclaim "${claim}" -o jsonpath='{.status.allocation.devices.results[0].consumedCapacity.memory}')"
+    expect_eq "memory consumed by claim ${claim}" 4Gi "${consumed}" || return 1
+    expect_nonempty "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in ${pod}" \
+      "$(pod_env "${pod}" ctr CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)" || return 1
+  done
+  for pod in capacity-0 capacity-1; do
+    check_cleanup "$(claim_of "${pod}" gpu)" template "${pod}" || return 1
+  done
+}
+
+cleanup() {
+  if [ "${E2E_KEEP:-0}" = 1 ]; then
+    echo "namespace ${namespace} kept (E2E_KEEP=1)"
+  else
+    kubectl delete namespace "${namespace}" --ignore-not-found --wait=false >/dev/null || true
+  fi
+}
+
+main() {
+  local cases=("$@") name failed=()
+  case "${1:-}" in
+    -h | --help) usage; exit 0 ;;
+  esac
+  [ "${#cases[@]}" -gt 0 ] || cases=("${all_cases[@]}")
+  for name in "${cases[@]}"; do
+    if ! declare -F "case_${name//-/_}" >/dev/null; then
+      echo "error: unknown case '${name}'; cases: ${all_cases[*]}" >&2
+      exit 2
+    fi
+  done
+  command -v kubectl >/dev/null 2>&1 || { echo "error: kubectl is not on PATH" >&2; exit 1; }
+  if [ -z "$(kubectl get resourceslices --field-selector "spec.driver=${driver}" -o name)" ]; then
+    echo "error: no ResourceSlice of driver ${driver}: is gpu-dra installed?" >&2
+    exit 1
+  fi
+
+  kubectl create namespace "${namespace}" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  trap cleanup EXIT
+  for name in "${cases[@]}"; do
+    log "${name}"
+    if "case_${name//-/_}"; then
+      echo "    ok"
+    else
+      failed+=("${name}")
+    fi
+  done
+  if [ "${#failed[@]}" -gt 0 ]; then
+    echo "FAILED: ${failed[*]} (of ${#cases[@]})" >&2
+    exit 1
+  fi
+  echo "PASSED: ${#cases[@]} cases"
+}
+
+main "$@"

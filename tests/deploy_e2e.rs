@@ -1,0 +1,128 @@
+//! The logic of `hack/e2e.sh`, checked without a cluster: the suite runs against a fake
+//! kubectl (`tests/deploy_support/fake-kubectl`) that answers like a cluster running gpu-dra,
+//! and must pass; with one fault injected it must fail the right case with a message saying
+//! what is wrong. Skipped with a notice when python3 (the fake's interpreter) is absent.
+
+mod deploy_support;
+
+use std::process::Command;
+
+use deploy_support::{repo, tool};
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    calls: String,
+}
+
+/// Runs `hack/e2e.sh` with the fake kubectl first on PATH and the given fault.
+fn run_suite(fault: &str, cases: &[&str]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        repo().join("tests/deploy_support/fake-kubectl"),
+        dir.path().join("kubectl"),
+    )
+    .unwrap();
+    // The real interpreter beside the fake: version-manager shims (pyenv) cost ~100 ms a call.
+    let python = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let python = String::from_utf8(python.stdout).unwrap();
+    std::os::unix::fs::symlink(python.trim(), dir.path().join("python3")).unwrap();
+    let log = dir.path().join("calls.log");
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = Command::new("bash")
+        .arg(repo().join("hack/e2e.sh"))
+        .args(cases)
+        .env("PATH", path)
+        .env("FAKE_KUBECTL_LOG", &log)
+        .env("FAKE_KUBECTL_FAULT", fault)
+        // Only the CDI-leak case waits, and it is meant to fail: keep that wait short.
+        .env("E2E_TIMEOUT", "1")
+        .output()
+        .unwrap();
+    Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        calls: std::fs::read_to_string(&log).unwrap_or_default(),
+    }
+}
+
+fn have_python() -> bool {
+    tool(
+        "python3",
+        "the e2e-suite logic checks (the fake kubectl is Python)",
+    )
+    .is_some()
+}
+
+#[test]
+fn suite_passes_against_a_cluster_that_behaves_and_removes_its_namespace() {
+    if !have_python() {
+        return;
+    }
+    let run = run_suite("", &[]);
+    let got = (
+        run.code,
+        run.stdout.lines().last().unwrap_or_default().to_string(),
+        run.calls.contains("delete namespace gpu-dra-e2e"),
+    );
+    assert_eq!(
+        got,
+        (Some(0), "PASSED: 6 cases".to_string(), true),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn suite_fails_the_case_whose_check_breaks_and_says_why() {
+    if !have_python() {
+        return;
+    }
+    let cases = [
+        (
+            "uuid",
+            "FAIL: dedicated/ctr: GPU-7 from DRA_GPU_UUID_* is not in NVIDIA_VISIBLE_DEVICES=GPU-1",
+            "FAILED: dedicated (of 1)",
+        ),
+        (
+            "parent",
+            "FAIL: distinct parentUUIDs of the allocated MIG devices: want '1', got '2'",
+            "FAILED: mig-parent (of 1)",
+        ),
+        (
+            "mps",
+            "FAIL: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in ctr1: want '50', got ''",
+            "FAILED: mps (of 1)",
+        ),
+    ];
+    for (fault, message, summary) in cases {
+        let case = summary.split_whitespace().nth(1).unwrap();
+        let run = run_suite(fault, &[case]);
+        let lines: Vec<&str> = run.stderr.lines().map(str::trim).collect();
+        let got = (run.code, lines);
+        assert_eq!(got, (Some(1), vec![message, summary]), "fault {fault}");
+    }
+}
+
+#[test]
+fn suite_fails_when_a_cdi_spec_outlives_its_claim() {
+    if !have_python() {
+        return;
+    }
+    let run = run_suite("cdi", &["dedicated"]);
+    let lines: Vec<&str> = run.stderr.lines().map(str::trim).collect();
+    let want = vec![
+        "FAIL: CDI spec of claim uid-dedicated-gpu still in /var/run/cdi on n1 after 1s",
+        "FAILED: dedicated (of 1)",
+    ];
+    assert_eq!((run.code, lines), (Some(1), want));
+}

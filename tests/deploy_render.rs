@@ -1,0 +1,384 @@
+//! The chart as `helm template` renders it for the default (real GPUs) and sim values: the
+//! objects, the RBAC rules, the DaemonSets' mounts, env, probes and security. Skipped with a
+//! notice when helm is absent; `.ci/run` installs it.
+
+mod deploy_support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use deploy_support::{chart_dir, run, tool, yaml_documents, yaml_file};
+use serde_json::{Value, json};
+
+fn render(helm: &Path, extra: &[&str]) -> Vec<Value> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        "gpu-dra",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "gpu-dra",
+    ];
+    args.extend_from_slice(extra);
+    yaml_documents(&run(helm, &args))
+}
+
+fn sim_values() -> String {
+    chart_dir().join("values-sim.yaml").display().to_string()
+}
+
+fn kinds(objects: &[Value]) -> Vec<String> {
+    let mut kinds: Vec<String> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap().to_string())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn container(daemonset: &Value) -> &Value {
+    &daemonset["spec"]["template"]["spec"]["containers"][0]
+}
+
+/// Env entries by name: the literal value, or the downward-API field path.
+fn env(daemonset: &Value) -> BTreeMap<String, String> {
+    container(daemonset)["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let value = match e.get("value") {
+                Some(v) => v.as_str().unwrap().to_string(),
+                None => format!(
+                    "fieldRef:{}",
+                    e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()
+                ),
+            };
+            (e["name"].as_str().unwrap().to_string(), value)
+        })
+        .collect()
+}
+
+/// Host paths mounted into the plugin container: host path → (mount path, propagation).
+fn host_mounts(daemonset: &Value) -> BTreeMap<String, (String, String)> {
+    let spec = &daemonset["spec"]["template"]["spec"];
+    let volumes: BTreeMap<&str, &str> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
+        .collect();
+    container(daemonset)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let host = volumes.get(m["name"].as_str()?)?;
+            let propagation = m["mountPropagation"].as_str().unwrap_or("None");
+            Some((
+                host.to_string(),
+                (
+                    m["mountPath"].as_str()?.to_string(),
+                    propagation.to_string(),
+                ),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn default_values_render_the_plugin_rbac_policy_and_classes() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(&helm, &[]);
+    let want = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "DeviceClass",
+        "DeviceClass",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    assert_eq!(kinds(&objects), want);
+}
+
+#[test]
+fn cluster_role_grants_exactly_what_the_plugin_calls() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(&helm, &[]);
+    let role = of_kind(&objects, "ClusterRole")[0];
+    let want = json!([
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["list", "create", "update", "delete"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    ]);
+    assert_eq!(role["rules"], want);
+    let binding = of_kind(&objects, "ClusterRoleBinding")[0];
+    let want = json!([{"kind": "ServiceAccount", "name": "gpu-dra", "namespace": "gpu-dra"}]);
+    assert_eq!(binding["subjects"], want);
+}
+
+#[test]
+fn admission_policy_applies_to_the_plugin_service_account_only() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(&helm, &[]);
+    let policy = of_kind(&objects, "ValidatingAdmissionPolicy")[0];
+    let want = json!([{"name": "is-this-driver-plugin", "expression":
+        "request.userInfo.username == \"system:serviceaccount:gpu-dra:gpu-dra\""}]);
+    assert_eq!(policy["spec"]["matchConditions"], want);
+    let binding = of_kind(&objects, "ValidatingAdmissionPolicyBinding")[0];
+    assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+}
+
+#[test]
+fn real_gpu_plugin_is_privileged_with_host_mounts_probes_and_downward_env() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(&helm, &[]);
+    let daemonset = of_kind(&objects, "DaemonSet")[0];
+    let plugin_dir = "/var/lib/kubelet/plugins/gpu.nvidia.com";
+    let mount = |path: &str, propagation: &str| (path.to_string(), propagation.to_string());
+    let want = BTreeMap::from([
+        (plugin_dir.to_string(), mount(plugin_dir, "Bidirectional")),
+        (
+            "/var/lib/kubelet/plugins_registry".to_string(),
+            mount("/var/lib/kubelet/plugins_registry", "None"),
+        ),
+        ("/var/run/cdi".to_string(), mount("/var/run/cdi", "None")),
+        ("/".to_string(), mount("/driver-root", "HostToContainer")),
+        ("/dev".to_string(), mount("/host/dev", "HostToContainer")),
+    ]);
+    assert_eq!(host_mounts(daemonset), want);
+
+    let env = env(daemonset);
+    let got: Vec<(&str, Option<&str>)> = [
+        "NODE_NAME",
+        "POD_UID",
+        "MALLOC_ARENA_MAX",
+        "GPU_DRA_GPU_BACKEND",
+        "GPU_DRA_PLUGIN_DIR",
+        "GPU_DRA_DRIVER_ROOT",
+        "GPU_DRA_HOST_DRIVER_ROOT",
+        "GPU_DRA_DEV_ROOT",
+        "GPU_DRA_METRICS_ADDR",
+        "GPU_DRA_SHARED_GPUS",
+        "GPU_DRA_SIM_NODE",
+    ]
+    .into_iter()
+    .map(|name| (name, env.get(name).map(String::as_str)))
+    .collect();
+    let want = vec![
+        ("NODE_NAME", Some("fieldRef:spec.nodeName")),
+        ("POD_UID", Some("fieldRef:metadata.uid")),
+        ("MALLOC_ARENA_MAX", Some("2")),
+        ("GPU_DRA_GPU_BACKEND", Some("nvml")),
+        ("GPU_DRA_PLUGIN_DIR", Some(plugin_dir)),
+        ("GPU_DRA_DRIVER_ROOT", Some("/driver-root")),
+        ("GPU_DRA_HOST_DRIVER_ROOT", Some("/")),
+        ("GPU_DRA_DEV_ROOT", Some("/host")),
+        ("GPU_DRA_METRICS_ADDR", Some("0.0.0.0:8080")),
+        ("GPU_DRA_SHARED_GPUS", Some("off")),
+        ("GPU_DRA_SIM_NODE", None),
+    ];
+    assert_eq!(got, want);
+
+    let ctr = container(daemonset);
+    let probes = (
+        ctr["livenessProbe"]["httpGet"].clone(),
+        ctr["readinessProbe"]["httpGet"].clone(),
+        ctr["ports"][0]["name"].clone(),
+        ctr["securityContext"]["privileged"].clone(),
+        ctr["args"].clone(),
+    );
+    let want = (
+        json!({"path": "/healthz", "port": "metrics"}),
+        json!({"path": "/readyz", "port": "metrics"}),
+        json!("metrics"),
+        json!(true),
+        json!(["kubelet-plugin"]),
+    );
+    assert_eq!(probes, want);
+}
+
+#[test]
+fn sim_values_run_one_unprivileged_daemonset_per_preset_label() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(&helm, &["-f", &sim_values()]);
+    let got: Vec<(Value, String, String, Value, usize)> = of_kind(&objects, "DaemonSet")
+        .into_iter()
+        .map(|ds| {
+            let env = env(ds);
+            (
+                ds["spec"]["template"]["spec"]["nodeSelector"].clone(),
+                env["GPU_DRA_SIM_NODE"].clone(),
+                env["GPU_DRA_SHARED_GPUS"].clone(),
+                container(ds)["securityContext"]["privileged"].clone(),
+                host_mounts(ds).len(),
+            )
+        })
+        .collect();
+    let row = |preset: &str, shared: &str| {
+        (
+            json!({"gpu-dra.dev/sim-preset": preset}),
+            preset.to_string(),
+            shared.to_string(),
+            Value::Null,
+            3,
+        )
+    };
+    let want = vec![
+        row("dgx-h100", "off"),
+        row("dgx-a100", "off"),
+        row("l4-x4", "memory"),
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn rendered_device_classes_are_the_repository_classes_with_chart_labels() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(&helm, &[]);
+    let got: Vec<(Value, Value)> = of_kind(&objects, "DeviceClass")
+        .into_iter()
+        .map(|c| (c["metadata"]["name"].clone(), c["spec"].clone()))
+        .collect();
+    let file = |name: &str| yaml_file(&deploy_support::repo().join("device-classes").join(name));
+    let want: Vec<(Value, Value)> = ["gpu.nvidia.com.yaml", "mig.nvidia.com.yaml"]
+        .into_iter()
+        .map(|name| {
+            let class = file(name);
+            (class["metadata"]["name"].clone(), class["spec"].clone())
+        })
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn toggles_remove_the_policy_and_a_device_class() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(
+        &helm,
+        &[
+            "--set",
+            "admissionPolicy.enabled=false",
+            "--set",
+            "deviceClasses.mig=false",
+        ],
+    );
+    let want = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "DeviceClass",
+        "ServiceAccount",
+    ];
+    assert_eq!(kinds(&objects), want);
+}
+
+#[test]
+fn helm_refuses_a_misspelt_value() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let chart = chart_dir();
+    let output = std::process::Command::new(&helm)
+        .args([
+            "template",
+            "x",
+            chart.to_str().unwrap(),
+            "--set",
+            "logging.levle=debug",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("levle"),
+        "{stderr}"
+    );
+}
+
+/// Deserialises `object` as `T` and serialises it back: a field the API type does not have
+/// (a typo, a wrong indentation level) is dropped on the way and shows up as a difference.
+fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(object: &Value) -> Value {
+    let typed: T = serde_json::from_value(object.clone())
+        .unwrap_or_else(|e| panic!("{} {}: {e}", object["kind"], object["metadata"]["name"]));
+    serde_json::to_value(typed).unwrap()
+}
+
+/// The paths where `want` and `got` differ (a field only one of them has, or different values).
+fn differences(want: &Value, got: &Value, path: &str) -> Vec<String> {
+    match (want, got) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .flat_map(|k| {
+                    let (x, y) = (
+                        a.get(k).unwrap_or(&Value::Null),
+                        b.get(k).unwrap_or(&Value::Null),
+                    );
+                    differences(x, y, &format!("{path}.{k}"))
+                })
+                .collect()
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .flat_map(|(i, (x, y))| differences(x, y, &format!("{path}[{i}]")))
+            .collect(),
+        (a, b) if a == b => Vec::new(),
+        (a, b) => vec![format!("{path}: rendered {a}, API type keeps {b}")],
+    }
+}
+
+#[test]
+fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
+    use k8s_openapi::api::admissionregistration::v1 as admission;
+    use k8s_openapi::api::resource::v1 as resource;
+    use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, rbac::v1 as rbac};
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let sim = sim_values();
+    for extra in [vec![], vec!["-f", sim.as_str()]] {
+        for object in render(&helm, &extra) {
+            let got = match object["kind"].as_str().unwrap() {
+                "DaemonSet" => round_trip::<apps::DaemonSet>(&object),
+                "ServiceAccount" => round_trip::<core::ServiceAccount>(&object),
+                "ClusterRole" => round_trip::<rbac::ClusterRole>(&object),
+                "ClusterRoleBinding" => round_trip::<rbac::ClusterRoleBinding>(&object),
+                "DeviceClass" => round_trip::<resource::DeviceClass>(&object),
+                "ValidatingAdmissionPolicy" => {
+                    round_trip::<admission::ValidatingAdmissionPolicy>(&object)
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    round_trip::<admission::ValidatingAdmissionPolicyBinding>(&object)
+                }
+                other => panic!("unexpected kind {other}"),
+            };
+            let what = format!("{} {}", object["kind"], object["metadata"]["name"]);
+            assert_eq!(differences(&object, &got, &what), Vec::<String>::new());
+        }
+    }
+}
