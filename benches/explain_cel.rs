@@ -10,7 +10,8 @@ use gpu_dra::explain_inputs::{builtin_classes, sim_slices};
 use gpu_dra::selectors::CelEngine;
 
 fn cluster(nodes: usize) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
-    let template = sim_slices("dgx-h100", "gpu.nvidia.com").expect("preset slices");
+    let template =
+        sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).expect("preset slices");
     let mut all = Vec::with_capacity(nodes * template.len());
     for n in 0..nodes {
         let node = format!("node-{n:04}");

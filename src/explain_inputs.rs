@@ -70,9 +70,16 @@ pub fn builtin_classes() -> Result<Vec<DeviceClass>, InputError> {
 
 /// The slices a simulated node (preset or node file) publishes, as `inventory -o yaml` prints
 /// them.
-pub fn sim_slices(sim_node: &str, driver: &str) -> Result<Vec<ResourceSlice>, InputError> {
+pub fn sim_slices(
+    sim_node: &str,
+    driver: &str,
+    shared_gpus: crate::devices::SharedGpus,
+) -> Result<Vec<ResourceSlice>, InputError> {
     let sim = SimBackend::open(sim_node, None).map_err(InputError::Sim)?;
-    let options = ModelOptions::with_policies(driver, &sim.mig_policies());
+    let options = ModelOptions {
+        shared_gpus,
+        ..ModelOptions::with_policies(driver, &sim.mig_policies())
+    };
     let inventory = sim.inventory().map_err(|e| InputError::SimSlices {
         detail: e.to_string(),
     })?;

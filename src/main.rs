@@ -105,6 +105,10 @@ struct ExplainArgs {
     /// Slices of a simulated node (preset or node file).
     #[arg(long, conflicts_with_all = ["slices", "kubeconfig"])]
     sim_node: Option<String>,
+    /// With --sim-node: publish its GPUs shareable (consumable capacity), as
+    /// `kubelet-plugin --shared-gpus` would: off, memory or N shares.
+    #[arg(long, default_value = "off", value_name = "off|memory|N")]
+    shared_gpus: SharedGpus,
     /// Slices from a file (e.g. `kubectl get resourceslices -o yaml`).
     #[arg(long, conflicts_with = "kubeconfig")]
     slices: Option<PathBuf>,
@@ -468,6 +472,7 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             (None, sim_node) => explain_inputs::sim_slices(
                 sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET),
                 &args.driver_name,
+                args.shared_gpus,
             )
             .map_err(|e| chain(&anyhow::Error::new(e))),
         };

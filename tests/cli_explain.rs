@@ -203,3 +203,26 @@ fn slices_printed_by_inventory_explain_the_same_as_the_preset() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(allocated(&out), ["mig=gpu-0-mig-3g40gb-0"]);
 }
+
+#[test]
+fn consumable_capacity_claims_share_one_gpu_only_when_the_node_publishes_shares() {
+    let file = "examples/consumable-capacity.yaml";
+    let (code, out, err) = explain(&[
+        "--claim",
+        file,
+        "--sim-node",
+        "dgx-h100",
+        "--shared-gpus",
+        "4",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(0, code, "{err}");
+    assert_eq!(vec!["gpu=gpu-0", "gpu=gpu-0"], allocated(&out));
+    let (code, out, err) = explain(&["--claim", file, "--sim-node", "dgx-h100", "-o", "json"]);
+    assert_eq!(0, code, "{err}");
+    assert_eq!(vec!["gpu=gpu-0", "gpu=gpu-1"], allocated(&out));
+    let (code, _, err) = explain(&["--claim", file, "--shared-gpus", "99"]);
+    assert_eq!(2, code);
+    assert!(err.contains("valid choices: off, memory"), "{err}");
+}

@@ -21,7 +21,8 @@ fn class(name: &str, kind: &str) -> (String, serde_json::Value) {
 
 #[tokio::test]
 async fn a_live_cluster_is_explained_with_its_own_classes_slices_and_allocations() {
-    let slices = gpu_dra::explain_inputs::sim_slices("mixed", "gpu.nvidia.com").unwrap();
+    let slices =
+        gpu_dra::explain_inputs::sim_slices("mixed", "gpu.nvidia.com", Default::default()).unwrap();
     let mut objects = vec![
         class("gpu.nvidia.com", "gpu"),
         class("mig.nvidia.com", "mig"),

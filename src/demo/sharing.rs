@@ -36,7 +36,7 @@ pub const SHARING_EXAMPLES: [(&str, &str); 4] = [
     ),
 ];
 
-/// The consumable-capacity example: its two ResourceClaimTemplates (the pods each use one).
+/// The consumable-capacity example: two pods, each with a claim of its own.
 const CAPACITY_EXAMPLE: &str = include_str!("../../examples/consumable-capacity.yaml");
 
 /// How many equal shares the consumable-capacity step publishes per device.
@@ -94,14 +94,9 @@ pub fn run(out: &mut String, driver_name: &str, classes: &[DeviceClass]) -> Resu
         out,
         "\n8. Consumable capacity: the same preset published with --shared-gpus {SHARES}; two claims share one GPU"
     );
-    let templates: Vec<&str> = CAPACITY_EXAMPLE
-        .split("\n---")
-        .filter(|doc| doc.contains("kind: ResourceClaimTemplate"))
-        .collect();
-    let templates = templates.join("\n---\n");
     let allocated = allocate(
         out,
-        &[("consumable-capacity.yaml", templates.as_str())],
+        &[("consumable-capacity.yaml", CAPACITY_EXAMPLE)],
         &backend,
         classes,
         &view.slices,

@@ -210,24 +210,16 @@ pub fn load_claims(path: &Path) -> Result<Vec<ResourceClaim>, ExplainError> {
         }
     }
     if pods.len() > 1 {
-        // Pods that share a named claim run on one node: explain their claims together, each
-        // shared claim once. Pods with only claims of their own may land anywhere.
+        // Several Pods: their claims are explained together, in file order, as if every Pod
+        // landed on this node (the question "do these fit here side by side?"); a claim two
+        // Pods share by name is counted once.
         let mut all: Vec<ResourceClaim> = Vec::new();
-        let mut shares = false;
         for pod in &pods {
             for claim in pod_claims(path, pod, &claims, &templates)? {
-                if all.iter().any(|c| c.metadata.name == claim.metadata.name) {
-                    shares = true;
-                } else {
+                if !all.iter().any(|c| c.metadata.name == claim.metadata.name) {
                     all.push(claim);
                 }
             }
-        }
-        if !shares {
-            return Err(ExplainError::Pods {
-                path: path.to_path_buf(),
-                count: pods.len(),
-            });
         }
         return Ok(all);
     }

@@ -77,10 +77,6 @@ pub enum ExplainError {
         kind: String,
         seen: String,
     },
-    #[error(
-        "{path}: {count} Pods found that share no claim; explain takes one Pod at a time (or Pods sharing a named claim)"
-    )]
-    Pods { path: PathBuf, count: usize },
     #[error("{path}: Pod {pod} has no spec.resourceClaims")]
     PodWithoutClaims { path: PathBuf, pod: String },
     #[error(
