@@ -187,3 +187,20 @@ async fn a_stopped_server_refuses_connections() {
     }
     assert!(refused, "{addr} still accepts connections");
 }
+
+#[test]
+fn an_empty_or_off_metrics_address_turns_the_endpoint_off() {
+    use gpu_dra::plugin::config::metrics_addr_flag;
+    let got: Vec<Option<String>> = ["", "off", " off ", "0.0.0.0:8080", "localhost:9400"]
+        .into_iter()
+        .map(metrics_addr_flag)
+        .collect();
+    let want = vec![
+        None,
+        None,
+        None,
+        Some("0.0.0.0:8080".to_string()),
+        Some("localhost:9400".to_string()),
+    ];
+    assert_eq!(want, got);
+}
