@@ -210,6 +210,34 @@ struct PluginArgs {
     /// Log format.
     #[arg(long, env = "GPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Log level; GPU_DRA_LOG, when set, overrides it with a full filter
+    /// (e.g. `info,gpu_dra::k8s=debug`).
+    #[arg(long, env = "GPU_DRA_LOG_LEVEL", value_enum, default_value = "info")]
+    log_level: LogLevel,
+    /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
+    #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    fn directive(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,10 +286,9 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let json = matches!(&cli.command, Command::KubeletPlugin(a) if a.log_format == LogFormat::Json);
-    let default_level = if matches!(cli.command, Command::KubeletPlugin(_)) {
-        "info"
-    } else {
-        "warn"
+    let default_level = match &cli.command {
+        Command::KubeletPlugin(a) => a.log_level.directive(),
+        _ => "warn",
     };
     init_logging(json, default_level);
     match run(cli) {
@@ -337,6 +364,7 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         mps: args.mps,
         time_slicing: args.time_slicing,
         shared_gpus: args.shared_gpus,
+        metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

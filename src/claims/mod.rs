@@ -12,6 +12,7 @@
 //! rebuilt from the hardware on every call, so two plugin instances (a seamless rolling
 //! update), serialised by the kubelet-socket lock, never act on stale state.
 
+mod kind;
 pub mod plan;
 mod recover;
 pub mod sharing;

@@ -58,4 +58,15 @@ pub struct PluginConfig {
     pub time_slicing: bool,
     /// Publish GPUs and MIG devices shareable (consumable capacity).
     pub shared_gpus: SharedGpus,
+    /// `host:port` serving `/metrics`, `/healthz` and `/readyz`; `None`: not served.
+    pub metrics_addr: Option<String>,
+}
+
+/// The `--metrics-addr` value as [`PluginConfig::metrics_addr`]: empty or `off` turn the
+/// endpoint off; anything else is an address, checked when it is bound.
+pub fn metrics_addr_flag(value: &str) -> Option<String> {
+    match value.trim() {
+        "" | "off" => None,
+        addr => Some(addr.to_string()),
+    }
 }

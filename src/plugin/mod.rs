@@ -6,9 +6,14 @@
 //! register with the kubelet. A watcher re-reads the inventory periodically: a changed device
 //! model is re-published, changed health is streamed to the kubelet. SIGTERM or SIGINT shut down
 //! gracefully (in-flight calls finish, sockets are removed; slices stay for the next start).
+//!
+//! With a metrics address, `/metrics`, `/healthz` and `/readyz` are served from the very
+//! start; `/readyz` turns ready once recovery finished, the slices were published once and
+//! the kubelet registered the plugin.
 
 pub mod config;
-mod handler;
+pub mod handler;
+mod observe;
 pub mod simhost;
 mod source;
 
@@ -26,6 +31,7 @@ use crate::hardware::nvml::NvmlBackend;
 use crate::hardware::sim::SimBackend;
 use crate::hardware::{GpuBackend, NodeInventory};
 use crate::kubelet::{self, DeviceHealth, HealthStatus, PluginLock, PluginSockets};
+use crate::metrics::{Health, Metrics};
 use crate::sharing::{MpsManager, MpsOptions, Tools};
 pub use config::{BackendChoice, PluginConfig};
 
@@ -59,6 +65,9 @@ pub enum PluginError {
     /// The kubelet sockets could not be served.
     #[error("serving the kubelet sockets")]
     Kubelet(#[source] crate::kubelet::KubeletError),
+    /// The metrics endpoint could not be served.
+    #[error("serving metrics and health probes")]
+    Metrics(#[source] crate::metrics::MetricsError),
     /// Waiting for signals failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
@@ -66,6 +75,16 @@ pub enum PluginError {
 
 /// Runs the plugin until SIGTERM/SIGINT. Returns after a graceful shutdown.
 pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
+    let metrics = Metrics::new();
+    let health = Health::new();
+    let _metrics_server = match &config.metrics_addr {
+        Some(addr) => Some(
+            crate::metrics::serve(addr, metrics.clone(), health.clone())
+                .await
+                .map_err(PluginError::Metrics)?,
+        ),
+        None => None,
+    };
     let (backend, host, default_policies): (Arc<dyn GpuBackend>, Box<dyn HostFactsSource>, _) =
         match &config.backend {
             BackendChoice::Sim { sim_node } => {
@@ -144,6 +163,10 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         .map_err(PluginError::Kubelet)?;
     let report = manager.recover().map_err(PluginError::Recovery)?;
     drop(calls_paused);
+    health.set_recovered();
+    if let Some(n) = handler::prepared_claims(&manager.state_dir, &manager.boot_id) {
+        metrics.set_prepared_claims(n);
+    }
     info!(
         checkpoint = %report.checkpoint,
         rolled_back = ?report.rolled_back,
@@ -156,6 +179,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
 
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
     let model = devices::build(&inventory, &model_options);
+    observe::record_inventory(&metrics, &inventory, &model);
     for w in &model.warnings {
         warn!(warning = %w, "device model");
     }
@@ -166,6 +190,10 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         config.driver_name.clone(),
         config.node_name.clone(),
     );
+    tokio::spawn(observe::follow_publisher(
+        publisher.status(),
+        health.clone(),
+    ));
     let publishing = tokio::spawn(async move { publisher.run(model_rx).await });
     let watching = tokio::spawn(watch_inventory(
         backend.clone(),
@@ -174,20 +202,29 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         config.inventory_interval,
         model_tx,
         health_tx,
+        metrics.clone(),
     ));
 
     let supervising = tokio::spawn(supervise_mps(
         Arc::clone(&manager),
         PluginLock::new(sockets.lock_file()),
         config.inventory_interval,
+        metrics.clone(),
     ));
     let running = kubelet::serve(
         sockets,
-        Arc::new(handler::Handler { manager }),
+        Arc::new(handler::Handler {
+            manager,
+            metrics: metrics.clone(),
+        }),
         Some(health_rx),
     )
     .await
     .map_err(PluginError::Kubelet)?;
+    tokio::spawn(observe::follow_registration(
+        running.registration_status(),
+        health,
+    ));
     info!(
         driver = %config.driver_name,
         node = %config.node_name,
@@ -256,10 +293,17 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
     manager: Arc<ClaimsManager<S>>,
     lock: PluginLock,
     interval: Duration,
+    metrics: Metrics,
 ) {
-    if manager.sharing.is_none() {
+    let Some(setup) = &manager.sharing else {
         return;
-    }
+    };
+    let count_daemons = |metrics: &Metrics| {
+        if let Ok(daemons) = setup.mps.list() {
+            metrics.set_mps_daemons(daemons.len() as u64);
+        }
+    };
+    count_daemons(&metrics);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await; // recovery just checked them
@@ -281,6 +325,7 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
             Ok(Err(e)) => warn!(error = %crate::kubelet::error_chain(&e), "MPS supervision"),
             Err(e) => warn!(error = %e, "MPS supervision task"),
         }
+        count_daemons(&metrics);
         drop(guard);
     }
 }
@@ -305,6 +350,7 @@ async fn watch_inventory(
     interval: Duration,
     models: watch::Sender<DeviceModel>,
     health: watch::Sender<Vec<DeviceHealth>>,
+    metrics: Metrics,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -318,6 +364,7 @@ async fn watch_inventory(
             }
         };
         let model = devices::build(&inventory, &options);
+        observe::record_inventory(&metrics, &inventory, &model);
         let next_health = health_of(&inventory, &model, &pool);
         health.send_if_modified(|current| {
             let changed = strip_times(current) != strip_times(&next_health);

@@ -120,6 +120,8 @@ impl Node {
             .arg("--state-dir")
             .arg(self.state_dir())
             .args(["--inventory-interval", "1"])
+            // Tests run side by side: each plugin takes a free port (the log says which).
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .env_remove(gpu_dra::crashpoint::ENV)
             .env_remove("GPU_DRA_LOG")
             .stdin(Stdio::null())

@@ -1,0 +1,37 @@
+//! Observability: Prometheus metrics in the text exposition format and the `/healthz` and
+//! `/readyz` probes, served over HTTP/1.1.
+//!
+//! [`Metrics`] and [`Health`] are plain shared state with setters; the plugin updates them
+//! where it learns things (each claim call, the inventory watch, the publisher, the kubelet's
+//! registration) and [`serve`] exposes them. Nothing here knows about GPUs or claims: callers
+//! pass counts and error kinds.
+
+mod health;
+mod registry;
+mod server;
+pub mod text;
+
+pub use health::Health;
+pub use registry::{DURATION_BUCKETS, Metrics, Operation, Outcome};
+pub use server::{MetricsServer, respond, serve};
+
+/// Errors of the metrics endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The listening address could not be resolved or bound.
+    #[error("binding the metrics address {addr:?}")]
+    Bind {
+        /// The address as configured.
+        addr: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bound socket's address could not be read.
+    #[error("reading the metrics socket's address")]
+    LocalAddr {
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,340 @@
+//! The driver's metrics: a fixed set of counters, histograms and gauges behind one `Arc`,
+//! updated with atomics (error kinds under a short lock) so recording never blocks a call.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::text::{self, Family, Kind, Sample};
+
+/// Upper bounds (seconds) of the latency histograms: a prepare takes milliseconds when the
+/// hardware is left alone and seconds when MIG devices are carved or MPS daemons started.
+pub const DURATION_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The kubelet call a measurement belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// NodePrepareResources, one claim.
+    Prepare,
+    /// NodeUnprepareResources, one claim.
+    Unprepare,
+}
+
+/// How a claim's call ended: the `result` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The claim was (un)prepared.
+    Success,
+    /// The claim failed; the kubelet got an error.
+    Error,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 2] = [Outcome::Success, Outcome::Error];
+
+    /// The `result` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Error => "error",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Outcome::Success => 0,
+            Outcome::Error => 1,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Histogram {
+    /// Non-cumulative counts per bound, plus one for values above the last bound.
+    buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let slot = DURATION_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(DURATION_BUCKETS.len());
+        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Buckets are read before the count, so a concurrent observation can only make the
+    /// count larger than `+Inf`, which is then raised to match: scrapers see consistent data.
+    fn samples(&self, result: &'static str, out: &mut Vec<Sample>) {
+        let labels = |le: f64| {
+            vec![
+                ("result", result.to_string()),
+                ("le", text::format_value(le)),
+            ]
+        };
+        let mut cumulative = 0u64;
+        for (i, bound) in DURATION_BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
+            out.push(bucket(labels(*bound), cumulative));
+        }
+        cumulative += self.buckets[DURATION_BUCKETS.len()].load(Ordering::Relaxed);
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let count = self.count.load(Ordering::Relaxed).max(cumulative);
+        out.push(bucket(labels(f64::INFINITY), count));
+        let plain = vec![("result", result.to_string())];
+        out.push(Sample {
+            suffix: "_sum",
+            labels: plain.clone(),
+            value: sum,
+        });
+        out.push(Sample {
+            suffix: "_count",
+            labels: plain,
+            value: count as f64,
+        });
+    }
+}
+
+fn bucket(labels: Vec<(&'static str, String)>, count: u64) -> Sample {
+    Sample {
+        suffix: "_bucket",
+        labels,
+        value: count as f64,
+    }
+}
+
+#[derive(Default)]
+struct Calls {
+    requests: [AtomicU64; 2],
+    durations: [Histogram; 2],
+}
+
+impl Calls {
+    /// The requests counter and the latency histogram, named `names.0` and `names.1`.
+    fn families(
+        &self,
+        names: (&'static str, &'static str),
+        help: (&'static str, &'static str),
+    ) -> [Family; 2] {
+        let requests = Outcome::ALL
+            .iter()
+            .map(|o| {
+                Sample::new(
+                    vec![("result", o.label().to_string())],
+                    self.requests[o.index()].load(Ordering::Relaxed) as f64,
+                )
+            })
+            .collect();
+        let mut durations = Vec::new();
+        for o in Outcome::ALL {
+            self.durations[o.index()].samples(o.label(), &mut durations);
+        }
+        [
+            Family {
+                name: names.0,
+                help: help.0,
+                kind: Kind::Counter,
+                samples: requests,
+            },
+            Family {
+                name: names.1,
+                help: help.1,
+                kind: Kind::Histogram,
+                samples: durations,
+            },
+        ]
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    prepare: Calls,
+    unprepare: Calls,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+    published_devices: AtomicU64,
+    mig_instances: AtomicU64,
+    mps_daemons: AtomicU64,
+    prepared_claims: AtomicU64,
+    healthy_gpus: AtomicU64,
+    unhealthy_gpus: AtomicU64,
+}
+
+/// The driver's metrics. Cheap to clone (one `Arc`); every clone updates the same values.
+/// Recording never fails and never waits on I/O.
+#[derive(Clone, Default)]
+pub struct Metrics(Arc<Inner>);
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// All counters at zero, all gauges at zero.
+    pub fn new() -> Metrics {
+        Metrics::default()
+    }
+
+    fn calls(&self, op: Operation) -> &Calls {
+        match op {
+            Operation::Prepare => &self.0.prepare,
+            Operation::Unprepare => &self.0.unprepare,
+        }
+    }
+
+    /// Counts one claim's call and its latency.
+    pub fn record_call(&self, op: Operation, outcome: Outcome, elapsed: Duration) {
+        let calls = self.calls(op);
+        calls.requests[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        calls.durations[outcome.index()].observe(elapsed);
+    }
+
+    /// Counts one failure of kind `kind` (e.g. [`crate::claims::ClaimError::kind`]).
+    pub fn record_error(&self, kind: &'static str) {
+        let mut errors = self.0.errors.lock().unwrap_or_else(|p| p.into_inner());
+        *errors.entry(kind).or_default() += 1;
+    }
+
+    /// Calls of `op` that ended with `outcome` so far.
+    pub fn requests(&self, op: Operation, outcome: Outcome) -> u64 {
+        self.calls(op).requests[outcome.index()].load(Ordering::Relaxed)
+    }
+
+    /// Failures of kind `kind` so far.
+    pub fn errors(&self, kind: &str) -> u64 {
+        let errors = self.0.errors.lock().unwrap_or_else(|p| p.into_inner());
+        errors.get(kind).copied().unwrap_or(0)
+    }
+
+    /// Devices in the ResourceSlices this node publishes.
+    pub fn set_published_devices(&self, n: u64) {
+        self.0.published_devices.store(n, Ordering::Relaxed);
+    }
+
+    /// MIG devices present on the node's GPUs (whoever created them).
+    pub fn set_mig_instances(&self, n: u64) {
+        self.0.mig_instances.store(n, Ordering::Relaxed);
+    }
+
+    /// MPS control daemons the plugin runs.
+    pub fn set_mps_daemons(&self, n: u64) {
+        self.0.mps_daemons.store(n, Ordering::Relaxed);
+    }
+
+    /// Claims prepared on this node (completed in the checkpoint).
+    pub fn set_prepared_claims(&self, n: u64) {
+        self.0.prepared_claims.store(n, Ordering::Relaxed);
+    }
+
+    /// GPUs by health as the backend reports it.
+    pub fn set_gpu_health(&self, healthy: u64, unhealthy: u64) {
+        self.0.healthy_gpus.store(healthy, Ordering::Relaxed);
+        self.0.unhealthy_gpus.store(unhealthy, Ordering::Relaxed);
+    }
+
+    /// Every family with its current samples.
+    pub fn families(&self) -> Vec<Family> {
+        let inner = &self.0;
+        let mut families = Vec::new();
+        families.extend(inner.prepare.families(
+            (
+                "gpu_dra_prepare_requests_total",
+                "gpu_dra_prepare_duration_seconds",
+            ),
+            (
+                "Claims the kubelet asked to prepare, by result.",
+                "Seconds to prepare one claim, by result.",
+            ),
+        ));
+        families.extend(inner.unprepare.families(
+            (
+                "gpu_dra_unprepare_requests_total",
+                "gpu_dra_unprepare_duration_seconds",
+            ),
+            (
+                "Claims the kubelet asked to unprepare, by result.",
+                "Seconds to unprepare one claim, by result.",
+            ),
+        ));
+        let errors = {
+            let errors = inner.errors.lock().unwrap_or_else(|p| p.into_inner());
+            errors
+                .iter()
+                .map(|(kind, n)| Sample::new(vec![("kind", (*kind).to_string())], *n as f64))
+                .collect()
+        };
+        families.push(Family {
+            name: "gpu_dra_errors_total",
+            help: "Failed prepare/unprepare calls, by the kind of failure.",
+            kind: Kind::Counter,
+            samples: errors,
+        });
+        let gauge = |name, help, value: &AtomicU64| Family {
+            name,
+            help,
+            kind: Kind::Gauge,
+            samples: vec![Sample::new(vec![], value.load(Ordering::Relaxed) as f64)],
+        };
+        families.extend([
+            gauge(
+                "gpu_dra_published_devices",
+                "Devices in this node's ResourceSlices.",
+                &inner.published_devices,
+            ),
+            gauge(
+                "gpu_dra_mig_instances",
+                "MIG devices present on this node's GPUs.",
+                &inner.mig_instances,
+            ),
+            gauge(
+                "gpu_dra_mps_daemons",
+                "MPS control daemons run by the plugin.",
+                &inner.mps_daemons,
+            ),
+            gauge(
+                "gpu_dra_prepared_claims",
+                "Claims prepared on this node.",
+                &inner.prepared_claims,
+            ),
+            gauge(
+                "gpu_dra_healthy_gpus",
+                "GPUs the backend reports healthy.",
+                &inner.healthy_gpus,
+            ),
+            gauge(
+                "gpu_dra_unhealthy_gpus",
+                "GPUs the backend reports unhealthy (e.g. after a fatal XID).",
+                &inner.unhealthy_gpus,
+            ),
+        ]);
+        families.push(Family {
+            name: "gpu_dra_build_info",
+            help: "Always 1; the version label says which gpu-dra runs.",
+            kind: Kind::Gauge,
+            samples: vec![Sample::new(
+                vec![("version", env!("CARGO_PKG_VERSION").to_string())],
+                1.0,
+            )],
+        });
+        families
+    }
+
+    /// The text exposition (format 0.0.4) of every family, sorted by name.
+    pub fn render(&self) -> String {
+        text::render(&self.families())
+    }
+}
+
+#[cfg(test)]
+#[path = "registry_tests.rs"]
+mod tests;

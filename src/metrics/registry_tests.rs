@@ -1,0 +1,137 @@
+//! Unit tests of the registry: what `render` shows after recording.
+
+use super::*;
+
+fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[test]
+fn histogram_buckets_are_cumulative_with_inf_sum_and_count() {
+    let m = Metrics::new();
+    for ms in [3, 20, 20, 30_000] {
+        m.record_call(
+            Operation::Prepare,
+            Outcome::Success,
+            Duration::from_millis(ms),
+        );
+    }
+    let text = m.render();
+    let want = vec![
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.001"} 0"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.0025"} 0"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.005"} 1"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.01"} 1"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.025"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.05"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.1"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.25"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.5"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="1"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="2.5"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="5"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="10"} 3"#,
+        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="+Inf"} 4"#,
+        r#"gpu_dra_prepare_duration_seconds_sum{result="success"} 30.043"#,
+        r#"gpu_dra_prepare_duration_seconds_count{result="success"} 4"#,
+    ];
+    let got: Vec<&str> = lines_of(&text, "gpu_dra_prepare_duration_seconds")
+        .into_iter()
+        .filter(|l| l.contains(r#"result="success""#))
+        .collect();
+    assert_eq!(want, got);
+}
+
+#[test]
+fn a_value_on_a_bound_falls_in_that_bucket() {
+    let m = Metrics::new();
+    m.record_call(
+        Operation::Unprepare,
+        Outcome::Error,
+        Duration::from_millis(100),
+    );
+    let text = m.render();
+    let got = lines_of(
+        &text,
+        r#"gpu_dra_unprepare_duration_seconds_bucket{result="error",le="0.1"}"#,
+    );
+    assert_eq!(
+        vec![r#"gpu_dra_unprepare_duration_seconds_bucket{result="error",le="0.1"} 1"#],
+        got
+    );
+}
+
+#[test]
+fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
+    let text = Metrics::new().render();
+    let types: Vec<&str> = lines_of(&text, "# TYPE ");
+    let want = vec![
+        "# TYPE gpu_dra_build_info gauge",
+        "# TYPE gpu_dra_errors_total counter",
+        "# TYPE gpu_dra_healthy_gpus gauge",
+        "# TYPE gpu_dra_mig_instances gauge",
+        "# TYPE gpu_dra_mps_daemons gauge",
+        "# TYPE gpu_dra_prepare_duration_seconds histogram",
+        "# TYPE gpu_dra_prepare_requests_total counter",
+        "# TYPE gpu_dra_prepared_claims gauge",
+        "# TYPE gpu_dra_published_devices gauge",
+        "# TYPE gpu_dra_unhealthy_gpus gauge",
+        "# TYPE gpu_dra_unprepare_duration_seconds histogram",
+        "# TYPE gpu_dra_unprepare_requests_total counter",
+    ];
+    assert_eq!(want, types);
+    let build_info = format!(
+        "gpu_dra_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    let nonzero: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.ends_with(" 0"))
+        .collect();
+    assert_eq!(vec![build_info.as_str()], nonzero);
+}
+
+#[test]
+fn counters_and_gauges_show_what_was_recorded() {
+    let m = Metrics::new();
+    m.record_call(Operation::Prepare, Outcome::Success, Duration::ZERO);
+    m.record_call(Operation::Prepare, Outcome::Error, Duration::ZERO);
+    m.record_call(Operation::Prepare, Outcome::Error, Duration::ZERO);
+    m.record_error("busy");
+    m.record_error("busy");
+    m.record_error("cdi");
+    m.set_published_devices(57);
+    m.set_mig_instances(3);
+    m.set_mps_daemons(1);
+    m.set_prepared_claims(2);
+    m.set_gpu_health(7, 1);
+    let text = m.render();
+    let got: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.contains("duration") && !l.contains("build"))
+        .collect();
+    let want = vec![
+        r#"gpu_dra_errors_total{kind="busy"} 2"#,
+        r#"gpu_dra_errors_total{kind="cdi"} 1"#,
+        "gpu_dra_healthy_gpus 7",
+        "gpu_dra_mig_instances 3",
+        "gpu_dra_mps_daemons 1",
+        r#"gpu_dra_prepare_requests_total{result="success"} 1"#,
+        r#"gpu_dra_prepare_requests_total{result="error"} 2"#,
+        "gpu_dra_prepared_claims 2",
+        "gpu_dra_published_devices 57",
+        "gpu_dra_unhealthy_gpus 1",
+        r#"gpu_dra_unprepare_requests_total{result="success"} 0"#,
+        r#"gpu_dra_unprepare_requests_total{result="error"} 0"#,
+    ];
+    assert_eq!(want, got);
+    assert_eq!(
+        (1, 2, 2, 0),
+        (
+            m.requests(Operation::Prepare, Outcome::Success),
+            m.requests(Operation::Prepare, Outcome::Error),
+            m.errors("busy"),
+            m.errors("hardware"),
+        )
+    );
+}

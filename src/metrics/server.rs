@@ -1,0 +1,165 @@
+//! The HTTP/1.1 endpoint for Prometheus and the kubelet's probes: `/metrics`, `/healthz`,
+//! `/readyz`. GET and HEAD only; anything else on those paths is 405, other paths 404.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::{Health, Metrics, MetricsError, text};
+
+/// A client that opens a connection and never finishes its request headers is dropped
+/// after this long, so idle sockets cannot pile up.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Accept failures (e.g. out of file descriptors) are retried after a short pause instead
+/// of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+const PLAIN: &str = "text/plain; charset=utf-8";
+
+/// The running endpoint. Dropping it (or [`MetricsServer::shutdown`]) stops accepting and
+/// closes the listening socket; requests in flight are cut off.
+#[derive(Debug)]
+pub struct MetricsServer {
+    local_addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl MetricsServer {
+    /// The address actually bound (the port chosen when `:0` was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops serving.
+    pub fn shutdown(self) {}
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Binds `addr` (`host:port`; a host name is resolved, the first address that binds wins)
+/// and serves `metrics` and `health` on it from a background task of the current runtime.
+///
+/// # Errors
+/// [`MetricsError::Bind`] when the address does not resolve or cannot be bound (in use,
+/// no permission), [`MetricsError::LocalAddr`] when the bound address cannot be read.
+pub async fn serve(
+    addr: &str,
+    metrics: Metrics,
+    health: Health,
+) -> Result<MetricsServer, MetricsError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|source| MetricsError::LocalAddr { source })?;
+    info!(addr = %local_addr, "serving /metrics, /healthz and /readyz");
+    let task = tokio::spawn(accept_loop(listener, metrics, health));
+    Ok(MetricsServer { local_addr, task })
+}
+
+async fn accept_loop(listener: TcpListener, metrics: Metrics, health: Health) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                warn!(error = %e, "accepting a metrics connection");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let response = respond(req.method(), req.uri().path(), &metrics, &health);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let served = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            if let Err(e) = served {
+                // A scraper hanging up mid-response is routine, not worth a warning.
+                debug!(error = %e, "metrics connection ended with an error");
+            }
+        });
+    }
+}
+
+/// The answer to `method path`. HEAD gets GET's headers; hyper leaves the body out.
+pub fn respond(
+    method: &Method,
+    path: &str,
+    metrics: &Metrics,
+    health: &Health,
+) -> Response<Full<Bytes>> {
+    if !matches!(path, "/metrics" | "/healthz" | "/readyz") {
+        return plain(
+            StatusCode::NOT_FOUND,
+            format!("not found: {path}; try /metrics, /healthz or /readyz\n"),
+        );
+    }
+    if method != Method::GET && method != Method::HEAD {
+        let mut response = plain(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("method {method} not allowed on {path}; use GET or HEAD\n"),
+        );
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    match path {
+        "/metrics" => with_type(StatusCode::OK, metrics.render(), text::CONTENT_TYPE),
+        "/readyz" => {
+            let missing = health.missing();
+            if missing.is_empty() {
+                plain(StatusCode::OK, "ready\n".to_string())
+            } else {
+                plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {}\n", missing.join("; ")),
+                )
+            }
+        }
+        // Answering at all proves the runtime's event loop is alive.
+        _ => plain(StatusCode::OK, "ok\n".to_string()),
+    }
+}
+
+fn plain(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    with_type(status, body, PLAIN)
+}
+
+fn with_type(
+    status: StatusCode,
+    body: String,
+    content_type: &'static str,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
