@@ -210,16 +210,25 @@ async fn a_daemon_that_dies_is_restarted_by_the_plugin_with_its_limits() {
         .args(["-9", &first.to_string()])
         .status()
         .unwrap();
-    let second = eventually("the daemon restarted", || {
-        daemon_pid(&node, &id).filter(|p| *p != first && live_daemons(node.root()) == vec![*p])
+    // Restarted means: a new daemon, alive, with the limits sent again and read back.
+    let limits_sent = || {
+        tool_calls(&node)
+            .iter()
+            .filter(|c| c.contains("set_default_device_pinned_mem_limit 0 4096M"))
+            .count()
+    };
+    let second = eventually("the daemon restarted with its limits", || {
+        daemon_pid(&node, &id)
+            .filter(|p| *p != first && live_daemons(node.root()) == vec![*p])
+            .filter(|_| limits_sent() == 2)
     })
     .await;
     assert_ne!(first, second);
-    let sets = tool_calls(&node)
+    let threads = tool_calls(&node)
         .iter()
         .filter(|c| c.contains("set_default_active_thread_percentage 25"))
         .count();
-    assert_eq!(2, sets, "limits sent again to the new daemon");
+    assert_eq!(2, threads, "thread limit sent to both daemons");
     kubelet
         .unprepare(&[claim_ref("mps", "uid-mps")])
         .await
