@@ -26,6 +26,30 @@ fn gpu_uuid(node: &Node, device: &str) -> String {
         .unwrap_or_else(|| panic!("{device} is not published"))
 }
 
+/// Puts a claim of `device` with one opaque config entry, starts the plugin, registers and
+/// prepares the claim (which must succeed).
+async fn prepared_with(
+    node: &Node,
+    name: &str,
+    uid: &str,
+    device: &str,
+    config: serde_json::Value,
+) -> (
+    plugin_support::Plugin,
+    gpu_dra::kubelet::client::KubeletClient,
+) {
+    node.api.put_claim(with_config(
+        claims::on_node(name, uid, &[device]),
+        &[],
+        config,
+    ));
+    let plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = kubelet.prepare(&[claim_ref(name, uid)]).await.unwrap();
+    assert!(got[uid].is_ok(), "{got:?}\n{}", plugin.log());
+    (plugin, kubelet)
+}
+
 #[tokio::test]
 async fn an_mps_claim_gets_its_own_daemon_with_verified_limits_and_unprepare_stops_it() {
     let node = Node::new();
@@ -124,18 +148,14 @@ async fn a_time_sliced_claim_sets_the_interval_and_unprepare_resets_it() {
 #[tokio::test]
 async fn mps_on_a_carved_mig_device_points_the_daemon_at_the_mig_uuid() {
     let node = Node::new();
-    node.api.put_claim(with_config(
-        claims::on_node("mig-mps", "uid-mig-mps", &["gpu-0-mig-3g40gb-4"]),
-        &[],
+    let (_plugin, mut kubelet) = prepared_with(
+        &node,
+        "mig-mps",
+        "uid-mig-mps",
+        "gpu-0-mig-3g40gb-4",
         mps_config("MigDeviceConfig", 30, "8Gi"),
-    ));
-    let plugin = node.start().await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
-    let got = kubelet
-        .prepare(&[claim_ref("mig-mps", "uid-mig-mps")])
-        .await
-        .unwrap();
-    assert!(got["uid-mig-mps"].is_ok(), "{got:?}\n{}", plugin.log());
+    )
+    .await;
     let mig_uuid = node.snapshot().hardware_mig_uuids()[0].clone();
     let calls = tool_calls(&node);
     assert!(
@@ -190,20 +210,14 @@ async fn an_invalid_config_fails_prepare_with_the_field_and_starts_nothing() {
 #[tokio::test]
 async fn a_daemon_that_dies_is_restarted_by_the_plugin_with_its_limits() {
     let node = Node::new();
-    node.api.put_claim(with_config(
-        claims::on_node("mps", "uid-mps", &["gpu-3"]),
-        &[],
+    let (_plugin, mut kubelet) = prepared_with(
+        &node,
+        "mps",
+        "uid-mps",
+        "gpu-3",
         mps_config("GpuConfig", 25, "4Gi"),
-    ));
-    let plugin = node.start().await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
-    assert!(
-        kubelet
-            .prepare(&[claim_ref("mps", "uid-mps")])
-            .await
-            .unwrap()["uid-mps"]
-            .is_ok()
-    );
+    )
+    .await;
     let id = daemon_dirs(&node)[0].clone();
     let first = daemon_pid(&node, &id).unwrap();
     std::process::Command::new("kill")
@@ -239,20 +253,14 @@ async fn a_daemon_that_dies_is_restarted_by_the_plugin_with_its_limits() {
 #[tokio::test]
 async fn after_a_plugin_crash_the_daemon_is_found_again_and_later_stopped() {
     let node = Node::new();
-    node.api.put_claim(with_config(
-        claims::on_node("mps", "uid-mps", &["gpu-3"]),
-        &[],
+    let (mut plugin, _) = prepared_with(
+        &node,
+        "mps",
+        "uid-mps",
+        "gpu-3",
         mps_config("GpuConfig", 40, "2Gi"),
-    ));
-    let mut plugin = node.start().await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
-    assert!(
-        kubelet
-            .prepare(&[claim_ref("mps", "uid-mps")])
-            .await
-            .unwrap()["uid-mps"]
-            .is_ok()
-    );
+    )
+    .await;
     let id = daemon_dirs(&node)[0].clone();
     let pid = daemon_pid(&node, &id).unwrap();
     plugin.signal(plugin_support::SIGKILL);

@@ -152,20 +152,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 report.mps_orphans_stopped.push(id);
             }
         }
-        for (claim, spec) in wanted {
-            match setup.mps.ensure_running(&spec) {
-                Ok(Ensured::Running(_)) => {}
-                Ok(Ensured::Restarted(_)) => report.mps_restarted.push(spec.id.clone()),
-                Err(source) => {
-                    return Err(ClaimError::Sharing {
-                        claim,
-                        device: spec.id.clone(),
-                        step: "restart the MPS control daemon",
-                        source: Box::new(source),
-                    });
-                }
-            }
-        }
+        report.mps_restarted = restart_dead(setup, wanted)?;
         Ok(())
     }
 
@@ -183,7 +170,6 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 source: Box::new(e),
             }
         })?;
-        let mut report = RecoveryReport::default();
         let mut prepared = store.checkpoint().clone();
         prepared
             .claims
@@ -191,20 +177,29 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let Some(setup) = &self.sharing else {
             return Ok(Vec::new());
         };
-        for (claim, spec) in sharing::wanted_daemons(&prepared) {
-            match setup.mps.ensure_running(&spec) {
-                Ok(Ensured::Running(_)) => {}
-                Ok(Ensured::Restarted(_)) => report.mps_restarted.push(spec.id.clone()),
-                Err(source) => {
-                    return Err(ClaimError::Sharing {
-                        claim,
-                        device: spec.id.clone(),
-                        step: "restart the MPS control daemon",
-                        source: Box::new(source),
-                    });
-                }
+        restart_dead(setup, sharing::wanted_daemons(&prepared))
+    }
+}
+
+/// Checks each wanted daemon and restarts the dead ones; returns the ids restarted.
+fn restart_dead(
+    setup: &sharing::SharingSetup,
+    wanted: Vec<(String, crate::sharing::MpsDaemonSpec)>,
+) -> Result<Vec<String>, ClaimError> {
+    let mut restarted = Vec::new();
+    for (claim, spec) in wanted {
+        match setup.mps.ensure_running(&spec) {
+            Ok(Ensured::Running(_)) => {}
+            Ok(Ensured::Restarted(_)) => restarted.push(spec.id.clone()),
+            Err(source) => {
+                return Err(ClaimError::Sharing {
+                    claim,
+                    device: spec.id.clone(),
+                    step: "restart the MPS control daemon",
+                    source: Box::new(source),
+                });
             }
         }
-        Ok(report.mps_restarted)
     }
+    Ok(restarted)
 }

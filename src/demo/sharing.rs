@@ -1,4 +1,4 @@
-//! Demo steps 7–9: the sharing strategies on fresh simulated DGX H100 nodes — time-slicing,
+//! Demo steps 7 and 8: the sharing strategies on fresh simulated DGX H100 nodes — time-slicing,
 //! MPS with limits, MPS on a carved MIG device (opaque config), then two claims sharing one
 //! GPU through consumable capacity — prepared by the real claim lifecycle, with the commands
 //! the simulated `nvidia-smi` and `nvidia-cuda-mps-control` received.
@@ -53,60 +53,56 @@ fn node(options: &ModelOptions) -> Result<(Arc<SimBackend>, ModelOptions), Strin
     Ok((backend, options))
 }
 
-/// Runs steps 7–9 and appends what they print.
-pub fn run(out: &mut String, driver_name: &str, classes: &[DeviceClass]) -> Result<(), String> {
-    let base = ModelOptions::with_policies(driver_name, &[]);
-    let (backend, options) = node(&base)?;
+/// One round on a fresh node: the title, the allocation of `examples`, then prepare and
+/// unprepare with the sharing tools.
+fn round(
+    out: &mut String,
+    options: &ModelOptions,
+    classes: &[DeviceClass],
+    title: &str,
+    examples: &[(&str, &str)],
+    uid_prefix: &str,
+    steps: &Steps,
+) -> Result<(), String> {
+    let (backend, options) = node(options)?;
     let view = inventory::view(backend.as_ref(), backend.node_name(), &options)
         .map_err(|e| crate::kubelet::error_chain(&e))?;
-    let _ = writeln!(
+    let _ = writeln!(out, "\n{title}");
+    let allocated = allocate(out, examples, &backend, classes, &view.slices, uid_prefix)?;
+    prepare_all(out, backend, &options, &allocated, steps)
+}
+
+/// Runs steps 7 and 8 and appends what they print.
+pub fn run(out: &mut String, driver_name: &str, classes: &[DeviceClass]) -> Result<(), String> {
+    let base = ModelOptions::with_policies(driver_name, &[]);
+    round(
         out,
-        "\n7. Sharing strategies (opaque config), on a fresh simulated node: preset {SHARING_PRESET}"
-    );
-    let allocated = allocate(
-        out,
-        &SHARING_EXAMPLES,
-        &backend,
+        &base,
         classes,
-        &view.slices,
+        &format!(
+            "7. Sharing strategies (opaque config), on a fresh simulated node: preset {SHARING_PRESET}"
+        ),
+        &SHARING_EXAMPLES,
         "sharing",
-    )?;
-    prepare_all(
-        out,
-        backend,
-        &options,
-        &allocated,
         &Steps {
             prepare: "   Prepare: time-slice set, MPS control daemons started with verified limits",
             unprepare: "   Unprepare: daemons stopped, compute mode and time-slice reset",
             show_mig_spec: false,
         },
     )?;
-
     let shared = ModelOptions {
         shared_gpus: SharedGpus::Shares(SHARES),
         ..base
     };
-    let (backend, options) = node(&shared)?;
-    let view = inventory::view(backend.as_ref(), backend.node_name(), &options)
-        .map_err(|e| crate::kubelet::error_chain(&e))?;
-    let _ = writeln!(
+    round(
         out,
-        "\n8. Consumable capacity: the same preset published with --shared-gpus {SHARES}; two claims share one GPU"
-    );
-    let allocated = allocate(
-        out,
-        &[("consumable-capacity.yaml", CAPACITY_EXAMPLE)],
-        &backend,
+        &shared,
         classes,
-        &view.slices,
+        &format!(
+            "8. Consumable capacity: the same preset published with --shared-gpus {SHARES}; two claims share one GPU"
+        ),
+        &[("consumable-capacity.yaml", CAPACITY_EXAMPLE)],
         "share",
-    )?;
-    prepare_all(
-        out,
-        backend,
-        &options,
-        &allocated,
         &Steps {
             prepare: "   Prepare: one MPS daemon for the shared GPU; each claim's CDI spec carries its own client limits",
             unprepare: "   Unprepare: the last share out stops the daemon",
