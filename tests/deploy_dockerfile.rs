@@ -75,7 +75,12 @@ fn image_ships_the_release_binary_cargo_builds_and_runs_it() {
         parts[2].to_string(),
         entrypoint.to_string(),
     );
-    let want = (true, built, format!("[\"{}\"]", parts[3]));
+    // tini as PID 1 reaps the MPS daemons the plugin detaches, then runs the binary.
+    let want = (
+        true,
+        built,
+        format!("[\"/usr/bin/tini\", \"--\", \"{}\"]", parts[3]),
+    );
     assert_eq!(got, want);
 }
 

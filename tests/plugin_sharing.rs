@@ -337,3 +337,102 @@ async fn two_consumable_capacity_shares_use_one_daemon_with_their_own_client_lim
     assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
     assert_eq!(Vec::<String>::new(), daemon_dirs(&node));
 }
+
+#[tokio::test]
+async fn sharing_config_on_an_admin_access_device_is_refused() {
+    let node = Node::new();
+    let mut claim = with_config(
+        claims::on_node("admin", "uid-admin", &["gpu-3"]),
+        &[],
+        mps_config("GpuConfig", 50, "1Gi"),
+    );
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = json!(true);
+    node.api.put_claim(claim);
+    let plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = kubelet
+        .prepare(&[claim_ref("admin", "uid-admin")])
+        .await
+        .unwrap();
+    let error = got["uid-admin"].as_ref().expect_err("must fail");
+    assert!(error.contains("admin access"), "{error}");
+    assert_eq!(Vec::<String>::new(), tool_calls(&node));
+}
+
+#[tokio::test]
+async fn mps_on_two_mig_devices_starts_one_daemon_per_mig_device() {
+    let node = Node::new();
+    node.api.put_claim(with_config(
+        claims::on_node(
+            "two-migs",
+            "uid-two-migs",
+            &["gpu-0-mig-3g40gb-0", "gpu-0-mig-3g40gb-4"],
+        ),
+        &[],
+        mps_config("MigDeviceConfig", 50, "4Gi"),
+    ));
+    let plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let refs = [claim_ref("two-migs", "uid-two-migs")];
+    let got = kubelet.prepare(&refs).await.unwrap();
+    assert!(got["uid-two-migs"].is_ok(), "{got:?}");
+    assert_eq!(2, daemon_dirs(&node).len(), "{:?}", daemon_dirs(&node));
+    let starts: Vec<String> = tool_calls(&node)
+        .into_iter()
+        .filter(|c| c.ends_with("nvidia-cuda-mps-control -d"))
+        .collect();
+    assert_eq!(2, starts.len(), "{starts:#?}");
+    assert!(
+        starts.iter().all(|c| !c.contains(',')),
+        "one MIG UUID each: {starts:#?}"
+    );
+    kubelet.unprepare(&refs).await.unwrap();
+    assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
+    node.snapshot().assert_converged(&[], "after unprepare");
+}
+
+#[tokio::test]
+async fn a_stale_pid_file_never_gets_another_process_killed() {
+    let node = Node::new();
+    let (_plugin, mut kubelet) = prepared_with(
+        &node,
+        "mps",
+        "uid-mps",
+        "gpu-3",
+        mps_config("GpuConfig", 20, "1Gi"),
+    )
+    .await;
+    let id = daemon_dirs(&node)[0].clone();
+    let daemon = daemon_pid(&node, &id).unwrap();
+    // The daemon dies and its pid is "reused" by an unrelated process.
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    std::process::Command::new("kill")
+        .args(["-9", &daemon.to_string()])
+        .status()
+        .unwrap();
+    let pid_file = node
+        .plugin_dir()
+        .join("mps")
+        .join(&id)
+        .join("pipe")
+        .join("nvidia-cuda-mps-control.pid");
+    std::fs::write(&pid_file, format!("{}\n", bystander.id())).unwrap();
+    eventually("a new daemon", || {
+        daemon_pid(&node, &id)
+            .filter(|p| *p != bystander.id() && live_daemons(node.root()) == vec![*p])
+    })
+    .await;
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the process behind the stale pid was signalled"
+    );
+    let _ = bystander.kill();
+    kubelet
+        .unprepare(&[claim_ref("mps", "uid-mps")])
+        .await
+        .unwrap();
+    assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
+}

@@ -389,10 +389,16 @@ impl<S: ClaimSource> ClaimsManager<S> {
         match self.act(&mut store, id, &planned) {
             Ok(devices) => Ok(devices),
             Err(e) => {
-                if let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned() {
-                    // The original error is what the kubelet must see; a failed rollback
-                    // is finished by recovery at the next start.
-                    let _ = self.roll_back(&mut store, &rec);
+                if let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned()
+                    && let Err(rollback) = self.roll_back(&mut store, &rec)
+                {
+                    // The original error is what the kubelet must see; the rollback is
+                    // finished by the kubelet's retry, the supervisor or start-up recovery.
+                    tracing::warn!(
+                        claim = %id,
+                        error = %crate::kubelet::error_chain(&rollback),
+                        "rolling back a failed prepare"
+                    );
                 }
                 Err(e)
             }

@@ -188,7 +188,9 @@ fn carved_share(id: &ClaimId, device: &str, checkpoint: &Checkpoint) -> Option<M
     checkpoint
         .claims
         .values()
-        .filter(|c| c.uid != id.uid)
+        // Only a completed prepare's instance surely exists: a half-done or half-undone
+        // record may name one that was already destroyed.
+        .filter(|c| c.uid != id.uid && c.phase == crate::checkpoint::ClaimPhase::PrepareCompleted)
         .flat_map(|c| c.devices.iter())
         .filter(|d| d.device == device && d.share_id.is_some())
         .filter_map(|d| d.mig.clone())

@@ -22,6 +22,8 @@ pub struct RecoveryReport {
     pub mps_orphans_stopped: Vec<String>,
     /// MPS daemons of prepared claims that had died (with the plugin's pod, say), started again.
     pub mps_restarted: Vec<String>,
+    /// MPS steps that failed (daemon and error); the supervisor retries the restarts.
+    pub mps_failed: Vec<String>,
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
@@ -100,7 +102,6 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     .push(format!("GPU {} {profile}@{start} (GI {gi})", gpu.index));
             }
         }
-        self.reconcile_mps(store.checkpoint(), &mut report, startup)?;
         let specs = self.cdi.list_claim_specs().map_err(|e| ClaimError::Cdi {
             claim: startup.to_string(),
             detail: crate::kubelet::error_chain(&e),
@@ -116,53 +117,41 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 report.stale_specs_removed.push(uid);
             }
         }
+        // Last, and never fatal: one daemon that cannot start must not keep the plugin (and
+        // every other claim) down; it is reported and the supervisor keeps trying.
+        self.reconcile_mps(store.checkpoint(), &mut report);
         Ok(report)
     }
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
     /// Stops MPS daemons no claim in `checkpoint` uses, and makes sure every daemon a
-    /// prepared claim uses is running with its limits (restarting dead ones).
+    /// prepared claim uses is running with its limits (restarting dead ones). Failures are
+    /// collected in the report, not returned.
     fn reconcile_mps(
         &self,
         checkpoint: &crate::checkpoint::Checkpoint,
         report: &mut RecoveryReport,
-        context: &str,
-    ) -> Result<(), ClaimError> {
+    ) {
         let Some(setup) = &self.sharing else {
-            return Ok(());
+            return;
         };
-        let wanted = sharing::wanted_daemons(checkpoint);
-        let sharing_error = |device: &str, step, source| ClaimError::Sharing {
-            claim: context.to_string(),
-            device: device.to_string(),
-            step,
-            source: Box::new(source),
-        };
-        let present = setup
-            .mps
-            .list()
-            .map_err(|e| sharing_error("MPS daemons", "list the MPS daemons", e))?;
-        for id in present {
-            if !wanted.iter().any(|(_, spec)| spec.id == id) {
-                setup
-                    .mps
-                    .stop(&id, &[])
-                    .map_err(|e| sharing_error(&id, "stop an orphaned MPS daemon", e))?;
-                report.mps_orphans_stopped.push(id);
-            }
-        }
-        report.mps_restarted = restart_dead(setup, wanted)?;
-        Ok(())
+        report.mps_orphans_stopped = stop_orphans(setup, checkpoint, &mut report.mps_failed);
+        let mut prepared = checkpoint.clone();
+        prepared
+            .claims
+            .retain(|_, c| c.phase == ClaimPhase::PrepareCompleted);
+        report.mps_restarted = restart_dead(setup, &prepared, &mut report.mps_failed);
     }
 
     /// One round of MPS supervision: every daemon a prepared claim uses is checked over its
-    /// control pipe and restarted (limits re-sent and verified) if it died. Callers hold the
-    /// plugin lock, so no prepare or unprepare runs at the same time.
+    /// control pipe and restarted (limits re-sent and verified) if it died, and daemons no
+    /// claim record uses (left by a failed rollback) are stopped. Callers hold the plugin lock,
+    /// so no prepare or unprepare runs at the same time.
     ///
     /// # Errors
-    /// The checkpoint cannot be read, or a daemon could not be restarted.
-    pub fn supervise_mps(&self) -> Result<Vec<String>, ClaimError> {
+    /// Only when the checkpoint cannot be read; per-daemon failures are in the report.
+    pub fn supervise_mps(&self) -> Result<RecoveryReport, ClaimError> {
         let context = "MPS supervision";
         let (store, _) = CheckpointStore::open(&self.state_dir, &self.boot_id).map_err(|e| {
             ClaimError::Checkpoint {
@@ -170,36 +159,77 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 source: Box::new(e),
             }
         })?;
-        let mut prepared = store.checkpoint().clone();
-        prepared
-            .claims
-            .retain(|_, c| c.phase == ClaimPhase::PrepareCompleted);
-        let Some(setup) = &self.sharing else {
-            return Ok(Vec::new());
-        };
-        restart_dead(setup, sharing::wanted_daemons(&prepared))
+        let mut report = RecoveryReport::default();
+        self.reconcile_mps(store.checkpoint(), &mut report);
+        Ok(report)
     }
 }
 
-/// Checks each wanted daemon and restarts the dead ones; returns the ids restarted.
+/// Stops daemons on disk that no claim record (in any phase) uses. When a record cannot be
+/// read, nothing is stopped: its daemons are unknown and may be in use.
+fn stop_orphans(
+    setup: &sharing::SharingSetup,
+    checkpoint: &crate::checkpoint::Checkpoint,
+    failed: &mut Vec<String>,
+) -> Vec<String> {
+    let wanted = match sharing::wanted_daemons(checkpoint) {
+        Ok(wanted) => wanted,
+        Err(e) => {
+            failed.push(format!("orphaned MPS daemons not checked: {e}"));
+            return Vec::new();
+        }
+    };
+    let present = match setup.mps.list() {
+        Ok(present) => present,
+        Err(e) => {
+            failed.push(format!(
+                "listing MPS daemons: {}",
+                crate::kubelet::error_chain(&e)
+            ));
+            return Vec::new();
+        }
+    };
+    let mut stopped = Vec::new();
+    for id in present {
+        if wanted.iter().any(|(_, spec)| spec.id == id) {
+            continue;
+        }
+        match setup.mps.stop(&id, &[]) {
+            Ok(()) => stopped.push(id),
+            Err(e) => failed.push(format!(
+                "stopping orphaned MPS daemon {id}: {}",
+                crate::kubelet::error_chain(&e)
+            )),
+        }
+    }
+    stopped
+}
+
+/// Checks each daemon the prepared claims use and restarts the dead ones; returns the ids
+/// restarted. A daemon that cannot be restarted is reported and the others still checked.
 fn restart_dead(
     setup: &sharing::SharingSetup,
-    wanted: Vec<(String, crate::sharing::MpsDaemonSpec)>,
-) -> Result<Vec<String>, ClaimError> {
+    prepared: &crate::checkpoint::Checkpoint,
+    failed: &mut Vec<String>,
+) -> Vec<String> {
+    let wanted = match sharing::wanted_daemons(prepared) {
+        Ok(wanted) => wanted,
+        Err(e) => {
+            failed.push(format!("MPS daemons not checked: {e}"));
+            return Vec::new();
+        }
+    };
     let mut restarted = Vec::new();
     for (claim, spec) in wanted {
         match setup.mps.ensure_running(&spec) {
             Ok(Ensured::Running(_)) => {}
             Ok(Ensured::Restarted(_)) => restarted.push(spec.id.clone()),
-            Err(source) => {
-                return Err(ClaimError::Sharing {
-                    claim,
-                    device: spec.id.clone(),
-                    step: "restart the MPS control daemon",
-                    source: Box::new(source),
-                });
-            }
+            Err(e) => failed.push(format!(
+                "MPS daemon {} of claim {claim}: {}",
+                spec.id,
+                crate::kubelet::error_chain(&e)
+            )),
         }
     }
-    Ok(restarted)
+    restarted
 }

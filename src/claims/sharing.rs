@@ -172,6 +172,20 @@ pub(super) fn decide(
         .map_err(|e| config_error(id, crate::kubelet::error_chain(&e)))?;
     let mut decided: Vec<Option<DeviceSharing>> = vec![None; planned.len()];
     for group in &groups {
+        // Admin access may use a device another claim holds, so it must never change it.
+        if let Some(&i) = group
+            .devices
+            .iter()
+            .find(|&&i| planned[i].allocated.admin_access)
+        {
+            return Err(config_error(
+                id,
+                format!(
+                    "device {} of request {} is allocated with admin access, which must not change the device; remove the sharing config for that request",
+                    planned[i].allocated.device, planned[i].allocated.request
+                ),
+            ));
+        }
         if let Some(&i) = group
             .devices
             .iter()
@@ -225,23 +239,35 @@ pub(super) fn decide(
                         ),
                     ));
                 }
-                let device_names: Vec<&str> = group
+                // Full GPUs of the group share one daemon; each MIG device gets its own, as
+                // MPS on MIG needs one daemon per MIG device (reference/mps.md §7).
+                let (gpus, migs): (Vec<(usize, usize)>, Vec<(usize, usize)>) = group
                     .devices
                     .iter()
-                    .map(|&i| targets[i].device.as_str())
-                    .collect();
-                let daemon = claim_daemon_id(&id.uid, &device_names);
-                for (ordinal, &i) in group.devices.iter().enumerate() {
-                    decided[i] = Some(DeviceSharing::Mps {
-                        daemon: daemon.clone(),
-                        ordinal,
-                        active_thread_percentage: limits.active_thread_percentage,
-                        pinned_memory_bytes: limits
-                            .pinned_memory_bytes
-                            .get(ordinal)
-                            .copied()
-                            .flatten(),
-                    });
+                    .copied()
+                    .enumerate()
+                    .partition(|(_, i)| targets[*i].kind == TargetKind::FullGpu);
+                let daemons = std::iter::once(gpus)
+                    .filter(|g| !g.is_empty())
+                    .chain(migs.into_iter().map(|m| vec![m]));
+                for members in daemons {
+                    let device_names: Vec<&str> = members
+                        .iter()
+                        .map(|&(_, i)| targets[i].device.as_str())
+                        .collect();
+                    let daemon = claim_daemon_id(&id.uid, &device_names);
+                    for (ordinal, &(in_group, i)) in members.iter().enumerate() {
+                        decided[i] = Some(DeviceSharing::Mps {
+                            daemon: daemon.clone(),
+                            ordinal,
+                            active_thread_percentage: limits.active_thread_percentage,
+                            pinned_memory_bytes: limits
+                                .pinned_memory_bytes
+                                .get(in_group)
+                                .copied()
+                                .flatten(),
+                        });
+                    }
                 }
             }
         }
@@ -357,12 +383,11 @@ pub(super) fn daemon_specs(rec: &ClaimRecord) -> Result<Vec<MpsDaemonSpec>, Stri
             incomplete.insert(daemon.clone());
             continue;
         };
-        specs.entry(daemon.clone()).or_default().push((
-            ordinal,
-            MpsDevice { uuid, full_gpu },
-            pct,
-            pinned,
-        ));
+        let devices = specs.entry(daemon.clone()).or_default();
+        if devices.iter().any(|(_, dev, ..)| dev.uuid == uuid) {
+            continue; // two shares of one device in one claim: one daemon device
+        }
+        devices.push((ordinal, MpsDevice { uuid, full_gpu }, pct, pinned));
     }
     Ok(specs
         .into_iter()
@@ -406,9 +431,19 @@ pub(super) fn apply(
         return Ok(edits);
     }
     let Some(setup) = setup else {
+        let devices: Vec<&str> = rec
+            .devices
+            .iter()
+            .zip(&decided)
+            .filter(|(_, d)| d.is_some())
+            .map(|(d, _)| d.device.as_str())
+            .collect();
         return Err(ClaimError::Config {
             claim: claim.to_string(),
-            detail: "sharing is not set up on this node".into(),
+            detail: format!(
+                "devices {} need time-slicing or MPS, but the plugin has no sharing tools",
+                devices.join(", ")
+            ),
         });
     };
     let step_error = |device: &str, step: &'static str, source: SharingError| ClaimError::Sharing {
@@ -502,10 +537,11 @@ pub(super) fn undo(
         return Ok(());
     }
     let Some(setup) = setup else {
-        return Err(ClaimError::Config {
-            claim: claim.to_string(),
-            detail: "the claim was shared, but sharing is not set up on this node".into(),
-        });
+        // Without tools nothing can be stopped or reset; refusing would keep the claim (and
+        // its CDI spec and MIG devices) forever. The daemons' directories stay for a plugin
+        // that has the tools to stop them (start-up recovery stops daemons no claim uses).
+        tracing::warn!(claim, daemons = ?daemons, time_sliced = time_sliced.len(), "the claim was shared, but this plugin has no sharing tools: MPS daemons and time-slices left as they are");
+        return Ok(());
     };
     for daemon in &daemons {
         setup
@@ -544,22 +580,30 @@ fn daemon_used_by_others(checkpoint: &Checkpoint, uid: &str, daemon: &str) -> bo
         .values()
         .filter(|c| c.uid != uid)
         .flat_map(|c| c.devices.iter())
-        .filter_map(|d| DeviceSharing::of(d).ok().flatten())
-        .any(|s| s.daemon() == Some(daemon))
+        // An unreadable record may name this daemon: keep it rather than cut off its clients.
+        .any(|d| match DeviceSharing::of(d) {
+            Ok(s) => s.as_ref().and_then(DeviceSharing::daemon) == Some(daemon),
+            Err(_) => true,
+        })
 }
 
-/// Every daemon the checkpoint's claims call for (shares once), for recovery and supervision.
-pub(super) fn wanted_daemons(checkpoint: &Checkpoint) -> Vec<(String, MpsDaemonSpec)> {
+/// Every daemon the checkpoint's claims call for (shares once), with the claim that wants it,
+/// for recovery and supervision.
+///
+/// # Errors
+/// A record that cannot be read: its daemons are unknown, so callers must not treat any
+/// daemon as unused.
+pub(super) fn wanted_daemons(
+    checkpoint: &Checkpoint,
+) -> Result<Vec<(String, MpsDaemonSpec)>, String> {
     let mut out: BTreeMap<String, (String, MpsDaemonSpec)> = BTreeMap::new();
     for c in checkpoint.claims.values() {
         let claim = format!("{}/{} ({})", c.namespace, c.name, c.uid);
-        if let Ok(specs) = daemon_specs(c) {
-            for s in specs {
-                out.entry(s.id.clone()).or_insert((claim.clone(), s));
-            }
+        for s in daemon_specs(c).map_err(|e| format!("claim {claim}: {e}"))? {
+            out.entry(s.id.clone()).or_insert((claim.clone(), s));
         }
     }
-    out.into_values().collect()
+    Ok(out.into_values().collect())
 }
 
 #[cfg(test)]

@@ -174,6 +174,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         stale_specs_removed = ?report.stale_specs_removed,
         mps_orphans_stopped = ?report.mps_orphans_stopped,
         mps_restarted = ?report.mps_restarted,
+        mps_failed = ?report.mps_failed,
         "recovered state"
     );
 
@@ -317,16 +318,29 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
             }
         };
         let m = Arc::clone(&manager);
-        match tokio::task::spawn_blocking(move || m.supervise_mps()).await {
-            Ok(Ok(restarted)) if !restarted.is_empty() => {
-                warn!(daemons = ?restarted, "MPS control daemons had died; restarted them");
+        // The lock guard goes with the blocking work: if this task is aborted at shutdown,
+        // the lock is held until the work is really done.
+        let round = tokio::task::spawn_blocking(move || {
+            let report = m.supervise_mps();
+            drop(guard);
+            report
+        });
+        match round.await {
+            Ok(Ok(report)) => {
+                if !report.mps_restarted.is_empty() {
+                    warn!(daemons = ?report.mps_restarted, "MPS control daemons had died; restarted them");
+                }
+                if !report.mps_orphans_stopped.is_empty() {
+                    warn!(daemons = ?report.mps_orphans_stopped, "stopped MPS control daemons no claim uses");
+                }
+                for failure in &report.mps_failed {
+                    warn!(error = %failure, "MPS supervision");
+                }
             }
-            Ok(Ok(_)) => {}
             Ok(Err(e)) => warn!(error = %crate::kubelet::error_chain(&e), "MPS supervision"),
             Err(e) => warn!(error = %e, "MPS supervision task"),
         }
         count_daemons(&metrics);
-        drop(guard);
     }
 }
 

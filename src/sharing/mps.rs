@@ -12,7 +12,7 @@ use super::commands::{half_mem_total, shm_mount};
 use super::control::{DaemonDirs, parse_mib, parse_percentage};
 use super::edits::{ClientEdits, client_edits};
 use super::exec;
-use super::procfs::{process_alive, read_pid};
+use super::procfs::{daemon_alive, read_pid};
 use super::spec::{self, MIB, MpsDaemonSpec, MpsDevice, full_gpus, validate_daemon_id};
 use super::{ComputeMode, SharingError, Tools};
 
@@ -127,6 +127,17 @@ impl MpsManager {
         if let Some(status) = self.healthy(&dirs, &spec.id) {
             return Ok(Ensured::Running(status));
         }
+        // Alive but not answering (busy, or short of memory for the client it forks): its
+        // clients are still served, so it is reported, never killed on one failed probe.
+        if let Some(pid) = read_pid(&dirs.pid_file())
+            && daemon_alive(&self.options.proc_root, pid, &dirs.pipe)
+        {
+            return Err(SharingError::NotReady {
+                id: spec.id.clone(),
+                waited: self.tools.timeout,
+                last: format!("process {pid} is alive but its control pipe did not answer"),
+            });
+        }
         self.stop(&spec.id, &spec.devices)?;
         self.start_fresh(spec, &dirs).map(Ensured::Restarted)
     }
@@ -193,7 +204,7 @@ impl MpsManager {
     /// Alive (pid file, live process) and answering the control protocol.
     fn healthy(&self, dirs: &DaemonDirs, id: &str) -> Option<MpsStatus> {
         let pid = read_pid(&dirs.pid_file())?;
-        if !process_alive(&self.options.proc_root, pid) {
+        if !daemon_alive(&self.options.proc_root, pid, &dirs.pipe) {
             return None;
         }
         let answer = self

@@ -9,7 +9,7 @@ use super::commands::shm_unmount;
 use super::control::DaemonDirs;
 use super::exec;
 use super::mps::{FIRST_PROBE_DELAY, MAX_PROBE_DELAY, MpsManager};
-use super::procfs::{is_mount_point, process_alive, read_pid};
+use super::procfs::{daemon_alive, is_mount_point, read_pid};
 use super::{ComputeMode, SharingError};
 
 impl MpsManager {
@@ -50,18 +50,19 @@ impl MpsManager {
         let Some(pid) = read_pid(&dirs.pid_file()) else {
             return Ok(());
         };
-        let proc_root = &self.options.proc_root;
-        if !process_alive(proc_root, pid) {
+        // Only a process that is this daemon is asked to quit or killed: the pid file may
+        // name a dead daemon's pid, reused since by anything.
+        if !daemon_alive(&self.options.proc_root, pid, &dirs.pipe) {
             return Ok(());
         }
         // A daemon that cannot take `quit` is killed below; its answer does not matter.
         let _ = self.tools.control(dirs, "quit");
-        if self.wait_exit(pid) {
+        if self.wait_exit(pid, &dirs.pipe) {
             return Ok(());
         }
         // It may have exited between the check and the kill.
         let _ = exec::kill(pid, self.tools.timeout);
-        if self.wait_exit(pid) {
+        if self.wait_exit(pid, &dirs.pipe) {
             Ok(())
         } else {
             Err(SharingError::DaemonWontDie {
@@ -71,10 +72,10 @@ impl MpsManager {
         }
     }
 
-    fn wait_exit(&self, pid: u32) -> bool {
+    fn wait_exit(&self, pid: u32, pipe_dir: &std::path::Path) -> bool {
         let deadline = Instant::now() + self.options.stop_timeout;
         let mut delay = FIRST_PROBE_DELAY;
-        while process_alive(&self.options.proc_root, pid) {
+        while daemon_alive(&self.options.proc_root, pid, pipe_dir) {
             let now = Instant::now();
             if now >= deadline {
                 return false;
