@@ -241,7 +241,7 @@ pub(super) fn decide(
                 }
                 // Full GPUs of the group share one daemon; each MIG device gets its own, as
                 // MPS on MIG needs one daemon per MIG device (reference/mps.md §7).
-                let (gpus, migs): (Vec<(usize, usize)>, Vec<(usize, usize)>) = group
+                let (gpus, migs): (Vec<Member>, Vec<Member>) = group
                     .devices
                     .iter()
                     .copied()
@@ -347,6 +347,9 @@ fn device_uuid(record: &DeviceRecord) -> Option<(String, bool)> {
         Some(m) => m.uuid.clone().map(|u| (u, false)),
     }
 }
+
+/// A device of a config group: its position in the group and its index among the targets.
+type Member = (usize, usize);
 
 /// One device of a daemon: ordinal, device, default thread %, pinned limit.
 type DaemonDevice = (usize, MpsDevice, Option<u8>, Option<u64>);
