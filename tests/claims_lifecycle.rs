@@ -70,6 +70,7 @@ fn node(claims: &[(&str, &[&str])]) -> Node {
         boot_id: "boot-1".into(),
         model_cache: Default::default(),
         sharing: None,
+        prepared: Default::default(),
     };
     Node { dir, sim, mgr }
 }

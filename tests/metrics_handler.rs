@@ -65,6 +65,7 @@ fn handler(dir: &tempfile::TempDir, claims: &[(&str, &[&str])]) -> Handler<Table
         boot_id: "boot-1".into(),
         model_cache: Default::default(),
         sharing: None,
+        prepared: Default::default(),
     };
     Handler {
         manager: Arc::new(manager),

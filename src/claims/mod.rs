@@ -279,6 +279,8 @@ pub struct ClaimsManager<S> {
     pub model_cache: ModelCache,
     /// Time-slicing and MPS; `None`: any claim asking for sharing is refused.
     pub sharing: Option<sharing::SharingSetup>,
+    /// Claims prepared (see [`ClaimsManager::prepared_count`]); start from `Default`.
+    pub prepared: std::sync::atomic::AtomicU64,
 }
 
 /// A prepared device as the kubelet gets it.
@@ -345,7 +347,26 @@ impl<S: ClaimSource> ClaimsManager<S> {
         store.update(change).map_err(|e| ClaimError::Checkpoint {
             claim: claim.to_string(),
             source: Box::new(e),
-        })
+        })?;
+        self.count_prepared(store.checkpoint());
+        Ok(())
+    }
+
+    /// Remembers how many claims `checkpoint` holds prepared, for [`ClaimsManager::prepared_count`].
+    pub(crate) fn count_prepared(&self, checkpoint: &checkpoint::Checkpoint) {
+        let n = checkpoint
+            .claims
+            .values()
+            .filter(|c| c.phase == ClaimPhase::PrepareCompleted)
+            .count();
+        self.prepared
+            .store(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Claims prepared, as of this instance's last checkpoint write or read at recovery (a
+    /// gauge: no file is read to answer).
+    pub fn prepared_count(&self) -> u64 {
+        self.prepared.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Prepares a claim: returns one entry per device with its CDI device IDs.

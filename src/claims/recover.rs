@@ -117,6 +117,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 report.stale_specs_removed.push(uid);
             }
         }
+        self.count_prepared(store.checkpoint());
         // Last, and never fatal: one daemon that cannot start must not keep the plugin (and
         // every other claim) down; it is reported and the supervisor keeps trying.
         self.reconcile_mps(store.checkpoint(), &mut report);

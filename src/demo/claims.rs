@@ -232,6 +232,7 @@ pub(super) fn prepare_all(
         boot_id: "demo-boot".to_string(),
         model_cache: Default::default(),
         sharing: Some(simulated_sharing(&work)?),
+        prepared: Default::default(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

@@ -64,9 +64,8 @@ impl<S: ClaimSource + 'static> Handler<S> {
             }
         };
         self.metrics.record_call(op, outcome, started.elapsed());
-        if let Some(n) = prepared_claims(&self.manager.state_dir, &self.manager.boot_id) {
-            self.metrics.set_prepared_claims(n);
-        }
+        self.metrics
+            .set_prepared_claims(self.manager.prepared_count());
     }
 }
 

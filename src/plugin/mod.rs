@@ -147,6 +147,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         boot_id,
         model_cache: Default::default(),
         sharing,
+        prepared: Default::default(),
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),
@@ -164,9 +165,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let report = manager.recover().map_err(PluginError::Recovery)?;
     drop(calls_paused);
     health.set_recovered();
-    if let Some(n) = handler::prepared_claims(&manager.state_dir, &manager.boot_id) {
-        metrics.set_prepared_claims(n);
-    }
+    metrics.set_prepared_claims(manager.prepared_count());
     info!(
         checkpoint = %report.checkpoint,
         rolled_back = ?report.rolled_back,
