@@ -228,29 +228,36 @@ pub enum ClaimError {
     },
 }
 
-/// The device model of the last inventory seen, rebuilt only when the inventory differs.
+/// The device models of the last few inventories seen, rebuilt only for an inventory not
+/// among them.
 ///
 /// Building the model (every MIG profile at every placement, counters) is the main CPU cost
 /// of a prepare; the inventory it derives from is still read from the hardware on every call,
 /// so a cached model is never stale — a second plugin instance (rolling update) that changed
-/// the hardware makes the next comparison miss.
+/// the hardware makes the next lookup miss. A few entries, because a MIG claim's prepare and
+/// unprepare alternate between two inventories (without and with its instance).
 #[derive(Default)]
-pub struct ModelCache(std::sync::Mutex<Option<(NodeInventory, Arc<DeviceModel>)>>);
+pub struct ModelCache(std::sync::Mutex<Vec<(NodeInventory, Arc<DeviceModel>)>>);
+
+/// How many inventories [`ModelCache`] remembers.
+const MODEL_CACHE_ENTRIES: usize = 4;
 
 impl ModelCache {
-    /// The model for `inventory`, from the cache when the inventory is unchanged.
+    /// The model for `inventory`, from the cache when it was seen recently.
     pub fn get(&self, inventory: NodeInventory, options: &ModelOptions) -> Arc<DeviceModel> {
-        let mut slot = self
+        let mut entries = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((cached, model)) = slot.as_ref()
-            && *cached == inventory
-        {
-            return Arc::clone(model);
+        if let Some(at) = entries.iter().position(|(seen, _)| *seen == inventory) {
+            let entry = entries.remove(at);
+            let model = Arc::clone(&entry.1);
+            entries.insert(0, entry);
+            return model;
         }
         let model = Arc::new(devices::build(&inventory, options));
-        *slot = Some((inventory, Arc::clone(&model)));
+        entries.insert(0, (inventory, Arc::clone(&model)));
+        entries.truncate(MODEL_CACHE_ENTRIES);
         model
     }
 }
@@ -677,5 +684,30 @@ impl<S: ClaimSource> ClaimsManager<S> {
         self.update(store, &claim, |cp| {
             cp.claims.remove(&uid);
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::sim::SimBackend;
+
+    #[test]
+    fn the_model_cache_rebuilds_only_for_inventories_it_has_not_seen_recently() {
+        let sim = SimBackend::open("dgx-h100", None).unwrap();
+        let options = ModelOptions::with_policies("gpu.nvidia.com", &sim.mig_policies());
+        let cache = ModelCache::default();
+        let without = sim.inventory().unwrap();
+        let first = cache.get(without.clone(), &options);
+        sim.create_mig_device(0, without.gpus[0].mig_profiles[0].id, 0)
+            .unwrap();
+        let with = sim.inventory().unwrap();
+        let second = cache.get(with.clone(), &options);
+        assert!(
+            !Arc::ptr_eq(&first, &second),
+            "a new inventory, a new model"
+        );
+        assert!(Arc::ptr_eq(&first, &cache.get(without, &options)));
+        assert!(Arc::ptr_eq(&second, &cache.get(with, &options)));
     }
 }
