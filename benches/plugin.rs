@@ -15,10 +15,12 @@ use gpu_dra::hardware::GpuBackend;
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::kubelet::client::{DraApi, KubeletClient};
 use plugin_support::claims::{self, claim_ref};
+use plugin_support::sharing::{mps_config, with_config};
 use plugin_support::{Node, eventually};
 
 const STARTS: usize = 20;
 const CYCLES: usize = 300;
+const MPS_CYCLES: usize = 50;
 const SUSTAIN: Duration = Duration::from_secs(3);
 
 struct Stats {
@@ -86,14 +88,33 @@ async fn start_up(root: &Path) -> (Vec<Duration>, Vec<Duration>) {
 
 /// Prepare/unprepare of one claim over the socket, `CYCLES` times.
 async fn cycles(root: &Path, device: &str) -> (Vec<Duration>, Vec<Duration>) {
+    cycles_of(root, claims::on_node("bench", "uid-bench", &[device]), CYCLES).await
+}
+
+/// Prepare/unprepare round trips of an MPS claim (GpuConfig, 50 % threads, 10Gi pinned) on a
+/// full GPU: each prepare starts a control daemon with the simulated tools and verifies its
+/// limits, each unprepare stops it.
+async fn mps_cycles(root: &Path) -> (Vec<Duration>, Vec<Duration>) {
+    let claim = with_config(
+        claims::on_node("bench", "uid-bench", &["gpu-3"]),
+        &[],
+        mps_config("GpuConfig", 50, "10Gi"),
+    );
+    cycles_of(root, claim, MPS_CYCLES).await
+}
+
+async fn cycles_of(
+    root: &Path,
+    claim: serde_json::Value,
+    cycles: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
     let node = Node::new_in(root);
-    node.api
-        .put_claim(claims::on_node("bench", "uid-bench", &[device]));
+    node.api.put_claim(claim);
     let plugin = node.start().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let claim = [claim_ref("bench", "uid-bench")];
     let (mut prepare, mut unprepare) = (Vec::new(), Vec::new());
-    for _ in 0..CYCLES {
+    for _ in 0..cycles {
         let t = Instant::now();
         let got = kubelet.prepare(&claim).await.expect("prepare");
         prepare.push(t.elapsed());
@@ -210,6 +231,9 @@ async fn on(root: &Path, label: &str) {
         prepare.p50.saturating_sub(sim_prepare.p50),
         prepare.p99.saturating_sub(sim_prepare.p50),
     );
+    let (prepare, unprepare) = mps_cycles(root).await;
+    row("prepare MPS claim, daemon ready (round trip)", &stats(prepare));
+    row("unprepare MPS claim, daemon stopped", &stats(unprepare));
     for batch in [1, 8] {
         let rate = sustained(root, batch).await;
         println!(
