@@ -88,7 +88,12 @@ async fn start_up(root: &Path) -> (Vec<Duration>, Vec<Duration>) {
 
 /// Prepare/unprepare of one claim over the socket, `CYCLES` times.
 async fn cycles(root: &Path, device: &str) -> (Vec<Duration>, Vec<Duration>) {
-    cycles_of(root, claims::on_node("bench", "uid-bench", &[device]), CYCLES).await
+    cycles_of(
+        root,
+        claims::on_node("bench", "uid-bench", &[device]),
+        CYCLES,
+    )
+    .await
 }
 
 /// Prepare/unprepare round trips of an MPS claim (GpuConfig, 50 % threads, 10Gi pinned) on a
@@ -232,7 +237,10 @@ async fn on(root: &Path, label: &str) {
         prepare.p99.saturating_sub(sim_prepare.p50),
     );
     let (prepare, unprepare) = mps_cycles(root).await;
-    row("prepare MPS claim, daemon ready (round trip)", &stats(prepare));
+    row(
+        "prepare MPS claim, daemon ready (round trip)",
+        &stats(prepare),
+    );
     row("unprepare MPS claim, daemon stopped", &stats(unprepare));
     for batch in [1, 8] {
         let rate = sustained(root, batch).await;
