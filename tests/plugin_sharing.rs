@@ -9,7 +9,8 @@ mod plugin_support;
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::sharing::{
-    as_share, daemon_dirs, daemon_pid, live_daemons, mps_config, smi_state, tool_calls, with_config,
+    as_share, daemon_dirs, daemon_pid, kill9, live_daemons, mps_config, smi_state, tool_calls,
+    with_config,
 };
 use plugin_support::{Node, eventually};
 use serde_json::json;
@@ -220,10 +221,7 @@ async fn a_daemon_that_dies_is_restarted_by_the_plugin_with_its_limits() {
     .await;
     let id = daemon_dirs(&node)[0].clone();
     let first = daemon_pid(&node, &id).unwrap();
-    std::process::Command::new("kill")
-        .args(["-9", &first.to_string()])
-        .status()
-        .unwrap();
+    kill9(first);
     // Restarted means: a new daemon, alive, with the limits sent again and read back.
     let limits_sent = || {
         tool_calls(&node)
@@ -409,10 +407,7 @@ async fn a_stale_pid_file_never_gets_another_process_killed() {
         .arg("60")
         .spawn()
         .unwrap();
-    std::process::Command::new("kill")
-        .args(["-9", &daemon.to_string()])
-        .status()
-        .unwrap();
+    kill9(daemon);
     let pid_file = node
         .plugin_dir()
         .join("mps")

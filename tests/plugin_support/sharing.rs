@@ -116,11 +116,14 @@ pub fn live_daemons(root: &Path) -> Vec<u32> {
     pids
 }
 
+/// SIGKILL to `pid` (a daemon the test wants dead, as a crash would leave it).
+pub fn kill9(pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+}
+
 /// Kills every daemon still running under `root` (test clean-up; not an assertion).
 pub fn reap(root: &Path) {
-    for pid in live_daemons(root) {
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status();
-    }
+    live_daemons(root).into_iter().for_each(kill9);
 }
