@@ -228,19 +228,20 @@ pub enum ClaimError {
     },
 }
 
-/// The device models of the last few inventories seen, rebuilt only for an inventory not
+/// The device models of the last two inventories seen, rebuilt only for an inventory not
 /// among them.
 ///
 /// Building the model (every MIG profile at every placement, counters) is the main CPU cost
 /// of a prepare; the inventory it derives from is still read from the hardware on every call,
 /// so a cached model is never stale — a second plugin instance (rolling update) that changed
-/// the hardware makes the next lookup miss. A few entries, because a MIG claim's prepare and
-/// unprepare alternate between two inventories (without and with its instance).
+/// the hardware makes the next lookup miss. Two entries, because a MIG claim's prepare and
+/// unprepare alternate between two inventories (without and with its instance); each model of
+/// a large node holds about a megabyte, so the cache stays small.
 #[derive(Default)]
 pub struct ModelCache(std::sync::Mutex<Vec<(NodeInventory, Arc<DeviceModel>)>>);
 
 /// How many inventories [`ModelCache`] remembers.
-const MODEL_CACHE_ENTRIES: usize = 4;
+const MODEL_CACHE_ENTRIES: usize = 2;
 
 impl ModelCache {
     /// The model for `inventory`, from the cache when it was seen recently.

@@ -162,10 +162,14 @@ impl SlicePublisher {
     pub async fn run(&self, mut models: watch::Receiver<DeviceModel>) {
         let mut failures = 0u32;
         loop {
-            let desired = self.desired(&models.borrow_and_update());
-            let result = match desired {
-                Ok(desired) => self.retrying(Job::Publish(&desired)).await,
-                Err(e) => Err(e),
+            // The desired slices (a copy of every device) are dropped once published, not
+            // kept through the wait: at idle the model in the channel is the only copy.
+            let result = {
+                let desired = self.desired(&models.borrow_and_update());
+                match desired {
+                    Ok(desired) => self.retrying(Job::Publish(&desired)).await,
+                    Err(e) => Err(e),
+                }
             };
             let wait = match result {
                 Ok(outcome) => {
