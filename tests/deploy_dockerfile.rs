@@ -53,14 +53,14 @@ fn builder_uses_the_toolchain_the_crate_declares() {
 }
 
 #[test]
-fn image_ships_the_release_binary_cargo_builds_and_runs_it() {
+fn image_ships_the_dist_binary_cargo_builds_and_runs_it() {
     let text = dockerfile();
     let bin = cargo_value("[[bin]]", "name");
     let workdir = text
         .lines()
         .find_map(|l| l.strip_prefix("WORKDIR "))
         .expect("the builder sets WORKDIR");
-    let built = format!("{workdir}/target/release/{bin}");
+    let built = format!("{workdir}/target/dist/{bin}");
     let copy = text
         .lines()
         .find(|l| l.starts_with("COPY --from=build "))
@@ -71,7 +71,8 @@ fn image_ships_the_release_binary_cargo_builds_and_runs_it() {
         .find_map(|l| l.strip_prefix("ENTRYPOINT "))
         .expect("an ENTRYPOINT");
     let got = (
-        text.contains(&format!("cargo build --release --locked --bin {bin}")),
+        text.contains(&format!("cargo build --profile dist --locked --bin {bin}"))
+            && cargo_value("[profile.dist]", "inherits") == "release",
         parts[2].to_string(),
         entrypoint.to_string(),
     );

@@ -104,7 +104,10 @@ impl Node {
 
     /// The plugin command line, as a DaemonSet would run it on this node.
     pub fn command(&self) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-dra"));
+        // A bench may measure another build of the same binary (e.g. the image's dist build).
+        let binary = std::env::var_os("GPU_DRA_PLUGIN_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_gpu-dra").into());
+        let mut command = Command::new(binary);
         command
             .arg("kubelet-plugin")
             .args(["--gpu-backend", "sim", "--sim-node", "dgx-h100"])
