@@ -56,11 +56,6 @@ fn builder_uses_the_toolchain_the_crate_declares() {
 fn image_ships_the_dist_binary_cargo_builds_and_runs_it() {
     let text = dockerfile();
     let bin = cargo_value("[[bin]]", "name");
-    let workdir = text
-        .lines()
-        .find_map(|l| l.strip_prefix("WORKDIR "))
-        .expect("the builder sets WORKDIR");
-    let built = format!("{workdir}/target/dist/{bin}");
     let copy = text
         .lines()
         .find(|l| l.starts_with("COPY --from=build "))
@@ -71,15 +66,20 @@ fn image_ships_the_dist_binary_cargo_builds_and_runs_it() {
         .find_map(|l| l.strip_prefix("ENTRYPOINT "))
         .expect("an ENTRYPOINT");
     let got = (
-        text.contains(&format!("cargo build --profile dist --locked --bin {bin}"))
-            && cargo_value("[profile.dist]", "inherits") == "release",
+        text.contains(&format!(
+            "cargo build --profile dist --locked --target \"$target\" --bin {bin}"
+        )),
+        text.contains(&format!("cp \"target/$target/dist/{bin}\" /{bin}")),
+        cargo_value("[profile.dist]", "inherits"),
         parts[2].to_string(),
         entrypoint.to_string(),
     );
     // tini as PID 1 reaps the MPS daemons the plugin detaches, then runs the binary.
     let want = (
         true,
-        built,
+        true,
+        "release".to_string(),
+        format!("/{bin}"),
         format!("[\"/usr/bin/tini\", \"--\", \"{}\"]", parts[3]),
     );
     assert_eq!(got, want);
