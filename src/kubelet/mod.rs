@@ -5,6 +5,7 @@
 //! [`serve`] puts everything up; the rest of the driver plugs in through [`DraHandler`] and,
 //! optionally, a [`HealthSource`]. [`client::KubeletClient`] plays the kubelet's part in tests.
 
+pub mod authority;
 pub mod client;
 mod dra;
 mod error;

@@ -4,13 +4,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinHandle};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tracing::{info, warn};
 
+use super::authority::AuthorityFix;
 use super::dra::{DraCore, DraV1, DraV1beta1};
 use super::health::HealthService;
 use super::proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration};
@@ -46,7 +49,10 @@ pub struct RunningPlugin {
 ///   0750 and both sockets get mode 0600;
 /// - prepare and unprepare calls run one at a time under `<plugin-dir>/plugin.lock`, shared
 ///   with any other instance using the same plugin directory;
-/// - one malformed claim never fails a call: it gets its own error entry.
+/// - one malformed claim never fails a call: it gets its own error entry;
+/// - every client's `:authority` is accepted (the socket path the kubelet's plugin watcher
+///   sends, grpc-python's percent-encoded path, `localhost`, `host:port`, empty or none), see
+///   [`super::authority`]; a client that breaks HTTP/2 loses only its own connection.
 ///
 /// Fails before serving anything on an invalid name or an over-long socket path, when a
 /// directory cannot be created, or when something other than a socket sits at a socket path.
@@ -81,10 +87,10 @@ pub async fn serve<H: DraHandler>(
         );
     let dra_path = sockets.dra_socket();
     let (listener, mut dra_owned) = listen(&dra_path)?;
-    let dra_task = tokio::spawn(dra_router.serve_with_incoming_shutdown(
-        UnixListenerStream::new(listener),
-        stop.clone().cancelled_owned(),
-    ));
+    let dra_task = tokio::spawn(
+        dra_router
+            .serve_with_incoming_shutdown(connections(listener), stop.clone().cancelled_owned()),
+    );
 
     let info = pluginregistration::PluginInfo {
         r#type: PLUGIN_TYPE.to_string(),
@@ -107,10 +113,10 @@ pub async fn serve<H: DraHandler>(
             return Err(error);
         }
     };
-    let reg_task = tokio::spawn(reg_router.serve_with_incoming_shutdown(
-        UnixListenerStream::new(listener),
-        stop.clone().cancelled_owned(),
-    ));
+    let reg_task = tokio::spawn(
+        reg_router
+            .serve_with_incoming_shutdown(connections(listener), stop.clone().cancelled_owned()),
+    );
 
     info!(
         driver = %sockets.driver_name,
@@ -196,6 +202,14 @@ impl RunningPlugin {
             }
         }
     }
+}
+
+/// The connections accepted on `listener`, each behind the adapter that lets `h2` accept the
+/// `:authority` real clients send (the kubelet's plugin watcher sends the socket path).
+fn connections(
+    listener: UnixListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityFix<tokio::net::UnixStream>>> {
+    UnixListenerStream::new(listener).map(|accepted| accepted.map(AuthorityFix::new))
 }
 
 async fn join(socket: &Path, task: Option<JoinHandle<ServerResult>>) -> Result<(), KubeletError> {
