@@ -130,7 +130,7 @@ async fn every_authority_form_gets_answers_from_registration_dra_and_health() {
             &dra.unary(
                 PREPARE_V1,
                 authority.as_deref(),
-                &prepare_v1(&[uid.clone()]),
+                &prepare_v1(std::slice::from_ref(&uid)),
             )
             .await
             .unwrap(),
@@ -237,7 +237,7 @@ async fn several_calls_on_one_connection_reuse_the_clients_hpack_table() {
             .unary(
                 PREPARE_V1,
                 authority.as_deref(),
-                &prepare_v1(&[uid.clone()]),
+                &prepare_v1(std::slice::from_ref(&uid)),
             )
             .await
             .unwrap();
@@ -437,9 +437,13 @@ async fn the_dra_client_keeps_one_connection_across_idle_periods_and_redials_aft
     for round in 0..3 {
         let uid = format!("idle-{round}");
         ok_message(
-            &dra.unary(PREPARE_V1, Some("localhost"), &prepare_v1(&[uid.clone()]))
-                .await
-                .unwrap(),
+            &dra.unary(
+                PREPARE_V1,
+                Some("localhost"),
+                &prepare_v1(std::slice::from_ref(&uid)),
+            )
+            .await
+            .unwrap(),
             &uid,
         );
         tokio::time::sleep(Duration::from_millis(1_500)).await;
