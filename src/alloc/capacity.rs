@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, Device, DeviceCapacity};
 
 use super::SliceProblem;
-use super::claim::CapacityRequest;
+use super::plan::CapacityRequest;
 use super::reason::{CapacityProblem, Rejection};
 use super::state::capacity_key;
 use crate::quantity::{Quantity, QuantityError};

@@ -9,6 +9,7 @@ use k8s_openapi::api::resource::v1::{
 
 use super::constraint::ConstraintSpec;
 use super::engine::{ProgramCache, SelectorEngine};
+use super::plan::{CapacityRequest, ClaimPlan, RequestPlan, Selector, Slot};
 use super::reason::Wants;
 use super::state::claim_display;
 use super::{AllocError, MAX_DEVICES_PER_CLAIM};
@@ -24,50 +25,6 @@ pub struct Prepared<'a, E: SelectorEngine> {
     pub(crate) requests: Vec<RequestPlan>,
     pub(crate) constraints: Vec<ConstraintSpec<'a>>,
     pub(crate) programs: Vec<E::Program>,
-}
-
-pub(crate) struct ClaimPlan<'a> {
-    pub(crate) claim: &'a ResourceClaim,
-    pub(crate) display: String,
-    /// Top-level request indices in [`Prepared::requests`].
-    pub(crate) requests: Vec<usize>,
-}
-
-/// A top-level request: one slot, or the `firstAvailable` alternatives in order.
-pub(crate) struct RequestPlan {
-    pub(crate) claim: usize,
-    pub(crate) alternatives: Vec<usize>,
-}
-
-/// A compiled selector and where it came from.
-pub(crate) struct Selector<'a> {
-    pub(crate) program: usize,
-    pub(crate) expression: &'a str,
-    pub(crate) index: usize,
-}
-
-/// A capacity amount a request asks for.
-pub(crate) struct CapacityRequest<'a> {
-    pub(crate) name: &'a str,
-    /// As written, so that reports print it in the request's format.
-    pub(crate) amount: Quantity,
-}
-
-/// One request or sub-request: what a device must satisfy and how many are wanted.
-pub(crate) struct Slot<'a> {
-    pub(crate) claim: usize,
-    /// `<request>` or `<request>/<subrequest>`.
-    pub(crate) name: String,
-    /// The top-level request name.
-    pub(crate) base: &'a str,
-    pub(crate) class: &'a DeviceClass,
-    pub(crate) class_name: &'a str,
-    pub(crate) class_selectors: Vec<Selector<'a>>,
-    pub(crate) selectors: Vec<Selector<'a>>,
-    pub(crate) wants: Wants,
-    pub(crate) admin: bool,
-    pub(crate) tolerations: &'a [DeviceToleration],
-    pub(crate) capacity: Vec<CapacityRequest<'a>>,
 }
 
 /// The fields an `exactly` request and a `firstAvailable` sub-request share.

@@ -6,7 +6,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 use k8s_openapi::api::resource::v1::DeviceConstraint;
 
-use super::claim::Slot;
+use super::plan::Slot;
 use super::reason::{ConstraintKind, Holder, Rejection};
 
 pub(crate) struct ConstraintSpec<'a> {

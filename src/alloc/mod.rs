@@ -23,6 +23,7 @@ mod counters;
 mod engine;
 mod inventory;
 mod node;
+mod plan;
 mod reason;
 mod result;
 mod search;
