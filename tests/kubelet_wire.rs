@@ -251,6 +251,15 @@ async fn several_calls_on_one_connection_reuse_the_clients_hpack_table() {
         "later requests are indexed references into the table the first one filled: {sizes:?}"
     );
     assert_eq!(handler.calls().len(), 6);
+    // The adapter lets clients use the protocol's default 4,096-byte table, and only that:
+    // a server announcing another SETTINGS_HEADER_TABLE_SIZE would need the adapter to follow.
+    assert!(
+        dra.server_settings
+            .iter()
+            .all(|(id, value)| *id != 0x1 || *value == 4_096),
+        "{:?}",
+        dra.server_settings
+    );
 }
 
 #[tokio::test]
