@@ -88,31 +88,47 @@ device_attr() {
   kubectl get resourceslices -o jsonpath="{.items[?(@.spec.pool.name==\"${pool}\")].spec.devices[?(@.name==\"${device}\")].attributes.${attr}.string}"
 }
 
-# Checks that a running pod's container sees the claim's devices through the CDI spec's env:
-# one `DRA_GPU_UUID_<device>` per device given to this container, each listed in
-# NVIDIA_VISIBLE_DEVICES (spec-wide: every device of the claim), and for devices whose slice
-# publishes a `uuid` (full GPUs, existing MIG devices) that UUID is visible. Prints the
-# container's own UUIDs (from DRA_GPU_UUID_*), sorted, space separated.
+# "request pool device" lines of a claim's allocation for this driver.
+allocated_by_request() {
+  k get resourceclaim "$1" -o jsonpath="{range .status.allocation.devices.results[?(@.driver==\"${driver}\")]}{.request}{\" \"}{.pool}{\" \"}{.device}{\"\\n\"}{end}"
+}
+
+# Checks that a running pod's container sees exactly the devices it was given, through the
+# CDI spec's env: NVIDIA_VISIBLE_DEVICES is `void` (a spec-wide value reaches every container
+# given any device of the claim, so it must name none), and the per-device
+# `DRA_GPU_UUID_<device>` variables hold the UUIDs of the claim's devices — of request $4
+# only when the container names one. Devices whose slice publishes a `uuid` (full GPUs,
+# existing MIG devices) must be seen; dynamic MIG devices get their UUID when carved, so they
+# only bound how many other UUIDs may appear. Prints the container's UUIDs, sorted, space
+# separated.
 check_sees_claim() {
-  local pod="$1" ctr="$2" claim="$3"
-  local visible uuids uuid pool device published
+  local pod="$1" ctr="$2" claim="$3" request="${4:-}"
+  local visible uuids uuid req pool device published want="" carved=0 others=0
+  local given="claim ${claim}${request:+ request ${request}}"
   visible="$(pod_env "${pod}" "${ctr}" NVIDIA_VISIBLE_DEVICES)"
-  expect_nonempty "NVIDIA_VISIBLE_DEVICES in ${pod}/${ctr}" "${visible}" || return 1
+  if [ "${visible}" != void ]; then
+    fail "${pod}/${ctr}: NVIDIA_VISIBLE_DEVICES=${visible}, want void: the container's devices are in DRA_GPU_UUID_*" || return 1
+  fi
   uuids="$(uuid_env "${pod}" "${ctr}")"
   expect_nonempty "DRA_GPU_UUID_* in ${pod}/${ctr}" "${uuids}" || return 1
-  for uuid in ${uuids}; do
-    if [[ ",${visible}," != *",${uuid},"* ]]; then
-      fail "${pod}/${ctr}: ${uuid} from DRA_GPU_UUID_* is not in NVIDIA_VISIBLE_DEVICES=${visible}" || return 1
-    fi
-  done
-  while read -r pool device; do
+  while read -r req pool device; do
     [ -n "${device}" ] || continue
+    [ -z "${request}" ] || [ "${req}" = "${request}" ] || continue
     published="$(device_attr "${pool}" "${device}" uuid)"
-    # Dynamic MIG devices get their UUID when carved: the slice has none to compare.
-    if [ -n "${published}" ] && [[ ",${visible}," != *",${published},"* ]]; then
-      fail "${pod}/${ctr} does not see ${device} (${published}); it sees ${visible}" || return 1
+    if [ -z "${published}" ]; then
+      carved=$((carved + 1))
+    elif [[ " ${uuids} " != *" ${published} "* ]]; then
+      fail "${pod}/${ctr} does not see ${device} (${published}) of ${given}; it sees ${uuids}" || return 1
+    else
+      want="${want} ${published}"
     fi
-  done < <(allocated "${claim}")
+  done < <(allocated_by_request "${claim}")
+  for uuid in ${uuids}; do
+    [[ "${want} " == *" ${uuid} "* ]] || others=$((others + 1))
+  done
+  if [ "${others}" -gt "${carved}" ]; then
+    fail "${pod}/${ctr} sees ${uuids}: UUIDs that are not devices of ${given}" || return 1
+  fi
   echo "${uuids}"
 }
 

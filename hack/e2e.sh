@@ -126,8 +126,8 @@ YAML
   wait_ready mig-parent || return 1
   local claim small medium parents
   claim="$(claim_of mig-parent mig)"
-  small="$(check_sees_claim mig-parent small "${claim}")" || return 1
-  medium="$(check_sees_claim mig-parent medium "${claim}")" || return 1
+  small="$(check_sees_claim mig-parent small "${claim}" small)" || return 1
+  medium="$(check_sees_claim mig-parent medium "${claim}" medium)" || return 1
   if [[ "${small}" != MIG-* || "${small}" == *" "* || "${medium}" != MIG-* || "${medium}" == *" "* ]]; then
     fail "containers should get one MIG device each, got '${small}' and '${medium}'" || return 1
   fi

@@ -20,6 +20,7 @@ pub mod hardware;
 pub mod inventory;
 pub mod k8s;
 pub mod kubelet;
+pub mod logging;
 pub mod metrics;
 pub mod opaque;
 pub mod plugin;

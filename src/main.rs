@@ -10,7 +10,7 @@ use gpu_dra::devices::{DEFAULT_DRIVER_NAME, ModelOptions, SharedGpus};
 use gpu_dra::hardware::sim::{self, SimBackend, presets};
 use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend};
 use gpu_dra::sharing::simtools;
-use gpu_dra::{demo, inventory};
+use gpu_dra::{demo, inventory, logging};
 
 /// A Kubernetes DRA driver for NVIDIA GPUs, with a faithful simulated GPU node.
 #[derive(Parser, Debug)]
@@ -246,6 +246,28 @@ enum LogFormat {
     Json,
 }
 
+impl From<LogFormat> for logging::Format {
+    fn from(f: LogFormat) -> logging::Format {
+        match f {
+            LogFormat::Text => logging::Format::Text,
+            LogFormat::Json => logging::Format::Json,
+        }
+    }
+}
+
+impl Command {
+    /// The verb as typed on the command line, for the start-up log line.
+    fn verb(&self) -> &'static str {
+        match self {
+            Command::Demo { .. } => "demo",
+            Command::Inventory(_) => "inventory",
+            Command::Explain(_) => "explain",
+            Command::KubeletPlugin(_) => "kubelet-plugin",
+            Command::Cel { .. } => "cel",
+        }
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
     Sim,
@@ -285,12 +307,17 @@ fn main() -> ExitCode {
         return simtools::run(tool, args);
     }
     let cli = Cli::parse();
-    let json = matches!(&cli.command, Command::KubeletPlugin(a) if a.log_format == LogFormat::Json);
-    let default_level = match &cli.command {
-        Command::KubeletPlugin(a) => a.log_level.directive(),
-        _ => "warn",
+    let (format, default_level) = match &cli.command {
+        Command::KubeletPlugin(a) => (a.log_format.into(), a.log_level.directive()),
+        _ => (logging::Format::Text, "warn"),
     };
-    init_logging(json, default_level);
+    let colour = logging::init(format, default_level);
+    tracing::debug!(
+        verb = cli.command.verb(),
+        version = env!("CARGO_PKG_VERSION"),
+        colour,
+        "gpu-dra starting"
+    );
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -310,19 +337,6 @@ fn chain(e: &anyhow::Error) -> String {
         }
     }
     parts.join(": ")
-}
-
-fn init_logging(json: bool, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GPU_DRA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
 }
 
 fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {

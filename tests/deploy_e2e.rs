@@ -90,8 +90,18 @@ fn suite_fails_the_case_whose_check_breaks_and_says_why() {
     let cases = [
         (
             "uuid",
-            "FAIL: dedicated/ctr: GPU-7 from DRA_GPU_UUID_* is not in NVIDIA_VISIBLE_DEVICES=GPU-1",
+            "FAIL: dedicated/ctr does not see gpu-0 (GPU-1) of claim dedicated-gpu; it sees GPU-7",
             "FAILED: dedicated (of 1)",
+        ),
+        (
+            "visible",
+            "FAIL: dedicated/ctr: NVIDIA_VISIBLE_DEVICES=GPU-1, want void: the container's devices are in DRA_GPU_UUID_*",
+            "FAILED: dedicated (of 1)",
+        ),
+        (
+            "isolation",
+            "FAIL: mig-parent/small sees MIG-a MIG-b: UUIDs that are not devices of claim mig-parent-mig request small",
+            "FAILED: mig-parent (of 1)",
         ),
         (
             "parent",

@@ -121,7 +121,7 @@ async fn dynamic_mig_claim_is_carved_at_its_placement_and_destroyed_on_unprepare
     );
     let spec = node.spec("uid-mig").unwrap();
     assert!(
-        spec.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}")),
+        spec.contains(&format!("DRA_GPU_UUID_GPU_0_MIG_3G40GB_4={uuid}")),
         "the spec names the new MIG device: {spec}"
     );
 

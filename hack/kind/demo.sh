@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the seed talk's examples (examples/*.yaml) in the kind cluster and shows which GPUs each
-# pod got, as the pods themselves print them from the env the CDI spec sets.
+# pod got, as the pods themselves print them from the env the CDI spec sets: one
+# DRA_GPU_UUID_<device> per device given to the container (NVIDIA_VISIBLE_DEVICES is void).
 set -euo pipefail
 # shellcheck source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -13,16 +13,14 @@ use super::version::minimum_version;
 /// other (CDI env entries with the same name replace each other).
 pub const DEVICE_UUID_ENV_PREFIX: &str = "DRA_GPU_UUID_";
 
-/// What `NVIDIA_VISIBLE_DEVICES` (spec level) is set to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VisibleDevices {
-    /// `void`, as NVIDIA's tooling writes on real nodes: the devices come from CDI, and a
-    /// legacy-mode nvidia-container-runtime hook must not inject anything on top.
-    Void,
-    /// The comma-separated UUIDs of all the claim's devices, for simulated nodes where no
-    /// runtime hook exists and pods read the variable to see what they got.
-    Uuids,
-}
+/// The spec-level `NVIDIA_VISIBLE_DEVICES` entry, on real and simulated nodes alike.
+///
+/// `void`, as NVIDIA's tooling writes: the devices come from CDI, and a legacy-mode
+/// nvidia-container-runtime hook must not inject anything on top. A spec-level value is seen
+/// by every container given any device of the claim, so listing UUIDs there would tell a
+/// container given one request of a multi-request claim about the others' devices; which
+/// devices a container got is in its `DRA_GPU_UUID_*` variables, which compose per device.
+pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES=void";
 
 /// Everything the builder needs from the host, discovered beforehand (or given by the
 /// simulated node).
@@ -32,7 +30,6 @@ pub struct HostFacts {
     pub common: ContainerEdits,
     /// Device-level edits (device nodes, extra groups) keyed by GPU or MIG UUID.
     pub per_device: BTreeMap<String, ContainerEdits>,
-    pub visible_devices: VisibleDevices,
 }
 
 /// A claim spec could not be built from its inputs.
@@ -131,19 +128,7 @@ pub fn build_claim_spec(
         });
     }
     let mut common = facts.common.clone();
-    let visible = match facts.visible_devices {
-        VisibleDevices::Void => "void".to_string(),
-        VisibleDevices::Uuids => {
-            let mut uuids: Vec<&str> = Vec::new();
-            for device in devices {
-                if !uuids.contains(&device.gpu.uuid()) {
-                    uuids.push(device.gpu.uuid());
-                }
-            }
-            uuids.join(",")
-        }
-    };
-    common.env.push(format!("NVIDIA_VISIBLE_DEVICES={visible}"));
+    common.env.push(VISIBLE_DEVICES_ENV.to_string());
     let mut spec = Spec {
         cdi_version: String::new(),
         kind: naming.kind(),

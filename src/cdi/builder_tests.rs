@@ -31,7 +31,7 @@ fn full(name: &str, minor: u32, uuid: &str) -> ClaimDevice {
     }
 }
 
-fn facts(per_device: &[(&str, ContainerEdits)], visible: VisibleDevices) -> HostFacts {
+fn facts(per_device: &[(&str, ContainerEdits)]) -> HostFacts {
     HostFacts {
         common: ContainerEdits {
             device_nodes: vec![node("/dev/nvidiactl", 195, 255)],
@@ -41,7 +41,6 @@ fn facts(per_device: &[(&str, ContainerEdits)], visible: VisibleDevices) -> Host
             .iter()
             .map(|(u, e)| (u.to_string(), e.clone()))
             .collect(),
-        visible_devices: visible,
     }
 }
 
@@ -54,10 +53,7 @@ fn nodes(list: Vec<DeviceNode>) -> ContainerEdits {
 
 #[test]
 fn full_gpu_claim_gets_its_node_uuid_env_and_the_shared_edits() {
-    let facts = facts(
-        &[("GPU-aaa", nodes(vec![node("/dev/nvidia0", 195, 0)]))],
-        VisibleDevices::Void,
-    );
+    let facts = facts(&[("GPU-aaa", nodes(vec![node("/dev/nvidia0", 195, 0)]))]);
     let got = build_claim_spec(
         &ClaimNaming::default(),
         UID,
@@ -98,10 +94,7 @@ fn mig_device_keeps_the_caps_nodes_discovery_found() {
         ..DeviceNode::default()
     };
     let mig_nodes = vec![node("/dev/nvidia0", 195, 0), cap(84), cap(85)];
-    let facts = facts(
-        &[("MIG-bbb", nodes(mig_nodes.clone()))],
-        VisibleDevices::Void,
-    );
+    let facts = facts(&[("MIG-bbb", nodes(mig_nodes.clone()))]);
     let device = ClaimDevice {
         device_name: "gpu-0-mig-1g10gb-19-0".into(),
         share_id: None,
@@ -126,10 +119,7 @@ fn mig_device_keeps_the_caps_nodes_discovery_found() {
 
 #[test]
 fn shared_devices_with_mps_edits_get_distinct_names_and_their_own_env_and_mounts() {
-    let facts = facts(
-        &[("GPU-aaa", nodes(vec![node("/dev/nvidia1", 195, 1)]))],
-        VisibleDevices::Uuids,
-    );
+    let facts = facts(&[("GPU-aaa", nodes(vec![node("/dev/nvidia1", 195, 1)]))]);
     let pipe = Mount {
         host_path: "/var/lib/kubelet/plugins/gpu.nvidia.com/mps/x/pipe".into(),
         container_path: "/tmp/nvidia-mps".into(),
@@ -160,22 +150,31 @@ fn shared_devices_with_mps_edits_get_distinct_names_and_their_own_env_and_mounts
     assert_eq!(got.devices[1].container_edits, want_second);
     assert_eq!(
         got.container_edits.env,
-        vec!["NVIDIA_VISIBLE_DEVICES=GPU-aaa".to_string()]
+        vec!["NVIDIA_VISIBLE_DEVICES=void".to_string()]
     );
 }
 
 #[test]
-fn simulated_visible_devices_lists_each_uuid_once_in_device_order() {
-    let mut facts = facts(
-        &[("GPU-b", nodes(vec![])), ("GPU-a", nodes(vec![]))],
-        VisibleDevices::Uuids,
-    );
+fn no_uuid_is_visible_spec_wide_so_each_container_reads_only_its_own_devices() {
+    let mut facts = facts(&[("GPU-b", nodes(vec![])), ("GPU-a", nodes(vec![]))]);
     facts.common = ContainerEdits::default();
     let devices = [full("gpu-1", 1, "GPU-b"), full("gpu-0", 0, "GPU-a")];
     let got = build_claim_spec(&ClaimNaming::default(), "claim-1", &devices, &facts).unwrap();
     assert_eq!(
         got.container_edits.env,
-        vec!["NVIDIA_VISIBLE_DEVICES=GPU-b,GPU-a".to_string()]
+        vec!["NVIDIA_VISIBLE_DEVICES=void".to_string()]
+    );
+    let per_device: Vec<&[String]> = got
+        .devices
+        .iter()
+        .map(|d| d.container_edits.env.as_slice())
+        .collect();
+    assert_eq!(
+        per_device,
+        vec![
+            &["DRA_GPU_UUID_GPU_1=GPU-b".to_string()][..],
+            &["DRA_GPU_UUID_GPU_0=GPU-a".to_string()][..],
+        ]
     );
     // Nodes without hostPath and a name starting with a letter need nothing newer.
     assert_eq!(got.cdi_version, "0.3.0");
@@ -184,7 +183,7 @@ fn simulated_visible_devices_lists_each_uuid_once_in_device_order() {
 #[test]
 fn device_ids_match_the_spec_device_names() {
     let naming = ClaimNaming::default();
-    let facts = facts(&[("GPU-aaa", nodes(vec![]))], VisibleDevices::Uuids);
+    let facts = facts(&[("GPU-aaa", nodes(vec![]))]);
     let devices = [full("gpu-0", 0, "GPU-aaa")];
     let spec = build_claim_spec(&naming, UID, &devices, &facts).unwrap();
     let want: Vec<String> = spec
@@ -198,7 +197,7 @@ fn device_ids_match_the_spec_device_names() {
 #[test]
 fn bad_inputs_are_rejected_naming_claim_and_device() {
     let naming = ClaimNaming::default();
-    let facts = facts(&[("GPU-aaa", nodes(vec![]))], VisibleDevices::Void);
+    let facts = facts(&[("GPU-aaa", nodes(vec![]))]);
     let mut bad_env = full("gpu-0", 0, "GPU-aaa");
     bad_env.env = vec![("A=B".into(), "x".into())];
     let cases = [
@@ -227,7 +226,7 @@ fn bad_inputs_are_rejected_naming_claim_and_device() {
 
 #[test]
 fn duplicate_devices_fail_validation() {
-    let facts = facts(&[("GPU-aaa", nodes(vec![]))], VisibleDevices::Void);
+    let facts = facts(&[("GPU-aaa", nodes(vec![]))]);
     let d = full("gpu-0", 0, "GPU-aaa");
     let err = build_claim_spec(&ClaimNaming::default(), UID, &[d.clone(), d], &facts).unwrap_err();
     assert!(

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::builder::{HostFacts, VisibleDevices};
+use super::builder::HostFacts;
 use super::devnodes::{DevNodeError, control_node_edits, gpu_node_edits};
 use super::driver_edits::driver_edits;
 use super::driver_files::{DriverFilesError, discover_driver_files};
@@ -65,11 +65,7 @@ impl HostMode {
                 for gpu in gpus {
                     per_device.insert(gpu.uuid().to_string(), discover_device(layout, gpu)?);
                 }
-                Ok(HostFacts {
-                    common,
-                    per_device,
-                    visible_devices: VisibleDevices::Void,
-                })
+                Ok(HostFacts { common, per_device })
             }
             HostMode::Simulated(sim) => sim
                 .facts(gpus)

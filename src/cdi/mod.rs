@@ -27,8 +27,8 @@ mod version;
 mod writer;
 
 pub use builder::{
-    BuildError, DEVICE_UUID_ENV_PREFIX, HostFacts, VisibleDevices, build_claim_spec, device_ids,
-    uuid_env_name,
+    BuildError, DEVICE_UUID_ENV_PREFIX, HostFacts, VISIBLE_DEVICES_ENV, build_claim_spec,
+    device_ids, uuid_env_name,
 };
 pub use devnodes::{
     CapAccess, DevNodeError, NodeInfo, cap_node, node_edit, parse_cap_access, parse_char_major,

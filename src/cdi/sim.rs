@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::builder::{HostFacts, VisibleDevices};
+use super::builder::HostFacts;
 use super::input::GpuDeviceRef;
 use super::spec::{ContainerEdits, DeviceNode};
 
@@ -56,7 +56,8 @@ impl SimulatedHost {
         ]
     }
 
-    /// Facts for `gpus`: the given nodes, and `NVIDIA_VISIBLE_DEVICES` listing the UUIDs.
+    /// Facts for `gpus`: the given nodes. As on a real node, which devices a container got
+    /// is in its per-device `DRA_GPU_UUID_*` env (`NVIDIA_VISIBLE_DEVICES` is `void`).
     ///
     /// # Errors
     /// [`SimError::UnknownDevice`] for a UUID without an entry in `device_nodes`.
@@ -87,7 +88,6 @@ impl SimulatedHost {
                 ..ContainerEdits::default()
             },
             per_device,
-            visible_devices: VisibleDevices::Uuids,
         })
     }
 }

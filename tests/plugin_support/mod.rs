@@ -34,6 +34,7 @@ pub const SIGTERM: i32 = 15;
 pub struct Node {
     dir: tempfile::TempDir,
     runs: AtomicUsize,
+    sim_node: String,
     /// The cluster's API server.
     pub api: FakeApiServer,
 }
@@ -66,8 +67,16 @@ impl Node {
         Node {
             dir,
             runs: AtomicUsize::new(0),
+            sim_node: claims::NODE.to_string(),
             api,
         }
+    }
+
+    /// The same node with another simulated hardware: a preset name or a node file (its
+    /// `nodeName` should be [`claims::NODE`], the node the claims are allocated on).
+    pub fn with_sim_node(mut self, sim_node: impl Into<String>) -> Node {
+        self.sim_node = sim_node.into();
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -110,7 +119,7 @@ impl Node {
         let mut command = Command::new(binary);
         command
             .arg("kubelet-plugin")
-            .args(["--gpu-backend", "sim", "--sim-node", "dgx-h100"])
+            .args(["--gpu-backend", "sim", "--sim-node", &self.sim_node])
             .args(["--node-name", claims::NODE])
             .arg("--kubeconfig")
             .arg(self.root().join("kubeconfig"))
