@@ -51,7 +51,15 @@ pub struct FakeApiServer {
     addr: SocketAddr,
     store: Arc<Mutex<Store>>,
     get_latency_ns: Arc<AtomicU64>,
+    gets: Arc<GetsInFlight>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// GETs being answered now, and the most there ever were at once.
+#[derive(Default)]
+struct GetsInFlight {
+    now: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeApiServer {
@@ -70,20 +78,27 @@ impl FakeApiServer {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shared = store.clone();
         let get_latency_ns = Arc::new(AtomicU64::new(0));
-        let latency = get_latency_ns.clone();
+        let gets = Arc::new(GetsInFlight::default());
+        let (latency, in_flight) = (get_latency_ns.clone(), gets.clone());
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(serve(listener, shared, latency, stopped));
+            runtime.block_on(serve(listener, shared, latency, in_flight, stopped));
         });
         FakeApiServer {
             addr,
             store,
             get_latency_ns,
+            gets,
             stop: Some(stop),
         }
+    }
+
+    /// The most GETs the server was answering at one time so far.
+    pub fn peak_concurrent_gets(&self) -> usize {
+        self.gets.peak.load(Ordering::SeqCst)
     }
 
     /// Every GET from now on is answered `latency` after it arrived (zero: at once). The wait
@@ -162,6 +177,7 @@ async fn serve(
     listener: std::net::TcpListener,
     store: Arc<Mutex<Store>>,
     get_latency_ns: Arc<AtomicU64>,
+    gets: Arc<GetsInFlight>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
@@ -174,10 +190,15 @@ async fn serve(
             _ = &mut stopped => return,
         };
         let store = store.clone();
-        let latency = get_latency_ns.clone();
+        let (latency, gets) = (get_latency_ns.clone(), gets.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                answer(store.clone(), latency.load(Ordering::Relaxed), req)
+                answer(
+                    store.clone(),
+                    latency.load(Ordering::Relaxed),
+                    gets.clone(),
+                    req,
+                )
             });
             // A client that hangs up mid-request is not the server's problem.
             let _ = hyper::server::conn::http1::Builder::new()
@@ -190,9 +211,15 @@ async fn serve(
 async fn answer(
     store: Arc<Mutex<Store>>,
     get_latency_ns: u64,
+    gets: Arc<GetsInFlight>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let arrived = Instant::now();
+    let is_get = request.method() == hyper::Method::GET;
+    if is_get {
+        let now = gets.now.fetch_add(1, Ordering::SeqCst) + 1;
+        gets.peak.fetch_max(now, Ordering::SeqCst);
+    }
     let (parts, body) = request.into_parts();
     let bytes = body
         .collect()
@@ -218,6 +245,9 @@ async fn answer(
             std::thread::sleep(left);
         })
         .await;
+    }
+    if is_get {
+        gets.now.fetch_sub(1, Ordering::SeqCst);
     }
     let response = Response::builder()
         .status(code)

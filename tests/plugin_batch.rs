@@ -1,0 +1,177 @@
+//! A kubelet call with several claims, handled as a batch by the real plugin process:
+//! fetched concurrently, intent and completion each recorded in one checkpoint write for all
+//! (shown by aborting at the crash point right after the write), and each claim's failure
+//! its own.
+
+mod plugin_support;
+
+use std::time::Duration;
+
+use gpu_dra::crashpoint;
+use gpu_dra::kubelet::ClaimRef;
+use gpu_dra::kubelet::client::DraApi;
+use plugin_support::claims::{self, claim_ref};
+use plugin_support::{Node, Plugin, SIGABRT};
+
+const DEVICES: [&str; 3] = ["gpu-3", "gpu-4", "gpu-5"];
+
+fn uid(i: usize) -> String {
+    format!("uid-batch-{i}")
+}
+
+/// Three claims of one full GPU each, on the API server; their references.
+fn three_claims(node: &Node) -> Vec<ClaimRef> {
+    DEVICES
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let name = format!("batch-{i}");
+            node.api
+                .put_claim(claims::on_node(&name, &uid(i), &[device]));
+            claim_ref(&name, &uid(i))
+        })
+        .collect()
+}
+
+/// Starts the plugin set to abort at `point`, sends one call of the three claims (after a
+/// prepare of all of them when the point is in unprepare), and returns the phase each claim
+/// has in the checkpoint the aborted plugin left, with the CDI files.
+async fn abort_at(point: &str) -> (Vec<String>, Vec<String>) {
+    let node = Node::new();
+    let refs = three_claims(&node);
+    let mut plugin = node.start_with(&[(crashpoint::ENV, point)]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    if point.starts_with("prepare-") {
+        assert!(kubelet.prepare(&refs).await.is_err(), "{point}");
+    } else {
+        let prepared = kubelet.prepare(&refs).await.expect("prepare");
+        assert!(prepared.values().all(Result::is_ok), "{prepared:?}");
+        assert!(kubelet.unprepare(&refs).await.is_err(), "{point}");
+    }
+    let status = plugin.wait_exit().await;
+    assert_eq!(Plugin::ended_by(&status), Some(SIGABRT), "{}", plugin.log());
+    let left = node.snapshot();
+    let phases = (0..DEVICES.len())
+        .map(|i| {
+            left.checkpoint
+                .get(&uid(i))
+                .map_or_else(|| "absent".to_string(), |c| c.phase.clone())
+        })
+        .collect();
+    (phases, left.cdi_files)
+}
+
+#[tokio::test]
+async fn the_intent_of_every_claim_of_a_call_is_recorded_in_one_write_before_any_is_acted_on() {
+    let (phases, cdi_files) = abort_at("prepare-intent-recorded").await;
+    assert_eq!(
+        (phases, cdi_files),
+        (vec!["PrepareStarted".to_string(); 3], Vec::<String>::new())
+    );
+}
+
+#[tokio::test]
+async fn the_completion_of_every_claim_of_a_call_is_recorded_in_one_write() {
+    let (phases, cdi_files) = abort_at("prepare-completed").await;
+    assert_eq!(
+        (phases, cdi_files.len()),
+        (vec!["PrepareCompleted".to_string(); 3], 3)
+    );
+}
+
+#[tokio::test]
+async fn every_claim_of_an_unprepare_call_is_marked_in_one_write_before_any_is_undone() {
+    let (phases, cdi_files) = abort_at("unprepare-started").await;
+    assert_eq!(
+        (phases, cdi_files.len()),
+        (vec!["UnprepareStarted".to_string(); 3], 3)
+    );
+}
+
+#[tokio::test]
+async fn a_claim_that_cannot_be_prepared_does_not_fail_its_neighbours() {
+    let node = Node::new();
+    node.api
+        .put_claim(claims::on_node("good-a", "uid-good-a", &["gpu-3"]));
+    node.api
+        .put_claim(claims::unallocated("pending", "uid-pending"));
+    node.api
+        .put_claim(claims::on_node("stale", "uid-stale", &["gpu-99"]));
+    node.api
+        .put_claim(claims::on_node("good-b", "uid-good-b", &["gpu-4"]));
+    let refs = [
+        claim_ref("good-a", "uid-good-a"),
+        claim_ref("pending", "uid-pending"),
+        claim_ref("missing", "uid-missing"),
+        claim_ref("stale", "uid-stale"),
+        claim_ref("good-b", "uid-good-b"),
+    ];
+    let plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = kubelet.prepare(&refs).await.expect("prepare");
+    let ok: Vec<(&str, bool)> = refs
+        .iter()
+        .map(|r| (r.uid.as_str(), got[&r.uid].is_ok()))
+        .collect();
+    assert_eq!(
+        ok,
+        vec![
+            ("uid-good-a", true),
+            ("uid-pending", false),
+            ("uid-missing", false),
+            ("uid-stale", false),
+            ("uid-good-b", true)
+        ],
+        "{got:?}"
+    );
+    node.snapshot()
+        .assert_converged(&["uid-good-a", "uid-good-b"], "after the batch");
+}
+
+#[tokio::test]
+async fn two_claims_of_one_call_allocated_the_same_device_never_both_get_it() {
+    let node = Node::new();
+    node.api
+        .put_claim(claims::on_node("first", "uid-first", &["gpu-3"]));
+    node.api
+        .put_claim(claims::on_node("second", "uid-second", &["gpu-3"]));
+    let refs = [
+        claim_ref("first", "uid-first"),
+        claim_ref("second", "uid-second"),
+    ];
+    let plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = kubelet.prepare(&refs).await.expect("prepare");
+    let second = got["uid-second"].as_ref().expect_err("the second claim");
+    assert!(
+        got["uid-first"].is_ok() && second.contains("is not free"),
+        "{got:?}"
+    );
+    node.snapshot()
+        .assert_converged(&["uid-first"], "after the batch");
+}
+
+#[tokio::test]
+async fn the_claims_of_one_call_are_fetched_concurrently() {
+    let node = Node::new();
+    let refs: Vec<ClaimRef> = (0..8)
+        .map(|i| {
+            let (name, uid) = (format!("c-{i}"), format!("uid-c-{i}"));
+            let device = format!("gpu-{i}");
+            node.api.put_claim(claims::on_node(&name, &uid, &[&device]));
+            claim_ref(&name, &uid)
+        })
+        .collect();
+    let plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    // Long enough that GETs sent one after another could never overlap.
+    node.api.set_get_latency(Duration::from_millis(200));
+    let before = node.api.peak_concurrent_gets();
+    let got = kubelet.prepare(&refs).await.expect("prepare");
+    assert!(got.values().all(Result::is_ok), "{got:?}");
+    let peak = node.api.peak_concurrent_gets();
+    assert!(
+        peak > 1 && peak <= 16 && before <= 1,
+        "peak GETs in flight: {before} before the call, {peak} after"
+    );
+}
