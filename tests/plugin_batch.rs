@@ -11,7 +11,9 @@ use gpu_dra::crashpoint;
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
+use plugin_support::sharing::{as_share, daemon_dirs, live_daemons};
 use plugin_support::{Node, Plugin, SIGABRT};
+use serde_json::json;
 
 const DEVICES: [&str; 3] = ["gpu-3", "gpu-4", "gpu-5"];
 
@@ -174,4 +176,41 @@ async fn the_claims_of_one_call_are_fetched_concurrently() {
         peak > 1 && peak <= 16 && before <= 1,
         "peak GETs in flight: {before} before the call, {peak} after"
     );
+}
+
+#[tokio::test]
+async fn two_shares_of_one_device_prepared_and_unprepared_in_one_call_share_one_daemon_and_stop_it()
+{
+    let node = Node::new();
+    let share = |name: &str, uid: &str, id: &str| {
+        as_share(
+            claims::on_node(name, uid, &["gpu-4"]),
+            0,
+            id,
+            json!({"memory": "20Gi", "multiprocessors": "33"}),
+        )
+    };
+    node.api.put_claim(share("a", "uid-a", "aaaa1111"));
+    node.api.put_claim(share("b", "uid-b", "bbbb2222"));
+    let refs = [claim_ref("a", "uid-a"), claim_ref("b", "uid-b")];
+    let plugin = node.start_with(&[("GPU_DRA_SHARED_GPUS", "4")]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = kubelet.prepare(&refs).await.expect("prepare");
+    assert!(got.values().all(Result::is_ok), "{got:?}\n{}", plugin.log());
+    let while_prepared = (daemon_dirs(&node), live_daemons(node.root()).len());
+    let got = kubelet.unprepare(&refs).await.expect("unprepare");
+    assert!(got.values().all(Result::is_ok), "{got:?}\n{}", plugin.log());
+    assert_eq!(
+        (
+            while_prepared,
+            daemon_dirs(&node),
+            live_daemons(node.root()).len()
+        ),
+        (
+            (vec!["share-gpu-4".to_string()], 1),
+            Vec::<String>::new(),
+            0
+        )
+    );
+    node.snapshot().assert_converged(&[], "after the batch");
 }
