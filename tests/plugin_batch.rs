@@ -12,18 +12,25 @@ use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::sharing::{as_share, daemon_dirs, live_daemons};
-use plugin_support::{Node, Plugin, SIGABRT};
+use plugin_support::{Node, Plugin, SIGABRT, state};
 use serde_json::json;
 
-const DEVICES: [&str; 3] = ["gpu-3", "gpu-4", "gpu-5"];
+/// Whole GPUs of dynamic-MIG GPUs (prepare may switch their MIG mode: intent is recorded).
+const GPUS: [&str; 3] = ["gpu-3", "gpu-4", "gpu-5"];
+/// Dynamic MIG devices: carved on prepare, destroyed on unprepare.
+const MIG: [&str; 3] = [
+    "gpu-0-mig-1g10gb-0",
+    "gpu-1-mig-1g10gb-0",
+    "gpu-2-mig-1g10gb-0",
+];
 
 fn uid(i: usize) -> String {
     format!("uid-batch-{i}")
 }
 
-/// Three claims of one full GPU each, on the API server; their references.
-fn three_claims(node: &Node) -> Vec<ClaimRef> {
-    DEVICES
+/// Three claims of one device each, on the API server; their references.
+fn three_claims(node: &Node, devices: [&str; 3]) -> Vec<ClaimRef> {
+    devices
         .iter()
         .enumerate()
         .map(|(i, device)| {
@@ -35,13 +42,15 @@ fn three_claims(node: &Node) -> Vec<ClaimRef> {
         .collect()
 }
 
-/// Starts the plugin set to abort at `point`, sends one call of the three claims (after a
-/// prepare of all of them when the point is in unprepare), and returns the phase each claim
-/// has in the checkpoint the aborted plugin left, with the CDI files.
-async fn abort_at(point: &str) -> (Vec<String>, Vec<String>) {
+/// Starts the plugin set to abort at `point`, sends one call of three claims of `devices`
+/// (after a prepare of all of them when the point is in unprepare), and returns the phase
+/// each claim has in the checkpoint the aborted plugin left, with the CDI files; then checks
+/// that start-up recovery makes the node consistent again.
+async fn abort_at(point: &str, sim_node: &str, devices: [&str; 3]) -> (Vec<String>, Vec<String>) {
     let node = Node::new();
-    let refs = three_claims(&node);
-    let mut plugin = node.start_with(&[(crashpoint::ENV, point)]).await;
+    let refs = three_claims(&node, devices);
+    let mut plugin = node.spawn_command(node.command_on(sim_node), &[(crashpoint::ENV, point)]);
+    plugin.wait_registrable().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     if point.starts_with("prepare-") {
         assert!(kubelet.prepare(&refs).await.is_err(), "{point}");
@@ -53,7 +62,18 @@ async fn abort_at(point: &str) -> (Vec<String>, Vec<String>) {
     let status = plugin.wait_exit().await;
     assert_eq!(Plugin::ended_by(&status), Some(SIGABRT), "{}", plugin.log());
     let left = node.snapshot();
-    let phases = (0..DEVICES.len())
+    let mut restarted = node.spawn_command(node.command_on(sim_node), &[]);
+    restarted.wait_registrable().await;
+    let recovered = node.snapshot();
+    let recorded: Vec<&str> = recovered.checkpoint.keys().map(String::as_str).collect();
+    if sim_node == "dgx-h100" {
+        recovered.assert_converged(&recorded, &format!("{point}: after recovery"));
+    } else {
+        // Static MIG devices exist without claims: compare claims and specs only.
+        let specs: Vec<String> = recorded.iter().map(|u| state::spec_file(u)).collect();
+        assert_eq!(specs, recovered.cdi_files, "{point}: after recovery");
+    }
+    let phases = (0..devices.len())
         .map(|i| {
             left.checkpoint
                 .get(&uid(i))
@@ -65,7 +85,7 @@ async fn abort_at(point: &str) -> (Vec<String>, Vec<String>) {
 
 #[tokio::test]
 async fn the_intent_of_every_claim_of_a_call_is_recorded_in_one_write_before_any_is_acted_on() {
-    let (phases, cdi_files) = abort_at("prepare-intent-recorded").await;
+    let (phases, cdi_files) = abort_at("prepare-intent-recorded", "dgx-h100", GPUS).await;
     assert_eq!(
         (phases, cdi_files),
         (vec!["PrepareStarted".to_string(); 3], Vec::<String>::new())
@@ -74,7 +94,7 @@ async fn the_intent_of_every_claim_of_a_call_is_recorded_in_one_write_before_any
 
 #[tokio::test]
 async fn the_completion_of_every_claim_of_a_call_is_recorded_in_one_write() {
-    let (phases, cdi_files) = abort_at("prepare-completed").await;
+    let (phases, cdi_files) = abort_at("prepare-completed", "dgx-h100", GPUS).await;
     assert_eq!(
         (phases, cdi_files.len()),
         (vec!["PrepareCompleted".to_string(); 3], 3)
@@ -83,10 +103,32 @@ async fn the_completion_of_every_claim_of_a_call_is_recorded_in_one_write() {
 
 #[tokio::test]
 async fn every_claim_of_an_unprepare_call_is_marked_in_one_write_before_any_is_undone() {
-    let (phases, cdi_files) = abort_at("unprepare-started").await;
+    let (phases, cdi_files) = abort_at("unprepare-started", "dgx-h100", MIG).await;
     assert_eq!(
         (phases, cdi_files.len()),
         (vec!["UnprepareStarted".to_string(); 3], 3)
+    );
+}
+
+#[tokio::test]
+async fn claims_with_nothing_but_a_cdi_spec_to_undo_are_forgotten_in_the_first_write_of_an_unprepare()
+ {
+    let (phases, cdi_files) = abort_at("unprepare-started", "dgx-h100", GPUS).await;
+    assert_eq!(
+        (phases, cdi_files.len()),
+        (vec!["absent".to_string(); 3], 3)
+    );
+}
+
+#[tokio::test]
+async fn claims_with_nothing_but_a_cdi_spec_to_undo_are_recorded_only_once_complete() {
+    // Static MIG devices and a GPU without MIG: no hardware step, so no intent record; the
+    // spec the aborted call wrote is removed by recovery.
+    let devices = ["gpu-0-mig-1g5gb-0", "gpu-0-mig-1g5gb-1", "gpu-2"];
+    let (phases, cdi_files) = abort_at("prepare-cdi-written", "mixed", devices).await;
+    assert_eq!(
+        (phases, cdi_files.len()),
+        (vec!["absent".to_string(); 3], 1)
     );
 }
 

@@ -155,28 +155,34 @@ impl<S: ClaimSource> ClaimsManager<S> {
         if wave.is_empty() {
             return later;
         }
-        let recorded = self.update(store, &ids[wave[0].index].to_string(), |cp| {
-            for p in &wave {
-                let uid = &ids[p.index].uid;
-                if let Some(rec) = next.claims.remove(uid) {
-                    cp.claims.insert(uid.clone(), rec);
+        // Without anything to undo but the CDI spec, a claim needs no intent record: a crash
+        // before its completion is recorded leaves only a spec no record names, which
+        // start-up recovery removes.
+        let intent_needed = wave.iter().any(|p| p.devices.iter().any(needs_undo));
+        if intent_needed {
+            let recorded = self.update(store, &ids[wave[0].index].to_string(), |cp| {
+                for p in &wave {
+                    let uid = &ids[p.index].uid;
+                    if let Some(rec) = next.claims.get(uid) {
+                        cp.claims.insert(uid.clone(), rec.clone());
+                    }
                 }
+            });
+            if let Err(e) = recorded {
+                for p in &wave {
+                    results[p.index] = Some(Err(e.for_claim(&ids[p.index])));
+                }
+                return later;
             }
-        });
-        if let Err(e) = recorded {
-            for p in &wave {
-                results[p.index] = Some(Err(e.for_claim(&ids[p.index])));
-            }
-            return later;
+            crate::crashpoint::hit("prepare-intent-recorded");
         }
-        crate::crashpoint::hit("prepare-intent-recorded");
         let mut done = Vec::with_capacity(wave.len());
         for p in wave {
             let id = &ids[p.index];
             match self.act(store, id, &p.devices) {
                 Ok(cdi_ids) => done.push((p.index, cdi_ids)),
                 Err(e) => {
-                    self.roll_back_failed(store, id);
+                    self.undo_failed(store, id, intent_needed);
                     results[p.index] = Some(Err(e));
                 }
             }
@@ -187,7 +193,11 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let now = now_unix();
         let completed = self.update(store, &ids[done[0].0].to_string(), |cp| {
             for (i, cdi_ids) in &done {
-                if let Some(c) = cp.claims.get_mut(&ids[*i].uid) {
+                let uid = &ids[*i].uid;
+                if !intent_needed && let Some(rec) = next.claims.get(uid) {
+                    cp.claims.insert(uid.clone(), rec.clone());
+                }
+                if let Some(c) = cp.claims.get_mut(uid) {
                     for (d, cdi_id) in c.devices.iter_mut().zip(cdi_ids) {
                         d.cdi_device_ids = vec![cdi_id.clone()];
                     }
@@ -206,12 +216,27 @@ impl<S: ClaimSource> ClaimsManager<S> {
             }
             Err(e) => {
                 for (i, _) in done {
-                    self.roll_back_failed(store, &ids[i]);
+                    self.undo_failed(store, &ids[i], intent_needed);
                     results[i] = Some(Err(e.for_claim(&ids[i])));
                 }
             }
         }
         later
+    }
+
+    /// Undoes a failed prepare: the recorded intent is rolled back; without one, only the
+    /// CDI spec can exist, and it goes (best effort: start-up recovery removes a spec no
+    /// record names).
+    fn undo_failed(&self, store: &mut CheckpointStore, id: &ClaimId, intent_recorded: bool) {
+        if intent_recorded {
+            self.roll_back_failed(store, id);
+        } else if let Err(e) = self.cdi.remove_claim_spec(&id.uid) {
+            tracing::warn!(
+                claim = %id,
+                error = %crate::kubelet::error_chain(&e),
+                "removing the CDI spec of a failed prepare"
+            );
+        }
     }
 
     /// Unprepares every claim of `ids` (distinct UIDs); one result per claim, in order.
@@ -232,11 +257,23 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .enumerate()
             .filter_map(|(i, id)| Some((i, store.checkpoint().claims.get(&id.uid)?.clone())))
             .collect();
-        if known.is_empty() {
+        let Some(&(first_known, _)) = known.first() else {
             self.check_in(store);
             return results;
-        }
-        let marked = self.update(&mut store, &ids[known[0].0].to_string(), |cp| {
+        };
+        // A claim of whole GPUs without sharing left nothing but its CDI spec: its record
+        // goes first, in the same write, and its spec after (a crash in between leaves a
+        // spec no record names, which start-up recovery removes). The others are marked and
+        // undone step by step.
+        let (spec_only, known): (Vec<_>, Vec<_>) = known.into_iter().partition(|(_, rec)| {
+            rec.devices
+                .iter()
+                .all(|d| d.mig.is_none() && d.sharing.is_none())
+        });
+        let marked = self.update(&mut store, &ids[first_known].to_string(), |cp| {
+            for (_, rec) in &spec_only {
+                cp.claims.remove(&rec.uid);
+            }
             for (_, rec) in &known {
                 if let Some(c) = cp.claims.get_mut(&rec.uid) {
                     c.phase = ClaimPhase::UnprepareStarted;
@@ -244,13 +281,21 @@ impl<S: ClaimSource> ClaimsManager<S> {
             }
         });
         if let Err(e) = marked {
-            for (i, _) in &known {
+            for (i, _) in spec_only.iter().chain(&known) {
                 results[*i] = Err(e.for_claim(&ids[*i]));
             }
             self.check_in(store);
             return results;
         }
         crate::crashpoint::hit("unprepare-started");
+        for (i, rec) in spec_only {
+            if let Err(e) = self.cdi.remove_claim_spec(&rec.uid) {
+                results[i] = Err(ClaimError::Cdi {
+                    claim: ids[i].to_string(),
+                    detail: crate::kubelet::error_chain(&e),
+                });
+            }
+        }
         // The claims still holding their devices: a share's MIG device or MPS daemon goes
         // with the last claim out, also when several leave in this call.
         let mut others = store.checkpoint().clone();
@@ -279,6 +324,16 @@ impl<S: ClaimSource> ClaimsManager<S> {
         self.check_in(store);
         results
     }
+}
+
+/// Whether undoing `device` takes more than removing the claim's CDI spec: a MIG device
+/// carved or a whole GPU whose MIG mode may be switched, or any sharing (time-slice, MPS).
+fn needs_undo(device: &PlannedDevice) -> bool {
+    device.record.sharing.is_some()
+        || !matches!(
+            device.action,
+            plan::Action::FullGpu { dynamic: false, .. } | plan::Action::StaticMig { .. }
+        )
 }
 
 /// The intent record of a planned claim.
