@@ -116,7 +116,7 @@ fn fs_type(path: &Path) -> String {
             let dash = fields.iter().position(|f| *f == "-")?;
             let kind = fields.get(dash + 1)?.to_string();
             path.starts_with(mount)
-                .then(|| (mount.as_os_str().len(), kind))
+                .then_some((mount.as_os_str().len(), kind))
         })
         .max()
         .map_or_else(|| "unknown".to_string(), |(_, kind)| kind)
