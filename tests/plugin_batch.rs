@@ -12,7 +12,7 @@ use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::sharing::{as_share, daemon_dirs, live_daemons};
-use plugin_support::{Node, Plugin, SIGABRT, state};
+use plugin_support::{Node, Plugin, SIGABRT, eventually, state};
 use serde_json::json;
 
 /// Whole GPUs of dynamic-MIG GPUs (prepare may switch their MIG mode: intent is recorded).
@@ -208,6 +208,8 @@ async fn the_claims_of_one_call_are_fetched_concurrently() {
         .collect();
     let plugin = node.start().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
+    // Published, so the only GETs from now on are the call's.
+    eventually("slices", || node.api.complete_pool()).await;
     // Long enough that GETs sent one after another could never overlap.
     node.api.set_get_latency(Duration::from_millis(200));
     let before = node.api.peak_concurrent_gets();
