@@ -76,7 +76,8 @@ pub enum FsError {
 /// Distinguishes temp files of concurrent writers inside one process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Replaces `path` with `bytes` so that no reader and no crash ever observes a partial file.
+/// Replaces `path` with `bytes` so that no reader and no crash ever observes a partial file,
+/// and makes the replacement durable across a power loss.
 ///
 /// Creates the parent directory if it is missing. The file gets exactly `mode` (e.g. `0o644`)
 /// whatever the umask. On return the new content and the directory entry are on stable
@@ -86,6 +87,34 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// # Errors
 /// [`FsError`] naming the target, the temp file and the step that failed.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    replace(path, bytes, mode, Durability::PowerLoss)
+}
+
+/// [`write_atomic`] without the two fsyncs: a killed process (or a crashed container) still
+/// never leaves a torn file, because the rename is atomic in the kernel's page cache, but a
+/// power loss or kernel crash before the kernel writes the pages back may lose the new
+/// content or leave the file empty.
+///
+/// Only for files that a reboot invalidates anyway: the checkpoint (its records belong to one
+/// boot ID) and CDI specs of prepared claims (removed by start-up recovery after a reboot).
+/// `docs/architecture.md` ("Durability") has the argument for each.
+///
+/// # Errors
+/// As [`write_atomic`], without [`FsError::SyncDir`].
+pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    replace(path, bytes, mode, Durability::ProcessCrash)
+}
+
+/// What a finished replacement survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// A killed process: the rename is atomic, nothing is synced.
+    ProcessCrash,
+    /// A power loss too: file and directory are fsynced.
+    PowerLoss,
+}
+
+fn replace(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Result<(), FsError> {
     let (dir, name) = split(path)?;
     fs::create_dir_all(dir).map_err(|source| FsError::CreateDir {
         dir: dir.to_path_buf(),
@@ -97,12 +126,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError>
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
-    let result = write_then_rename(path, &temp, bytes, mode);
+    let result = write_then_rename(path, &temp, bytes, mode, durability);
     if result.is_err() {
         // Best effort: the original error is what the caller needs to see.
         let _ = fs::remove_file(&temp);
     }
     result?;
+    if durability == Durability::ProcessCrash {
+        return Ok(());
+    }
     sync_dir(dir).map_err(|source| FsError::SyncDir {
         dir: dir.to_path_buf(),
         path: path.to_path_buf(),
@@ -110,7 +142,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError>
     })
 }
 
-fn write_then_rename(path: &Path, temp: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+fn write_then_rename(
+    path: &Path,
+    temp: &Path,
+    bytes: &[u8],
+    mode: u32,
+    durability: Durability,
+) -> Result<(), FsError> {
     let step = |step: &'static str| {
         let (path, temp) = (path.to_path_buf(), temp.to_path_buf());
         move |source| FsError::WriteTemp {
@@ -134,7 +172,9 @@ fn write_then_rename(path: &Path, temp: &Path, bytes: &[u8], mode: u32) -> Resul
     file.set_permissions(fs::Permissions::from_mode(mode))
         .map_err(step("setting mode of"))?;
     file.write_all(bytes).map_err(step("writing"))?;
-    file.sync_all().map_err(step("syncing"))?;
+    if durability == Durability::PowerLoss {
+        file.sync_all().map_err(step("syncing"))?;
+    }
     drop(file);
     fs::rename(temp, path).map_err(|source| FsError::Rename {
         path: path.to_path_buf(),
@@ -261,6 +301,23 @@ mod tests {
         assert!(matches!(err, FsError::Rename { .. }), "got {err:?}");
         assert!(err.to_string().contains("taken"), "got {err}");
         assert_eq!(remove_stale_temps(&path).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn replace_atomic_replaces_content_with_the_exact_mode_and_leaves_no_temp_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("new/checkpoint.json");
+        replace_atomic(&path, b"old", 0o600).unwrap();
+        replace_atomic(&path, b"new", 0o600).unwrap();
+        let names: Vec<String> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["checkpoint.json".to_string()]);
+        assert_eq!(
+            (fs::read(&path).unwrap(), mode_of(&path)),
+            (b"new".to_vec(), 0o600)
+        );
     }
 
     #[test]

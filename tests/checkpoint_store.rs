@@ -295,3 +295,38 @@ fn an_empty_boot_id_is_refused() {
     let err = CheckpointStore::open(tmp.path(), "").unwrap_err();
     assert!(matches!(err, StoreError::EmptyBootId), "got {err:?}");
 }
+
+#[test]
+fn a_store_stays_current_through_its_own_writes_until_another_store_replaces_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut ours, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    let fresh = ours.is_current();
+    ours.update(|cp| cp.claims.insert(UID.into(), claim()))
+        .unwrap();
+    let after_own_write = ours.is_current();
+    let (mut theirs, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    theirs.update(|cp| cp.claims.clear()).unwrap();
+    let after_their_write = ours.is_current();
+    let reopened = CheckpointStore::open(tmp.path(), BOOT).unwrap().0;
+    assert_eq!(
+        (
+            fresh,
+            after_own_write,
+            after_their_write,
+            reopened.is_current()
+        ),
+        (true, true, false, true)
+    );
+    assert!(reopened.checkpoint().claims.is_empty());
+}
+
+#[test]
+fn a_store_is_not_current_once_its_file_is_removed_or_rewritten_in_place() {
+    let dir = saved(BOOT);
+    let (store, _) = CheckpointStore::open(dir.path(), BOOT).unwrap();
+    let bytes = fs::read(file(dir.path())).unwrap();
+    fs::write(file(dir.path()), [&bytes[..], b" "].concat()).unwrap();
+    let rewritten = store.is_current();
+    fs::remove_file(file(dir.path())).unwrap();
+    assert_eq!((rewritten, store.is_current()), (false, false));
+}

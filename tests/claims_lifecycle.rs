@@ -69,6 +69,7 @@ fn node(claims: &[(&str, &[&str])]) -> Node {
         state_dir: dir.path().join("state"),
         boot_id: "boot-1".into(),
         model_cache: Default::default(),
+        checkpoint_cache: Default::default(),
         sharing: None,
         prepared: Default::default(),
     };

@@ -64,6 +64,7 @@ fn handler(dir: &tempfile::TempDir, claims: &[(&str, &[&str])]) -> Handler<Table
         state_dir: dir.path().join("state"),
         boot_id: "boot-1".into(),
         model_cache: Default::default(),
+        checkpoint_cache: Default::default(),
         sharing: None,
         prepared: Default::default(),
     };

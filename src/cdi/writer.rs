@@ -102,7 +102,10 @@ impl CdiWriter {
 
     /// Validates `spec` and replaces the claim's spec file atomically (mode 0644), creating
     /// the CDI directory if needed. A runtime watching the directory sees either the old
-    /// file or the whole new one. Returns the file's path.
+    /// file or the whole new one, even if the plugin is killed. Not fsynced: a spec is only
+    /// good until the next boot, and start-up recovery removes specs of claims the
+    /// checkpoint does not hold (see `docs/architecture.md`, "Durability"). Returns the
+    /// file's path.
     ///
     /// # Errors
     /// [`WriterError`]: bad UID, wrong kind, invalid spec, or the file step that failed.
@@ -125,7 +128,7 @@ impl CdiWriter {
             source,
         })?;
         bytes.push(b'\n');
-        fsutil::write_atomic(&path, &bytes, SPEC_MODE).map_err(|source| WriterError::File {
+        fsutil::replace_atomic(&path, &bytes, SPEC_MODE).map_err(|source| WriterError::File {
             step: "writing",
             claim_uid: claim_uid.to_string(),
             source,

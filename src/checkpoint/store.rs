@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -120,6 +121,46 @@ pub enum StoreError {
 pub struct CheckpointStore {
     path: PathBuf,
     current: Checkpoint,
+    /// The version of the file `current` was read from or last written as.
+    seen: Seen,
+}
+
+/// Which version of the checkpoint file a store's content corresponds to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// No file (fresh, or a corrupt one moved aside).
+    Absent,
+    /// This version of the file.
+    File(FileVersion),
+    /// Not known (the file could not be examined): the next check says "changed".
+    Unknown,
+}
+
+/// One version of the file. Every write replaces the file by renaming a new one over it,
+/// which gives it a new inode (the old one stays allocated until the rename), so a write by
+/// another instance changes the inode or, should an inode number be reused, its size or
+/// change time (nanoseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileVersion {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn version_of(path: &Path) -> Seen {
+    match fs::metadata(path) {
+        Ok(m) => Seen::File(FileVersion {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Seen::Absent,
+        Err(_) => Seen::Unknown,
+    }
 }
 
 impl CheckpointStore {
@@ -145,6 +186,7 @@ impl CheckpointStore {
         let path = state_dir.join(CHECKPOINT_FILE);
         fsutil::remove_stale_temps(&path).map_err(|source| StoreError::CleanTemps { source })?;
         let fresh = Checkpoint::new(current_boot_id);
+        let before = version_of(&path);
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -152,11 +194,17 @@ impl CheckpointStore {
                     Self {
                         path,
                         current: fresh,
+                        seen: Seen::Absent,
                     },
                     LoadOutcome::Fresh,
                 ));
             }
             Err(source) => return Err(StoreError::Read { path, source }),
+        };
+        // A file replaced while it was read is read again at the next check.
+        let seen = match version_of(&path) {
+            after if after == before => after,
+            _ => Seen::Unknown,
         };
         let outcome = match wire::decode(&bytes) {
             Ok(loaded) if loaded.node_boot_id == current_boot_id => {
@@ -165,6 +213,7 @@ impl CheckpointStore {
                     Self {
                         path,
                         current: loaded,
+                        seen,
                     },
                     LoadOutcome::Loaded { claims },
                 ));
@@ -178,13 +227,28 @@ impl CheckpointStore {
                 reason: error_chain(&reason),
             },
         };
+        // A file of an earlier boot stays until the next update: its version is what this
+        // (fresh) content stands for. A corrupt one was moved away.
+        let seen = match outcome {
+            LoadOutcome::Corrupt { .. } => version_of(&path),
+            _ => seen,
+        };
         Ok((
             Self {
                 path,
                 current: fresh,
+                seen,
             },
             outcome,
         ))
+    }
+
+    /// Whether the file is still the version this store read or last wrote, so its content
+    /// in memory is what [`CheckpointStore::open`] would load now. One `stat`; `false` when
+    /// another writer (a second plugin instance, start-up recovery, the MPS supervisor's own
+    /// store) replaced the file since, or when the file cannot be examined.
+    pub fn is_current(&self) -> bool {
+        self.seen != Seen::Unknown && version_of(&self.path) == self.seen
     }
 
     /// The current state (always equal to what is on disk, or to what the next update
@@ -198,9 +262,11 @@ impl CheckpointStore {
         &self.path
     }
 
-    /// Applies `change` to a copy of the state, validates it and persists it atomically;
-    /// only then does the store adopt it. When this returns `Ok`, the change survives a
-    /// crash or power loss; when it returns `Err`, neither disk nor memory changed.
+    /// Applies `change` to a copy of the state, validates it and replaces the file atomically;
+    /// only then does the store adopt it. When this returns `Ok`, the change survives a crash
+    /// of the process; a power loss may lose it, which costs nothing because the reboot that
+    /// follows invalidates every record (boot ID) — see `docs/architecture.md`, "Durability".
+    /// When this returns `Err`, neither disk nor memory changed.
     ///
     /// # Errors
     /// [`StoreError::Encode`] when the change breaks an invariant, [`StoreError::Write`] when
@@ -216,9 +282,10 @@ impl CheckpointStore {
             path: self.path.clone(),
             source,
         })?;
-        fsutil::write_atomic(&self.path, &bytes, CHECKPOINT_MODE)
+        fsutil::replace_atomic(&self.path, &bytes, CHECKPOINT_MODE)
             .map_err(|source| StoreError::Write { source })?;
         self.current = next;
+        self.seen = version_of(&self.path);
         Ok(result)
     }
 }

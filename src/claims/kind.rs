@@ -20,6 +20,7 @@ impl ClaimError {
             ClaimError::Inventory { .. } => "inventory",
             ClaimError::Config { .. } => "config",
             ClaimError::Sharing { .. } => "sharing",
+            ClaimError::Batch { kind, .. } => kind,
         }
     }
 }

@@ -4,14 +4,20 @@
 //! the node's current device model ([`plan`]), records the intent in the checkpoint, acts on
 //! the hardware (carves a dynamic MIG device at exactly the allocated placement, switches MIG
 //! mode where the architecture allows), writes one CDI spec, records completion and returns
-//! one CDI device ID per device. Unprepare reverses it. Every durable step is followed by a
-//! [`crate::crashpoint`], and [`ClaimsManager::recover`] brings hardware, checkpoint and CDI
-//! directory back in line after a crash.
+//! one CDI device ID per device. Unprepare reverses it. The claims of one kubelet call go
+//! through these steps together ([`batch`]): one inventory read, one intent write, one
+//! completion write. Every durable step is followed by a [`crate::crashpoint`], and
+//! [`ClaimsManager::recover`] brings hardware, checkpoint and CDI directory back in line after
+//! a crash.
 //!
-//! Nothing is kept in memory between calls: the checkpoint is re-read and the device model
-//! rebuilt from the hardware on every call, so two plugin instances (a seamless rolling
-//! update), serialised by the kubelet-socket lock, never act on stale state.
+//! The inventory is read from the hardware on every call (the model derived from it is
+//! cached, [`ModelCache`]), and the checkpoint kept in memory is used only while the file is
+//! still the version this instance read or wrote last ([`CheckpointCache`]), so two plugin
+//! instances (a seamless rolling update), serialised by the kubelet-socket lock, never act on
+//! stale state.
 
+mod batch;
+mod cache;
 mod kind;
 pub mod plan;
 mod recover;
@@ -24,7 +30,8 @@ use std::sync::Arc;
 use crate::cdi::{self, CdiWriter, ClaimDevice, GpuDeviceRef, HostFacts};
 use crate::checkpoint::{self, CheckpointStore, ClaimPhase, ClaimRecord, DeviceRecord};
 use crate::devices::{self, DeviceModel, ModelOptions};
-use crate::hardware::{GpuBackend, HardwareError, MigModeChange, NodeInventory, NvmlCode};
+use crate::hardware::{GpuBackend, HardwareError, MigModeChange, NvmlCode};
+pub use cache::{CheckpointCache, ModelCache};
 use plan::{Action, PlannedDevice};
 pub use recover::RecoveryReport;
 
@@ -226,40 +233,39 @@ pub enum ClaimError {
         #[source]
         source: Box<HardwareError>,
     },
+    /// A step done once for every claim of the call (opening the checkpoint, reading the
+    /// inventory, the batch's intent or completion write) failed: each claim reports the
+    /// same cause, with the kind of the step's own error.
+    #[error("claim {claim}: {detail}")]
+    Batch {
+        /// Claim.
+        claim: String,
+        /// The step's error kind (`checkpoint`, `inventory`), as [`ClaimError::kind`] gives it.
+        kind: &'static str,
+        /// The step and its causes.
+        detail: String,
+    },
 }
 
-/// The device models of the last two inventories seen, rebuilt only for an inventory not
-/// among them.
-///
-/// Building the model (every MIG profile at every placement, counters) is the main CPU cost
-/// of a prepare; the inventory it derives from is still read from the hardware on every call,
-/// so a cached model is never stale — a second plugin instance (rolling update) that changed
-/// the hardware makes the next lookup miss. Two entries, because a MIG claim's prepare and
-/// unprepare alternate between two inventories (without and with its instance); each model of
-/// a large node holds about a megabyte, so the cache stays small.
-#[derive(Default)]
-pub struct ModelCache(std::sync::Mutex<Vec<(NodeInventory, Arc<DeviceModel>)>>);
-
-/// How many inventories [`ModelCache`] remembers.
-const MODEL_CACHE_ENTRIES: usize = 2;
-
-impl ModelCache {
-    /// The model for `inventory`, from the cache when it was seen recently.
-    pub fn get(&self, inventory: NodeInventory, options: &ModelOptions) -> Arc<DeviceModel> {
-        let mut entries = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(at) = entries.iter().position(|(seen, _)| *seen == inventory) {
-            let entry = entries.remove(at);
-            let model = Arc::clone(&entry.1);
-            entries.insert(0, entry);
-            return model;
+impl ClaimError {
+    /// This error, as a neighbour of the claim that hit it reports it: same cause and kind,
+    /// naming `claim`.
+    fn for_claim(&self, claim: &ClaimId) -> ClaimError {
+        let step = match self {
+            ClaimError::Checkpoint { .. } => "checkpoint",
+            ClaimError::Inventory { .. } => "reading the GPU inventory",
+            ClaimError::Batch { detail, .. } => detail,
+            _ => "a step of the batch",
+        };
+        let detail = match std::error::Error::source(self) {
+            Some(cause) => format!("{step}: {}", crate::kubelet::error_chain(cause)),
+            None => step.to_string(),
+        };
+        ClaimError::Batch {
+            claim: claim.to_string(),
+            kind: self.kind(),
+            detail,
         }
-        let model = Arc::new(devices::build(&inventory, options));
-        entries.insert(0, (inventory, Arc::clone(&model)));
-        entries.truncate(MODEL_CACHE_ENTRIES);
-        model
     }
 }
 
@@ -285,6 +291,8 @@ pub struct ClaimsManager<S> {
     pub boot_id: String,
     /// The device model of the last inventory (see [`ModelCache`]).
     pub model_cache: ModelCache,
+    /// The checkpoint as last read or written (see [`CheckpointCache`]); start from `Default`.
+    pub checkpoint_cache: CheckpointCache,
     /// Time-slicing and MPS; `None`: any claim asking for sharing is refused.
     pub sharing: Option<sharing::SharingSetup>,
     /// Claims prepared (see [`ClaimsManager::prepared_count`]); start from `Default`.
@@ -326,15 +334,6 @@ fn now_unix() -> i64 {
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
-    fn store(&self, claim: &str) -> Result<CheckpointStore, ClaimError> {
-        CheckpointStore::open(&self.state_dir, &self.boot_id)
-            .map(|(store, _)| store)
-            .map_err(|e| ClaimError::Checkpoint {
-                claim: claim.to_string(),
-                source: Box::new(e),
-            })
-    }
-
     fn model(&self, claim: &str) -> Result<Arc<DeviceModel>, ClaimError> {
         let inventory = self
             .backend
@@ -381,65 +380,39 @@ impl<S: ClaimSource> ClaimsManager<S> {
     ///
     /// Idempotent: a claim already prepared returns its recorded devices without touching the
     /// hardware. On failure everything this call did is undone and the claim is not recorded.
+    /// A call of one claim of [`ClaimsManager::prepare_batch`].
     pub async fn prepare(&self, id: &ClaimId) -> Result<Vec<PreparedDevice>, ClaimError> {
-        let claim = id.to_string();
-        let mut store = self.store(&claim)?;
-        if let Some(rec) = store.checkpoint().claims.get(&id.uid) {
-            if rec.phase == ClaimPhase::PrepareCompleted {
-                return Ok(prepared(&rec.devices));
-            }
-            // Half done by an earlier call: undo, then start afresh.
-            let rec = rec.clone();
-            self.roll_back(&mut store, &rec)?;
-        }
-        let allocation = self
-            .source
-            .fetch(id)
-            .await
-            .map_err(|detail| ClaimError::Fetch {
-                claim: claim.clone(),
-                detail,
-            })?;
-        let model = self.model(&claim)?;
-        let mut planned = plan::plan(id, &allocation, &model, &self.pool, store.checkpoint())?;
-        sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
-        let record = ClaimRecord {
-            uid: id.uid.clone(),
-            namespace: id.namespace.clone(),
-            name: id.name.clone(),
-            phase: ClaimPhase::PrepareStarted,
-            devices: planned.iter().map(|p| p.record.clone()).collect(),
-            updated_unix: now_unix(),
-        };
-        self.update(&mut store, &claim, |cp| {
-            cp.claims.insert(id.uid.clone(), record);
-        })?;
-        crate::crashpoint::hit("prepare-intent-recorded");
-        match self.act(&mut store, id, &planned) {
-            Ok(devices) => Ok(devices),
-            Err(e) => {
-                if let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned()
-                    && let Err(rollback) = self.roll_back(&mut store, &rec)
-                {
-                    // The original error is what the kubelet must see; the rollback is
-                    // finished by the kubelet's retry, the supervisor or start-up recovery.
-                    tracing::warn!(
-                        claim = %id,
-                        error = %crate::kubelet::error_chain(&rollback),
-                        "rolling back a failed prepare"
-                    );
-                }
-                Err(e)
-            }
+        let mut results = self.prepare_batch(std::slice::from_ref(id)).await;
+        results.pop().unwrap_or_else(|| {
+            Err(ClaimError::NoDevices {
+                claim: id.to_string(),
+            })
+        })
+    }
+
+    /// Undoes a failed prepare of `id`; the original error is what the kubelet must see, so a
+    /// failed rollback is only logged (the kubelet's retry, the supervisor or start-up
+    /// recovery finish it).
+    fn roll_back_failed(&self, store: &mut CheckpointStore, id: &ClaimId) {
+        if let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned()
+            && let Err(rollback) = self.roll_back(store, &rec)
+        {
+            tracing::warn!(
+                claim = %id,
+                error = %crate::kubelet::error_chain(&rollback),
+                "rolling back a failed prepare"
+            );
         }
     }
 
+    /// The hardware, sharing and CDI steps of a prepare whose intent is recorded; returns
+    /// the CDI device ID of each device, for the completion record.
     fn act(
         &self,
         store: &mut CheckpointStore,
         id: &ClaimId,
         planned: &[PlannedDevice],
-    ) -> Result<Vec<PreparedDevice>, ClaimError> {
+    ) -> Result<Vec<String>, ClaimError> {
         let claim = id.to_string();
         let mut refs = Vec::with_capacity(planned.len());
         for (i, p) in planned.iter().enumerate() {
@@ -546,22 +519,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .write_claim_spec(&id.uid, &spec)
             .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))?;
         crate::crashpoint::hit("prepare-cdi-written");
-        let ids = cdi::device_ids(&self.naming, &id.uid, &devices)
-            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))?;
-        let uid = id.uid.clone();
-        let mut result = Vec::new();
-        self.update(store, &claim, |cp| {
-            if let Some(c) = cp.claims.get_mut(&uid) {
-                for (d, id) in c.devices.iter_mut().zip(&ids) {
-                    d.cdi_device_ids = vec![id.clone()];
-                }
-                c.phase = ClaimPhase::PrepareCompleted;
-                c.updated_unix = now_unix();
-                result = prepared(&c.devices);
-            }
-        })?;
-        crate::crashpoint::hit("prepare-completed");
-        Ok(result)
+        cdi::device_ids(&self.naming, &id.uid, &devices)
+            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))
     }
 
     fn ensure_mig_mode(
@@ -593,21 +552,11 @@ impl<S: ClaimSource> ClaimsManager<S> {
     }
 
     /// Unprepares a claim: removes its CDI spec, destroys the MIG devices it carved, forgets
-    /// it. Unknown claims succeed (the kubelet may repeat calls).
+    /// it. Unknown claims succeed (the kubelet may repeat calls). A call of one claim of
+    /// [`ClaimsManager::unprepare_batch`].
     pub async fn unprepare(&self, id: &ClaimId) -> Result<(), ClaimError> {
-        let claim = id.to_string();
-        let mut store = self.store(&claim)?;
-        let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned() else {
-            return Ok(());
-        };
-        let uid = id.uid.clone();
-        self.update(&mut store, &claim, |cp| {
-            if let Some(c) = cp.claims.get_mut(&uid) {
-                c.phase = ClaimPhase::UnprepareStarted;
-            }
-        })?;
-        crate::crashpoint::hit("unprepare-started");
-        self.roll_back(&mut store, &rec)
+        let mut results = self.unprepare_batch(std::slice::from_ref(id)).await;
+        results.pop().unwrap_or(Ok(()))
     }
 
     /// Destroys a MIG device; one already gone (an earlier, interrupted cleanup) is success.
@@ -624,6 +573,17 @@ impl<S: ClaimSource> ClaimsManager<S> {
     /// Undoes whatever of `rec` exists: CDI spec, carved MIG devices, the record itself.
     /// Each step tolerates work already done, so it can be repeated after a crash.
     fn roll_back(&self, store: &mut CheckpointStore, rec: &ClaimRecord) -> Result<(), ClaimError> {
+        self.undo(rec, store.checkpoint())?;
+        let claim = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
+        let uid = rec.uid.clone();
+        self.update(store, &claim, |cp| {
+            cp.claims.remove(&uid);
+        })
+    }
+
+    /// The effects of `rec` undone (CDI spec, sharing, carved MIG devices), its record kept;
+    /// `others` is the checkpoint whose other claims may still share its devices.
+    fn undo(&self, rec: &ClaimRecord, others: &checkpoint::Checkpoint) -> Result<(), ClaimError> {
         let claim = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
         self.cdi
             .remove_claim_spec(&rec.uid)
@@ -632,7 +592,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 detail: crate::kubelet::error_chain(&e),
             })?;
         crate::crashpoint::hit("unprepare-cdi-removed");
-        sharing::undo(self.sharing.as_ref(), &claim, rec, store.checkpoint())?;
+        sharing::undo(self.sharing.as_ref(), &claim, rec, others)?;
         if rec
             .devices
             .iter()
@@ -647,8 +607,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 })?;
             let gpus = inventory.gpus.clone();
             // A consumable-capacity share of a carved MIG device: the last claim out destroys it.
-            let held_by_others: std::collections::BTreeSet<&str> = store
-                .checkpoint()
+            let held_by_others: std::collections::BTreeSet<&str> = others
                 .claims
                 .values()
                 .filter(|c| c.uid != rec.uid)
@@ -681,10 +640,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             }
         }
         crate::crashpoint::hit("unprepare-mig-destroyed");
-        let uid = rec.uid.clone();
-        self.update(store, &claim, |cp| {
-            cp.claims.remove(&uid);
-        })
+        Ok(())
     }
 }
 

@@ -231,6 +231,7 @@ pub(super) fn prepare_all(
         state_dir: work.join("state"),
         boot_id: "demo-boot".to_string(),
         model_cache: Default::default(),
+        checkpoint_cache: Default::default(),
         sharing: Some(simulated_sharing(&work)?),
         prepared: Default::default(),
     };

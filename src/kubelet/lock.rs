@@ -45,6 +45,25 @@ impl PluginLock {
     /// Fails when the lock file cannot be opened or locked; nothing is held then.
     pub async fn acquire(&self) -> Result<PluginLockGuard, KubeletError> {
         let local = Arc::clone(&self.local).lock_owned().await;
+        // Uncontended (no sibling instance mid-call), the usual case: taken right here, without
+        // handing the wait to a blocking thread and back.
+        let file = open_lock_file(&self.path)?;
+        match file.try_lock() {
+            Ok(()) => {
+                return Ok(PluginLockGuard {
+                    _file: file,
+                    _local: local,
+                });
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(KubeletError::TakeLock {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        }
+        drop(file);
         let path = self.path.clone();
         let locked = tokio::task::spawn_blocking(move || lock_file(&path)).await;
         let file = match locked {
@@ -63,8 +82,8 @@ impl PluginLock {
     }
 }
 
-fn lock_file(path: &Path) -> Result<File, KubeletError> {
-    let file = OpenOptions::new()
+fn open_lock_file(path: &Path) -> Result<File, KubeletError> {
+    OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
@@ -73,7 +92,11 @@ fn lock_file(path: &Path) -> Result<File, KubeletError> {
         .map_err(|source| KubeletError::OpenLock {
             path: path.to_path_buf(),
             source,
-        })?;
+        })
+}
+
+fn lock_file(path: &Path) -> Result<File, KubeletError> {
+    let file = open_lock_file(path)?;
     // Each open file description gets its own flock, so this also excludes other processes.
     file.lock().map_err(|source| KubeletError::TakeLock {
         path: path.to_path_buf(),
@@ -98,6 +121,24 @@ mod tests {
         drop(guard);
         let after = other.try_lock().is_ok();
         assert_eq!((while_held, after), (true, true));
+    }
+
+    #[tokio::test]
+    async fn a_lock_another_process_holds_is_waited_for_and_then_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = PluginLock::new(dir.path().join("plugin.lock"));
+        drop(lock.acquire().await.unwrap()); // creates the file
+        let other = File::open(lock.path()).unwrap();
+        other.lock().unwrap();
+        let waiting = tokio::spawn({
+            let lock = lock.clone();
+            async move { lock.acquire().await.map(|_| ()) }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let waited = !waiting.is_finished();
+        other.unlock().unwrap();
+        let taken = waiting.await.unwrap().is_ok();
+        assert_eq!((waited, taken), (true, true));
     }
 
     #[tokio::test]

@@ -1,11 +1,12 @@
-//! The kubelet's prepare/unprepare calls, handed to the claim lifecycle one claim at a time,
-//! each in its own span, each counted and timed in [`Metrics`].
+//! The kubelet's prepare/unprepare calls, handed to the claim lifecycle one call (a batch of
+//! claims) at a time; each claim's outcome is logged in its own span and counted and timed in
+//! [`Metrics`].
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{info, info_span, warn};
 
 use crate::checkpoint::{self, ClaimPhase};
 use crate::claims::{ClaimError, ClaimId, ClaimSource, ClaimsManager};
@@ -70,70 +71,78 @@ impl<S: ClaimSource + 'static> Handler<S> {
 }
 
 impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
+    /// The call's claims go to the lifecycle as one batch; each claim is then counted, timed
+    /// (the call's duration: its devices were ready when the call returned) and logged in its
+    /// own span.
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        let started = Instant::now();
+        let ids: Vec<ClaimId> = claims.iter().map(id).collect();
+        let results = self.manager.prepare_batch(&ids).await;
         let mut out = PrepareResults::new();
-        for c in claims {
-            let span = info_span!("prepare", claim.uid = %c.uid, claim.namespace = %c.namespace, claim.name = %c.name);
-            let result = async {
-                let started = Instant::now();
-                let result = self.manager.prepare(&id(&c)).await;
-                self.record(Operation::Prepare, started, &result);
-                match result {
-                    Ok(devices) => {
-                        info!(
-                            devices = devices.len(),
-                            elapsed_us = started.elapsed().as_micros() as u64,
-                            "prepared"
-                        );
-                        Ok(devices
-                            .into_iter()
-                            .map(|d| PreparedDevice {
-                                request_names: d.request_names,
-                                pool_name: d.pool,
-                                device_name: d.device,
-                                cdi_device_ids: d.cdi_device_ids,
-                                share_id: d.share_id,
-                            })
-                            .collect())
-                    }
-                    Err(e) => {
-                        let text = error_chain(&e);
-                        warn!(error = %text, kind = e.kind(), "prepare failed");
-                        Err(text)
-                    }
+        for (c, result) in claims.into_iter().zip(results) {
+            let _span = claim_span("prepare", &c).entered();
+            self.record(Operation::Prepare, started, &result);
+            let answer = match result {
+                Ok(devices) => {
+                    info!(
+                        devices = devices.len(),
+                        elapsed_us = started.elapsed().as_micros() as u64,
+                        "prepared"
+                    );
+                    Ok(devices
+                        .into_iter()
+                        .map(|d| PreparedDevice {
+                            request_names: d.request_names,
+                            pool_name: d.pool,
+                            device_name: d.device,
+                            cdi_device_ids: d.cdi_device_ids,
+                            share_id: d.share_id,
+                        })
+                        .collect())
                 }
-            }
-            .instrument(span)
-            .await;
-            out.insert(c.uid.clone(), result);
+                Err(e) => {
+                    let text = error_chain(&e);
+                    warn!(error = %text, kind = e.kind(), "prepare failed");
+                    Err(text)
+                }
+            };
+            out.insert(c.uid, answer);
         }
         out
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        let started = Instant::now();
+        let ids: Vec<ClaimId> = claims.iter().map(id).collect();
+        let results = self.manager.unprepare_batch(&ids).await;
         let mut out = UnprepareResults::new();
-        for c in claims {
-            let span = info_span!("unprepare", claim.uid = %c.uid, claim.namespace = %c.namespace, claim.name = %c.name);
-            let result = async {
-                let started = Instant::now();
-                let result = self.manager.unprepare(&id(&c)).await;
-                self.record(Operation::Unprepare, started, &result);
-                match result {
-                    Ok(()) => {
-                        info!("unprepared");
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let text = error_chain(&e);
-                        warn!(error = %text, kind = e.kind(), "unprepare failed");
-                        Err(text)
-                    }
+        for (c, result) in claims.into_iter().zip(results) {
+            let _span = claim_span("unprepare", &c).entered();
+            self.record(Operation::Unprepare, started, &result);
+            let answer = match result {
+                Ok(()) => {
+                    info!("unprepared");
+                    Ok(())
                 }
-            }
-            .instrument(span)
-            .await;
-            out.insert(c.uid.clone(), result);
+                Err(e) => {
+                    let text = error_chain(&e);
+                    warn!(error = %text, kind = e.kind(), "unprepare failed");
+                    Err(text)
+                }
+            };
+            out.insert(c.uid, answer);
         }
         out
+    }
+}
+
+fn claim_span(operation: &'static str, c: &ClaimRef) -> tracing::Span {
+    match operation {
+        "prepare" => {
+            info_span!("prepare", claim.uid = %c.uid, claim.namespace = %c.namespace, claim.name = %c.name)
+        }
+        _ => {
+            info_span!("unprepare", claim.uid = %c.uid, claim.namespace = %c.namespace, claim.name = %c.name)
+        }
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod handler;
+pub mod memory;
 mod observe;
 pub mod simhost;
 mod source;
@@ -146,6 +147,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         state_dir: config.state_dir.clone(),
         boot_id,
         model_cache: Default::default(),
+        checkpoint_cache: Default::default(),
         sharing,
         prepared: Default::default(),
     });
@@ -196,6 +198,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     ));
     let publishing = tokio::spawn(async move { publisher.run(model_rx).await });
     let watching = tokio::spawn(watch_inventory(
+        inventory,
         backend.clone(),
         model_options,
         config.node_name.clone(),
@@ -355,8 +358,11 @@ async fn wait_for_shutdown_signal() -> std::io::Result<()> {
 }
 
 /// Re-reads the inventory every `interval`; sends a changed model to the publisher and
-/// changed health to the kubelet.
+/// changed health to the kubelet. A tick that finds the inventory unchanged gives the heap
+/// freed since the last tick back to the kernel ([`memory::release_free_heap`]).
+#[allow(clippy::too_many_arguments)]
 async fn watch_inventory(
+    published: NodeInventory,
     backend: Arc<dyn GpuBackend>,
     options: ModelOptions,
     pool: String,
@@ -370,7 +376,7 @@ async fn watch_inventory(
     // Model, health and gauges derive from the inventory alone: an unchanged inventory is
     // skipped without building a model (about a megabyte of short-lived allocations on a
     // large node, every tick, which would keep the heap's high-water mark up).
-    let mut last: Option<NodeInventory> = None;
+    let mut last = Some(published);
     loop {
         ticker.tick().await;
         let inventory = match backend.inventory() {
@@ -381,6 +387,7 @@ async fn watch_inventory(
             }
         };
         if last.as_ref() == Some(&inventory) {
+            memory::release_free_heap();
             continue;
         }
         let model = devices::build(&inventory, &options);

@@ -162,7 +162,9 @@ struct SpecFileV1 {
 
 const SPEC_VERSION: &str = "v1";
 
-/// Writes the spec atomically (temp file, fsync, rename).
+/// Writes the spec atomically (temp file, rename). Not fsynced: a daemon does not outlive a
+/// reboot, and start-up recovery stops and removes daemons no claim records (see
+/// `docs/architecture.md`, "Durability").
 pub(crate) fn write(path: &Path, spec: &MpsDaemonSpec) -> Result<(), SharingError> {
     let wire = SpecFileV1 {
         version: SPEC_VERSION.into(),
@@ -173,7 +175,7 @@ pub(crate) fn write(path: &Path, spec: &MpsDaemonSpec) -> Result<(), SharingErro
     };
     // Serialising plain owned data cannot fail.
     let bytes = serde_json::to_vec_pretty(&wire).unwrap_or_default();
-    crate::fsutil::write_atomic(path, &bytes, 0o644).map_err(|source| SharingError::WriteSpec {
+    crate::fsutil::replace_atomic(path, &bytes, 0o644).map_err(|source| SharingError::WriteSpec {
         path: path.to_path_buf(),
         source,
     })

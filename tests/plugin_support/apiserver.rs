@@ -4,7 +4,8 @@
 //! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
 //! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
 //! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
-//! table the test fills. Errors are `Status` objects. Every request is recorded.
+//! table the test fills. Errors are `Status` objects. Every request is recorded. A GET can be
+//! made to take a set time ([`FakeApiServer::set_get_latency`]), as a real API server's does.
 //!
 //! The server runs on its own thread and runtime, so it outlives the test's runtime and works
 //! from synchronous benchmarks too; dropping the handle stops it.
@@ -13,8 +14,9 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -48,7 +50,16 @@ struct Store {
 pub struct FakeApiServer {
     addr: SocketAddr,
     store: Arc<Mutex<Store>>,
+    get_latency_ns: Arc<AtomicU64>,
+    gets: Arc<GetsInFlight>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// GETs being answered now, and the most there ever were at once.
+#[derive(Default)]
+struct GetsInFlight {
+    now: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeApiServer {
@@ -66,18 +77,37 @@ impl FakeApiServer {
         let addr = listener.local_addr().expect("address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shared = store.clone();
+        let get_latency_ns = Arc::new(AtomicU64::new(0));
+        let gets = Arc::new(GetsInFlight::default());
+        let (latency, in_flight) = (get_latency_ns.clone(), gets.clone());
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(serve(listener, shared, stopped));
+            runtime.block_on(serve(listener, shared, latency, in_flight, stopped));
         });
         FakeApiServer {
             addr,
             store,
+            get_latency_ns,
+            gets,
             stop: Some(stop),
         }
+    }
+
+    /// The most GETs the server was answering at one time so far.
+    pub fn peak_concurrent_gets(&self) -> usize {
+        self.gets.peak.load(Ordering::SeqCst)
+    }
+
+    /// Every GET from now on is answered `latency` after it arrived (zero: at once). The wait
+    /// runs on a blocking thread with a precise sleep, so concurrent GETs wait side by side
+    /// (as on a real API server) and sub-millisecond latencies are not rounded up to the
+    /// runtime's millisecond timer.
+    pub fn set_get_latency(&self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.get_latency_ns.store(ns, Ordering::Relaxed);
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -146,6 +176,8 @@ impl Drop for FakeApiServer {
 async fn serve(
     listener: std::net::TcpListener,
     store: Arc<Mutex<Store>>,
+    get_latency_ns: Arc<AtomicU64>,
+    gets: Arc<GetsInFlight>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
@@ -158,8 +190,16 @@ async fn serve(
             _ = &mut stopped => return,
         };
         let store = store.clone();
+        let (latency, gets) = (get_latency_ns.clone(), gets.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| answer(store.clone(), req));
+            let service = hyper::service::service_fn(move |req| {
+                answer(
+                    store.clone(),
+                    latency.load(Ordering::Relaxed),
+                    gets.clone(),
+                    req,
+                )
+            });
             // A client that hangs up mid-request is not the server's problem.
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -170,8 +210,16 @@ async fn serve(
 
 async fn answer(
     store: Arc<Mutex<Store>>,
+    get_latency_ns: u64,
+    gets: Arc<GetsInFlight>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let arrived = Instant::now();
+    let is_get = request.method() == hyper::Method::GET;
+    if is_get {
+        let now = gets.now.fetch_add(1, Ordering::SeqCst) + 1;
+        gets.peak.fetch_max(now, Ordering::SeqCst);
+    }
     let (parts, body) = request.into_parts();
     let bytes = body
         .collect()
@@ -190,6 +238,17 @@ async fn answer(
         store.requests.push(recorded.clone());
         store.route(&recorded)
     };
+    if recorded.method == "GET" && get_latency_ns > 0 {
+        let until = arrived + Duration::from_nanos(get_latency_ns);
+        let _ = tokio::task::spawn_blocking(move || {
+            let left = until.saturating_duration_since(Instant::now());
+            std::thread::sleep(left);
+        })
+        .await;
+    }
+    if is_get {
+        gets.now.fetch_sub(1, Ordering::SeqCst);
+    }
     let response = Response::builder()
         .status(code)
         .header("content-type", "application/json")

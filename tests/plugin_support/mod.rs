@@ -111,15 +111,22 @@ impl Node {
         std::fs::read_to_string(self.cdi_root().join(state::spec_file(uid))).ok()
     }
 
-    /// The plugin command line, as a DaemonSet would run it on this node.
+    /// The plugin command line, as a DaemonSet would run it on this node (its simulated
+    /// hardware: [`Node::with_sim_node`], `dgx-h100` by default).
     pub fn command(&self) -> Command {
+        self.command_on(&self.sim_node)
+    }
+
+    /// [`Node::command`] on another simulated node (a preset name or a node file) whose
+    /// node name is still `dgx-h100`.
+    pub fn command_on(&self, sim_node: &str) -> Command {
         // A bench may measure another build of the same binary (e.g. the image's dist build).
         let binary = std::env::var_os("GPU_DRA_PLUGIN_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_gpu-dra").into());
         let mut command = Command::new(binary);
         command
             .arg("kubelet-plugin")
-            .args(["--gpu-backend", "sim", "--sim-node", &self.sim_node])
+            .args(["--gpu-backend", "sim", "--sim-node", sim_node])
             .args(["--node-name", claims::NODE])
             .arg("--kubeconfig")
             .arg(self.root().join("kubeconfig"))
@@ -143,9 +150,14 @@ impl Node {
 
     /// Starts the plugin with extra environment, without waiting for it.
     pub fn spawn_with(&self, env: &[(&str, &str)]) -> Plugin {
+        self.spawn_command(self.command(), env)
+    }
+
+    /// Starts `command` (from [`Node::command`] or [`Node::command_on`]) with extra
+    /// environment, without waiting for it; its stderr goes to the node's next log file.
+    pub fn spawn_command(&self, mut command: Command, env: &[(&str, &str)]) -> Plugin {
         let runs = self.runs.fetch_add(1, Ordering::Relaxed);
         let log = self.root().join(format!("plugin-{runs}.log"));
-        let mut command = self.command();
         command.stderr(File::create(&log).expect("log file"));
         for (key, value) in env {
             command.env(key, value);

@@ -1,0 +1,386 @@
+//! Prepare and unprepare as production runs them (`cargo bench --bench prepare`): the real
+//! release binary on its real kubelet sockets, a fake API server whose GETs take a set time
+//! (`GPU_DRA_BENCH_GET_LATENCY_US`, default 500 µs), and state, checkpoint and CDI specs on
+//! disk (the system temp directory; its file system type is printed).
+//!
+//! The node has 64 devices like the reference driver's side-by-side harness: 8 A100-80GB
+//! with 7 static 1g.10gb MIG devices each and 8 L4 GPUs, so a prepare is the plugin's own
+//! work (no MIG device is carved), and 64 allocated claims of one device each.
+//!
+//! Reports: prepare and unprepare p50/p99 for 1 claim and for batches of 10; throughput at 1,
+//! 10 and 50 claims per call and with 8 concurrent calls; plugin CPU per claim (utime+stime
+//! deltas of `/proc/<pid>/stat`, and the prepare/unprepare split from the threads'
+//! `schedstat`); idle RSS with glibc malloc tuned as the Helm chart runs it.
+//!
+//! Targets: prepare 1 claim p50 < 1.25 ms, p99 < 4 ms; >= 2,000 claims/s with 10 claims per
+//! call; unprepare p50 < 0.8 ms; < 1 ms CPU per claim; idle RSS < 15 MiB. Set
+//! GPU_DRA_PLUGIN_BIN to measure another build (the image's dist binary, or an older one).
+
+#[path = "../tests/plugin_support/mod.rs"]
+mod plugin_support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gpu_dra::kubelet::ClaimRef;
+use gpu_dra::kubelet::client::{DraApi, KubeletClient};
+use plugin_support::claims::{self, claim_ref};
+use plugin_support::{Node, Plugin, eventually};
+
+const NODE_FILE: &str = "\
+nodeName: dgx-h100
+gpus:
+  - model: A100-SXM4-80GB
+    count: 8
+    mig: static
+    migDevices: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]
+  - model: L4
+    count: 8
+";
+
+const LATENCY_CYCLES: usize = 300;
+const BATCH_CYCLES: usize = 100;
+const SUSTAIN: Duration = Duration::from_secs(3);
+const CONCURRENT: usize = 8;
+
+/// The Helm chart's malloc settings (deployments/helm/gpu-dra).
+const CHART_ENV: &[(&str, &str)] = &[
+    ("MALLOC_ARENA_MAX", "1"),
+    ("MALLOC_MMAP_THRESHOLD_", "65536"),
+    ("MALLOC_TRIM_THRESHOLD_", "131072"),
+];
+
+fn device_names() -> Vec<String> {
+    let mig = (0..8).flat_map(|g| (0..7).map(move |i| format!("gpu-{g}-mig-1g10gb-{i}")));
+    mig.chain((8..16).map(|g| format!("gpu-{g}"))).collect()
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn latency_row(label: &str, mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    let p50 = percentile(&samples, 0.5);
+    println!(
+        "{label:<40} n={:<4} p50={:>9.2?} p99={:>9.2?} max={:>9.2?}",
+        samples.len(),
+        p50,
+        percentile(&samples, 0.99),
+        samples[samples.len() - 1]
+    );
+    p50
+}
+
+/// utime+stime of the whole process (every thread, dead ones included), in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5); `rest` starts at field 3.
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+fn clock_ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// CPU time of the process's live threads in nanoseconds (`schedstat`): precise, for
+/// splitting CPU between prepare and unprepare phases.
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The file system type holding `path` (longest mount point that prefixes it).
+fn fs_type(path: &Path) -> String {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let mount = Path::new(*fields.get(4)?);
+            let dash = fields.iter().position(|f| *f == "-")?;
+            let kind = fields.get(dash + 1)?.to_string();
+            path.starts_with(mount)
+                .then_some((mount.as_os_str().len(), kind))
+        })
+        .max()
+        .map_or_else(|| "unknown".to_string(), |(_, kind)| kind)
+}
+
+struct Bench {
+    node: Node,
+    plugin: Plugin,
+    refs: Vec<ClaimRef>,
+}
+
+impl Bench {
+    async fn start(root: &Path, latency: Duration, env: &[(&str, &str)]) -> Bench {
+        let node = Node::new_in(root);
+        let node_file = node.root().join("bench-node.yaml");
+        std::fs::write(&node_file, NODE_FILE).expect("node file");
+        node.api.set_get_latency(latency);
+        let refs = device_names()
+            .iter()
+            .enumerate()
+            .map(|(i, device)| {
+                let (name, uid) = (format!("claim-{i}"), format!("uid-claim-{i}"));
+                node.api.put_claim(claims::on_node(&name, &uid, &[device]));
+                claim_ref(&name, &uid)
+            })
+            .collect();
+        let command = node.command_on(node_file.to_str().expect("utf-8 path"));
+        let mut plugin = node.spawn_command(command, env);
+        plugin.wait_registrable().await;
+        eventually("slices", || node.api.complete_pool()).await;
+        Bench { node, plugin, refs }
+    }
+
+    async fn kubelet(&self) -> KubeletClient {
+        self.plugin.register(DraApi::V1).await
+    }
+
+    fn pid(&self) -> u32 {
+        self.plugin.pid()
+    }
+}
+
+async fn prepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
+    let got = kubelet.prepare(refs).await.expect("prepare");
+    assert!(
+        got.len() == refs.len() && got.values().all(Result::is_ok),
+        "{got:?}"
+    );
+}
+
+async fn unprepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
+    let got = kubelet.unprepare(refs).await.expect("unprepare");
+    assert!(
+        got.len() == refs.len() && got.values().all(Result::is_ok),
+        "{got:?}"
+    );
+}
+
+/// Per-call latency of prepare and unprepare of `refs`, `cycles` times.
+async fn latencies(
+    b: &Bench,
+    refs: &[ClaimRef],
+    cycles: usize,
+    label: &str,
+) -> (Duration, Duration) {
+    let mut kubelet = b.kubelet().await;
+    let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+    for _ in 0..cycles {
+        let t = Instant::now();
+        prepare(&mut kubelet, refs).await;
+        prep.push(t.elapsed());
+        let t = Instant::now();
+        unprepare(&mut kubelet, refs).await;
+        unprep.push(t.elapsed());
+    }
+    (
+        latency_row(&format!("prepare, {label}"), prep),
+        latency_row(&format!("unprepare, {label}"), unprep),
+    )
+}
+
+/// What a throughput run measured.
+#[derive(Default)]
+struct Rate {
+    claims: usize,
+    prepare_time: Duration,
+    unprepare_time: Duration,
+    prepare_cpu_ns: u64,
+    unprepare_cpu_ns: u64,
+    ticks: u64,
+}
+
+impl Rate {
+    fn print(&self, label: &str, hz: u64) {
+        let per_s = |t: Duration| self.claims as f64 / t.as_secs_f64();
+        let per_claim_ms = |ns: u64| ns as f64 / 1e6 / self.claims as f64;
+        println!(
+            "{label:<40} prepare {:>6.0} claims/s  unprepare {:>6.0} claims/s  \
+             CPU/claim: prepare {:.3} ms, unprepare {:.3} ms, both (stat) {:.3} ms",
+            per_s(self.prepare_time),
+            per_s(self.unprepare_time),
+            per_claim_ms(self.prepare_cpu_ns),
+            per_claim_ms(self.unprepare_cpu_ns),
+            self.ticks as f64 * 1e3 / hz as f64 / self.claims as f64,
+        );
+    }
+}
+
+/// Calls of `groups` claims each, all groups' calls concurrently (one kubelet connection
+/// each), prepare then unprepare, for [`SUSTAIN`].
+async fn throughput(b: &Bench, groups: &[&[ClaimRef]]) -> Rate {
+    let mut kubelets = Vec::new();
+    for _ in groups {
+        kubelets.push(b.kubelet().await);
+    }
+    let mut rate = Rate::default();
+    let ticks = cpu_ticks(b.pid());
+    let started = Instant::now();
+    while started.elapsed() < SUSTAIN {
+        let (t, cpu) = (Instant::now(), cpu_ns(b.pid()));
+        let calls = kubelets
+            .iter_mut()
+            .zip(groups)
+            .map(|(k, refs)| prepare(k, refs));
+        futures_join(calls).await;
+        rate.prepare_time += t.elapsed();
+        rate.prepare_cpu_ns += cpu_ns(b.pid()).saturating_sub(cpu);
+        let (t, cpu) = (Instant::now(), cpu_ns(b.pid()));
+        let calls = kubelets
+            .iter_mut()
+            .zip(groups)
+            .map(|(k, refs)| unprepare(k, refs));
+        futures_join(calls).await;
+        rate.unprepare_time += t.elapsed();
+        rate.unprepare_cpu_ns += cpu_ns(b.pid()).saturating_sub(cpu);
+        rate.claims += groups.iter().map(|g| g.len()).sum::<usize>();
+    }
+    rate.ticks = cpu_ticks(b.pid()) - ticks;
+    rate
+}
+
+/// Runs the futures concurrently on this task and waits for all.
+async fn futures_join<F: Future<Output = ()>>(calls: impl Iterator<Item = F>) {
+    let mut set = Vec::new();
+    for call in calls {
+        set.push(Box::pin(call));
+    }
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
+
+fn memory(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mib = |name: &str| kib(name) as f64 / 1024.0;
+    format!(
+        "RSS {:.1} MiB (anon {:.1}, file {:.1}), HWM {:.1} MiB, {} threads",
+        mib("VmRSS"),
+        mib("RssAnon"),
+        mib("RssFile"),
+        mib("VmHWM"),
+        kib("Threads")
+    )
+}
+
+/// A few inventory rounds with nothing to do.
+const IDLE: Duration = Duration::from_millis(2500);
+
+fn main() {
+    let latency = Duration::from_micros(
+        std::env::var("GPU_DRA_BENCH_GET_LATENCY_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(500),
+    );
+    let root = std::env::temp_dir();
+    let hz = clock_ticks_per_second();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let binary = std::env::var("GPU_DRA_PLUGIN_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpu-dra").to_string());
+        println!("gpu-dra kubelet-plugin: {binary}");
+        println!(
+            "64 devices (56 static MIG, 8 full GPUs), 64 claims; API GET latency {latency:?}; \
+             state on {} ({})",
+            root.display(),
+            fs_type(&root)
+        );
+
+        let idle = Bench::start(&root, latency, CHART_ENV).await;
+        tokio::time::sleep(IDLE).await;
+        println!(
+            "idle plugin (chart's malloc settings), before any call: {}",
+            memory(idle.pid())
+        );
+        drop(idle);
+
+        let b = Bench::start(&root, latency, CHART_ENV).await;
+        let refs = &b.refs;
+        println!("\n-- latency per call");
+        let (p1, u1) = latencies(&b, &refs[..1], LATENCY_CYCLES, "1 claim").await;
+        latencies(&b, &refs[..10], BATCH_CYCLES, "10 claims").await;
+
+        println!("\n-- throughput, {SUSTAIN:?} each");
+        let mut per_10 = 0.0;
+        let mut cpu_per_prepare = 0.0;
+        for batch in [1, 10, 50] {
+            let rate = throughput(&b, &[&refs[..batch]]).await;
+            rate.print(&format!("{batch} claim(s) per call"), hz);
+            if batch == 10 {
+                per_10 = rate.claims as f64 / rate.prepare_time.as_secs_f64();
+                cpu_per_prepare = rate.prepare_cpu_ns as f64 / 1e6 / rate.claims as f64;
+            }
+        }
+        for per_call in [1, 8] {
+            let groups: Vec<&[ClaimRef]> = refs.chunks(per_call).take(CONCURRENT).collect();
+            let rate = throughput(&b, &groups).await;
+            rate.print(
+                &format!("{CONCURRENT} concurrent calls x {per_call} claim(s)"),
+                hz,
+            );
+        }
+        tokio::time::sleep(IDLE).await;
+        println!("\nidle plugin after the load: {}", memory(b.pid()));
+
+        let fresh = Bench::start(&root, latency, CHART_ENV).await;
+        tokio::time::sleep(IDLE).await;
+        let idle_rss = memory(fresh.pid());
+        println!("idle plugin (chart's malloc settings), fresh: {idle_rss}");
+
+        println!("\n-- against the targets");
+        let mark = |ok: bool| if ok { "met" } else { "NOT met" };
+        println!(
+            "prepare 1 claim p50 {p1:.2?} (< 1.25 ms): {}",
+            mark(p1 < Duration::from_micros(1250))
+        );
+        println!(
+            "unprepare 1 claim p50 {u1:.2?} (< 0.8 ms): {}",
+            mark(u1 < Duration::from_micros(800))
+        );
+        println!(
+            "10 claims per call: {per_10:.0} claims/s prepared (>= 2000): {}",
+            mark(per_10 >= 2000.0)
+        );
+        println!(
+            "CPU per prepared claim (10 per call): {cpu_per_prepare:.3} ms (< 1 ms): {}",
+            mark(cpu_per_prepare < 1.0)
+        );
+        let _ = &b.node;
+    });
+}

@@ -1,0 +1,86 @@
+//! What the claim lifecycle keeps between calls: the device model of recent inventories and
+//! the checkpoint as this instance last read or wrote it. Neither can go stale: the model is
+//! looked up by the inventory read from the hardware on every call, and the checkpoint is
+//! used only while the file is still the version it came from.
+
+use std::sync::Arc;
+
+use super::{ClaimError, ClaimSource, ClaimsManager};
+use crate::checkpoint::CheckpointStore;
+use crate::devices::{self, DeviceModel, ModelOptions};
+use crate::hardware::NodeInventory;
+
+/// The device models of the last two inventories seen, rebuilt only for an inventory not
+/// among them.
+///
+/// Building the model (every MIG profile at every placement, counters) is the main CPU cost
+/// of a prepare; the inventory it derives from is still read from the hardware on every call,
+/// so a cached model is never stale — a second plugin instance (rolling update) that changed
+/// the hardware makes the next lookup miss. Two entries, because a MIG claim's prepare and
+/// unprepare alternate between two inventories (without and with its instance); each model of
+/// a large node holds about a megabyte, so the cache stays small.
+#[derive(Default)]
+pub struct ModelCache(std::sync::Mutex<Vec<(NodeInventory, Arc<DeviceModel>)>>);
+
+/// How many inventories [`ModelCache`] remembers.
+const MODEL_CACHE_ENTRIES: usize = 2;
+
+impl ModelCache {
+    /// The model for `inventory`, from the cache when it was seen recently.
+    pub fn get(&self, inventory: NodeInventory, options: &ModelOptions) -> Arc<DeviceModel> {
+        let mut entries = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = entries.iter().position(|(seen, _)| *seen == inventory) {
+            let entry = entries.remove(at);
+            let model = Arc::clone(&entry.1);
+            entries.insert(0, entry);
+            return model;
+        }
+        let model = Arc::new(devices::build(&inventory, options));
+        entries.insert(0, (inventory, Arc::clone(&model)));
+        entries.truncate(MODEL_CACHE_ENTRIES);
+        model
+    }
+}
+
+/// The checkpoint as this instance last read or wrote it, reused by the next call while the
+/// file is still that version ([`CheckpointStore::is_current`]: one `stat`), so a call does
+/// not re-read and re-verify the whole file; any other writer's change makes it re-read.
+#[derive(Default)]
+pub struct CheckpointCache(std::sync::Mutex<Option<CheckpointStore>>);
+
+impl<S: ClaimSource> ClaimsManager<S> {
+    /// The checkpoint for this call: the cached one while the file is unchanged, else the
+    /// file read afresh. Give it back with [`ClaimsManager::check_in`].
+    pub(super) fn check_out(&self, claim: &str) -> Result<CheckpointStore, ClaimError> {
+        let cached = self
+            .checkpoint_cache
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(store) = cached
+            && store.is_current()
+        {
+            return Ok(store);
+        }
+        CheckpointStore::open(&self.state_dir, &self.boot_id)
+            .map(|(store, _)| store)
+            .map_err(|e| ClaimError::Checkpoint {
+                claim: claim.to_string(),
+                source: Box::new(e),
+            })
+    }
+
+    /// Keeps `store` for the next call. Always safe: a store's content equals the file it
+    /// last read or wrote, and the next call checks the file is still that one.
+    pub(super) fn check_in(&self, store: CheckpointStore) {
+        *self
+            .checkpoint_cache
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(store);
+    }
+}
