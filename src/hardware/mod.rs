@@ -13,6 +13,7 @@
 
 pub mod catalog;
 pub mod geometry;
+pub mod health;
 pub mod nvml;
 pub mod sim;
 

@@ -8,6 +8,7 @@
 //! when idle). With a state directory, the state survives restarts and is shared by every
 //! process that opens it.
 
+pub mod faults;
 pub mod ids;
 pub mod node_file;
 pub mod presets;
@@ -433,10 +434,17 @@ fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState {
                 mig_pending: gpu.mig_enabled,
                 healthy: true,
                 instances,
+                lost: false,
+                ecc: Default::default(),
             }
         })
         .collect();
-    SimState { serial, gpus }
+    SimState {
+        serial,
+        gpus,
+        event_seq: 0,
+        events: Vec::new(),
+    }
 }
 
 /// Identifies a node description, so a state file written for another node shape is not

@@ -24,6 +24,12 @@ pub struct SimState {
     pub serial: u64,
     /// Per-GPU state, by index.
     pub gpus: Vec<GpuState>,
+    /// Sequence number of the last fault event (0: none yet).
+    #[serde(default)]
+    pub event_seq: u64,
+    /// The most recent fault events, oldest first (bounded; see `faults`).
+    #[serde(default)]
+    pub events: Vec<super::faults::SimEvent>,
 }
 
 /// Mutable state of one GPU.
@@ -38,6 +44,12 @@ pub struct GpuState {
     pub healthy: bool,
     /// GPU instances that exist.
     pub instances: Vec<InstanceState>,
+    /// The GPU fell off the bus (XID 79) and stays lost until recovered.
+    #[serde(default)]
+    pub lost: bool,
+    /// ECC error counters since power-on (volatile) and over the GPU's life (aggregate).
+    #[serde(default)]
+    pub ecc: super::faults::EccCounters,
 }
 
 /// A GPU instance and its compute instances.
