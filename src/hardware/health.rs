@@ -59,7 +59,11 @@ mod tests {
             (EVENT_GPU_RECOVERY_ACTION, 2, None),
         ];
         for (event, data, want) in cases {
-            assert_eq!(health_after(event, data), want, "event {event:#x} data {data}");
+            assert_eq!(
+                health_after(event, data),
+                want,
+                "event {event:#x} data {data}"
+            );
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod catalog;
 pub mod geometry;
 pub mod health;
 pub mod nvml;
+pub mod policy_flag;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};

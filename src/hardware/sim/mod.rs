@@ -150,6 +150,22 @@ impl SimBackend {
         Ok(SimBackend::from_plan(plan, state_dir))
     }
 
+    /// Opens the node whose state is in `state_dir` (the description is stored with the
+    /// state), as the processes sharing it see it. Fails when there is no state there yet
+    /// (start the plugin or `gpu-dra inventory --state-dir` first) or it is unreadable.
+    pub fn open_state_dir(state_dir: &Path) -> Result<SimBackend, SimError> {
+        let Some((spec, _)) = state::stored(state_dir)? else {
+            return Err(SimError::StateIo {
+                path: state_dir.join(STATE_FILE),
+                step: "open (no simulated node has run with this state directory yet)",
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        };
+        let name = spec.node_name.clone().unwrap_or_else(|| "sim-node".into());
+        let plan = spec.plan("state file", &name)?;
+        Ok(SimBackend::from_plan(plan, Some(state_dir)))
+    }
+
     /// Powers on a validated node plan.
     pub fn from_plan(plan: NodePlan, state_dir: Option<&Path>) -> SimBackend {
         let count = plan.gpus.len() as u32;
@@ -169,6 +185,7 @@ impl SimBackend {
             Some(dir) => Store::File {
                 dir: dir.to_path_buf(),
                 fingerprint: fingerprint(&plan),
+                node: plan.spec.clone(),
                 initial,
             },
             None => Store::Memory(Mutex::new(initial)),
