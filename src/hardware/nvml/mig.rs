@@ -315,6 +315,7 @@ impl NvmlBackend {
             &op,
             index,
         )?;
+        crate::crashpoint::hit("prepare-gpu-instance-created");
         let destroy_on_err = |e: HardwareError| {
             // SAFETY: `gi` is the instance created above and not yet destroyed.
             let _ = unsafe { destroy_gi(gi) };
