@@ -149,6 +149,18 @@ enum FaultCommand {
         #[arg(long)]
         gpu: u32,
     },
+    /// A GPU is added to the node (next free index, MIG off).
+    AddGpu {
+        /// GPU model (`gpu-dra inventory --list-presets` lists them).
+        #[arg(long)]
+        model: String,
+    },
+    /// A GPU is taken off the node (its index is not reused).
+    RemoveGpu {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -552,6 +564,16 @@ fn run_sim_fault(args: SimFaultArgs) -> anyhow::Result<ExitCode> {
     };
     let sim = SimBackend::open_state_dir(&dir)?;
     let (gpu, fault) = match args.fault {
+        FaultCommand::AddGpu { model } => {
+            let index = sim.add_gpu(&model)?;
+            emit(&format!("added GPU {index} ({model})\n"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        FaultCommand::RemoveGpu { gpu } => {
+            sim.remove_gpu(gpu)?;
+            emit(&format!("removed GPU {gpu}\n"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
         FaultCommand::Xid { gpu, code } => (gpu, Fault::Xid { code }),
         FaultCommand::Ecc { gpu, double_bit } => (gpu, Fault::Ecc { double_bit }),
         FaultCommand::Lost { gpu } => (gpu, Fault::Lost),

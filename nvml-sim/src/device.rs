@@ -102,9 +102,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
 ) -> nvmlReturn_t {
     guard(|| {
         let view = node::view()?;
-        view.gpu(index)?;
+        let slot = view.enumerated(index)?.minor;
         // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(device, Handle::Gpu(index).to_ptr()) }
+        unsafe { put(device, Handle::Gpu(slot).to_ptr()) }
     })
 }
 
@@ -123,13 +123,13 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
         let view = node::view()?;
         let found = view.inv.gpus.iter().find_map(|g| {
             if g.uuid == wanted {
-                return Some(Handle::Gpu(g.index));
+                return Some(Handle::Gpu(g.minor));
             }
             g.mig_devices
                 .iter()
                 .find(|m| m.uuid == wanted)
                 .map(|m| Handle::Mig {
-                    gpu: g.index,
+                    gpu: g.minor,
                     gi: m.gi_id,
                     ci: m.ci_id,
                 })
@@ -166,7 +166,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
             .find(|g| g.pci_bus_id == short)
             .ok_or(ffi::NOT_FOUND)?;
         // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(device, Handle::Gpu(gpu.index).to_ptr()) }
+        unsafe { put(device, Handle::Gpu(gpu.minor).to_ptr()) }
     })
 }
 
@@ -190,7 +190,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
             .find(|g| serial_of(&g.uuid) == wanted)
             .ok_or(ffi::NOT_FOUND)?;
         // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(device, Handle::Gpu(gpu.index).to_ptr()) }
+        unsafe { put(device, Handle::Gpu(gpu.minor).to_ptr()) }
     })
 }
 
@@ -282,7 +282,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     })
 }
 
-/// `nvmlDeviceGetIndex`.
+/// `nvmlDeviceGetIndex`: the enumeration index now.
 ///
 /// # Safety
 /// `index` is null or valid for one write.
@@ -291,10 +291,16 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(
     device: nvmlDevice_t,
     index: *mut c_uint,
 ) -> nvmlReturn_t {
-    with_device(device, |_, dev| {
-        let gpu = dev.full()?;
+    with_device(device, |view, dev| {
+        let slot = dev.full()?.minor;
+        let position = view
+            .inv
+            .gpus
+            .iter()
+            .position(|g| g.minor == slot)
+            .ok_or(ffi::INVALID_ARGUMENT)?;
         // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(index, gpu.index) }
+        unsafe { put(index, position as c_uint) }
     })
 }
 

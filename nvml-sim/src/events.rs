@@ -105,7 +105,7 @@ pub extern "C" fn nvmlDeviceRegisterEvents(
 ) -> nvmlReturn_t {
     guard(|| {
         let view = node::view()?;
-        let gpu = view.full_gpu(device)?.index;
+        let gpu = view.full_gpu(device)?.minor;
         let id = set_id(set)?;
         if eventTypes & !SUPPORTED_EVENTS != 0 {
             return Err(ffi::NOT_SUPPORTED);

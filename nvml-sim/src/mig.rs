@@ -370,7 +370,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstanceWithPlacement(
             .backend
             .create_gpu_instance(gpu.index, profileId, wanted.start)
             .map_err(|e| ffi::code_of(&e))?;
-        let handle = Handle::GpuInstance { gpu: gpu.index, gi }.to_ptr();
+        let handle = Handle::GpuInstance { gpu: gpu.minor, gi }.to_ptr();
         // SAFETY: non-null and valid for a write (caller's contract).
         unsafe { put(gpuInstance, handle) }
     })
@@ -400,7 +400,7 @@ pub unsafe extern "C" fn nvmlDeviceCreateGpuInstance(
                 .create_gpu_instance(gpu.index, profileId, start)
             {
                 Ok(gi) => {
-                    let handle = Handle::GpuInstance { gpu: gpu.index, gi }.to_ptr();
+                    let handle = Handle::GpuInstance { gpu: gpu.minor, gi }.to_ptr();
                     // SAFETY: non-null and valid for a write (caller's contract).
                     return unsafe { put(gpuInstance, handle) };
                 }
@@ -443,7 +443,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
             .filter(|g| g.profile.id == profileId)
             .map(|g| {
                 Handle::GpuInstance {
-                    gpu: gpu.index,
+                    gpu: gpu.minor,
                     gi: g.id,
                 }
                 .to_ptr()
@@ -474,7 +474,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
             .find(|g| g.id == id)
             .ok_or(ffi::NOT_FOUND)?;
         let handle = Handle::GpuInstance {
-            gpu: gpu.index,
+            gpu: gpu.minor,
             gi: id,
         }
         .to_ptr();
@@ -496,7 +496,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
         let view = node::view()?;
         let gi = gi_of(&view, gpuInstance)?;
         let out = sys::nvmlGpuInstanceInfo_t {
-            device: Handle::Gpu(gi.gpu.index).to_ptr(),
+            device: Handle::Gpu(gi.gpu.minor).to_ptr(),
             id: gi.id,
             profileId: gi.profile.id,
             placement: sys::nvmlGpuInstancePlacement_t {
@@ -641,7 +641,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceCreateComputeInstance(
             .create_compute_instance(gi.gpu.index, gi.id)
             .map_err(|e| ffi::code_of(&e))?;
         let handle = Handle::ComputeInstance {
-            gpu: gi.gpu.index,
+            gpu: gi.gpu.minor,
             gi: gi.id,
             ci,
         };
@@ -684,7 +684,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstances(
             Some(ci) if default_ci_profile_index(gi.profile.compute_slices) == Some(profileId) => {
                 vec![
                     Handle::ComputeInstance {
-                        gpu: gi.gpu.index,
+                        gpu: gi.gpu.minor,
                         gi: gi.id,
                         ci,
                     }
@@ -715,7 +715,7 @@ pub unsafe extern "C" fn nvmlGpuInstanceGetComputeInstanceById(
             return Err(ffi::NOT_FOUND);
         }
         let handle = Handle::ComputeInstance {
-            gpu: gi.gpu.index,
+            gpu: gi.gpu.minor,
             gi: gi.id,
             ci: id,
         };
@@ -736,7 +736,7 @@ pub unsafe extern "C" fn nvmlComputeInstanceGetInfo_v2(
     guard(|| {
         let view = node::view()?;
         let (gi, ci) = ci_of(&view, computeInstance)?;
-        let gpu = gi.gpu.index;
+        let gpu = gi.gpu.minor;
         let out = sys::nvmlComputeInstanceInfo_t {
             device: Handle::Mig { gpu, gi: gi.id, ci }.to_ptr(),
             gpuInstance: Handle::GpuInstance { gpu, gi: gi.id }.to_ptr(),
@@ -816,7 +816,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
 ) -> nvmlReturn_t {
     // SAFETY: null or valid for a write (caller's contract).
     on_mig(migDevice, |g, _, _| unsafe {
-        put(device, Handle::Gpu(g.index).to_ptr())
+        put(device, Handle::Gpu(g.minor).to_ptr())
     })
 }
 
@@ -862,7 +862,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         }
         let m = gpu.mig_devices.get(index as usize).ok_or(ffi::NOT_FOUND)?;
         let handle = Handle::Mig {
-            gpu: gpu.index,
+            gpu: gpu.minor,
             gi: m.gi_id,
             ci: m.ci_id,
         };

@@ -123,8 +123,18 @@ pub fn view() -> Result<View, Ret> {
 }
 
 impl View {
-    /// GPU `index`, or `NVML_ERROR_INVALID_ARGUMENT`.
-    pub fn gpu(&self, index: u32) -> Result<&GpuInfo, Ret> {
+    /// The GPU in slot `slot` (what handles carry: a GPU keeps it when another is removed),
+    /// or `NVML_ERROR_INVALID_ARGUMENT`.
+    pub fn gpu(&self, slot: u32) -> Result<&GpuInfo, Ret> {
+        self.inv
+            .gpus
+            .iter()
+            .find(|g| g.minor == slot)
+            .ok_or(ffi::INVALID_ARGUMENT)
+    }
+
+    /// The GPU NVML enumerates at `index` now (removed GPUs are skipped).
+    pub fn enumerated(&self, index: u32) -> Result<&GpuInfo, Ret> {
         self.inv
             .gpus
             .get(index as usize)

@@ -198,7 +198,7 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
             return Err(ffi::INVALID_ARGUMENT);
         }
         // SAFETY: null or valid for a write (caller's contract).
-        unsafe { put(temp, 31 + gpu.index % 4) }
+        unsafe { put(temp, 31 + gpu.minor % 4) }
     })
 }
 

@@ -63,7 +63,10 @@ fn the_library_speaks_nvml_abi_as_nvml_wrapper_loads_it() {
     let bus_id = a100.pci_info().unwrap().bus_id;
     assert_eq!(bus_id, "00000000:18:00.0");
     assert_eq!(
-        nvml.device_by_pci_bus_id(bus_id.as_str()).unwrap().index().unwrap(),
+        nvml.device_by_pci_bus_id(bus_id.as_str())
+            .unwrap()
+            .index()
+            .unwrap(),
         0
     );
     let mode = a100.mig_mode().unwrap();
@@ -146,7 +149,10 @@ fn the_library_speaks_nvml_abi_as_nvml_wrapper_loads_it() {
         // MIG lifecycle at a placement: 3g.40gb at 4, an occupied overlap, a bad start.
         let profile = {
             let mut info = MaybeUninit::<nvmlGpuInstanceProfileInfo_t>::zeroed().assume_init();
-            assert_eq!(lib.nvmlDeviceGetGpuInstanceProfileInfo(dev, 2, &mut info), 0);
+            assert_eq!(
+                lib.nvmlDeviceGetGpuInstanceProfileInfo(dev, 2, &mut info),
+                0
+            );
             info
         };
         let at = |start| nvmlGpuInstancePlacement_t { start, size: 4 };
@@ -173,11 +179,17 @@ fn the_library_speaks_nvml_abi_as_nvml_wrapper_loads_it() {
             0
         );
         let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
-        assert_eq!(lib.nvmlGpuInstanceCreateComputeInstance(gi, cip.id, &mut ci), 0);
+        assert_eq!(
+            lib.nvmlGpuInstanceCreateComputeInstance(gi, cip.id, &mut ci),
+            0
+        );
         let mut ci_info = MaybeUninit::<nvmlComputeInstanceInfo_t>::zeroed().assume_init();
         assert_eq!(lib.nvmlComputeInstanceGetInfo_v2(ci, &mut ci_info), 0);
         let mut gi_id = 0;
-        assert_eq!(lib.nvmlDeviceGetGpuInstanceId(ci_info.device, &mut gi_id), 0);
+        assert_eq!(
+            lib.nvmlDeviceGetGpuInstanceId(ci_info.device, &mut gi_id),
+            0
+        );
         assert_eq!(gi_id, gi_info.id);
         assert_eq!(
             lib.nvmlGpuInstanceDestroy(gi),

@@ -4,9 +4,9 @@
 #![allow(dead_code)] // each test file and the bench use a different part
 
 pub mod apiserver;
+pub mod claims;
 #[path = "../nvml_sim_support/mod.rs"]
 pub mod nvml_sim;
-pub mod claims;
 pub mod sharing;
 pub mod state;
 

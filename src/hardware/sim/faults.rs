@@ -39,7 +39,7 @@ pub struct EccCounters {
 pub struct SimEvent {
     /// Position in the node's event sequence (1-based, increasing).
     pub seq: u64,
-    /// GPU index.
+    /// GPU slot (minor number: stable when other GPUs are removed).
     pub gpu: u32,
     /// `nvmlEventType*` bit.
     pub event_type: u64,
@@ -141,7 +141,7 @@ impl SimBackend {
                 s.event_seq += 1;
                 out.push(SimEvent {
                     seq: s.event_seq,
-                    gpu: index,
+                    gpu: i as u32,
                     event_type,
                     data,
                 });
@@ -190,6 +190,8 @@ mod tests {
             instances: Vec::new(),
             lost: false,
             ecc: EccCounters::default(),
+            removed: false,
+            added_model: None,
         }
     }
 

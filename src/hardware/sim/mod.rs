@@ -9,6 +9,7 @@
 //! process that opens it.
 
 pub mod faults;
+mod hotplug;
 pub mod ids;
 pub mod node_file;
 pub mod presets;
@@ -169,17 +170,7 @@ impl SimBackend {
     /// Powers on a validated node plan.
     pub fn from_plan(plan: NodePlan, state_dir: Option<&Path>) -> SimBackend {
         let count = plan.gpus.len() as u32;
-        let statics: Vec<StaticGpu> = (0..count)
-            .map(|i| {
-                let (pci_bus_id, pcie_root) = ids::pci_address(i);
-                StaticGpu {
-                    uuid: ids::gpu_uuid(&plan.node_name, i),
-                    pci_bus_id,
-                    pcie_root,
-                    numa_node: ids::numa_node(i, count, plan.numa_nodes),
-                }
-            })
-            .collect();
+        let statics: Vec<StaticGpu> = (0..count).map(|i| static_gpu(&plan, i)).collect();
         let initial = initial_state(&plan, &statics);
         let store = match state_dir {
             Some(dir) => Store::File {
@@ -212,16 +203,28 @@ impl SimBackend {
         self.plan.gpus.iter().map(|g| g.policy).collect()
     }
 
+    /// The slot of GPU `index` if it is on the node now (hot-plugged GPUs included).
     fn check_index(&self, index: u32) -> Result<usize, HardwareError> {
-        let i = index as usize;
-        if i < self.plan.gpus.len() {
-            Ok(i)
-        } else {
-            Err(HardwareError::NoSuchGpu {
-                index,
-                count: self.plan.gpus.len(),
-            })
+        self.store.with(|s| Ok((hotplug::slot(s, index)?, false)))
+    }
+
+    /// The model of the GPU in slot `i`: the node description's, or a hot-added one's.
+    fn model_of(&self, i: usize) -> Result<&'static super::catalog::GpuModel, HardwareError> {
+        if let Some(gpu) = self.plan.gpus.get(i) {
+            return Ok(gpu.model);
         }
+        let key = self
+            .store
+            .with(|s| Ok((s.gpus.get(i).and_then(|g| g.added_model.clone()), false)))?;
+        hotplug::added_model(key.as_deref(), i)
+    }
+
+    /// Fixed identity of the GPU in slot `i`.
+    fn identity(&self, i: usize) -> StaticGpu {
+        self.statics
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| static_gpu(&self.plan, i as u32))
     }
 
     /// Resets GPU `index` (`nvidia-smi -r`): a pending MIG mode takes effect. Fails with
@@ -258,7 +261,7 @@ impl SimBackend {
         start: u32,
     ) -> Result<u32, HardwareError> {
         let i = self.check_index(index)?;
-        let model = self.plan.gpus[i].model;
+        let model = self.model_of(i)?;
         let op = |code| {
             nvml_err(
                 &format!("create GPU instance (profile id {profile_id}) at {start}"),
@@ -305,7 +308,7 @@ impl SimBackend {
         gi_id: u32,
     ) -> Result<(u32, String), HardwareError> {
         let i = self.check_index(index)?;
-        let gpu_uuid = self.statics[i].uuid.clone();
+        let gpu_uuid = self.identity(i).uuid;
         let op = |code| {
             nvml_err(
                 &format!("create compute instance in GI {gi_id}"),
@@ -377,6 +380,19 @@ impl SimBackend {
             gpu.instances.remove(pos);
             Ok(((), true))
         })
+    }
+}
+
+/// The fixed identity of GPU slot `i` (slots past the description's GPUs are hot-added ones,
+/// placed on the last NUMA node).
+fn static_gpu(plan: &NodePlan, i: u32) -> StaticGpu {
+    let count = (plan.gpus.len() as u32).max(i + 1);
+    let (pci_bus_id, pcie_root) = ids::pci_address(i);
+    StaticGpu {
+        uuid: ids::gpu_uuid(&plan.node_name, i),
+        pci_bus_id,
+        pcie_root,
+        numa_node: ids::numa_node(i, count, plan.numa_nodes),
     }
 }
 
@@ -453,6 +469,8 @@ fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState {
                 instances,
                 lost: false,
                 ecc: Default::default(),
+                removed: false,
+                added_model: None,
             }
         })
         .collect();
@@ -490,15 +508,18 @@ impl GpuBackend for SimBackend {
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
         let state = self.store.with(|s| Ok((s.clone(), false)))?;
-        let gpus = self
-            .plan
-            .gpus
-            .iter()
-            .zip(&self.statics)
-            .zip(&state.gpus)
-            .enumerate()
-            .map(|(i, ((plan, st), gs))| gpu_info(i as u32, plan, st, gs))
-            .collect();
+        let mut gpus = Vec::new();
+        for (i, gs) in state.gpus.iter().enumerate() {
+            if gs.removed {
+                continue;
+            }
+            let model = match self.plan.gpus.get(i) {
+                Some(planned) => planned.model,
+                None => hotplug::added_model(gs.added_model.as_deref(), i)?,
+            };
+            let index = gpus.len() as u32;
+            gpus.push(gpu_info(index, i as u32, model, &self.identity(i), gs));
+        }
         Ok(NodeInventory {
             driver_version: self.plan.driver_version.clone(),
             cuda_driver_version: self.plan.cuda_driver_version.clone(),
@@ -508,7 +529,7 @@ impl GpuBackend for SimBackend {
 
     fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
         let i = self.check_index(index)?;
-        let model = self.plan.gpus[i].model;
+        let model = self.model_of(i)?;
         let op = |code| {
             nvml_err(
                 &format!("set MIG mode {}", if enabled { "on" } else { "off" }),
@@ -553,7 +574,7 @@ impl GpuBackend for SimBackend {
                 return Err(e);
             }
         };
-        let model = self.plan.gpus[index as usize].model;
+        let model = self.model_of(self.check_index(index)?)?;
         let profile = model.profiles.iter().find(|p| p.id == profile_id);
         Ok(MigDevice {
             uuid,
@@ -582,8 +603,13 @@ impl GpuBackend for SimBackend {
     }
 }
 
-fn gpu_info(index: u32, plan: &node_file::PlannedGpu, st: &StaticGpu, gs: &GpuState) -> GpuInfo {
-    let model = plan.model;
+fn gpu_info(
+    index: u32,
+    slot: u32,
+    model: &'static super::catalog::GpuModel,
+    st: &StaticGpu,
+    gs: &GpuState,
+) -> GpuInfo {
     let mut mig_devices = Vec::new();
     let mut empty_gpu_instances = Vec::new();
     for gi in &gs.instances {
@@ -614,7 +640,7 @@ fn gpu_info(index: u32, plan: &node_file::PlannedGpu, st: &StaticGpu, gs: &GpuSt
     mig_devices.sort_by_key(|d| (d.placement.start, d.gi_id));
     GpuInfo {
         index,
-        minor: index,
+        minor: slot,
         uuid: st.uuid.clone(),
         product_name: model.product_name.clone(),
         brand: model.brand.clone(),

@@ -50,6 +50,14 @@ pub struct GpuState {
     /// ECC error counters since power-on (volatile) and over the GPU's life (aggregate).
     #[serde(default)]
     pub ecc: super::faults::EccCounters,
+    /// Taken off the node (`sim-fault remove-gpu`): no longer enumerated; its slot is not
+    /// reused.
+    #[serde(default)]
+    pub removed: bool,
+    /// Model key of a GPU added after power-on (`sim-fault add-gpu`); `None` for the node
+    /// description's GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_model: Option<String>,
 }
 
 /// A GPU instance and its compute instances.
