@@ -7,6 +7,7 @@
 //! takes. It runs off the async runtime because `nvmlEventSetWait` blocks.
 
 use std::collections::BTreeSet;
+use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,12 +22,14 @@ use crate::hardware::health::{WATCHED_EVENTS, health_after};
 
 /// Longest single wait on the event set: the bound on how long a stop request waits.
 pub const WAIT_MS: u32 = 500;
+/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
+const UUID_BUFFER: usize = 96;
 /// `NVML_ERROR_TIMEOUT`.
 const RAW_TIMEOUT: u32 = 10;
 
 /// The health-watching thread and what it found.
 pub(super) struct HealthWatch {
-    unhealthy: Arc<Mutex<BTreeSet<u32>>>,
+    unhealthy: Arc<Mutex<BTreeSet<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -51,14 +54,14 @@ impl HealthWatch {
         }
     }
 
-    /// Whether GPU `index` is healthy: no event the policy judges fatal since the last
-    /// recovery.
-    pub(super) fn healthy(&self, index: u32) -> bool {
+    /// Whether the GPU with `uuid` is healthy: no event the policy judges fatal since the
+    /// last recovery. Keyed by UUID, which survives re-enumeration.
+    pub(super) fn healthy(&self, uuid: &str) -> bool {
         !self
             .unhealthy
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(&index)
+            .contains(uuid)
     }
 }
 
@@ -71,15 +74,15 @@ impl Drop for HealthWatch {
     }
 }
 
-fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<u32>>, stop: &AtomicBool) {
+fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<String>>, stop: &AtomicBool) {
     let lib = nvml.lib();
-    let (Ok(create), Ok(register), Ok(supported), Ok(wait), Ok(free), Ok(index_of)) = (
+    let (Ok(create), Ok(register), Ok(supported), Ok(wait), Ok(free), Ok(uuid_of)) = (
         lib.nvmlEventSetCreate.as_ref(),
         lib.nvmlDeviceRegisterEvents.as_ref(),
         lib.nvmlDeviceGetSupportedEventTypes.as_ref(),
         lib.nvmlEventSetWait_v2.as_ref(),
         lib.nvmlEventSetFree.as_ref(),
-        lib.nvmlDeviceGetIndex.as_ref(),
+        lib.nvmlDeviceGetUUID.as_ref(),
     ) else {
         warn!("libnvidia-ml lacks the event-set calls; GPU health is not watched");
         return;
@@ -140,33 +143,38 @@ fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<u32>>, stop: &AtomicBool) {
         }
         // SAFETY: NVML returned success, so it filled the (zeroed) struct.
         let data = unsafe { data.assume_init() };
-        let mut index = u32::MAX;
-        // SAFETY: `data.device` is the handle NVML gave for the event; valid out-pointer.
-        if unsafe { index_of(data.device, &mut index) } != 0 {
+        let mut buf = [0 as std::ffi::c_char; UUID_BUFFER];
+        // SAFETY: `data.device` is the handle NVML gave for the event; `buf` holds
+        // UUID_BUFFER bytes.
+        if unsafe { uuid_of(data.device, buf.as_mut_ptr(), UUID_BUFFER as u32) } != 0 {
             warn!(
                 event = format!("{:#x}", data.eventType),
                 "NVML event for an unknown device"
             );
             continue;
         }
+        // SAFETY: NVML wrote a NUL-terminated string into `buf` on success.
+        let uuid = unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         let verdict = health_after(data.eventType, data.eventData);
         let mut bad = unhealthy.lock().unwrap_or_else(|p| p.into_inner());
         match verdict {
             Some(false) => {
-                bad.insert(index);
+                bad.insert(uuid.clone());
             }
             Some(true) => {
-                bad.remove(&index);
+                bad.remove(&uuid);
             }
             None => {}
         }
         warn!(
-            gpu = index,
+            gpu = %uuid,
             event = format!("{:#x}", data.eventType),
             data = data.eventData,
             gpu_instance = data.gpuInstanceId,
             compute_instance = data.computeInstanceId,
-            healthy = !bad.contains(&index),
+            healthy = !bad.contains(&uuid),
             "NVML event"
         );
     }

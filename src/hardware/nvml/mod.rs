@@ -183,12 +183,14 @@ impl NvmlBackend {
         } else {
             (Vec::new(), Vec::new())
         };
+        let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
         Ok(GpuInfo {
+            healthy: self.health.healthy(&uuid),
+            uuid,
             index,
             minor: dev
                 .minor_number()
                 .map_err(wrap("nvmlDeviceGetMinorNumber", index))?,
-            uuid: dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?,
             product_name: dev.name().map_err(wrap("nvmlDeviceGetName", index))?,
             brand: convert::brand_name(&dev.brand().map_err(wrap("nvmlDeviceGetBrand", index))?),
             architecture: convert::architecture_from_cc(major, minor),
@@ -216,7 +218,6 @@ impl NvmlBackend {
             mig_profiles,
             mig_devices,
             empty_gpu_instances,
-            healthy: self.health.healthy(index),
         })
     }
 }
