@@ -66,7 +66,7 @@ struct InventoryArgs {
     #[arg(long, env = "GPU_DRA_SIM_NODE")]
     sim_node: Option<String>,
     /// With --gpu-backend nvml: the NVML library to load instead of the system's
-    /// libnvidia-ml.so.1 (e.g. the simulated one, target/debug/libgpu_dra_nvml_sim.so).
+    /// libnvidia-ml.so.1, e.g. the simulated one (cargo build: target/debug/libgpu_dra_nvml_sim.so).
     #[arg(long, env = "GPU_DRA_NVML_LIB")]
     nvml_lib: Option<PathBuf>,
     /// MIG policy of single GPUs, over --mig-policy: INDEX=POLICY pairs, e.g. 1=dynamic,3=static.
@@ -222,7 +222,7 @@ struct PluginArgs {
     #[arg(long, env = "GPU_DRA_SIM_NODE", default_value = demo::DEFAULT_PRESET)]
     sim_node: String,
     /// With --gpu-backend nvml: the NVML library to load instead of the system's
-    /// libnvidia-ml.so.1 (e.g. the simulated one, target/debug/libgpu_dra_nvml_sim.so).
+    /// libnvidia-ml.so.1, e.g. the simulated one (cargo build: target/debug/libgpu_dra_nvml_sim.so).
     #[arg(long, env = "GPU_DRA_NVML_LIB")]
     nvml_lib: Option<PathBuf>,
     /// The node has no NVIDIA driver files or device nodes (kind, CI): CDI specs name the
