@@ -20,9 +20,11 @@
 
 pub mod handles;
 
+mod compute_instances;
 mod device;
 mod events;
 mod ffi;
+mod gpu_instances;
 mod mig;
 mod node;
 mod signatures;
@@ -30,8 +32,10 @@ mod stubs;
 mod system;
 mod telemetry;
 
+pub use compute_instances::*;
 pub use device::*;
 pub use events::*;
+pub use gpu_instances::*;
 pub use mig::*;
 pub use stubs::*;
 pub use system::*;
