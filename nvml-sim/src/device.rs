@@ -1,15 +1,14 @@
-//! Device enumeration and identity: count, handles by index / UUID / PCI bus ID / serial,
-//! name, brand, UUID, serial, minor number, PCI info, NUMA node, memory, architecture,
-//! compute capability, attributes and core count.
+//! Device identity: name, brand, UUID, serial, minor number, index, PCI info, NUMA node,
+//! memory, architecture, compute capability, attributes and core count.
 
 use std::ffi::{c_char, c_int, c_uint};
 
+use gpu_dra::hardware::nvml::convert;
 use gpu_dra::hardware::{Architecture, GpuInfo, catalog};
 use nvml_wrapper_sys::bindings as sys;
 use sys::{nvmlDevice_t, nvmlReturn_t};
 
-use crate::ffi::{self, Ret, guard, put, put_str, read_str};
-use crate::handles::Handle;
+use crate::ffi::{self, Ret, guard, put, put_str};
 use crate::node::{self, Dev};
 
 const MIB: u64 = 1024 * 1024;
@@ -48,15 +47,6 @@ pub fn arch_code(arch: Architecture) -> u32 {
     }
 }
 
-/// CUDA cores per SM for a compute capability (CUDA samples' `_ConvertSMVer2Cores`).
-pub fn cores_per_sm(cc: (u32, u32)) -> u32 {
-    match cc {
-        (8, 0) => 64,
-        (7, _) | (6, 0) => 64,
-        _ => 128,
-    }
-}
-
 /// PCI device id (`0x20B010DE`) of the GPU's model, from the catalog.
 fn pci_device_id(gpu: &GpuInfo) -> u32 {
     catalog::models()
@@ -75,122 +65,6 @@ fn with_device(
         let view = node::view()?;
         let dev = view.device(device)?;
         body(&view, dev)
-    })
-}
-
-/// `nvmlDeviceGetCount_v2`.
-///
-/// # Safety
-/// `deviceCount` is null or valid for one write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCount_v2(deviceCount: *mut c_uint) -> nvmlReturn_t {
-    guard(|| {
-        let view = node::view()?;
-        // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(deviceCount, view.inv.gpus.len() as c_uint) }
-    })
-}
-
-/// `nvmlDeviceGetHandleByIndex_v2`.
-///
-/// # Safety
-/// `device` is null or valid for one write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
-    index: c_uint,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| {
-        let view = node::view()?;
-        let slot = view.enumerated(index)?.minor;
-        // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(device, Handle::Gpu(slot).to_ptr()) }
-    })
-}
-
-/// `nvmlDeviceGetHandleByUUID`: GPU and MIG UUIDs.
-///
-/// # Safety
-/// `uuid` is a NUL-terminated string; `device` is null or valid for one write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
-    uuid: *const c_char,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| {
-        // SAFETY: NUL-terminated by the caller's contract.
-        let wanted = unsafe { read_str(uuid) }?;
-        let view = node::view()?;
-        let found = view.inv.gpus.iter().find_map(|g| {
-            if g.uuid == wanted {
-                return Some(Handle::Gpu(g.minor));
-            }
-            g.mig_devices
-                .iter()
-                .find(|m| m.uuid == wanted)
-                .map(|m| Handle::Mig {
-                    gpu: g.minor,
-                    gi: m.gi_id,
-                    ci: m.ci_id,
-                })
-        });
-        let handle = found.ok_or(ffi::NOT_FOUND)?;
-        // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(device, handle.to_ptr()) }
-    })
-}
-
-/// `nvmlDeviceGetHandleByPciBusId_v2`: accepts the 4- and 8-digit domain forms.
-///
-/// # Safety
-/// `pciBusId` is a NUL-terminated string; `device` is null or valid for one write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
-    pciBusId: *const c_char,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| {
-        // SAFETY: NUL-terminated by the caller's contract.
-        let wanted = unsafe { read_str(pciBusId) }?.to_ascii_lowercase();
-        let short = match wanted.split_once(':') {
-            Some((domain, rest)) if domain.len() > 4 => {
-                format!("{}:{rest}", &domain[domain.len() - 4..])
-            }
-            _ => wanted,
-        };
-        let view = node::view()?;
-        let gpu = view
-            .inv
-            .gpus
-            .iter()
-            .find(|g| g.pci_bus_id == short)
-            .ok_or(ffi::NOT_FOUND)?;
-        // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(device, Handle::Gpu(gpu.minor).to_ptr()) }
-    })
-}
-
-/// `nvmlDeviceGetHandleBySerial`.
-///
-/// # Safety
-/// `serial` is a NUL-terminated string; `device` is null or valid for one write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetHandleBySerial(
-    serial: *const c_char,
-    device: *mut nvmlDevice_t,
-) -> nvmlReturn_t {
-    guard(|| {
-        // SAFETY: NUL-terminated by the caller's contract.
-        let wanted = unsafe { read_str(serial) }?;
-        let view = node::view()?;
-        let gpu = view
-            .inv
-            .gpus
-            .iter()
-            .find(|g| serial_of(&g.uuid) == wanted)
-            .ok_or(ffi::NOT_FOUND)?;
-        // SAFETY: null or valid for one write (caller's contract).
-        unsafe { put(device, Handle::Gpu(gpu.minor).to_ptr()) }
     })
 }
 
@@ -463,7 +337,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNumGpuCores(
 ) -> nvmlReturn_t {
     with_device(device, |_, dev| {
         let gpu = dev.full()?;
-        let cores = gpu.multiprocessors * cores_per_sm(gpu.compute_capability);
+        let (major, minor) = gpu.compute_capability;
+        let cores = gpu.multiprocessors * convert::cores_per_sm(major, minor);
         // SAFETY: null or valid for one write (caller's contract).
         unsafe { put(numCores, cores) }
     })

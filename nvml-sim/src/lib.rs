@@ -22,6 +22,7 @@ pub mod handles;
 
 mod compute_instances;
 mod device;
+mod enumeration;
 mod events;
 mod ffi;
 mod gpu_instances;
@@ -34,6 +35,7 @@ mod telemetry;
 
 pub use compute_instances::*;
 pub use device::*;
+pub use enumeration::*;
 pub use events::*;
 pub use gpu_instances::*;
 pub use mig::*;
