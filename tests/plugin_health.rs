@@ -124,3 +124,33 @@ async fn a_double_bit_ecc_error_is_fatal_and_an_unknown_gpu_is_refused_with_the_
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_gpu_lost_before_the_plugin_starts_is_unhealthy_from_the_first_report() {
+    let node = Node::new();
+    // The first run creates the simulator's state; the fault goes in while it is down.
+    let mut first = node.start().await;
+    first.kill().await;
+    sim_fault(&node, &["lost", "--gpu", "5"]);
+    let plugin = node.start().await;
+    let versions = KubeletVersions {
+        dra: vec![DraApi::V1],
+        health: vec![HealthApi::V1],
+    };
+    let mut kubelet = match KubeletClient::register(&node.registration_socket(), &versions).await {
+        Ok(k) => k,
+        Err(e) => panic!("registration failed: {e:?}\n{}", plugin.log()),
+    };
+    let mut watch = kubelet.watch_health().await.expect("NodeWatchResources");
+    let first_report = watch.next().await.expect("health stream").expect("a list");
+    let status = |name: &str| {
+        first_report
+            .iter()
+            .find(|d| d.device_name == name)
+            .map(|d| d.status)
+    };
+    assert_eq!(
+        (status("gpu-5"), status("gpu-4")),
+        (Some(HealthStatus::Unhealthy), Some(HealthStatus::Healthy))
+    );
+}

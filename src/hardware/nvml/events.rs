@@ -35,9 +35,11 @@ pub(super) struct HealthWatch {
 }
 
 impl HealthWatch {
-    /// Starts watching every GPU NVML reports now.
+    /// Starts watching every GPU NVML reports now. A GPU that already answers
+    /// `NVML_ERROR_GPU_IS_LOST` starts unhealthy (events raised before this process started
+    /// are not replayed by NVML, so nothing else is known about the past).
     pub(super) fn start(nvml: Arc<Nvml>) -> HealthWatch {
-        let unhealthy = Arc::new(Mutex::new(BTreeSet::new()));
+        let unhealthy = Arc::new(Mutex::new(lost_gpus(&nvml)));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (unhealthy, stop) = (unhealthy.clone(), stop.clone());
@@ -72,6 +74,26 @@ impl Drop for HealthWatch {
             let _ = thread.join();
         }
     }
+}
+
+/// UUIDs of the GPUs that have fallen off the bus: their temperature query answers
+/// `NVML_ERROR_GPU_IS_LOST`.
+fn lost_gpus(nvml: &Nvml) -> BTreeSet<String> {
+    use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+    use nvml_wrapper::error::NvmlError;
+    let mut lost = BTreeSet::new();
+    for index in 0..nvml.device_count().unwrap_or(0) {
+        let Ok(dev) = nvml.device_by_index(index) else {
+            continue;
+        };
+        if let (Err(NvmlError::GpuLost), Ok(uuid)) =
+            (dev.temperature(TemperatureSensor::Gpu), dev.uuid())
+        {
+            warn!(gpu = %uuid, "GPU is lost (NVML_ERROR_GPU_IS_LOST); unhealthy");
+            lost.insert(uuid);
+        }
+    }
+    lost
 }
 
 fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<String>>, stop: &AtomicBool) {
