@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use crate::hardware::health::{WATCHED_EVENTS, health_after};
 
 /// Longest single wait on the event set: the bound on how long a stop request waits.
-pub const WAIT_MS: u32 = 500;
+pub const WAIT_MS: u32 = 100;
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 const UUID_BUFFER: usize = 96;
 /// `NVML_ERROR_TIMEOUT`.
