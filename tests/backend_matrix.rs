@@ -61,3 +61,30 @@ fn every_preset_publishes_the_same_slices_through_nvml_as_through_the_simulator(
         assert_eq!(nvml, sim, "preset {}", preset.name);
     }
 }
+
+#[test]
+fn the_simulated_library_without_a_node_is_refused_naming_what_to_set() {
+    let lib = nvml_sim_support::library();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(["inventory", "--gpu-backend", "nvml", "--nvml-lib"])
+        .arg(&lib)
+        .env("GPU_DRA_SIM_NODE", "dgx-z9")
+        .env_remove("GPU_DRA_SIM_STATE_DIR")
+        .output()
+        .expect("run gpu-dra inventory");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "GPU_DRA_SIM_NODE: --sim-node \"dgx-z9\" is neither a preset nor a file; presets: mixed"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "the NVML library {} could not be used",
+            lib.display()
+        )),
+        "{err}"
+    );
+}

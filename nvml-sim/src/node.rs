@@ -50,7 +50,7 @@ pub fn init() -> Result<(), Ret> {
         .filter(|d| !d.is_empty())
         .map(PathBuf::from);
     let backend = SimBackend::open(&name.to_string_lossy(), state_dir.as_deref()).map_err(|e| {
-        eprintln!("simulated NVML: {e}");
+        eprintln!("simulated NVML: {NODE_ENV}: {e}");
         nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED
     })?;
     *guard = Some(Loaded {

@@ -112,17 +112,20 @@ impl NvmlBackend {
     /// system's `libnvidia-ml.so.1`, initialises it and starts watching its events for health
     /// (a dedicated thread, stopped when the backend is dropped).
     ///
-    /// Fails with [`HardwareError::NvmlUnavailable`] when the library cannot be loaded or
-    /// initialised, naming the library.
+    /// Fails with [`HardwareError::NvmlLibraryUnusable`] (naming the library) or, for the
+    /// system's, [`HardwareError::NvmlUnavailable`] when it cannot be loaded or initialised.
     pub fn open_with(lib: Option<&Path>) -> Result<NvmlBackend, HardwareError> {
         let init = match lib {
             Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
             None => Nvml::init(),
         };
-        let nvml = Arc::new(init.map_err(|e| HardwareError::NvmlUnavailable {
-            detail: match lib {
-                Some(path) => format!("{}: {}", path.display(), one_line(&e.to_string())),
-                None => one_line(&e.to_string()),
+        let nvml = Arc::new(init.map_err(|e| match lib {
+            Some(path) => HardwareError::NvmlLibraryUnusable {
+                path: path.to_path_buf(),
+                detail: one_line(&e.to_string()),
+            },
+            None => HardwareError::NvmlUnavailable {
+                detail: one_line(&e.to_string()),
             },
         })?);
         let health = events::HealthWatch::start(nvml.clone());
