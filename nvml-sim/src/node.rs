@@ -22,6 +22,40 @@ pub struct Node {
     pub backend: SimBackend,
     /// State directory, when shared.
     pub state_dir: Option<PathBuf>,
+    /// The last inventory read, with the state file's bytes then. The file is replaced by
+    /// an atomic rename on every change, so reading it without the lock sees one whole
+    /// version; identical bytes mean an identical state, and an NVML caller's hundreds of
+    /// queries parse it once.
+    cache: Mutex<Option<(Vec<u8>, Arc<NodeInventory>)>>,
+}
+
+impl Node {
+    fn state_file_bytes(&self) -> Option<Vec<u8>> {
+        let dir = self.state_dir.as_ref()?;
+        std::fs::read(dir.join(gpu_dra::hardware::sim::STATE_FILE)).ok()
+    }
+
+    /// The node's hardware now.
+    fn inventory(&self) -> Result<Arc<NodeInventory>, Ret> {
+        let before = self.state_file_bytes();
+        if let Some(bytes) = &before {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((cached, inv)) = cache.as_ref()
+                && cached == bytes
+            {
+                return Ok(inv.clone());
+            }
+        }
+        let inv = Arc::new(self.backend.inventory().map_err(|e| ffi::code_of(&e))?);
+        // Cached only when the file did not change around the read, so the inventory is
+        // the one those bytes describe.
+        if let Some(bytes) = before
+            && self.state_file_bytes().as_ref() == Some(&bytes)
+        {
+            *self.cache.lock().unwrap_or_else(|p| p.into_inner()) = Some((bytes, inv.clone()));
+        }
+        Ok(inv)
+    }
 }
 
 struct Loaded {
@@ -54,7 +88,11 @@ pub fn init() -> Result<(), Ret> {
         nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED
     })?;
     *guard = Some(Loaded {
-        node: Arc::new(Node { backend, state_dir }),
+        node: Arc::new(Node {
+            backend,
+            state_dir,
+            cache: Mutex::new(None),
+        }),
         refs: 1,
     });
     Ok(())
@@ -86,7 +124,7 @@ pub struct View {
     /// The node.
     pub node: Arc<Node>,
     /// Its hardware now.
-    pub inv: NodeInventory,
+    pub inv: Arc<NodeInventory>,
 }
 
 /// A device handle resolved against the current hardware.
@@ -118,7 +156,7 @@ impl<'a> Dev<'a> {
 /// Reads the node now.
 pub fn view() -> Result<View, Ret> {
     let node = current()?;
-    let inv = node.backend.inventory().map_err(|e| ffi::code_of(&e))?;
+    let inv = node.inventory()?;
     Ok(View { node, inv })
 }
 
