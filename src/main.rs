@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use gpu_dra::devices::{DEFAULT_DRIVER_NAME, ModelOptions, SharedGpus};
 use gpu_dra::hardware::sim::{self, SimBackend, presets};
-use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend};
+use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend, policy_flag};
 use gpu_dra::sharing::simtools;
 use gpu_dra::{demo, inventory, logging};
 
@@ -38,6 +38,9 @@ enum Command {
     Explain(ExplainArgs),
     /// Run the DRA kubelet plugin on this node: publish ResourceSlices, serve prepare/unprepare.
     KubeletPlugin(Box<PluginArgs>),
+    /// Inject a fault into a simulated node's shared state (under the simulator's lock): the
+    /// sim backend reports it, and the simulated NVML library delivers the matching events.
+    SimFault(SimFaultArgs),
     /// Evaluate one CEL selector against one device, as the scheduler would: prints `true`
     /// or `false` (exit 0), or `error: …` (exit 2).
     Cel {
@@ -62,6 +65,13 @@ struct InventoryArgs {
     /// Simulated node: a preset name or a node file (implies --gpu-backend sim).
     #[arg(long, env = "GPU_DRA_SIM_NODE")]
     sim_node: Option<String>,
+    /// With --gpu-backend nvml: the NVML library to load instead of the system's
+    /// libnvidia-ml.so.1, e.g. the simulated one (cargo build: target/debug/libgpu_dra_nvml_sim.so).
+    #[arg(long, env = "GPU_DRA_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+    /// MIG policy of single GPUs, over --mig-policy: INDEX=POLICY pairs, e.g. 1=dynamic,3=static.
+    #[arg(long, env = "GPU_DRA_GPU_MIG_POLICIES", default_value = "")]
+    gpu_mig_policies: String,
     /// Directory holding the simulated hardware state (created MIG devices, MIG mode), shared
     /// with a running plugin that uses the same directory.
     #[arg(long, env = "GPU_DRA_STATE_DIR")]
@@ -94,6 +104,63 @@ struct InventoryArgs {
     /// Print a preset's node file (a starting point for your own), then exit.
     #[arg(long, value_name = "PRESET")]
     print_preset: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct SimFaultArgs {
+    /// The simulator's state directory (holding sim-gpu-state.json); a plugin's --state-dir
+    /// works too (its `sim` subdirectory is used).
+    #[arg(long, env = "GPU_DRA_SIM_STATE_DIR")]
+    state_dir: PathBuf,
+    #[command(subcommand)]
+    fault: FaultCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum FaultCommand {
+    /// An XID error (79: fallen off the bus; 13, 31, 43, 45, 68, 109 are application errors
+    /// that leave the GPU healthy).
+    Xid {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+        /// The XID.
+        #[arg(long)]
+        code: u64,
+    },
+    /// An ECC error: corrected (single-bit), or uncorrectable with --double-bit.
+    Ecc {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+        /// Uncorrectable: the GPU becomes unhealthy.
+        #[arg(long)]
+        double_bit: bool,
+    },
+    /// The GPU falls off the bus (XID 79).
+    Lost {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// A GPU reset that clears the fault.
+    Recover {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+    },
+    /// A GPU is added to the node (next free index, MIG off).
+    AddGpu {
+        /// GPU model (`gpu-dra inventory --list-presets` lists them).
+        #[arg(long)]
+        model: String,
+    },
+    /// A GPU is taken off the node (its index is not reused).
+    RemoveGpu {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -154,6 +221,18 @@ struct PluginArgs {
     /// Simulated node (preset or node file) for --gpu-backend sim.
     #[arg(long, env = "GPU_DRA_SIM_NODE", default_value = demo::DEFAULT_PRESET)]
     sim_node: String,
+    /// With --gpu-backend nvml: the NVML library to load instead of the system's
+    /// libnvidia-ml.so.1, e.g. the simulated one (cargo build: target/debug/libgpu_dra_nvml_sim.so).
+    #[arg(long, env = "GPU_DRA_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+    /// The node has no NVIDIA driver files or device nodes (kind, CI): CDI specs name the
+    /// simulated device nodes and the sharing tools are the simulated ones (implied by
+    /// --gpu-backend sim; use it with --gpu-backend nvml over the simulated library).
+    #[arg(long, env = "GPU_DRA_SIMULATED_HOST")]
+    simulated_host: bool,
+    /// MIG policy of single GPUs, over --mig-policy: INDEX=POLICY pairs, e.g. 1=dynamic,3=static.
+    #[arg(long, env = "GPU_DRA_GPU_MIG_POLICIES", default_value = "")]
+    gpu_mig_policies: String,
     /// MIG policy for every GPU (default: the node file's with sim; with nvml, static for
     /// GPUs with MIG on, disabled otherwise).
     #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
@@ -264,6 +343,7 @@ impl Command {
             Command::Explain(_) => "explain",
             Command::KubeletPlugin(_) => "kubelet-plugin",
             Command::Cel { .. } => "cel",
+            Command::SimFault(_) => "sim-fault",
         }
     }
 }
@@ -342,7 +422,9 @@ fn chain(e: &anyhow::Error) -> String {
 fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
     use gpu_dra::plugin::{BackendChoice, PluginConfig};
     let backend = match args.gpu_backend {
-        Backend::Nvml => BackendChoice::Nvml,
+        Backend::Nvml => BackendChoice::Nvml {
+            lib: args.nvml_lib.clone(),
+        },
         Backend::Sim => BackendChoice::Sim {
             sim_node: args.sim_node.clone(),
         },
@@ -352,7 +434,7 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         (None, BackendChoice::Sim { sim_node }) => {
             sim::NodeSource::resolve(sim_node)?.plan()?.node_name
         }
-        (None, BackendChoice::Nvml) => {
+        (None, BackendChoice::Nvml { .. }) => {
             bail!("--node-name (or NODE_NAME) is required with --gpu-backend nvml")
         }
     };
@@ -365,6 +447,8 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         kubeconfig: args.kubeconfig,
         backend,
         mig_policy: args.mig_policy.map(MigPolicy::from),
+        gpu_mig_policies: policy_flag::parse_gpu_policies(&args.gpu_mig_policies)?,
+        simulated_host: args.simulated_host,
         state_dir: args.state_dir.unwrap_or_else(|| plugin_dir.clone()),
         plugin_dir,
         registry_dir: args.registry_dir,
@@ -400,6 +484,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Inventory(args) => run_inventory(args),
         Command::KubeletPlugin(args) => run_plugin(*args),
+        Command::SimFault(args) => run_sim_fault(args),
         Command::Explain(args) => run_explain(args),
         Command::Cel {
             expression,
@@ -437,7 +522,8 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let backend_kind = match (args.gpu_backend, &args.sim_node) {
-        (Some(Backend::Nvml), Some(_)) => {
+        // With --nvml-lib, GPU_DRA_SIM_NODE names the simulated library's node.
+        (Some(Backend::Nvml), Some(_)) if args.nvml_lib.is_none() => {
             bail!("--sim-node needs --gpu-backend sim (or no --gpu-backend)")
         }
         (Some(b), _) => b,
@@ -461,8 +547,14 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
             let name = sim.node_name().to_string();
             (Box::new(sim), name)
         }
-        Backend::Nvml => (Box::new(NvmlBackend::open()?), host_name()),
+        Backend::Nvml => (
+            Box::new(NvmlBackend::open_with(args.nvml_lib.as_deref())?),
+            host_name(),
+        ),
     };
+    options
+        .policies
+        .extend(policy_flag::parse_gpu_policies(&args.gpu_mig_policies)?);
     let node_name = args.node_name.unwrap_or(default_node);
     let view = inventory::view(backend.as_ref(), &node_name, &options)
         .with_context(|| format!("inventory of node {node_name}"))?;
@@ -471,6 +563,64 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         Output::Yaml => emit(&inventory::slices_yaml(&view.slices)?)?,
         Output::Json => emit(&inventory::slices_json(&view.slices)?)?,
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_sim_fault(args: SimFaultArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::hardware::health;
+    use gpu_dra::hardware::sim::faults::Fault;
+    let nested = args.state_dir.join("sim");
+    let dir = if !args.state_dir.join(sim::STATE_FILE).exists()
+        && nested.join(sim::STATE_FILE).exists()
+    {
+        nested
+    } else {
+        args.state_dir
+    };
+    let sim = SimBackend::open_state_dir(&dir)?;
+    let (gpu, fault) = match args.fault {
+        FaultCommand::AddGpu { model } => {
+            let index = sim.add_gpu(&model)?;
+            emit(&format!("added GPU {index} ({model})\n"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        FaultCommand::RemoveGpu { gpu } => {
+            sim.remove_gpu(gpu)?;
+            emit(&format!("removed GPU {gpu}\n"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        FaultCommand::Xid { gpu, code } => (gpu, Fault::Xid { code }),
+        FaultCommand::Ecc { gpu, double_bit } => (gpu, Fault::Ecc { double_bit }),
+        FaultCommand::Lost { gpu } => (gpu, Fault::Lost),
+        FaultCommand::Recover { gpu } => (gpu, Fault::Recover),
+    };
+    let events = sim.inject(gpu, fault)?;
+    let state = sim.fault_state(gpu)?;
+    let mut out = String::new();
+    for e in &events {
+        let name = match e.event_type {
+            health::EVENT_XID_CRITICAL => "XID critical error",
+            health::EVENT_SINGLE_BIT_ECC => "single-bit ECC error",
+            health::EVENT_DOUBLE_BIT_ECC => "double-bit ECC error",
+            health::EVENT_GPU_UNAVAILABLE => "GPU unavailable",
+            health::EVENT_GPU_RECOVERY_ACTION => "recovery action",
+            _ => "event",
+        };
+        out.push_str(&format!(
+            "GPU {gpu}: {name} (type {:#x}, data {})\n",
+            e.event_type, e.data
+        ));
+    }
+    out.push_str(&format!(
+        "GPU {gpu} is {}{}\n",
+        if state.healthy {
+            "healthy"
+        } else {
+            "unhealthy"
+        },
+        if state.lost { " (lost)" } else { "" }
+    ));
+    emit(&out)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -255,6 +255,54 @@ fn sim_values_run_one_unprivileged_daemonset_per_preset_label() {
 }
 
 #[test]
+fn sim_values_with_the_nvml_library_run_the_nvml_backend_over_the_simulated_library() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(
+        &helm,
+        &["-f", &sim_values(), "--set", "sim.nvmlLibrary=true"],
+    );
+    let got: Vec<Vec<Value>> = of_kind(&objects, "DaemonSet")
+        .into_iter()
+        .map(|ds| {
+            let env = env(ds);
+            [
+                "GPU_DRA_GPU_BACKEND",
+                "GPU_DRA_NVML_LIB",
+                "GPU_DRA_SIM_NODE",
+                "GPU_DRA_SIM_STATE_DIR",
+                "GPU_DRA_SIMULATED_HOST",
+                "GPU_DRA_GPU_MIG_POLICIES",
+            ]
+            .iter()
+            .map(|k| env.get(*k).map_or(Value::Null, |v| json!(v)))
+            .collect()
+        })
+        .collect();
+    let row = |preset: &str, policies: Value| {
+        vec![
+            json!("nvml"),
+            json!("/usr/lib/gpu-dra/libgpu_dra_nvml_sim.so"),
+            json!(preset),
+            json!("/var/lib/kubelet/plugins/gpu.nvidia.com/sim"),
+            json!("true"),
+            policies,
+        ]
+    };
+    let all_dynamic = (0..8)
+        .map(|i| format!("{i}=dynamic"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let want = vec![
+        row("dgx-h100", json!(all_dynamic)),
+        row("dgx-a100", Value::Null),
+        row("l4-x4", Value::Null),
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
 fn rendered_device_classes_are_the_repository_classes_with_chart_labels() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;

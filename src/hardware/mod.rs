@@ -13,7 +13,9 @@
 
 pub mod catalog;
 pub mod geometry;
+pub mod health;
 pub mod nvml;
+pub mod policy_flag;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};
@@ -272,6 +274,17 @@ pub enum HardwareError {
     )]
     NvmlUnavailable {
         /// What NVML or the loader said.
+        detail: String,
+    },
+    /// The library `--nvml-lib` named could not be loaded or initialised.
+    #[error(
+        "the NVML library {} could not be used ({detail}); check --nvml-lib (GPU_DRA_NVML_LIB), and for the simulated library GPU_DRA_SIM_NODE (a preset or node file) and GPU_DRA_SIM_STATE_DIR",
+        path.display()
+    )]
+    NvmlLibraryUnusable {
+        /// The library given.
+        path: std::path::PathBuf,
+        /// What the loader or NVML said.
         detail: String,
     },
     /// No GPU with that index.

@@ -1,5 +1,6 @@
 //! What `gpu-dra kubelet-plugin` is told on its command line.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,8 +10,12 @@ use crate::hardware::MigPolicy;
 /// Which GPUs the plugin drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendChoice {
-    /// Real GPUs through NVML.
-    Nvml,
+    /// GPUs through NVML.
+    Nvml {
+        /// `--nvml-lib`: the NVML library to load instead of the system's
+        /// `libnvidia-ml.so.1` (e.g. the simulated one).
+        lib: Option<PathBuf>,
+    },
     /// A simulated node (preset or node file).
     Sim {
         /// `--sim-node`.
@@ -31,6 +36,12 @@ pub struct PluginConfig {
     pub backend: BackendChoice,
     /// MIG policy for every GPU; `None`: the node file's (sim) or static/disabled by mode.
     pub mig_policy: Option<MigPolicy>,
+    /// `--gpu-mig-policies`: MIG policy of single GPUs by index, over `mig_policy`.
+    pub gpu_mig_policies: BTreeMap<u32, MigPolicy>,
+    /// `--simulated-host`: the node has no NVIDIA driver files or device nodes (kind, CI):
+    /// CDI specs name the simulated device nodes and the sharing tools are the simulated
+    /// ones, as with the sim backend. For the NVML backend over the simulated library.
+    pub simulated_host: bool,
     /// Directory of the DRA socket and lock.
     pub plugin_dir: PathBuf,
     /// Directory the kubelet watches for registration sockets.

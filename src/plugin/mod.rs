@@ -98,19 +98,23 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                     Some(policies),
                 )
             }
-            BackendChoice::Nvml => {
-                let nvml = NvmlBackend::open().map_err(PluginError::Backend)?;
-                let layout = HostLayout {
-                    dev_root: config.dev_root.clone(),
-                    proc_root: config.proc_root.clone(),
-                    driver_root: config.driver_root.clone(),
-                    host_driver_root: config.host_driver_root.clone(),
+            BackendChoice::Nvml { lib } => {
+                let nvml = NvmlBackend::open_with(lib.as_deref()).map_err(PluginError::Backend)?;
+                let host: Box<dyn HostFactsSource> = if config.simulated_host {
+                    Box::new(simhost::SimHostFacts)
+                } else {
+                    let layout = HostLayout {
+                        dev_root: config.dev_root.clone(),
+                        proc_root: config.proc_root.clone(),
+                        driver_root: config.driver_root.clone(),
+                        host_driver_root: config.host_driver_root.clone(),
+                    };
+                    Box::new(cdi::HostMode::Real {
+                        layout,
+                        driver: DriverOptions::default(),
+                    })
                 };
-                let host = cdi::HostMode::Real {
-                    layout,
-                    driver: DriverOptions::default(),
-                };
-                (Arc::new(nvml), Box::new(host), None)
+                (Arc::new(nvml), host, None)
             }
         };
     let sharing = sharing_setup(&config);
@@ -122,6 +126,9 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         }
         (None, None) => {}
     }
+    model_options
+        .policies
+        .extend(config.gpu_mig_policies.clone());
     model_options.shared_gpus = config.shared_gpus;
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
@@ -250,7 +257,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
 /// node without GPUs still runs MPS and time-slicing claims), else the driver root's. Without
 /// tools, claims that ask for sharing are refused with the reason; everything else works.
 fn sharing_setup(config: &PluginConfig) -> Option<SharingSetup> {
-    let simulated = matches!(config.backend, BackendChoice::Sim { .. })
+    let simulated = (matches!(config.backend, BackendChoice::Sim { .. }) || config.simulated_host)
         && config.driver_root == std::path::Path::new("/");
     let tools = if simulated {
         std::env::current_exe()

@@ -5,6 +5,8 @@
 
 pub mod apiserver;
 pub mod claims;
+#[path = "../nvml_sim_support/mod.rs"]
+pub mod nvml_sim;
 pub mod sharing;
 pub mod state;
 
@@ -24,6 +26,22 @@ pub use state::Snapshot;
 /// hanging it; the bound is generous because machines are noisy, never a measurement.
 const PATIENCE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(5);
+
+/// Selects the GPU backend the plugin runs: `sim` (default) or `nvml` (the production NVML
+/// backend over the simulated NVML library, same node). `.ci/run` runs the plugin suites with
+/// both.
+pub const BACKEND_ENV: &str = "GPU_DRA_TEST_GPU_BACKEND";
+/// The simulated node every plugin test runs on.
+pub const PRESET: &str = "dgx-h100";
+
+/// Whether this run drives the plugin through the NVML backend.
+pub fn nvml_backend() -> bool {
+    match std::env::var(BACKEND_ENV).as_deref() {
+        Ok("nvml") => true,
+        Ok("sim") | Err(_) => false,
+        Ok(other) => panic!("{BACKEND_ENV}={other:?}: valid choices are sim, nvml"),
+    }
+}
 
 /// Signal numbers on Linux.
 pub const SIGABRT: i32 = 6;
@@ -126,7 +144,6 @@ impl Node {
         let mut command = Command::new(binary);
         command
             .arg("kubelet-plugin")
-            .args(["--gpu-backend", "sim", "--sim-node", sim_node])
             .args(["--node-name", claims::NODE])
             .arg("--kubeconfig")
             .arg(self.root().join("kubeconfig"))
@@ -145,6 +162,19 @@ impl Node {
             .env_remove("GPU_DRA_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null());
+        if nvml_backend() {
+            // The same node through libnvidia-ml's ABI: the simulated library shares the
+            // simulator's state directory the sim backend would use (`<state-dir>/sim`).
+            command
+                .args(["--gpu-backend", "nvml", "--simulated-host"])
+                .arg("--nvml-lib")
+                .arg(nvml_sim::library())
+                .args(["--gpu-mig-policies", &nvml_sim::policies_flag(sim_node)])
+                .env("GPU_DRA_SIM_NODE", sim_node)
+                .env("GPU_DRA_SIM_STATE_DIR", self.state_dir().join("sim"));
+        } else {
+            command.args(["--gpu-backend", "sim", "--sim-node", sim_node]);
+        }
         command
     }
 

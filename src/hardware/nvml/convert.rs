@@ -45,6 +45,15 @@ pub fn pcie_root_from_bus_id(bus_id: &str) -> String {
     format!("pci{domain}:{bus}")
 }
 
+/// CUDA cores per streaming multiprocessor for a compute capability (the CUDA samples'
+/// `_ConvertSMVer2Cores` table): GA100 has 64, later chips 128.
+pub fn cores_per_sm(major: u32, minor: u32) -> u32 {
+    match (major, minor) {
+        (8, 0) | (7, _) | (6, 0) => 64,
+        _ => 128,
+    }
+}
+
 /// NVML brand name as NVIDIA's driver publishes it.
 pub fn brand_name(brand: &nvml_wrapper::enum_wrappers::device::Brand) -> String {
     use nvml_wrapper::enum_wrappers::device::Brand;
@@ -125,5 +134,7 @@ mod tests {
         assert_eq!(architecture_from_cc(10, 0), Architecture::Blackwell);
         assert_eq!(default_ci_profile_index(3), Some(2));
         assert_eq!(default_ci_profile_index(5), None);
+        assert_eq!(cores_per_sm(8, 0), 64);
+        assert_eq!(cores_per_sm(9, 0), 128);
     }
 }

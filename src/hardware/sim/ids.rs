@@ -52,13 +52,15 @@ const BUSES: [u32; 16] = [
     0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb, 0x1b, 0x2d, 0x3d, 0x60, 0x9d, 0xae, 0xbd, 0xde,
 ];
 
-/// PCI bus ID (`0000:18:00.0`) and PCIe root (`pci0000:10`) of GPU `index`.
+/// PCI bus ID (`0000:18:00.0`) and PCIe root (`pci0000:18`) of GPU `index`: each GPU has
+/// its own root bus, the root the NVML backend derives from a bus ID when sysfs has no such
+/// NVIDIA device, so the simulated NVML library publishes the same `pcieRoot`.
 pub fn pci_address(index: u32) -> (String, String) {
     let i = index as usize;
     let bus = BUSES[i % BUSES.len()];
     let domain = (i / BUSES.len()) as u32;
     let bus_id = format!("{domain:04x}:{bus:02x}:00.0");
-    let root = format!("pci{domain:04x}:{:02x}", bus & 0xf0);
+    let root = crate::hardware::nvml::convert::pcie_root_from_bus_id(&bus_id);
     (bus_id, root)
 }
 
@@ -91,7 +93,7 @@ mod tests {
         assert_eq!(nodes, [0, 0, 0, 0, 1, 1, 1, 1]);
         assert_eq!(
             pci_address(0),
-            ("0000:18:00.0".to_string(), "pci0000:10".to_string())
+            ("0000:18:00.0".to_string(), "pci0000:18".to_string())
         );
         assert_eq!(pci_address(16).0, "0001:18:00.0");
     }

@@ -8,8 +8,11 @@
 //! when idle). With a state directory, the state survives restarts and is shared by every
 //! process that opens it.
 
+pub mod faults;
+mod hotplug;
 pub mod ids;
 pub mod node_file;
+mod power_on;
 pub mod presets;
 mod state;
 
@@ -17,13 +20,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 pub use node_file::{NodePlan, NodeSpec};
+use power_on::{StaticGpu, fingerprint, gi_id_for, gpu_info, initial_state, occupants, static_gpu};
 pub use state::STATE_FILE;
-use state::{GpuState, InstanceState, SimState, Store};
+use state::{InstanceState, Store};
 
-use super::geometry::{self, Occupant};
+use super::geometry;
 use super::{
-    GpuBackend, GpuInfo, HardwareError, MigDevice, MigModeChange, MigModeState, MigPolicy,
-    NodeInventory, NvmlCode, Placement,
+    GpuBackend, HardwareError, MigDevice, MigModeChange, MigPolicy, NodeInventory, NvmlCode,
+    Placement,
 };
 
 /// Errors of the simulated backend.
@@ -115,15 +119,6 @@ impl NodeSource {
     }
 }
 
-/// Fixed facts of one simulated GPU.
-#[derive(Debug, Clone)]
-struct StaticGpu {
-    uuid: String,
-    pci_bus_id: String,
-    pcie_root: String,
-    numa_node: i64,
-}
-
 /// A simulated GPU node.
 pub struct SimBackend {
     plan: NodePlan,
@@ -149,25 +144,32 @@ impl SimBackend {
         Ok(SimBackend::from_plan(plan, state_dir))
     }
 
+    /// Opens the node whose state is in `state_dir` (the description is stored with the
+    /// state), as the processes sharing it see it. Fails when there is no state there yet
+    /// (start the plugin or `gpu-dra inventory --state-dir` first) or it is unreadable.
+    pub fn open_state_dir(state_dir: &Path) -> Result<SimBackend, SimError> {
+        let Some((spec, _)) = state::stored(state_dir)? else {
+            return Err(SimError::StateIo {
+                path: state_dir.join(STATE_FILE),
+                step: "open (no simulated node has run with this state directory yet)",
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        };
+        let name = spec.node_name.clone().unwrap_or_else(|| "sim-node".into());
+        let plan = spec.plan("state file", &name)?;
+        Ok(SimBackend::from_plan(plan, Some(state_dir)))
+    }
+
     /// Powers on a validated node plan.
     pub fn from_plan(plan: NodePlan, state_dir: Option<&Path>) -> SimBackend {
         let count = plan.gpus.len() as u32;
-        let statics: Vec<StaticGpu> = (0..count)
-            .map(|i| {
-                let (pci_bus_id, pcie_root) = ids::pci_address(i);
-                StaticGpu {
-                    uuid: ids::gpu_uuid(&plan.node_name, i),
-                    pci_bus_id,
-                    pcie_root,
-                    numa_node: ids::numa_node(i, count, plan.numa_nodes),
-                }
-            })
-            .collect();
+        let statics: Vec<StaticGpu> = (0..count).map(|i| static_gpu(&plan, i)).collect();
         let initial = initial_state(&plan, &statics);
         let store = match state_dir {
             Some(dir) => Store::File {
                 dir: dir.to_path_buf(),
                 fingerprint: fingerprint(&plan),
+                node: plan.spec.clone(),
                 initial,
             },
             None => Store::Memory(Mutex::new(initial)),
@@ -194,16 +196,28 @@ impl SimBackend {
         self.plan.gpus.iter().map(|g| g.policy).collect()
     }
 
+    /// The slot of GPU `index` if it is on the node now (hot-plugged GPUs included).
     fn check_index(&self, index: u32) -> Result<usize, HardwareError> {
-        let i = index as usize;
-        if i < self.plan.gpus.len() {
-            Ok(i)
-        } else {
-            Err(HardwareError::NoSuchGpu {
-                index,
-                count: self.plan.gpus.len(),
-            })
+        self.store.with(|s| Ok((hotplug::slot(s, index)?, false)))
+    }
+
+    /// The model of the GPU in slot `i`: the node description's, or a hot-added one's.
+    fn model_of(&self, i: usize) -> Result<&'static super::catalog::GpuModel, HardwareError> {
+        if let Some(gpu) = self.plan.gpus.get(i) {
+            return Ok(gpu.model);
         }
+        let key = self
+            .store
+            .with(|s| Ok((s.gpus.get(i).and_then(|g| g.added_model.clone()), false)))?;
+        hotplug::added_model(key.as_deref(), i)
+    }
+
+    /// Fixed identity of the GPU in slot `i`.
+    fn identity(&self, i: usize) -> StaticGpu {
+        self.statics
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| static_gpu(&self.plan, i as u32))
     }
 
     /// Resets GPU `index` (`nvidia-smi -r`): a pending MIG mode takes effect. Fails with
@@ -240,7 +254,7 @@ impl SimBackend {
         start: u32,
     ) -> Result<u32, HardwareError> {
         let i = self.check_index(index)?;
-        let model = self.plan.gpus[i].model;
+        let model = self.model_of(i)?;
         let op = |code| {
             nvml_err(
                 &format!("create GPU instance (profile id {profile_id}) at {start}"),
@@ -287,7 +301,7 @@ impl SimBackend {
         gi_id: u32,
     ) -> Result<(u32, String), HardwareError> {
         let i = self.check_index(index)?;
-        let gpu_uuid = self.statics[i].uuid.clone();
+        let gpu_uuid = self.identity(i).uuid;
         let op = |code| {
             nvml_err(
                 &format!("create compute instance in GI {gi_id}"),
@@ -370,94 +384,6 @@ fn nvml_err(operation: &str, index: u32, code: NvmlCode) -> HardwareError {
     }
 }
 
-/// GI ids as the driver hands them out on the observed hardware: the node of the memory-slice
-/// tree the placement covers (8-wide: 0, 4-wide: 1–2, 2-wide: 3–6, 1-wide: 7–14 on an 8-slice
-/// GPU; e.g. seven 1g instances get 7 + start, as seen on H100). Falls back to the lowest
-/// free id for a placement that is not a tree node.
-fn gi_id_for(memory_slices: u32, placement: Placement, existing: &[InstanceState]) -> u32 {
-    let size = placement.size.max(1);
-    if memory_slices.is_multiple_of(size)
-        && size.is_power_of_two()
-        && placement.start.is_multiple_of(size)
-    {
-        let id = (memory_slices / size - 1) + placement.start / size;
-        if !existing.iter().any(|g| g.gi_id == id) {
-            return id;
-        }
-    }
-    (0..)
-        .find(|id| !existing.iter().any(|g| g.gi_id == *id))
-        .unwrap_or(0)
-}
-
-fn occupants<'a>(
-    model: &'a super::catalog::GpuModel,
-    instances: &[InstanceState],
-) -> Vec<Occupant<'a>> {
-    instances
-        .iter()
-        .filter_map(|g| {
-            let profile = model.profiles.iter().find(|p| p.id == g.profile_id)?;
-            Some(Occupant {
-                profile,
-                placement: Placement {
-                    start: g.start,
-                    size: g.size,
-                },
-            })
-        })
-        .collect()
-}
-
-fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState {
-    let mut serial = 0u64;
-    let gpus = plan
-        .gpus
-        .iter()
-        .zip(statics)
-        .map(|(gpu, st)| {
-            let mut instances: Vec<InstanceState> = Vec::new();
-            for &(profile_id, placement) in &gpu.mig_devices {
-                serial += 1;
-                let gi_id = gi_id_for(gpu.model.memory_slices, placement, &instances);
-                instances.push(InstanceState {
-                    gi_id,
-                    profile_id,
-                    start: placement.start,
-                    size: placement.size,
-                    compute_instances: vec![(0, ids::mig_uuid(&st.uuid, gi_id, 0, serial))],
-                });
-            }
-            GpuState {
-                mig_current: gpu.mig_enabled,
-                mig_pending: gpu.mig_enabled,
-                healthy: true,
-                instances,
-            }
-        })
-        .collect();
-    SimState { serial, gpus }
-}
-
-/// Identifies a node description, so a state file written for another node shape is not
-/// applied to this one.
-fn fingerprint(plan: &NodePlan) -> String {
-    let mut text = format!(
-        "{}|{}|{}",
-        plan.node_name, plan.driver_version, plan.cuda_driver_version
-    );
-    for g in &plan.gpus {
-        text.push_str(&format!(
-            "|{}:{}:{}:{:?}",
-            g.model.key,
-            g.policy.as_str(),
-            g.mig_enabled,
-            g.mig_devices
-        ));
-    }
-    ids::gpu_uuid(&text, 0)
-}
-
 impl GpuBackend for SimBackend {
     fn name(&self) -> &'static str {
         "sim"
@@ -465,15 +391,18 @@ impl GpuBackend for SimBackend {
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
         let state = self.store.with(|s| Ok((s.clone(), false)))?;
-        let gpus = self
-            .plan
-            .gpus
-            .iter()
-            .zip(&self.statics)
-            .zip(&state.gpus)
-            .enumerate()
-            .map(|(i, ((plan, st), gs))| gpu_info(i as u32, plan, st, gs))
-            .collect();
+        let mut gpus = Vec::new();
+        for (i, gs) in state.gpus.iter().enumerate() {
+            if gs.removed {
+                continue;
+            }
+            let model = match self.plan.gpus.get(i) {
+                Some(planned) => planned.model,
+                None => hotplug::added_model(gs.added_model.as_deref(), i)?,
+            };
+            let index = gpus.len() as u32;
+            gpus.push(gpu_info(index, i as u32, model, &self.identity(i), gs));
+        }
         Ok(NodeInventory {
             driver_version: self.plan.driver_version.clone(),
             cuda_driver_version: self.plan.cuda_driver_version.clone(),
@@ -483,7 +412,7 @@ impl GpuBackend for SimBackend {
 
     fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
         let i = self.check_index(index)?;
-        let model = self.plan.gpus[i].model;
+        let model = self.model_of(i)?;
         let op = |code| {
             nvml_err(
                 &format!("set MIG mode {}", if enabled { "on" } else { "off" }),
@@ -528,7 +457,7 @@ impl GpuBackend for SimBackend {
                 return Err(e);
             }
         };
-        let model = self.plan.gpus[index as usize].model;
+        let model = self.model_of(self.check_index(index)?)?;
         let profile = model.profiles.iter().find(|p| p.id == profile_id);
         Ok(MigDevice {
             uuid,
@@ -554,61 +483,5 @@ impl GpuBackend for SimBackend {
             Err(e) => return Err(e),
         }
         self.destroy_gpu_instance(index, gi_id)
-    }
-}
-
-fn gpu_info(index: u32, plan: &node_file::PlannedGpu, st: &StaticGpu, gs: &GpuState) -> GpuInfo {
-    let model = plan.model;
-    let mut mig_devices = Vec::new();
-    let mut empty_gpu_instances = Vec::new();
-    for gi in &gs.instances {
-        let profile = model.profiles.iter().find(|p| p.id == gi.profile_id);
-        let placement = Placement {
-            start: gi.start,
-            size: gi.size,
-        };
-        let profile_name = profile.map(|p| p.name.clone()).unwrap_or_default();
-        if gi.compute_instances.is_empty() {
-            empty_gpu_instances.push(super::GpuInstanceRef {
-                gi_id: gi.gi_id,
-                profile_id: gi.profile_id,
-                placement,
-            });
-        }
-        for (ci_id, uuid) in &gi.compute_instances {
-            mig_devices.push(MigDevice {
-                uuid: uuid.clone(),
-                profile_id: gi.profile_id,
-                profile_name: profile_name.clone(),
-                gi_id: gi.gi_id,
-                ci_id: *ci_id,
-                placement,
-            });
-        }
-    }
-    mig_devices.sort_by_key(|d| (d.placement.start, d.gi_id));
-    GpuInfo {
-        index,
-        minor: index,
-        uuid: st.uuid.clone(),
-        product_name: model.product_name.clone(),
-        brand: model.brand.clone(),
-        architecture: model.architecture,
-        compute_capability: model.compute_capability,
-        memory_mib: model.memory_mib,
-        multiprocessors: model.multiprocessors,
-        pci_bus_id: st.pci_bus_id.clone(),
-        pcie_root: st.pcie_root.clone(),
-        numa_node: Some(st.numa_node),
-        mig: MigModeState {
-            capable: model.mig_capable(),
-            current: gs.mig_current,
-            pending: gs.mig_pending,
-        },
-        memory_slices: model.memory_slices,
-        mig_profiles: model.profiles.clone(),
-        mig_devices,
-        empty_gpu_instances,
-        healthy: gs.healthy,
     }
 }

@@ -104,6 +104,9 @@ pub struct NodePlan {
     pub numa_nodes: u32,
     /// GPUs in index order.
     pub gpus: Vec<PlannedGpu>,
+    /// The description it was planned from, with the node name filled in: kept in the state
+    /// file so tools given only the state directory (`gpu-dra sim-fault`) rebuild the node.
+    pub spec: NodeSpec,
 }
 
 /// Most GPUs one simulated node may have (NVML enumerates at most 64 per host).
@@ -207,7 +210,10 @@ impl NodeSpec {
                 ),
             ));
         }
+        let mut spec = self.clone();
+        spec.node_name = Some(node_name.clone());
         Ok(NodePlan {
+            spec,
             node_name,
             driver_version: self.driver_version.clone(),
             cuda_driver_version: self.cuda_driver_version.clone(),

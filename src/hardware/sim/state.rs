@@ -24,6 +24,12 @@ pub struct SimState {
     pub serial: u64,
     /// Per-GPU state, by index.
     pub gpus: Vec<GpuState>,
+    /// Sequence number of the last fault event (0: none yet).
+    #[serde(default)]
+    pub event_seq: u64,
+    /// The most recent fault events, oldest first (bounded; see `faults`).
+    #[serde(default)]
+    pub events: Vec<super::faults::SimEvent>,
 }
 
 /// Mutable state of one GPU.
@@ -38,6 +44,20 @@ pub struct GpuState {
     pub healthy: bool,
     /// GPU instances that exist.
     pub instances: Vec<InstanceState>,
+    /// The GPU fell off the bus (XID 79) and stays lost until recovered.
+    #[serde(default)]
+    pub lost: bool,
+    /// ECC error counters since power-on (volatile) and over the GPU's life (aggregate).
+    #[serde(default)]
+    pub ecc: super::faults::EccCounters,
+    /// Taken off the node (`sim-fault remove-gpu`): no longer enumerated; its slot is not
+    /// reused.
+    #[serde(default)]
+    pub removed: bool,
+    /// Model key of a GPU added after power-on (`sim-fault add-gpu`); `None` for the node
+    /// description's GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_model: Option<String>,
 }
 
 /// A GPU instance and its compute instances.
@@ -62,6 +82,9 @@ struct StateFileV1 {
     version: u32,
     /// Identifies the node description the state belongs to.
     fingerprint: String,
+    /// The node description (absent in files written before `sim-fault` existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node: Option<super::NodeSpec>,
     state: SimState,
 }
 
@@ -73,6 +96,7 @@ pub(super) enum Store {
     File {
         dir: PathBuf,
         fingerprint: String,
+        node: super::NodeSpec,
         initial: SimState,
     },
 }
@@ -97,13 +121,14 @@ impl Store {
             Store::File {
                 dir,
                 fingerprint,
+                node,
                 initial,
             } => {
                 let lock = lock_dir(dir)?;
                 let mut state = read_state(dir, fingerprint)?.unwrap_or_else(|| initial.clone());
                 let (value, changed) = op(&mut state)?;
                 if changed || !dir.join(STATE_FILE).exists() {
-                    write_state(dir, fingerprint, &state)?;
+                    write_state(dir, fingerprint, node, &state)?;
                 }
                 drop(lock);
                 Ok(value)
@@ -134,6 +159,29 @@ fn lock_dir(dir: &Path) -> Result<File, SimError> {
     Ok(file)
 }
 
+/// The node description and state stored in `dir`, read under the lock; `None` when there
+/// is no state file. Fails when the file is unreadable or predates stored descriptions.
+pub(super) fn stored(dir: &Path) -> Result<Option<(super::NodeSpec, SimState)>, SimError> {
+    let path = dir.join(STATE_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let lock = lock_dir(dir)?;
+    let text = std::fs::read_to_string(&path).map_err(io_err(&path, "read"))?;
+    drop(lock);
+    let file: StateFileV1 = serde_json::from_str(&text).map_err(|e| SimError::StateCorrupt {
+        path: path.clone(),
+        detail: e.to_string(),
+    })?;
+    match file.node {
+        Some(node) => Ok(Some((node, file.state))),
+        None => Err(SimError::StateCorrupt {
+            path,
+            detail: "it was written by an older gpu-dra and does not name its node; restart the plugin (or run `gpu-dra inventory --state-dir`) to rewrite it".into(),
+        }),
+    }
+}
+
 /// Reads the state; `None` when there is none yet or it belongs to another node description.
 /// A file that does not parse is an error: hardware state is never silently reset.
 fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<SimState>, SimError> {
@@ -162,10 +210,16 @@ fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<SimState>, SimErro
     Ok(Some(file.state))
 }
 
-fn write_state(dir: &Path, fingerprint: &str, state: &SimState) -> Result<(), SimError> {
+fn write_state(
+    dir: &Path,
+    fingerprint: &str,
+    node: &super::NodeSpec,
+    state: &SimState,
+) -> Result<(), SimError> {
     let file = StateFileV1 {
         version: STATE_VERSION,
         fingerprint: fingerprint.to_string(),
+        node: Some(node.clone()),
         state: state.clone(),
     };
     let mut bytes = serde_json::to_vec_pretty(&file).map_err(|e| SimError::StateCorrupt {

@@ -110,6 +110,18 @@ pub fn read_state(dir: &Path) -> BTreeMap<String, SmiGpuState> {
     smi::load(dir)
 }
 
+/// Sets the compute mode (`DEFAULT`, `EXCLUSIVE_PROCESS`, `PROHIBITED`) of `uuid` in the
+/// simulated `nvidia-smi` state in `dir`, under its lock, as `nvidia-smi -c` does: the
+/// simulated NVML library's `nvmlDeviceSetComputeMode` shares this one truth.
+pub fn set_compute_mode(dir: &Path, uuid: &str, mode: &str) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    smi::update(Some(dir), |state| {
+        state.entry(uuid.to_string()).or_default().compute_mode = mode.to_string();
+        String::new()
+    })
+    .map(|_| ())
+}
+
 /// The directory of the invocation log, which also holds the `nvidia-smi` state.
 fn state_dir() -> Option<PathBuf> {
     let log = std::env::var_os(SIM_LOG_ENV)?;

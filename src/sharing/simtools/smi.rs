@@ -126,7 +126,7 @@ fn parse(args: &[String]) -> Result<Action, (u8, String)> {
 }
 
 /// Applies `change` to the state file under an exclusive lock (tools may run concurrently).
-fn update(
+pub(super) fn update(
     dir: Option<&Path>,
     change: impl FnOnce(&mut BTreeMap<String, SmiGpuState>) -> String,
 ) -> Result<String, String> {

@@ -1,0 +1,111 @@
+//! gpu-dra's production NVML backend against the simulated library, next to the simulator on
+//! the same state directory: errors name the NVML call and carry NVML's code, the A100 keeps
+//! a MIG mode change pending until a reset, and a GPU instance left without a compute
+//! instance is discovered through NVML.
+
+use gpu_dra::hardware::nvml::NvmlBackend;
+use gpu_dra::hardware::sim::SimBackend;
+use gpu_dra::hardware::{GpuBackend, HardwareError, MigModeChange, NvmlCode};
+
+fn library() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
+        .iter()
+        .map(|d| d.join(gpu_dra_nvml_sim::LIBRARY_FILE))
+        .find(|p| p.is_file())
+        .expect("the cdylib is built next to the test binary")
+}
+
+/// The NVML call and code of a hardware error.
+fn nvml_failure(e: HardwareError) -> (String, NvmlCode) {
+    match e {
+        HardwareError::Nvml {
+            operation, code, ..
+        } => (operation, code),
+        other => panic!("not an NVML error: {other}"),
+    }
+}
+
+#[test]
+fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
+    let state = tempfile::tempdir().unwrap();
+    // SAFETY (test): set before anything in this single-test binary reads the environment.
+    unsafe {
+        std::env::set_var("GPU_DRA_SIM_NODE", "dgx-a100");
+        std::env::set_var("GPU_DRA_SIM_STATE_DIR", state.path());
+    }
+    let sim = SimBackend::open("dgx-a100", Some(state.path())).unwrap();
+    let nvml = NvmlBackend::open_with(Some(&library())).unwrap();
+    assert_eq!(nvml.inventory().unwrap(), sim.inventory().unwrap());
+
+    // GPU 0 is pre-partitioned 1g.5gb ×2 + 2g.10gb + 3g.20gb: 3g.20gb at 4 is taken.
+    let three_g = sim.inventory().unwrap().gpus[0]
+        .profile_by_name("3g.20gb")
+        .unwrap()
+        .id;
+    let (call, code) = nvml_failure(nvml.create_mig_device(0, three_g, 4).unwrap_err());
+    assert_eq!(code, NvmlCode::InsufficientResources);
+    assert!(
+        call.starts_with("nvmlDeviceCreateGpuInstanceWithPlacement (3g.20gb at 4:4)"),
+        "{call}"
+    );
+    let (_, code) = nvml_failure(nvml.create_mig_device(0, three_g, 2).unwrap_err());
+    assert_eq!(code, NvmlCode::InvalidArgument);
+    let (call, code) = nvml_failure(nvml.destroy_mig_device(0, 99, 0).unwrap_err());
+    assert_eq!(code, NvmlCode::NotFound);
+    assert!(call.starts_with("nvmlDeviceGetGpuInstanceById"), "{call}");
+
+    // Destroy the 3g.20gb through NVML and carve it again at its placement.
+    let before = nvml.inventory().unwrap().gpus[0].mig_devices.clone();
+    let victim = before
+        .iter()
+        .find(|d| d.profile_name == "3g.20gb")
+        .unwrap()
+        .clone();
+    nvml.destroy_mig_device(0, victim.gi_id, victim.ci_id)
+        .unwrap();
+    assert_eq!(sim.inventory().unwrap().gpus[0].mig_devices.len(), 3);
+    let again = nvml.create_mig_device(0, three_g, 4).unwrap();
+    assert_eq!(
+        (again.placement, again.gi_id, again.profile_name.as_str()),
+        (victim.placement, victim.gi_id, "3g.20gb")
+    );
+    assert_ne!(
+        again.uuid, victim.uuid,
+        "a re-created MIG device gets a new UUID"
+    );
+    assert_eq!(nvml.inventory().unwrap(), sim.inventory().unwrap());
+
+    // The A100's MIG mode: IN_USE with MIG devices, pending until a reset on an idle GPU.
+    let (call, code) = nvml_failure(nvml.set_mig_mode(0, false).unwrap_err());
+    assert_eq!(
+        (call.as_str(), code),
+        ("nvmlDeviceSetMigMode", NvmlCode::InUse)
+    );
+    assert_eq!(
+        nvml.set_mig_mode(4, true).unwrap(),
+        MigModeChange::PendingReset
+    );
+    let mode = nvml.inventory().unwrap().gpus[4].mig;
+    assert_eq!((mode.current, mode.pending), (false, true));
+    sim.reset_gpu(4).unwrap();
+    let mode = nvml.inventory().unwrap().gpus[4].mig;
+    assert_eq!((mode.current, mode.pending), (true, true));
+
+    // A GPU instance without a compute instance (an interrupted creation) is seen as such.
+    let one_g = sim.inventory().unwrap().gpus[4]
+        .profile_by_name("1g.5gb")
+        .unwrap()
+        .id;
+    let gi = sim.create_gpu_instance(4, one_g, 6).unwrap();
+    let gpu4 = &nvml.inventory().unwrap().gpus[4];
+    assert_eq!(
+        gpu4.empty_gpu_instances
+            .iter()
+            .map(|g| (g.gi_id, g.placement.start))
+            .collect::<Vec<_>>(),
+        [(gi, 6)]
+    );
+    assert_eq!(nvml.inventory().unwrap(), sim.inventory().unwrap());
+}

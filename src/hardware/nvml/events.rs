@@ -1,0 +1,205 @@
+//! GPU health from NVML's event set, watched by a dedicated thread.
+//!
+//! The thread registers every GPU for the events of [`crate::hardware::health`] (those the
+//! GPU supports), waits on the set with a bounded timeout so it notices a stop request within
+//! [`WAIT_MS`], and applies the shared health policy to each event. The plugin reads the
+//! result through `inventory()` (`GpuInfo::healthy`), the same path the simulator's health
+//! takes. It runs off the async runtime because `nvmlEventSetWait` blocks.
+
+use std::collections::BTreeSet;
+use std::ffi::CStr;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t};
+use tracing::{info, warn};
+
+use crate::hardware::health::{WATCHED_EVENTS, health_after};
+
+/// Longest single wait on the event set: the bound on how long a stop request waits.
+pub const WAIT_MS: u32 = 100;
+/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
+const UUID_BUFFER: usize = 96;
+/// `NVML_ERROR_TIMEOUT`.
+const RAW_TIMEOUT: u32 = 10;
+
+/// The health-watching thread and what it found.
+pub(super) struct HealthWatch {
+    unhealthy: Arc<Mutex<BTreeSet<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HealthWatch {
+    /// Starts watching every GPU NVML reports now. A GPU that already answers
+    /// `NVML_ERROR_GPU_IS_LOST` starts unhealthy (events raised before this process started
+    /// are not replayed by NVML, so nothing else is known about the past).
+    pub(super) fn start(nvml: Arc<Nvml>) -> HealthWatch {
+        let unhealthy = Arc::new(Mutex::new(lost_gpus(&nvml)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (unhealthy, stop) = (unhealthy.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("nvml-events".into())
+                .spawn(move || watch(&nvml, &unhealthy, &stop))
+                .map_err(|e| warn!(error = %e, "cannot start the NVML event thread; GPU health stays as last known"))
+                .ok()
+        };
+        HealthWatch {
+            unhealthy,
+            stop,
+            thread,
+        }
+    }
+
+    /// Whether the GPU with `uuid` is healthy: no event the policy judges fatal since the
+    /// last recovery. Keyed by UUID, which survives re-enumeration.
+    pub(super) fn healthy(&self, uuid: &str) -> bool {
+        !self
+            .unhealthy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(uuid)
+    }
+}
+
+impl Drop for HealthWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// UUIDs of the GPUs that have fallen off the bus: their temperature query answers
+/// `NVML_ERROR_GPU_IS_LOST`.
+fn lost_gpus(nvml: &Nvml) -> BTreeSet<String> {
+    use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+    use nvml_wrapper::error::NvmlError;
+    let mut lost = BTreeSet::new();
+    for index in 0..nvml.device_count().unwrap_or(0) {
+        let Ok(dev) = nvml.device_by_index(index) else {
+            continue;
+        };
+        if let (Err(NvmlError::GpuLost), Ok(uuid)) =
+            (dev.temperature(TemperatureSensor::Gpu), dev.uuid())
+        {
+            warn!(gpu = %uuid, "GPU is lost (NVML_ERROR_GPU_IS_LOST); unhealthy");
+            lost.insert(uuid);
+        }
+    }
+    lost
+}
+
+fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<String>>, stop: &AtomicBool) {
+    let lib = nvml.lib();
+    let (Ok(create), Ok(register), Ok(supported), Ok(wait), Ok(free), Ok(uuid_of)) = (
+        lib.nvmlEventSetCreate.as_ref(),
+        lib.nvmlDeviceRegisterEvents.as_ref(),
+        lib.nvmlDeviceGetSupportedEventTypes.as_ref(),
+        lib.nvmlEventSetWait_v2.as_ref(),
+        lib.nvmlEventSetFree.as_ref(),
+        lib.nvmlDeviceGetUUID.as_ref(),
+    ) else {
+        warn!("libnvidia-ml lacks the event-set calls; GPU health is not watched");
+        return;
+    };
+    let mut set: nvmlEventSet_t = std::ptr::null_mut();
+    // SAFETY: `set` is a valid out-pointer; NVML stores its handle there.
+    let ret = unsafe { create(&mut set) };
+    if ret != 0 {
+        warn!(
+            code = ret,
+            "nvmlEventSetCreate failed; GPU health is not watched"
+        );
+        return;
+    }
+    let count = nvml.device_count().unwrap_or(0);
+    for index in 0..count {
+        let Ok(dev) = nvml.device_by_index(index) else {
+            continue;
+        };
+        // SAFETY: the handle is used only below, while `nvml` (and so the library) lives.
+        let handle: nvmlDevice_t = unsafe { dev.handle() };
+        let mut types: u64 = 0;
+        // SAFETY: live device handle and a valid out-pointer.
+        let ret = unsafe { supported(handle, &mut types) };
+        let mask = if ret == 0 {
+            types & WATCHED_EVENTS
+        } else {
+            WATCHED_EVENTS
+        };
+        // SAFETY: live device handle and the set created above.
+        let ret = unsafe { register(handle, mask, set) };
+        if ret == 0 {
+            info!(
+                gpu = index,
+                mask = format!("{mask:#x}"),
+                "watching NVML events"
+            );
+        } else {
+            warn!(
+                gpu = index,
+                code = ret,
+                "nvmlDeviceRegisterEvents failed; this GPU's health is not watched"
+            );
+        }
+    }
+    while !stop.load(Ordering::Relaxed) {
+        let mut data = MaybeUninit::<nvmlEventData_t>::zeroed();
+        // SAFETY: the set is live until freed below; `data` is writable and sized for the
+        // struct.
+        let ret = unsafe { wait(set, data.as_mut_ptr(), WAIT_MS) };
+        if ret == RAW_TIMEOUT {
+            continue;
+        }
+        if ret != 0 {
+            warn!(code = ret, "nvmlEventSetWait_v2 failed");
+            std::thread::sleep(Duration::from_millis(u64::from(WAIT_MS)));
+            continue;
+        }
+        // SAFETY: NVML returned success, so it filled the (zeroed) struct.
+        let data = unsafe { data.assume_init() };
+        let mut buf = [0 as std::ffi::c_char; UUID_BUFFER];
+        // SAFETY: `data.device` is the handle NVML gave for the event; `buf` holds
+        // UUID_BUFFER bytes.
+        if unsafe { uuid_of(data.device, buf.as_mut_ptr(), UUID_BUFFER as u32) } != 0 {
+            warn!(
+                event = format!("{:#x}", data.eventType),
+                "NVML event for an unknown device"
+            );
+            continue;
+        }
+        // SAFETY: NVML wrote a NUL-terminated string into `buf` on success.
+        let uuid = unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let verdict = health_after(data.eventType, data.eventData);
+        let mut bad = unhealthy.lock().unwrap_or_else(|p| p.into_inner());
+        match verdict {
+            Some(false) => {
+                bad.insert(uuid.clone());
+            }
+            Some(true) => {
+                bad.remove(&uuid);
+            }
+            None => {}
+        }
+        warn!(
+            gpu = %uuid,
+            event = format!("{:#x}", data.eventType),
+            data = data.eventData,
+            gpu_instance = data.gpuInstanceId,
+            compute_instance = data.computeInstanceId,
+            healthy = !bad.contains(&uuid),
+            "NVML event"
+        );
+    }
+    // SAFETY: the set is live and freed once.
+    unsafe { free(set) };
+}
