@@ -20,6 +20,8 @@ impl ClaimError {
             ClaimError::Inventory { .. } => "inventory",
             ClaimError::Config { .. } => "config",
             ClaimError::Sharing { .. } => "sharing",
+            ClaimError::Undo { .. } => "undo",
+            ClaimError::RollbackIncomplete { cause, .. } => cause.kind(),
         }
     }
 }

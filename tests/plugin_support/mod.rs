@@ -5,6 +5,7 @@
 
 pub mod apiserver;
 pub mod claims;
+pub mod disk;
 pub mod sharing;
 pub mod state;
 
