@@ -4,23 +4,23 @@
 //! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
 //! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
 //! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
-//! table the test fills. Errors are `Status` objects. Every request is recorded.
+//! table the test fills. Errors are `Status` objects. Every request is recorded. Faults
+//! (outages, error statuses, hang-ups, slow answers) are injected per request
+//! ([`FakeApiServer::inject`], [`FakeApiServer::set_down`]).
 //!
 //! The server runs on its own thread and runtime, so it outlives the test's runtime and works
 //! from synchronous benchmarks too; dropping the handle stops it.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+
+use super::apifaults::serve;
+pub use super::apifaults::{Fault, Rule};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub const NODE_UID: &str = "0b6c5e1e-node-uid";
@@ -36,12 +36,14 @@ pub struct Recorded {
     pub at: Instant,
 }
 
-struct Store {
+pub(super) struct Store {
     node: String,
     slices: BTreeMap<String, Value>,
     claims: BTreeMap<(String, String), Value>,
     next_version: u64,
-    requests: Vec<Recorded>,
+    pub(super) requests: Vec<Recorded>,
+    /// Faults still to inject, first match wins.
+    pub(super) faults: Vec<Rule>,
 }
 
 /// The running server. Cheap to share between threads.
@@ -49,6 +51,7 @@ pub struct FakeApiServer {
     addr: SocketAddr,
     store: Arc<Mutex<Store>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    down: tokio::sync::watch::Sender<bool>,
 }
 
 impl FakeApiServer {
@@ -60,23 +63,26 @@ impl FakeApiServer {
             claims: BTreeMap::new(),
             next_version: 1000,
             requests: Vec::new(),
+            faults: Vec::new(),
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API server");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (down, down_rx) = tokio::sync::watch::channel(false);
         let shared = store.clone();
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(serve(listener, shared, stopped));
+            runtime.block_on(serve(listener, shared, stopped, down_rx));
         });
         FakeApiServer {
             addr,
             store,
             stop: Some(stop),
+            down,
         }
     }
 
@@ -130,6 +136,40 @@ impl FakeApiServer {
         self.lock().requests.clone()
     }
 
+    /// Injects `fault` into the next `times` requests (`None`: every one) whose method is
+    /// `method` (any when `None`) and whose path contains `path`. Rules are checked in the
+    /// order added; the first that matches applies.
+    pub fn inject(&self, method: Option<&str>, path: &str, fault: Fault, times: Option<usize>) {
+        self.lock().faults.push(Rule {
+            method: method.map(str::to_string),
+            path: path.to_string(),
+            fault,
+            times,
+        });
+    }
+
+    /// Removes every fault rule.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// An outage (`true`): the port is closed, so connections are refused, and open
+    /// connections are cut. `false` listens again on the same port.
+    pub fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
+    }
+
+    /// Changes a stored slice behind the plugin's back (as another writer would), with a new
+    /// resourceVersion.
+    pub fn edit_slice(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut store = self.lock();
+        store.next_version += 1;
+        let version = store.next_version.to_string();
+        let slice = store.slices.get_mut(name).expect("slice to edit");
+        edit(slice);
+        slice["metadata"]["resourceVersion"] = json!(version);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -143,63 +183,8 @@ impl Drop for FakeApiServer {
     }
 }
 
-async fn serve(
-    listener: std::net::TcpListener,
-    store: Arc<Mutex<Store>>,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => continue,
-            },
-            _ = &mut stopped => return,
-        };
-        let store = store.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| answer(store.clone(), req));
-            // A client that hangs up mid-request is not the server's problem.
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
-}
-
-async fn answer(
-    store: Arc<Mutex<Store>>,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (parts, body) = request.into_parts();
-    let bytes = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let recorded = Recorded {
-        method: parts.method.to_string(),
-        path: parts.uri.path().to_string(),
-        query: parts.uri.query().map(query_pairs).unwrap_or_default(),
-        body: serde_json::from_slice(&bytes).ok(),
-        at: Instant::now(),
-    };
-    let (code, value) = {
-        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-        store.requests.push(recorded.clone());
-        store.route(&recorded)
-    };
-    let response = Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(value.to_string())))
-        .expect("response");
-    Ok(response)
-}
-
 impl Store {
-    fn route(&mut self, r: &Recorded) -> (u16, Value) {
+    pub(super) fn route(&mut self, r: &Recorded) -> (u16, Value) {
         let segments: Vec<&str> = r.path.trim_matches('/').split('/').collect();
         match (r.method.as_str(), segments.as_slice()) {
             ("GET", ["version"]) => (
@@ -326,7 +311,7 @@ impl Store {
     }
 }
 
-fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+pub(super) fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
     (
         code,
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -339,7 +324,7 @@ fn not_found(resource: &str, name: &str) -> (u16, Value) {
 }
 
 /// `a=b&c=d%3De` → pairs, percent-decoded.
-fn query_pairs(query: &str) -> BTreeMap<String, String> {
+pub(super) fn query_pairs(query: &str) -> BTreeMap<String, String> {
     query
         .split('&')
         .filter(|p| !p.is_empty())
