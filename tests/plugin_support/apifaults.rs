@@ -124,6 +124,11 @@ async fn answer(store: Arc<Mutex<Store>>, request: Request<Incoming>) -> Answer 
         path: parts.uri.path().to_string(),
         query: parts.uri.query().map(query_pairs).unwrap_or_default(),
         body: serde_json::from_slice(&bytes).ok(),
+        authorization: parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
         at: Instant::now(),
     };
     let fault = {

@@ -32,6 +32,8 @@ pub struct Recorded {
     pub path: String,
     pub query: BTreeMap<String, String>,
     pub body: Option<Value>,
+    /// The `Authorization` header, if the client sent one.
+    pub authorization: Option<String>,
     /// When the server received it.
     pub at: Instant,
 }
