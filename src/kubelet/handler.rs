@@ -105,44 +105,55 @@ fn missing_field(claim: &ClaimRef) -> Option<&'static str> {
 /// digits, `-`, `_` and `.` (an API server UID is a UUID), a namespace a DNS label and a
 /// name a DNS subdomain.
 fn malformed_field(claim: &ClaimRef) -> Option<String> {
-    let alnum_ends = |v: &str| {
-        v.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && v.ends_with(|c: char| c.is_ascii_alphanumeric())
-    };
-    let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let checks: [(&str, &str, usize, &dyn Fn(char) -> bool, &str); 3] = [
-        (
-            "uid",
-            &claim.uid,
-            128,
-            &|c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'),
-            "letters, digits, '-', '_' and '.', starting and ending with a letter or digit",
-        ),
-        (
-            "namespace",
-            &claim.namespace,
-            63,
-            &|c: char| lower(c) || c == '-',
-            "a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit",
-        ),
-        (
-            "name",
-            &claim.name,
-            253,
-            &|c: char| lower(c) || matches!(c, '-' | '.'),
-            "a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
-        ),
+    let rules = [
+        FieldRule {
+            field: "uid",
+            max: 128,
+            allowed: |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'),
+            valid: "letters, digits, '-', '_' and '.', starting and ending with a letter or digit",
+        },
+        FieldRule {
+            field: "namespace",
+            max: 63,
+            allowed: |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-',
+            valid: "a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit",
+        },
+        FieldRule {
+            field: "name",
+            max: 253,
+            allowed: |c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'),
+            valid: "a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
+        },
     ];
-    checks
-        .into_iter()
-        .find_map(|(field, value, max, allowed, valid)| {
-            let ok = value.len() <= max && alnum_ends(value) && value.chars().all(allowed);
-            (!ok).then(|| {
-                format!(
-                    "claim field {field} {value:?} is not valid: at most {max} characters, {valid}"
-                )
-            })
+    let values = [&claim.uid, &claim.namespace, &claim.name];
+    rules
+        .iter()
+        .zip(values)
+        .find_map(|(rule, value)| rule.problem(value))
+}
+
+/// What one claim field may hold.
+struct FieldRule {
+    field: &'static str,
+    max: usize,
+    allowed: fn(char) -> bool,
+    valid: &'static str,
+}
+
+impl FieldRule {
+    fn problem(&self, value: &str) -> Option<String> {
+        let alnum = |c: char| c.is_ascii_alphanumeric();
+        let ok = value.len() <= self.max
+            && value.starts_with(alnum)
+            && value.ends_with(alnum)
+            && value.chars().all(self.allowed);
+        (!ok).then(|| {
+            format!(
+                "claim field {} {value:?} is not valid: at most {} characters, {}",
+                self.field, self.max, self.valid
+            )
         })
+    }
 }
 
 /// Completes a handler answer: every requested claim gets an entry, answers about claims that
