@@ -1,6 +1,8 @@
 //! Shared parts of the parser fuzz targets: JSON generators, structural mutations of a valid
 //! document, and a runner that counts executions and catches hangs.
 
+pub mod checks;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
