@@ -295,3 +295,32 @@ async fn interrupted_lists_and_a_conflict_on_update_are_retried_until_the_pool_i
         plugin.log()
     );
 }
+
+#[tokio::test]
+async fn publishing_waits_as_long_as_a_429_retry_after_asks() {
+    let node = Node::new();
+    node.api.inject(
+        Some("GET"),
+        SLICES,
+        Fault::Status {
+            code: 429,
+            reason: "TooManyRequests",
+            retry_after: Some(2),
+        },
+        Some(1),
+    );
+    let started = Instant::now();
+    let plugin = node.start().await;
+    eventually("the pool published after the 429", || {
+        node.api.complete_pool()
+    })
+    .await;
+    let lists = slice_lists(&node, started);
+    assert!(lists.len() >= 2, "{lists:?}");
+    let gap = lists[1] - lists[0];
+    assert!(
+        gap >= Duration::from_secs(2),
+        "the retry came {gap:?} after a 429 asking for 2 s\n{}",
+        plugin.log()
+    );
+}
