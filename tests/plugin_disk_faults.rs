@@ -210,3 +210,45 @@ async fn a_full_state_directory_keeps_the_old_checkpoint_and_the_prepared_claims
         .assert_converged(&[KEEP, MIG, MPS], "after the retries");
     assert!(plugin.is_running());
 }
+
+#[tokio::test]
+async fn start_up_recovery_on_a_read_only_cdi_directory_tries_every_step_and_reports_them_all() {
+    let node = node_with_claims();
+    let Some(cdi) = Tmpfs::mount(&node.cdi_root(), "1m") else {
+        return;
+    };
+    // A crash right after the spec was written leaves a half-done claim: MIG device carved,
+    // spec on disk, record not completed.
+    let mut plugin = node
+        .start_with(&[(gpu_dra::crashpoint::ENV, "prepare-cdi-written")])
+        .await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    assert!(kubelet.prepare(&[claim_ref("mig", MIG)]).await.is_err());
+    plugin.wait_exit().await;
+    assert_eq!(1, node.snapshot().instances.len());
+
+    cdi.set_read_only(true);
+    let mut plugin = node.spawn_with(&[]);
+    let status = plugin.wait_exit().await;
+    assert!(
+        !status.success(),
+        "recovery that left work undone must say so"
+    );
+    let log = plugin.log();
+    assert!(log.contains("undo incomplete"), "{log}");
+    assert!(log.contains("Read-only file system"), "{log}");
+    assert_eq!(
+        Vec::<String>::new(),
+        node.snapshot().hardware_mig_uuids(),
+        "the MIG device is destroyed although the spec could not be removed\n{log}"
+    );
+
+    cdi.set_read_only(false);
+    let plugin = node.start().await;
+    assert_rolled_back(
+        &node,
+        &plugin,
+        &[],
+        "after recovery with the directory writable",
+    );
+}
