@@ -1,9 +1,9 @@
 //! A seeded randomized soak of the real plugin: random prepares, unprepares and repeats, the
 //! plugin SIGKILLed (between and during calls) and restarted, the kubelet re-registering, API
-//! server outages and MPS daemons crashing — with every invariant checked after every step:
-//! hardware MIG instances = the checkpoint's carved devices; live MPS daemons = the daemons
-//! the checkpoint records; CDI specs = prepared claims = what the kubelet wants; the plugin's
-//! resident memory and open file descriptors bounded.
+//! server outages, XIDs and recoveries, and MPS daemons crashing — with every invariant
+//! checked after every step: hardware MIG instances = the checkpoint's carved devices; live
+//! MPS daemons = the daemons the checkpoint records; CDI specs = prepared claims = what the
+//! kubelet wants; the plugin's resident memory and open file descriptors bounded.
 //!
 //! `GPU_DRA_SOAK_SECS` (default 60) bounds the run, `GPU_DRA_SOAK_SEED` replays one. The
 //! totals (operations by kind, invariant checks) are printed at the end.
@@ -13,6 +13,7 @@ mod plugin_support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::{DraApi, KubeletClient};
 use plugin_support::claims::{self, claim_ref};
@@ -141,6 +142,8 @@ struct Soak {
     plugin: Plugin,
     kubelet: KubeletClient,
     api_down: bool,
+    /// The simulated GPUs, shared with the plugin through the state file.
+    hardware: SimBackend,
     rng: Rng,
     seed: u64,
     totals: Totals,
@@ -292,7 +295,10 @@ async fn a_randomized_soak_keeps_every_invariant_after_every_step() {
     let plugin = node.start_with(&[("GPU_DRA_SHARED_GPUS", "4")]).await;
     eventually("slices", || node.api.complete_pool()).await;
     let kubelet = plugin.register(DraApi::V1).await;
+    let hardware = SimBackend::open("dgx-h100", Some(&node.state_dir().join("sim")))
+        .expect("the plugin's simulated GPUs");
     let mut soak = Soak {
+        hardware,
         node,
         pool,
         wanted: BTreeSet::new(),
@@ -308,17 +314,17 @@ async fn a_randomized_soak_keeps_every_invariant_after_every_step() {
     while Instant::now() < deadline {
         let roll = soak.rng.below(100);
         let step = match roll {
-            0..40 => {
+            0..38 => {
                 let claims = soak.pick_some();
                 soak.prepare(claims).await;
                 "prepare"
             }
-            40..70 => {
+            38..66 => {
                 let claims = soak.pick_some();
                 soak.unprepare(claims).await;
                 "unprepare"
             }
-            70..80 => {
+            66..76 => {
                 // A repeat of calls already answered: prepared claims come back unchanged,
                 // unknown claims unprepare fine.
                 let wanted: Vec<ClaimRef> = soak
@@ -330,19 +336,19 @@ async fn a_randomized_soak_keeps_every_invariant_after_every_step() {
                 soak.prepare(wanted).await;
                 "repeat"
             }
-            80..84 => {
+            76..80 => {
                 soak.kill_and_restart(false).await;
                 "kill between calls"
             }
-            84..88 => {
+            80..84 => {
                 soak.kill_and_restart(true).await;
                 "kill during a call"
             }
-            88..92 => {
+            84..88 => {
                 soak.kubelet = soak.plugin.register(DraApi::V1).await;
                 "kubelet re-registration"
             }
-            92..96 => {
+            88..92 => {
                 soak.api_down = !soak.api_down;
                 soak.node.api.set_down(soak.api_down);
                 if soak.api_down {
@@ -350,6 +356,16 @@ async fn a_randomized_soak_keeps_every_invariant_after_every_step() {
                 } else {
                     "API server back"
                 }
+            }
+            92..96 => {
+                // An XID marks a GPU unhealthy, a later one recovers it: the inventory watcher,
+                // health stream and publisher react while calls go on.
+                let gpu = soak.rng.below(8) as u32;
+                let healthy = soak.rng.chance(50);
+                soak.hardware
+                    .set_healthy(gpu, healthy)
+                    .expect("simulated XID");
+                if healthy { "XID recovery" } else { "XID" }
             }
             _ => match live_daemons(soak.node.root()).first() {
                 Some(pid) => {
