@@ -156,9 +156,19 @@ impl FakeApiServer {
     }
 
     /// An outage (`true`): the port is closed, so connections are refused, and open
-    /// connections are cut. `false` listens again on the same port.
+    /// connections are cut. `false` listens again on the same port. Returns once the change
+    /// is in effect (the server runs on its own thread).
     pub fn set_down(&self, down: bool) {
         self.down.send_replace(down);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(self.addr).is_ok() == down {
+            assert!(
+                Instant::now() < deadline,
+                "the fake API server did not go {}",
+                if down { "down" } else { "up" }
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 
     /// Changes a stored slice behind the plugin's back (as another writer would), with a new
