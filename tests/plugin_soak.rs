@@ -3,7 +3,8 @@
 //! server outages, XIDs and recoveries, and MPS daemons crashing — with every invariant
 //! checked after every step: hardware MIG instances = the checkpoint's carved devices; live
 //! MPS daemons = the daemons the checkpoint records; CDI specs = prepared claims = what the
-//! kubelet wants; the plugin's resident memory and open file descriptors bounded.
+//! kubelet wants; after each restart, the published devices = the node's inventory; the
+//! plugin's resident memory and open file descriptors bounded.
 //!
 //! `GPU_DRA_SOAK_SECS` (default 60) bounds the run, `GPU_DRA_SOAK_SEED` replays one. The
 //! totals (operations by kind, invariant checks) are printed at the end.
@@ -110,6 +111,17 @@ fn recorded_daemons(node: &Node) -> BTreeSet<String> {
         .collect()
 }
 
+/// The device names of the published pool, once it is complete.
+fn published_devices(node: &Node) -> Option<BTreeSet<String>> {
+    let pool = node.api.complete_pool()?;
+    Some(
+        pool.iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| d["name"].as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
 fn fds_and_rss(pid: u32) -> (usize, u64) {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -142,6 +154,8 @@ struct Soak {
     plugin: Plugin,
     kubelet: KubeletClient,
     api_down: bool,
+    /// The devices the node published at the start (its inventory's).
+    published: BTreeSet<String>,
     /// The simulated GPUs, shared with the plugin through the state file.
     hardware: SimBackend,
     rng: Rng,
@@ -277,6 +291,15 @@ impl Soak {
             .partition(|c| self.wanted.contains(&c.uid));
         self.prepare(want).await;
         self.unprepare(rest).await;
+        // A fresh plugin publishes at once: the cluster's devices must be the node's.
+        let node = &self.node;
+        let published = &self.published;
+        eventually(
+            &format!("seed {}: published devices = inventory", self.seed),
+            || (published_devices(node).as_ref() == Some(published)).then_some(()),
+        )
+        .await;
+        self.totals.checks += 1;
     }
 }
 
@@ -293,11 +316,17 @@ async fn a_randomized_soak_keeps_every_invariant_after_every_step() {
     let node = Node::new();
     let pool = claim_pool(&node);
     let plugin = node.start_with(&[("GPU_DRA_SHARED_GPUS", "4")]).await;
-    eventually("slices", || node.api.complete_pool()).await;
+    let published = eventually("slices", || published_devices(&node)).await;
+    assert!(
+        published.len() > 100,
+        "{} devices published",
+        published.len()
+    );
     let kubelet = plugin.register(DraApi::V1).await;
     let hardware = SimBackend::open("dgx-h100", Some(&node.state_dir().join("sim")))
         .expect("the plugin's simulated GPUs");
     let mut soak = Soak {
+        published,
         hardware,
         node,
         pool,
