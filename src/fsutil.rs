@@ -192,12 +192,18 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 /// Returns whether a file was actually removed, so callers can report idempotent repeats.
 ///
 /// # Errors
-/// [`FsError::Remove`] for any failure other than "not found" (e.g. permission denied, or
-/// `path` is a directory).
+/// [`FsError::Remove`] when `path` exists and cannot be removed (e.g. permission denied, a
+/// read-only file system, or `path` is a directory). A file that does not exist is never an
+/// error, whatever `unlink` said.
 pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
     match fs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        // Linux checks for a writable mount before it looks the name up, so unlinking a file
+        // that does not exist on a read-only file system fails with EROFS, not ENOENT.
+        Err(_) if matches!(fs::symlink_metadata(path), Err(e) if e.kind() == io::ErrorKind::NotFound) => {
+            Ok(false)
+        }
         Err(source) => Err(FsError::Remove {
             path: path.to_path_buf(),
             source,

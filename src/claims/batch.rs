@@ -184,8 +184,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             match self.act(store, id, &p.devices) {
                 Ok(cdi_ids) => done.push((p.index, cdi_ids)),
                 Err(e) => {
-                    self.undo_failed(store, id, intent_needed);
-                    results[p.index] = Some(Err(e));
+                    results[p.index] = Some(Err(self.undo_failed(store, id, intent_needed, e)));
                 }
             }
         }
@@ -218,26 +217,38 @@ impl<S: ClaimSource> ClaimsManager<S> {
             }
             Err(e) => {
                 for (i, _) in done {
-                    self.undo_failed(store, &ids[i], intent_needed);
-                    results[i] = Some(Err(e.for_claim(&ids[i])));
+                    let cause = e.for_claim(&ids[i]);
+                    results[i] = Some(Err(self.undo_failed(store, &ids[i], intent_needed, cause)));
                 }
             }
         }
         later
     }
 
-    /// Undoes a failed prepare: the recorded intent is rolled back; without one, only the
-    /// CDI spec can exist, and it goes (best effort: start-up recovery removes a spec no
-    /// record names).
-    fn undo_failed(&self, store: &mut CheckpointStore, id: &ClaimId, intent_recorded: bool) {
+    /// Undoes a failed prepare and returns the error the kubelet gets: `cause`, or
+    /// [`ClaimError::RollbackIncomplete`] naming `cause` and every undo step that failed
+    /// (the record then stays, so a repeat finishes). Without a recorded intent only the CDI
+    /// spec can exist; a spec that cannot be removed is also reported (start-up recovery
+    /// removes a spec no record names).
+    fn undo_failed(
+        &self,
+        store: &mut CheckpointStore,
+        id: &ClaimId,
+        intent_recorded: bool,
+        cause: ClaimError,
+    ) -> ClaimError {
         if intent_recorded {
-            self.roll_back_failed(store, id);
-        } else if let Err(e) = self.cdi.remove_claim_spec(&id.uid) {
-            tracing::warn!(
-                claim = %id,
-                error = %crate::kubelet::error_chain(&e),
-                "removing the CDI spec of a failed prepare"
-            );
+            return self.fail_prepare(store, id, cause);
+        }
+        match self.cdi.remove_claim_spec(&id.uid) {
+            Ok(_) => cause,
+            Err(e) => ClaimError::RollbackIncomplete {
+                cause: Box::new(cause),
+                failures: vec![ClaimError::Cdi {
+                    claim: id.to_string(),
+                    detail: format!("removing the spec: {}", crate::kubelet::error_chain(&e)),
+                }],
+            },
         }
     }
 

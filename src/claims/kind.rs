@@ -21,6 +21,8 @@ impl ClaimError {
             ClaimError::Config { .. } => "config",
             ClaimError::Sharing { .. } => "sharing",
             ClaimError::Batch { kind, .. } => kind,
+            ClaimError::Undo { .. } => "undo",
+            ClaimError::RollbackIncomplete { cause, .. } => cause.kind(),
         }
     }
 }

@@ -22,15 +22,16 @@ mod kind;
 pub mod plan;
 mod recover;
 pub mod sharing;
+mod undo;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::cdi::{self, CdiWriter, ClaimDevice, GpuDeviceRef, HostFacts};
-use crate::checkpoint::{self, CheckpointStore, ClaimPhase, ClaimRecord, DeviceRecord};
-use crate::devices::{self, DeviceModel, ModelOptions};
-use crate::hardware::{GpuBackend, HardwareError, MigModeChange, NvmlCode};
+use crate::checkpoint::{self, CheckpointStore, ClaimPhase, DeviceRecord};
+use crate::devices::{DeviceModel, ModelOptions};
+use crate::hardware::{GpuBackend, HardwareError, MigModeChange};
 pub use cache::{CheckpointCache, ModelCache};
 use plan::{Action, PlannedDevice};
 pub use recover::RecoveryReport;
@@ -245,6 +246,34 @@ pub enum ClaimError {
         /// The step and its causes.
         detail: String,
     },
+    /// Undoing a claim (unprepare, the rollback of a half-done claim, start-up recovery)
+    /// tried every step and these failed. The claim's record stays, so the kubelet's next
+    /// call, MPS supervision or start-up recovery repeats what is left.
+    #[error(
+        "claim {claim}: undo incomplete, {} step(s) failed: {}",
+        failures.len(),
+        undo::list(failures)
+    )]
+    Undo {
+        /// Claim (or the recovery step).
+        claim: String,
+        /// Every step that failed, in the order tried.
+        failures: Vec<ClaimError>,
+    },
+    /// A prepare failed, and rolling it back left steps undone (repeated as for
+    /// [`ClaimError::Undo`]). The message leads with why the prepare failed.
+    #[error(
+        "{}; rolling back left {} step(s) undone: {}",
+        crate::kubelet::error_chain(cause.as_ref()),
+        failures.len(),
+        undo::list(failures)
+    )]
+    RollbackIncomplete {
+        /// Why the prepare failed.
+        cause: Box<ClaimError>,
+        /// Every rollback step that failed, in the order tried.
+        failures: Vec<ClaimError>,
+    },
 }
 
 impl ClaimError {
@@ -388,21 +417,6 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 claim: id.to_string(),
             })
         })
-    }
-
-    /// Undoes a failed prepare of `id`; the original error is what the kubelet must see, so a
-    /// failed rollback is only logged (the kubelet's retry, the supervisor or start-up
-    /// recovery finish it).
-    fn roll_back_failed(&self, store: &mut CheckpointStore, id: &ClaimId) {
-        if let Some(rec) = store.checkpoint().claims.get(&id.uid).cloned()
-            && let Err(rollback) = self.roll_back(store, &rec)
-        {
-            tracing::warn!(
-                claim = %id,
-                error = %crate::kubelet::error_chain(&rollback),
-                "rolling back a failed prepare"
-            );
-        }
     }
 
     /// The hardware, sharing and CDI steps of a prepare whose intent is recorded; returns
@@ -551,96 +565,17 @@ impl<S: ClaimSource> ClaimsManager<S> {
         }
     }
 
-    /// Unprepares a claim: removes its CDI spec, destroys the MIG devices it carved, forgets
-    /// it. Unknown claims succeed (the kubelet may repeat calls). A call of one claim of
-    /// [`ClaimsManager::unprepare_batch`].
+    /// Unprepares a claim: removes its CDI spec, stops its sharing, destroys the MIG devices
+    /// it carved, forgets it. Unknown claims succeed (the kubelet may repeat calls).
+    ///
+    /// # Errors
+    /// When the checkpoint cannot record that the unprepare started, nothing is touched (a
+    /// record saying "prepared" must never outlive the devices). After that every step is
+    /// tried: [`ClaimError::Undo`] lists all that failed, and the claim stays recorded as
+    /// unpreparing until a repeat finishes.
     pub async fn unprepare(&self, id: &ClaimId) -> Result<(), ClaimError> {
         let mut results = self.unprepare_batch(std::slice::from_ref(id)).await;
         results.pop().unwrap_or(Ok(()))
-    }
-
-    /// Destroys a MIG device; one already gone (an earlier, interrupted cleanup) is success.
-    fn destroy_if_present(&self, index: u32, gi: u32, ci: u32) -> Result<(), HardwareError> {
-        match self.backend.destroy_mig_device(index, gi, ci) {
-            Err(HardwareError::Nvml {
-                code: NvmlCode::NotFound,
-                ..
-            }) => Ok(()),
-            other => other,
-        }
-    }
-
-    /// Undoes whatever of `rec` exists: CDI spec, carved MIG devices, the record itself.
-    /// Each step tolerates work already done, so it can be repeated after a crash.
-    fn roll_back(&self, store: &mut CheckpointStore, rec: &ClaimRecord) -> Result<(), ClaimError> {
-        self.undo(rec, store.checkpoint())?;
-        let claim = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
-        let uid = rec.uid.clone();
-        self.update(store, &claim, |cp| {
-            cp.claims.remove(&uid);
-        })
-    }
-
-    /// The effects of `rec` undone (CDI spec, sharing, carved MIG devices), its record kept;
-    /// `others` is the checkpoint whose other claims may still share its devices.
-    fn undo(&self, rec: &ClaimRecord, others: &checkpoint::Checkpoint) -> Result<(), ClaimError> {
-        let claim = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
-        self.cdi
-            .remove_claim_spec(&rec.uid)
-            .map_err(|e| ClaimError::Cdi {
-                claim: claim.clone(),
-                detail: crate::kubelet::error_chain(&e),
-            })?;
-        crate::crashpoint::hit("unprepare-cdi-removed");
-        sharing::undo(self.sharing.as_ref(), &claim, rec, others)?;
-        if rec
-            .devices
-            .iter()
-            .any(|d| d.mig.as_ref().is_some_and(|m| m.gi_id.is_some()))
-        {
-            let inventory = self
-                .backend
-                .inventory()
-                .map_err(|source| ClaimError::Inventory {
-                    claim: claim.clone(),
-                    source: Box::new(source),
-                })?;
-            let gpus = inventory.gpus.clone();
-            // A consumable-capacity share of a carved MIG device: the last claim out destroys it.
-            let held_by_others: std::collections::BTreeSet<&str> = others
-                .claims
-                .values()
-                .filter(|c| c.uid != rec.uid)
-                .flat_map(|c| c.devices.iter().map(|d| d.device.as_str()))
-                .collect();
-            let model = self.model_cache.get(inventory, &self.model_options);
-            for d in &rec.devices {
-                let Some(mig) = &d.mig else { continue };
-                // Only what the claim carved: an existing (static) MIG device stays.
-                if matches!(
-                    model.device(&d.device).map(|p| &p.kind),
-                    Some(devices::DeviceKind::MigStatic { .. })
-                ) || held_by_others.contains(d.device.as_str())
-                {
-                    continue;
-                }
-                let Some(gpu) = gpus.iter().find(|g| g.minor == mig.parent_minor) else {
-                    continue; // the GPU is gone, and its instances with it
-                };
-                if let (Some(gi), Some(ci)) = (mig.gi_id, mig.ci_id)
-                    && let Err(source) = self.destroy_if_present(gpu.index, gi, ci)
-                {
-                    return Err(ClaimError::Hardware {
-                        claim,
-                        device: d.device.clone(),
-                        step: "destroy MIG device",
-                        source: Box::new(source),
-                    });
-                }
-            }
-        }
-        crate::crashpoint::hit("unprepare-mig-destroyed");
-        Ok(())
     }
 }
 

@@ -24,13 +24,24 @@ pub struct RecoveryReport {
     pub mps_restarted: Vec<String>,
     /// MPS steps that failed (daemon and error); the supervisor retries the restarts.
     pub mps_failed: Vec<String>,
+    /// Undo steps of unfinished claims that failed again in a supervision round (each with
+    /// its causes); the next round retries them.
+    pub undo_failed: Vec<String>,
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
     /// Reconciles after a (re)start. A corrupt checkpoint is moved aside (never a crash loop);
     /// claims stuck mid-way are rolled back; MIG devices no prepared claim owns are destroyed
     /// on dynamic-MIG GPUs only (static devices belong to the administrator); CDI specs of
-    /// claims that are not prepared are removed.
+    /// claims that are not prepared are removed; MPS daemons are reconciled.
+    ///
+    /// Best effort to the end: a step that fails does not stop the others.
+    ///
+    /// # Errors
+    /// [`ClaimError::Checkpoint`] when the checkpoint cannot be opened (nothing else is
+    /// tried: without it nothing is known to be orphaned); otherwise [`ClaimError::Undo`]
+    /// listing every rollback, MIG destruction and spec removal that failed, after all were
+    /// tried. MPS failures are not errors: they are in the report and supervision retries.
     pub fn recover(&self) -> Result<RecoveryReport, ClaimError> {
         let startup = "startup recovery";
         let (mut store, outcome) =
@@ -44,6 +55,53 @@ impl<S: ClaimSource> ClaimsManager<S> {
             checkpoint: outcome.message(),
             ..Default::default()
         };
+        let mut failures = Vec::new();
+        report.rolled_back = self.finish_unfinished(&mut store, &mut failures);
+        self.destroy_orphans(&store, &mut report, &mut failures);
+        match self.cdi.list_claim_specs() {
+            Ok(specs) => {
+                for uid in specs {
+                    if store.checkpoint().claims.contains_key(&uid) {
+                        continue;
+                    }
+                    match self.cdi.remove_claim_spec(&uid) {
+                        Ok(_) => report.stale_specs_removed.push(uid),
+                        Err(e) => failures.push(ClaimError::Cdi {
+                            claim: startup.to_string(),
+                            detail: format!(
+                                "removing the stale spec of claim {uid}: {}",
+                                crate::kubelet::error_chain(&e)
+                            ),
+                        }),
+                    }
+                }
+            }
+            Err(e) => failures.push(ClaimError::Cdi {
+                claim: startup.to_string(),
+                detail: crate::kubelet::error_chain(&e),
+            }),
+        }
+        self.count_prepared(store.checkpoint());
+        // Never fatal: one daemon that cannot start must not keep the plugin (and every other
+        // claim) down; it is reported and the supervisor keeps trying.
+        self.reconcile_mps(store.checkpoint(), &mut report);
+        if failures.is_empty() {
+            Ok(report)
+        } else {
+            Err(ClaimError::Undo {
+                claim: startup.to_string(),
+                failures,
+            })
+        }
+    }
+
+    /// Rolls back every claim not fully prepared (left by a crash, or by an undo that failed
+    /// part-way); returns the claims finished, adds the failures of the others.
+    fn finish_unfinished(
+        &self,
+        store: &mut CheckpointStore,
+        failures: &mut Vec<ClaimError>,
+    ) -> Vec<String> {
         let unfinished: Vec<_> = store
             .checkpoint()
             .claims
@@ -51,19 +109,34 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .filter(|c| c.phase != ClaimPhase::PrepareCompleted)
             .cloned()
             .collect();
+        let mut finished = Vec::new();
         for rec in unfinished {
-            self.roll_back(&mut store, &rec)?;
-            report
-                .rolled_back
-                .push(format!("{}/{} ({})", rec.namespace, rec.name, rec.uid));
+            match self.roll_back(store, &rec) {
+                Ok(()) => finished.push(format!("{}/{} ({})", rec.namespace, rec.name, rec.uid)),
+                Err(e) => failures.push(e),
+            }
         }
-        let inventory = self
-            .backend
-            .inventory()
-            .map_err(|source| ClaimError::Inventory {
-                claim: startup.to_string(),
-                source: Box::new(source),
-            })?;
+        finished
+    }
+
+    /// Destroys the MIG devices of dynamic-MIG GPUs that no claim record owns.
+    fn destroy_orphans(
+        &self,
+        store: &CheckpointStore,
+        report: &mut RecoveryReport,
+        failures: &mut Vec<ClaimError>,
+    ) {
+        let startup = "startup recovery";
+        let inventory = match self.backend.inventory() {
+            Ok(inventory) => inventory,
+            Err(source) => {
+                failures.push(ClaimError::Inventory {
+                    claim: startup.to_string(),
+                    source: Box::new(source),
+                });
+                return;
+            }
+        };
         let owned: Vec<(u32, u32)> = store
             .checkpoint()
             .claims
@@ -89,39 +162,19 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 }))
                 .filter(|(gi, ..)| !owned.contains(&(gpu.minor, *gi)));
             for (gi, ci, profile, start) in orphans {
-                if let Err(source) = self.destroy_if_present(gpu.index, gi, ci) {
-                    return Err(ClaimError::Hardware {
+                match self.destroy_if_present(gpu.index, gi, ci) {
+                    Ok(()) => report
+                        .orphans_destroyed
+                        .push(format!("GPU {} {profile}@{start} (GI {gi})", gpu.index)),
+                    Err(source) => failures.push(ClaimError::Hardware {
                         claim: startup.to_string(),
                         device: format!("GPU {} GI {gi}", gpu.index),
                         step: "destroy orphaned MIG device",
                         source: Box::new(source),
-                    });
+                    }),
                 }
-                report
-                    .orphans_destroyed
-                    .push(format!("GPU {} {profile}@{start} (GI {gi})", gpu.index));
             }
         }
-        let specs = self.cdi.list_claim_specs().map_err(|e| ClaimError::Cdi {
-            claim: startup.to_string(),
-            detail: crate::kubelet::error_chain(&e),
-        })?;
-        for uid in specs {
-            if !store.checkpoint().claims.contains_key(&uid) {
-                self.cdi
-                    .remove_claim_spec(&uid)
-                    .map_err(|e| ClaimError::Cdi {
-                        claim: startup.to_string(),
-                        detail: crate::kubelet::error_chain(&e),
-                    })?;
-                report.stale_specs_removed.push(uid);
-            }
-        }
-        self.count_prepared(store.checkpoint());
-        // Last, and never fatal: one daemon that cannot start must not keep the plugin (and
-        // every other claim) down; it is reported and the supervisor keeps trying.
-        self.reconcile_mps(store.checkpoint(), &mut report);
-        Ok(report)
     }
 }
 
@@ -145,22 +198,31 @@ impl<S: ClaimSource> ClaimsManager<S> {
         report.mps_restarted = restart_dead(setup, &prepared, &mut report.mps_failed);
     }
 
-    /// One round of MPS supervision: every daemon a prepared claim uses is checked over its
-    /// control pipe and restarted (limits re-sent and verified) if it died, and daemons no
-    /// claim record uses (left by a failed rollback) are stopped. Callers hold the plugin lock,
-    /// so no prepare or unprepare runs at the same time.
+    /// One round of supervision: claims whose undo failed part-way (a full or read-only
+    /// disk, a tool that failed) are rolled back again; every daemon a prepared claim uses is
+    /// checked over its control pipe and restarted (limits re-sent and verified) if it died;
+    /// daemons no claim record uses are stopped. Callers hold the plugin lock, so no prepare
+    /// or unprepare runs at the same time and any unfinished record is a leftover.
     ///
     /// # Errors
-    /// Only when the checkpoint cannot be read; per-daemon failures are in the report.
+    /// Only when the checkpoint cannot be read; per-claim and per-daemon failures are in the
+    /// report.
     pub fn supervise_mps(&self) -> Result<RecoveryReport, ClaimError> {
         let context = "MPS supervision";
-        let (store, _) = CheckpointStore::open(&self.state_dir, &self.boot_id).map_err(|e| {
-            ClaimError::Checkpoint {
-                claim: context.to_string(),
-                source: Box::new(e),
-            }
-        })?;
+        let (mut store, _) =
+            CheckpointStore::open(&self.state_dir, &self.boot_id).map_err(|e| {
+                ClaimError::Checkpoint {
+                    claim: context.to_string(),
+                    source: Box::new(e),
+                }
+            })?;
         let mut report = RecoveryReport::default();
+        let mut failures = Vec::new();
+        report.rolled_back = self.finish_unfinished(&mut store, &mut failures);
+        report.undo_failed = failures
+            .iter()
+            .map(|e| crate::kubelet::error_chain(e))
+            .collect();
         self.reconcile_mps(store.checkpoint(), &mut report);
         Ok(report)
     }

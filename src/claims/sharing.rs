@@ -508,20 +508,29 @@ pub(super) fn apply(
 }
 
 /// Undoes a claim's sharing: its own MPS daemons, the daemons of shared devices no other claim
-/// still uses, and time-slices. Each step tolerates work already done.
+/// still uses, and time-slices. Best effort to the end: every step is tried, and the failures
+/// come back (empty: all done). Each step tolerates work already done, so a repeat finishes
+/// what failed.
 pub(super) fn undo(
     setup: Option<&SharingSetup>,
     claim: &str,
     rec: &ClaimRecord,
     checkpoint: &Checkpoint,
-) -> Result<(), ClaimError> {
+) -> Vec<ClaimError> {
+    let mut failures = Vec::new();
     let mut daemons = BTreeSet::new();
     let mut time_sliced = Vec::new();
     for d in &rec.devices {
-        let sharing = DeviceSharing::of(d).map_err(|detail| ClaimError::Config {
-            claim: claim.to_string(),
-            detail,
-        })?;
+        let sharing = match DeviceSharing::of(d) {
+            Ok(sharing) => sharing,
+            Err(detail) => {
+                failures.push(ClaimError::Config {
+                    claim: claim.to_string(),
+                    detail,
+                });
+                continue;
+            }
+        };
         match sharing {
             None => {}
             Some(DeviceSharing::TimeSlicing { .. }) => time_sliced.push(d),
@@ -537,25 +546,24 @@ pub(super) fn undo(
         }
     }
     if daemons.is_empty() && time_sliced.is_empty() {
-        return Ok(());
+        return failures;
     }
     let Some(setup) = setup else {
         // Without tools nothing can be stopped or reset; refusing would keep the claim (and
         // its CDI spec and MIG devices) forever. The daemons' directories stay for a plugin
         // that has the tools to stop them (start-up recovery stops daemons no claim uses).
         tracing::warn!(claim, daemons = ?daemons, time_sliced = time_sliced.len(), "the claim was shared, but this plugin has no sharing tools: MPS daemons and time-slices left as they are");
-        return Ok(());
+        return failures;
     };
     for daemon in &daemons {
-        setup
-            .mps
-            .stop(daemon, &[])
-            .map_err(|source| ClaimError::Sharing {
+        if let Err(source) = setup.mps.stop(daemon, &[]) {
+            failures.push(ClaimError::Sharing {
                 claim: claim.to_string(),
                 device: daemon.clone(),
                 step: "stop the MPS control daemon",
                 source: Box::new(source),
-            })?;
+            });
+        }
     }
     for d in time_sliced {
         match setup.mps.tools.reset_timeslice(&d.gpu_uuid) {
@@ -563,18 +571,16 @@ pub(super) fn undo(
             Ok(ResetOutcome::NotSupported { command, .. }) => {
                 tracing::warn!(claim, device = %d.device, %command, "time-slice reset not supported by this GPU");
             }
-            Err(source) => {
-                return Err(ClaimError::Sharing {
-                    claim: claim.to_string(),
-                    device: d.device.clone(),
-                    step: "reset the time-slice",
-                    source: Box::new(source),
-                });
-            }
+            Err(source) => failures.push(ClaimError::Sharing {
+                claim: claim.to_string(),
+                device: d.device.clone(),
+                step: "reset the time-slice",
+                source: Box::new(source),
+            }),
         }
     }
     crate::crashpoint::hit("unprepare-sharing-undone");
-    Ok(())
+    failures
 }
 
 fn daemon_used_by_others(checkpoint: &Checkpoint, uid: &str, daemon: &str) -> bool {

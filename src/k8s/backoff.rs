@@ -5,6 +5,9 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
+/// The longest `Retry-After` honoured; a larger one (a misbehaving proxy) is cut to this.
+pub const MAX_SERVER_DELAY: Duration = Duration::from_secs(300);
+
 /// Delays between tries: `initial`, doubling up to `max`, each drawn at random from its upper
 /// half (`[d/2, d]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +45,14 @@ impl Backoff {
         let full = self.initial.saturating_mul(1u32 << doublings).min(self.max);
         let half = full / 2;
         half + half.mul_f64(fraction.clamp(0.0, 1.0))
+    }
+
+    /// [`Backoff::delay`], but at least what the server asked for (`Retry-After`), which is
+    /// honoured up to [`MAX_SERVER_DELAY`]: a server under load says when it can take the next
+    /// request, and coming back sooner only adds to its load.
+    pub fn delay_after(&self, retry: u32, asked: Option<Duration>) -> Duration {
+        let own = self.delay(retry);
+        asked.map_or(own, |asked| own.max(asked.min(MAX_SERVER_DELAY)))
     }
 
     /// Whether another try is allowed after `tried` tries.
@@ -88,6 +99,22 @@ mod tests {
             assert!(d <= Duration::from_secs(1), "retry {retry}: {d:?}");
             assert!(d >= Duration::from_millis(50), "retry {retry}: {d:?}");
         }
+    }
+
+    #[test]
+    fn a_retry_after_from_the_server_lengthens_the_delay_up_to_a_bound() {
+        let b = backoff();
+        assert!(b.delay_after(1, None) <= Duration::from_millis(100));
+        assert_eq!(
+            Duration::from_secs(3),
+            b.delay_after(1, Some(Duration::from_secs(3)))
+        );
+        assert_eq!(
+            MAX_SERVER_DELAY,
+            b.delay_after(1, Some(Duration::from_secs(86_400)))
+        );
+        let short = b.delay_after(4, Some(Duration::from_millis(1)));
+        assert!(short >= Duration::from_millis(400), "{short:?}");
     }
 
     #[test]

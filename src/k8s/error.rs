@@ -126,6 +126,9 @@ pub enum K8sError {
         reason: String,
         /// The server's message.
         message: String,
+        /// How long the server asked the client to wait before retrying (`429`/`503` with
+        /// `details.retryAfterSeconds`, which the API server sends with `Retry-After`).
+        retry_after: Option<std::time::Duration>,
     },
 
     /// The API server could not be reached or did not answer.
@@ -236,6 +239,12 @@ impl K8sError {
                 code: status.code,
                 reason: status.reason.clone(),
                 message: status.message.clone(),
+                retry_after: status
+                    .details
+                    .as_ref()
+                    .map(|d| d.retry_after_seconds)
+                    .filter(|s| *s > 0)
+                    .map(|s| std::time::Duration::from_secs(u64::from(s))),
             },
             kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
                 K8sError::Unreachable {
@@ -259,6 +268,14 @@ impl K8sError {
             K8sError::Unreachable { .. } => true,
             K8sError::Api { code, .. } => *code == 409 || *code == 429 || *code >= 500,
             _ => false,
+        }
+    }
+
+    /// How long the API server asked to wait before the next try, if it said.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            K8sError::Api { retry_after, .. } => *retry_after,
+            _ => None,
         }
     }
 

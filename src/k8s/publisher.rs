@@ -200,7 +200,11 @@ impl SlicePublisher {
                     });
                     match e {
                         K8sError::BuildSlices { .. } => None,
-                        _ => Some(self.options.background.delay(failures)),
+                        _ => Some(
+                            self.options
+                                .background
+                                .delay_after(failures, e.retry_after()),
+                        ),
                     }
                 }
             };
@@ -234,7 +238,10 @@ impl SlicePublisher {
             match result {
                 Ok(()) => return Ok(outcome),
                 Err(e) if e.is_transient() && self.options.retry.may_retry(outcome.attempts) => {
-                    let delay = self.options.retry.delay(outcome.attempts);
+                    let delay = self
+                        .options
+                        .retry
+                        .delay_after(outcome.attempts, e.retry_after());
                     tracing::debug!(
                         node = %self.node, attempt = outcome.attempts, ?delay,
                         error = %error_chain(&e), "transient API error, retrying"

@@ -66,19 +66,21 @@ pub trait DraHandler: Send + Sync + 'static {
 /// for the rest, keyed by UID (an empty UID is keyed by the empty string).
 ///
 /// A repeated UID is handed over once: the response map can hold only one answer per UID.
-pub(crate) fn validate_claims(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, BTreeMap<String, String>) {
+pub fn validate_claims(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, BTreeMap<String, String>) {
     let mut valid: Vec<ClaimRef> = Vec::with_capacity(claims.len());
     let mut invalid = BTreeMap::new();
     for claim in claims {
-        match missing_field(&claim) {
-            Some(field) => {
-                invalid.entry(claim.uid.clone()).or_insert_with(|| {
-                    format!(
-                        "claim field {field} is empty (namespace {:?}, name {:?}, uid {:?}); \
-                         the kubelet must send namespace, name and uid",
-                        claim.namespace, claim.name, claim.uid
-                    )
-                });
+        let problem = match missing_field(&claim) {
+            Some(field) => Some(format!(
+                "claim field {field} is empty (namespace {:?}, name {:?}, uid {:?}); \
+                 the kubelet must send namespace, name and uid",
+                claim.namespace, claim.name, claim.uid
+            )),
+            None => malformed_field(&claim),
+        };
+        match problem {
+            Some(problem) => {
+                invalid.entry(claim.uid.clone()).or_insert(problem);
             }
             None if valid.iter().any(|seen| seen.uid == claim.uid) => {}
             None => valid.push(claim),
@@ -95,6 +97,63 @@ fn missing_field(claim: &ClaimRef) -> Option<&'static str> {
     ]
     .into_iter()
     .find_map(|(field, value)| value.is_empty().then_some(field))
+}
+
+/// A UID, namespace or name that no Kubernetes object has. They become parts of file and
+/// directory names (the CDI spec, MPS daemon directories) and checkpoint keys, so they are
+/// checked here, at the boundary, whatever later layers check again: a UID is letters,
+/// digits, `-`, `_` and `.` (an API server UID is a UUID), a namespace a DNS label and a
+/// name a DNS subdomain.
+fn malformed_field(claim: &ClaimRef) -> Option<String> {
+    let rules = [
+        FieldRule {
+            field: "uid",
+            max: 128,
+            allowed: |c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'),
+            valid: "letters, digits, '-', '_' and '.', starting and ending with a letter or digit",
+        },
+        FieldRule {
+            field: "namespace",
+            max: 63,
+            allowed: |c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-',
+            valid: "a DNS label: lowercase letters, digits and '-', starting and ending with a letter or digit",
+        },
+        FieldRule {
+            field: "name",
+            max: 253,
+            allowed: |c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '.'),
+            valid: "a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
+        },
+    ];
+    let values = [&claim.uid, &claim.namespace, &claim.name];
+    rules
+        .iter()
+        .zip(values)
+        .find_map(|(rule, value)| rule.problem(value))
+}
+
+/// What one claim field may hold.
+struct FieldRule {
+    field: &'static str,
+    max: usize,
+    allowed: fn(char) -> bool,
+    valid: &'static str,
+}
+
+impl FieldRule {
+    fn problem(&self, value: &str) -> Option<String> {
+        let alnum = |c: char| c.is_ascii_alphanumeric();
+        let ok = value.len() <= self.max
+            && value.starts_with(alnum)
+            && value.ends_with(alnum)
+            && value.chars().all(self.allowed);
+        (!ok).then(|| {
+            format!(
+                "claim field {} {value:?} is not valid: at most {} characters, {}",
+                self.field, self.max, self.valid
+            )
+        })
+    }
 }
 
 /// Completes a handler answer: every requested claim gets an entry, answers about claims that
@@ -146,6 +205,39 @@ mod tests {
         assert!(invalid["uid-b"].contains("namespace is empty"));
         assert!(invalid["uid-c"].contains("name is empty"));
         assert!(invalid[""].contains("uid is empty"));
+    }
+
+    #[test]
+    fn claims_whose_fields_could_escape_a_directory_are_rejected_naming_the_field() {
+        let (valid, invalid) = validate_claims(vec![
+            claim("team-a", "ok", "3f2a9c1e-8b7d-4e21-a0c4-5d6e7f809a1b"),
+            claim("team-a", "traversal", "../../etc/cron.d/x"),
+            claim("team-a", "dot", ".hidden"),
+            claim("../x", "ns", "uid-ns"),
+            claim("team-a", "a/b", "uid-name"),
+            claim("team-a", "long", &"u".repeat(129)),
+        ]);
+        assert_eq!(vec!["3f2a9c1e-8b7d-4e21-a0c4-5d6e7f809a1b"], {
+            valid.iter().map(|c| c.uid.as_str()).collect::<Vec<_>>()
+        });
+        let field_of = |uid: &str| {
+            let message = &invalid[uid];
+            message
+                .strip_prefix("claim field ")
+                .and_then(|rest| rest.split(' ').next())
+                .unwrap_or_else(|| panic!("{message}"))
+                .to_string()
+        };
+        assert_eq!("uid", field_of("../../etc/cron.d/x"));
+        assert_eq!("uid", field_of(".hidden"));
+        assert_eq!("namespace", field_of("uid-ns"));
+        assert_eq!("name", field_of("uid-name"));
+        assert_eq!("uid", field_of(&"u".repeat(129)));
+        assert!(
+            invalid["uid-ns"].contains("a DNS label"),
+            "{}",
+            invalid["uid-ns"]
+        );
     }
 
     #[test]

@@ -19,7 +19,9 @@ mod server;
 mod sockets;
 
 pub use error::KubeletError;
-pub use handler::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
+pub use handler::{
+    ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults, validate_claims,
+};
 pub use health::{DeviceHealth, HealthSource, HealthStatus};
 pub use lock::{PluginLock, PluginLockGuard};
 pub use registration::{

@@ -345,6 +345,12 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
                 for failure in &report.mps_failed {
                     warn!(error = %failure, "MPS supervision");
                 }
+                if !report.rolled_back.is_empty() {
+                    warn!(claims = ?report.rolled_back, "finished undoing claims an earlier undo left part-way");
+                }
+                for failure in &report.undo_failed {
+                    warn!(error = %failure, "undoing a claim left part-way");
+                }
             }
             Ok(Err(e)) => warn!(error = %crate::kubelet::error_chain(&e), "MPS supervision"),
             Err(e) => warn!(error = %e, "MPS supervision task"),

@@ -41,7 +41,41 @@ impl Finished {
     }
 }
 
-/// Runs `cmd` and waits at most `timeout`; on timeout the child is killed.
+/// Variables of the plugin's own environment a tool (and the MPS daemons it starts, which
+/// outlive the call and serve every client of a claim) gets: what finds and loads the NVIDIA
+/// binaries and libraries, the locale, and the NVIDIA/CUDA and simulator settings. Nothing
+/// else — not the service-account or API-server settings, not the plugin's own options —
+/// crosses into processes that run beside user workloads.
+const INHERITED_VARS: [&str; 7] = [
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+];
+
+/// Prefixes of inherited variables (see [`INHERITED_VARS`]).
+const INHERITED_PREFIXES: [&str; 4] = ["CUDA_", "NVIDIA_", "__NV_", "GPU_DRA_SIM"];
+
+/// The part of `vars` (the plugin's environment) a tool inherits; the tool's own variables
+/// are added on top by the caller.
+pub(crate) fn inherited_env(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    vars.into_iter()
+        .filter(|(key, _)| {
+            key.to_str().is_some_and(|key| {
+                INHERITED_VARS.contains(&key)
+                    || INHERITED_PREFIXES.iter().any(|p| key.starts_with(p))
+            })
+        })
+        .collect()
+}
+
+/// Runs `cmd` and waits at most `timeout`; on timeout the child is killed. The child's
+/// environment is [`inherited_env`] of ours plus `cmd.env`.
 ///
 /// With `output_file`, stdout and stderr go to that file instead of pipes: a daemonising
 /// tool may leave a grandchild holding its stdout, which would make a pipe read block.
@@ -56,6 +90,8 @@ pub(crate) fn run(
 ) -> Result<Finished, SharingError> {
     let mut c = Command::new(&cmd.program);
     c.args(&cmd.args);
+    c.env_clear();
+    c.envs(inherited_env(std::env::vars_os()));
     c.envs(cmd.env.iter().map(|(k, v)| (k, v)));
     c.stdin(if cmd.stdin.is_some() {
         Stdio::piped()
@@ -151,4 +187,41 @@ pub(crate) fn failed(cmd: &CommandLine, done: &Finished) -> SharingError {
 /// Sends SIGKILL to `pid` with the `kill` command.
 pub(crate) fn kill(pid: u32, timeout: Duration) -> Result<(), SharingError> {
     run_checked(&commands::kill(pid), timeout, None).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[test]
+    fn tools_inherit_only_what_finds_and_runs_the_nvidia_binaries() {
+        let vars = [
+            ("PATH", "/usr/bin"),
+            ("LD_LIBRARY_PATH", "/usr/lib"),
+            ("CUDA_MPS_LOG_DIRECTORY", "/var/log/mps"),
+            ("NVIDIA_DRIVER_ROOT", "/driver-root"),
+            ("GPU_DRA_SIM_TOOLS_LOG", "/tmp/tools.log"),
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("KUBECONFIG", "/etc/kubeconfig"),
+            ("GPU_DRA_LOG", "debug"),
+            ("AWS_SECRET_ACCESS_KEY", "hunter2"),
+            ("HOME", "/root"),
+        ]
+        .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        let got: Vec<String> = inherited_env(vars)
+            .into_iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            vec![
+                "PATH",
+                "LD_LIBRARY_PATH",
+                "CUDA_MPS_LOG_DIRECTORY",
+                "NVIDIA_DRIVER_ROOT",
+                "GPU_DRA_SIM_TOOLS_LOG"
+            ],
+            got
+        );
+    }
 }

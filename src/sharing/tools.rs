@@ -34,7 +34,8 @@ pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Tools {
     pub nvidia_smi: PathBuf,
     pub mps_control: PathBuf,
-    /// Added to the inherited environment of every tool call (`LD_PRELOAD`, `PATH`, …).
+    /// Added to the environment of every tool call (`LD_PRELOAD`, `PATH`, …), on top of the
+    /// few variables tools inherit from the plugin (see `exec::inherited_env`).
     pub env: Vec<(String, String)>,
     pub timeout: Duration,
 }

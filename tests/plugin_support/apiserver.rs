@@ -4,25 +4,25 @@
 //! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
 //! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
 //! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
-//! table the test fills. Errors are `Status` objects. Every request is recorded. A GET can be
-//! made to take a set time ([`FakeApiServer::set_get_latency`]), as a real API server's does.
+//! table the test fills. Errors are `Status` objects. Every request is recorded. Faults
+//! (outages, error statuses, hang-ups, slow answers) are injected per request
+//! ([`FakeApiServer::inject`], [`FakeApiServer::set_down`]). A GET can be made to take a set
+//! time ([`FakeApiServer::set_get_latency`]), as a real API server's does.
 //!
 //! The server runs on its own thread and runtime, so it outlives the test's runtime and works
 //! from synchronous benchmarks too; dropping the handle stops it.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+
+use super::apifaults::serve;
+pub use super::apifaults::{Fault, Rule};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub const NODE_UID: &str = "0b6c5e1e-node-uid";
@@ -34,16 +34,20 @@ pub struct Recorded {
     pub path: String,
     pub query: BTreeMap<String, String>,
     pub body: Option<Value>,
+    /// The `Authorization` header, if the client sent one.
+    pub authorization: Option<String>,
     /// When the server received it.
     pub at: Instant,
 }
 
-struct Store {
+pub(super) struct Store {
     node: String,
     slices: BTreeMap<String, Value>,
     claims: BTreeMap<(String, String), Value>,
     next_version: u64,
-    requests: Vec<Recorded>,
+    pub(super) requests: Vec<Recorded>,
+    /// Faults still to inject, first match wins.
+    pub(super) faults: Vec<Rule>,
 }
 
 /// The running server. Cheap to share between threads.
@@ -53,13 +57,14 @@ pub struct FakeApiServer {
     get_latency_ns: Arc<AtomicU64>,
     gets: Arc<GetsInFlight>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    down: tokio::sync::watch::Sender<bool>,
 }
 
 /// GETs being answered now, and the most there ever were at once.
 #[derive(Default)]
-struct GetsInFlight {
-    now: std::sync::atomic::AtomicUsize,
-    peak: std::sync::atomic::AtomicUsize,
+pub(super) struct GetsInFlight {
+    pub(super) now: std::sync::atomic::AtomicUsize,
+    pub(super) peak: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeApiServer {
@@ -71,11 +76,13 @@ impl FakeApiServer {
             claims: BTreeMap::new(),
             next_version: 1000,
             requests: Vec::new(),
+            faults: Vec::new(),
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API server");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (down, down_rx) = tokio::sync::watch::channel(false);
         let shared = store.clone();
         let get_latency_ns = Arc::new(AtomicU64::new(0));
         let gets = Arc::new(GetsInFlight::default());
@@ -85,7 +92,7 @@ impl FakeApiServer {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(serve(listener, shared, latency, in_flight, stopped));
+            runtime.block_on(serve(listener, shared, latency, in_flight, stopped, down_rx));
         });
         FakeApiServer {
             addr,
@@ -93,6 +100,7 @@ impl FakeApiServer {
             get_latency_ns,
             gets,
             stop: Some(stop),
+            down,
         }
     }
 
@@ -160,6 +168,50 @@ impl FakeApiServer {
         self.lock().requests.clone()
     }
 
+    /// Injects `fault` into the next `times` requests (`None`: every one) whose method is
+    /// `method` (any when `None`) and whose path contains `path`. Rules are checked in the
+    /// order added; the first that matches applies.
+    pub fn inject(&self, method: Option<&str>, path: &str, fault: Fault, times: Option<usize>) {
+        self.lock().faults.push(Rule {
+            method: method.map(str::to_string),
+            path: path.to_string(),
+            fault,
+            times,
+        });
+    }
+
+    /// Removes every fault rule.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// An outage (`true`): the port is closed, so connections are refused, and open
+    /// connections are cut. `false` listens again on the same port. Returns once the change
+    /// is in effect (the server runs on its own thread).
+    pub fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(self.addr).is_ok() == down {
+            assert!(
+                Instant::now() < deadline,
+                "the fake API server did not go {}",
+                if down { "down" } else { "up" }
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Changes a stored slice behind the plugin's back (as another writer would), with a new
+    /// resourceVersion.
+    pub fn edit_slice(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut store = self.lock();
+        store.next_version += 1;
+        let version = store.next_version.to_string();
+        let slice = store.slices.get_mut(name).expect("slice to edit");
+        edit(slice);
+        slice["metadata"]["resourceVersion"] = json!(version);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -173,92 +225,8 @@ impl Drop for FakeApiServer {
     }
 }
 
-async fn serve(
-    listener: std::net::TcpListener,
-    store: Arc<Mutex<Store>>,
-    get_latency_ns: Arc<AtomicU64>,
-    gets: Arc<GetsInFlight>,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => continue,
-            },
-            _ = &mut stopped => return,
-        };
-        let store = store.clone();
-        let (latency, gets) = (get_latency_ns.clone(), gets.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                answer(
-                    store.clone(),
-                    latency.load(Ordering::Relaxed),
-                    gets.clone(),
-                    req,
-                )
-            });
-            // A client that hangs up mid-request is not the server's problem.
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
-}
-
-async fn answer(
-    store: Arc<Mutex<Store>>,
-    get_latency_ns: u64,
-    gets: Arc<GetsInFlight>,
-    request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let arrived = Instant::now();
-    let is_get = request.method() == hyper::Method::GET;
-    if is_get {
-        let now = gets.now.fetch_add(1, Ordering::SeqCst) + 1;
-        gets.peak.fetch_max(now, Ordering::SeqCst);
-    }
-    let (parts, body) = request.into_parts();
-    let bytes = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let recorded = Recorded {
-        method: parts.method.to_string(),
-        path: parts.uri.path().to_string(),
-        query: parts.uri.query().map(query_pairs).unwrap_or_default(),
-        body: serde_json::from_slice(&bytes).ok(),
-        at: Instant::now(),
-    };
-    let (code, value) = {
-        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-        store.requests.push(recorded.clone());
-        store.route(&recorded)
-    };
-    if recorded.method == "GET" && get_latency_ns > 0 {
-        let until = arrived + Duration::from_nanos(get_latency_ns);
-        let _ = tokio::task::spawn_blocking(move || {
-            let left = until.saturating_duration_since(Instant::now());
-            std::thread::sleep(left);
-        })
-        .await;
-    }
-    if is_get {
-        gets.now.fetch_sub(1, Ordering::SeqCst);
-    }
-    let response = Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(value.to_string())))
-        .expect("response");
-    Ok(response)
-}
-
 impl Store {
-    fn route(&mut self, r: &Recorded) -> (u16, Value) {
+    pub(super) fn route(&mut self, r: &Recorded) -> (u16, Value) {
         let segments: Vec<&str> = r.path.trim_matches('/').split('/').collect();
         match (r.method.as_str(), segments.as_slice()) {
             ("GET", ["version"]) => (
@@ -385,7 +353,7 @@ impl Store {
     }
 }
 
-fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+pub(super) fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
     (
         code,
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -398,7 +366,7 @@ fn not_found(resource: &str, name: &str) -> (u16, Value) {
 }
 
 /// `a=b&c=d%3De` → pairs, percent-decoded.
-fn query_pairs(query: &str) -> BTreeMap<String, String> {
+pub(super) fn query_pairs(query: &str) -> BTreeMap<String, String> {
     query
         .split('&')
         .filter(|p| !p.is_empty())

@@ -3,8 +3,11 @@
 //! child process that tests start, drive with [`KubeletClient`], signal and restart.
 #![allow(dead_code)] // each test file and the bench use a different part
 
+pub mod apifaults;
 pub mod apiserver;
 pub mod claims;
+pub mod disk;
+pub mod probe;
 #[path = "../nvml_sim_support/mod.rs"]
 pub mod nvml_sim;
 pub mod sharing;

@@ -1,0 +1,215 @@
+//! The fake API server's network side and the faults it injects: refused connections (an
+//! outage closes the port and cuts open connections), error statuses with `Retry-After`,
+//! hang-ups mid-request (a list or get cut off), and slow answers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::apiserver::{GetsInFlight, Recorded, Store, query_pairs, status};
+
+/// What happens to a request a [`Rule`] matches.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// The connection is closed without an answer (a list or get interrupted).
+    Hangup,
+    /// An error `Status` with this code and reason; with `retry_after` seconds it carries
+    /// the `Retry-After` header and `details.retryAfterSeconds`, as the API server's
+    /// 429 (priority and fairness) and 503 answers do.
+    Status {
+        code: u16,
+        reason: &'static str,
+        retry_after: Option<u32>,
+    },
+    /// The normal answer, after this delay.
+    Delay(Duration),
+}
+
+/// One injected fault.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// HTTP method, any when `None`.
+    pub method: Option<String>,
+    /// Substring of the path.
+    pub path: String,
+    /// The fault.
+    pub fault: Fault,
+    /// Requests still to fault; `None`: every one.
+    pub times: Option<usize>,
+}
+
+impl Store {
+    /// The fault for `r`, if a rule matches (using up one of its times).
+    fn fault_for(&mut self, r: &Recorded) -> Option<Fault> {
+        let at = self.faults.iter().position(|rule| {
+            rule.method.as_deref().is_none_or(|m| m == r.method)
+                && r.path.contains(&rule.path)
+                && rule.times != Some(0)
+        })?;
+        let rule = &mut self.faults[at];
+        if let Some(times) = rule.times.as_mut() {
+            *times -= 1;
+        }
+        Some(rule.fault.clone())
+    }
+}
+
+type Answer = Result<Response<Full<Bytes>>, std::io::Error>;
+
+pub(super) async fn serve(
+    listener: std::net::TcpListener,
+    store: Arc<Mutex<Store>>,
+    get_latency_ns: Arc<AtomicU64>,
+    gets: Arc<GetsInFlight>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+    mut down: watch::Receiver<bool>,
+) {
+    let addr = listener.local_addr().expect("address");
+    let mut listener = Some(tokio::net::TcpListener::from_std(listener).expect("tokio listener"));
+    loop {
+        let Some(open) = listener.as_ref() else {
+            // Down: nothing listens, so connections are refused, until the test says up.
+            tokio::select! {
+                changed = down.changed() => if changed.is_err() { return },
+                _ = &mut stopped => return,
+            }
+            if !*down.borrow() {
+                let std = std::net::TcpListener::bind(addr).expect("listen again");
+                std.set_nonblocking(true).expect("nonblocking");
+                listener = Some(tokio::net::TcpListener::from_std(std).expect("listener"));
+            }
+            continue;
+        };
+        let stream = tokio::select! {
+            accepted = open.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+            changed = down.changed() => {
+                if changed.is_err() { return }
+                if *down.borrow() { listener = None; }
+                continue;
+            }
+            _ = &mut stopped => return,
+        };
+        let store = store.clone();
+        let (latency, in_flight) = (get_latency_ns.clone(), gets.clone());
+        let mut cut = down.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                answer(
+                    store.clone(),
+                    latency.load(Ordering::Relaxed),
+                    in_flight.clone(),
+                    req,
+                )
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            // An outage cuts open connections too; a client that hangs up mid-request is not
+            // the server's problem.
+            tokio::select! {
+                _ = connection => {}
+                _ = cut.wait_for(|down| *down) => {}
+            }
+        });
+    }
+}
+
+/// Answers one request: GETs are counted while in flight and take at least
+/// `get_latency_ns` (the fake's stand-in for an API server's read latency).
+async fn answer(
+    store: Arc<Mutex<Store>>,
+    get_latency_ns: u64,
+    gets: Arc<GetsInFlight>,
+    request: Request<Incoming>,
+) -> Answer {
+    let arrived = Instant::now();
+    let is_get = request.method() == hyper::Method::GET;
+    if is_get {
+        let now = gets.now.fetch_add(1, Ordering::SeqCst) + 1;
+        gets.peak.fetch_max(now, Ordering::SeqCst);
+    }
+    let answer = answer_faulted(store, request).await;
+    if is_get && get_latency_ns > 0 {
+        let until = arrived + Duration::from_nanos(get_latency_ns);
+        // A blocking sleep: tokio's timer rounds up to whole milliseconds.
+        let _ = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        })
+        .await;
+    }
+    if is_get {
+        gets.now.fetch_sub(1, Ordering::SeqCst);
+    }
+    answer
+}
+
+async fn answer_faulted(store: Arc<Mutex<Store>>, request: Request<Incoming>) -> Answer {
+    let (parts, body) = request.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let recorded = Recorded {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        query: parts.uri.query().map(query_pairs).unwrap_or_default(),
+        body: serde_json::from_slice(&bytes).ok(),
+        authorization: parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        at: Instant::now(),
+    };
+    let fault = {
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store.requests.push(recorded.clone());
+        store.fault_for(&recorded)
+    };
+    let mut retry_after = None;
+    let (code, value) = match fault {
+        Some(Fault::Hangup) => {
+            return Err(std::io::Error::other("injected hang-up"));
+        }
+        Some(Fault::Status {
+            code,
+            reason,
+            retry_after: after,
+        }) => {
+            retry_after = after;
+            let (code, mut value) = status(code, reason, &format!("injected {code} {reason}"));
+            if let Some(seconds) = after {
+                value["details"] = json!({"retryAfterSeconds": seconds});
+            }
+            (code, value)
+        }
+        Some(Fault::Delay(delay)) => {
+            tokio::time::sleep(delay).await;
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            store.route(&recorded)
+        }
+        None => {
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            store.route(&recorded)
+        }
+    };
+    let mut response = Response::builder()
+        .status(code)
+        .header("content-type", "application/json");
+    if let Some(seconds) = retry_after {
+        response = response.header("retry-after", seconds.to_string());
+    }
+    Ok(response
+        .body(Full::new(Bytes::from(value.to_string())))
+        .expect("response"))
+}

@@ -1,0 +1,27 @@
+//! The plugin's metrics and probe endpoint, found in its log and read over plain HTTP/1.1.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+/// The address the plugin logged when it bound `127.0.0.1:0`.
+pub fn metrics_addr(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+    let start = line.find("127.0.0.1:")?;
+    let addr: String = line[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    addr.parse().ok()
+}
+
+/// Status and body of `GET path`, or `None` when the connection fails.
+pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
