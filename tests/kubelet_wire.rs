@@ -125,7 +125,7 @@ async fn every_authority_form_gets_answers_from_registration_dra_and_health() {
 
         let mut dra = RawH2::connect(&dra_socket).await.unwrap();
         let authority = form.value(&dra_socket);
-        let uid = format!("uid-{form:?}");
+        let uid = format!("uid-{form:?}").to_lowercase();
         let answer = ok_message(
             &dra.unary(
                 PREPARE_V1,
