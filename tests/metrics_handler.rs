@@ -10,7 +10,7 @@ use gpu_dra::devices::ModelOptions;
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::kubelet::{ClaimRef, DraHandler};
 use gpu_dra::metrics::{Metrics, Operation, Outcome};
-use gpu_dra::plugin::handler::{Handler, prepared_claims};
+use gpu_dra::plugin::handler::Handler;
 use gpu_dra::plugin::simhost::SimHostFacts;
 
 const POOL: &str = "dgx-h100";
@@ -148,26 +148,5 @@ async fn a_busy_device_is_counted_as_busy_and_unprepare_drops_the_gauge() {
     assert_eq!(
         Some("0".to_string()),
         gauge(&h.metrics.render(), "gpu_dra_prepared_claims")
-    );
-}
-
-#[test]
-fn prepared_claims_of_a_missing_checkpoint_is_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    assert_eq!(Some(0), prepared_claims(dir.path(), "boot-1"));
-}
-
-#[tokio::test]
-async fn prepared_claims_of_another_boot_is_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    let h = handler(&dir, &[("good", &["gpu-2"])]);
-    h.prepare(vec![claim("good")]).await;
-    let state = dir.path().join("state");
-    assert_eq!(
-        (Some(1), Some(0)),
-        (
-            prepared_claims(&state, "boot-1"),
-            prepared_claims(&state, "boot-2")
-        )
     );
 }

@@ -1,7 +1,7 @@
 //! Pure decisions of prepare: which hardware action each allocated device needs, and whether
 //! the claim may have it at all (this node's pool, a published device, nobody else holding it).
 
-use super::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId, ConfigEntry};
+use super::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId};
 use crate::checkpoint::{Checkpoint, DeviceRecord, MigRecord};
 use crate::devices::{DeviceKind, DeviceModel};
 
@@ -49,8 +49,6 @@ pub struct PlannedDevice {
     pub action: Action,
     /// The intent record (MIG ids filled in once created).
     pub record: DeviceRecord,
-    /// Opaque config entries that apply to this device, lowest precedence first.
-    pub config: Vec<ConfigEntry>,
 }
 
 /// Plans a claim's devices against the node's current model and the other prepared claims.
@@ -177,7 +175,6 @@ pub fn plan(
                 mig,
                 sharing: None,
             },
-            config: configs_for(&dev.request, &allocation.config),
         });
     }
     Ok(planned)
@@ -195,19 +192,6 @@ fn carved_share(id: &ClaimId, device: &str, checkpoint: &Checkpoint) -> Option<M
         .filter(|d| d.device == device && d.share_id.is_some())
         .filter_map(|d| d.mig.clone())
         .find(|m| m.gi_id.is_some() && m.ci_id.is_some() && m.uuid.is_some())
-}
-
-/// Config entries for `request`: class entries before claim entries, list order within each;
-/// an entry naming requests applies only to those (a `<request>/<sub>` result also matches
-/// an entry naming the parent request).
-pub fn configs_for(request: &str, entries: &[ConfigEntry]) -> Vec<ConfigEntry> {
-    let parent = request.split('/').next().unwrap_or(request);
-    let applies = |e: &&ConfigEntry| {
-        e.requests.is_empty() || e.requests.iter().any(|r| r == request || r == parent)
-    };
-    let class = entries.iter().filter(|e| e.from_class).filter(applies);
-    let claim = entries.iter().filter(|e| !e.from_class).filter(applies);
-    class.chain(claim).cloned().collect()
 }
 
 fn check_exclusive(

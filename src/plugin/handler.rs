@@ -2,17 +2,14 @@
 //! claims) at a time; each claim's outcome is logged in its own span and counted and timed in
 //! [`Metrics`].
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{info, info_span, warn};
 
-use crate::checkpoint::{self, ClaimPhase};
 use crate::claims::{ClaimError, ClaimId, ClaimSource, ClaimsManager};
-use crate::kubelet::{
-    ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults, error_chain,
-};
+use crate::errors::error_chain;
+use crate::kubelet::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
 use crate::metrics::{Metrics, Operation, Outcome};
 
 /// Adapts [`ClaimsManager`] to [`DraHandler`].
@@ -29,30 +26,6 @@ fn id(c: &ClaimRef) -> ClaimId {
         name: c.name.clone(),
         uid: c.uid.clone(),
     }
-}
-
-/// Claims the checkpoint in `state_dir` holds as prepared for boot `boot_id`; `None` when it
-/// cannot be read or decoded (the lifecycle reports that itself on its next call).
-///
-/// Reads the file without opening a [`checkpoint::CheckpointStore`]: opening cleans up temp
-/// files, which must not race a prepare in flight. The file is replaced atomically, so a read
-/// sees one whole version.
-pub fn prepared_claims(state_dir: &Path, boot_id: &str) -> Option<u64> {
-    let bytes = match std::fs::read(state_dir.join(checkpoint::CHECKPOINT_FILE)) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(0),
-        Err(_) => return None,
-    };
-    let checkpoint = checkpoint::decode(&bytes).ok()?;
-    if checkpoint.node_boot_id != boot_id {
-        return Some(0);
-    }
-    let prepared = checkpoint
-        .claims
-        .values()
-        .filter(|c| c.phase == ClaimPhase::PrepareCompleted)
-        .count();
-    u64::try_from(prepared).ok()
 }
 
 impl<S: ClaimSource + 'static> Handler<S> {
