@@ -151,7 +151,7 @@ pub async fn cluster_state(
 /// Classes from `--classes` (file or directory), else the built-in ones.
 pub fn classes(path: Option<&Path>) -> Result<Vec<DeviceClass>, String> {
     match path {
-        Some(p) => crate::explain::load_classes(p).map_err(|e| crate::kubelet::error_chain(&e)),
+        Some(p) => crate::explain::load_classes(p).map_err(|e| crate::errors::error_chain(&e)),
         None => builtin_classes().map_err(|e| e.to_string()),
     }
 }

@@ -13,6 +13,7 @@ pub mod claims;
 pub mod crashpoint;
 pub mod demo;
 pub mod devices;
+pub mod errors;
 pub mod explain;
 pub mod explain_inputs;
 pub mod fsutil;

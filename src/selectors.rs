@@ -15,16 +15,16 @@ impl SelectorEngine for CelEngine {
     type View<'d> = DeviceView;
 
     fn view<'d>(&self, driver: &'d str, device: &'d Device) -> Result<DeviceView, String> {
-        DeviceView::from_api(driver, device).map_err(|e| crate::kubelet::error_chain(&e))
+        DeviceView::from_api(driver, device).map_err(|e| crate::errors::error_chain(&e))
     }
 
     fn compile(&self, expression: &str) -> Result<Selector, String> {
-        Selector::compile(expression).map_err(|e| crate::kubelet::error_chain(&e))
+        Selector::compile(expression).map_err(|e| crate::errors::error_chain(&e))
     }
 
     fn evaluate(&self, program: &Selector, view: &DeviceView) -> Result<bool, String> {
         program
             .evaluate(view)
-            .map_err(|e| crate::kubelet::error_chain(&e))
+            .map_err(|e| crate::errors::error_chain(&e))
     }
 }

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::model::{Checkpoint, ClaimRecord};
 use super::wire::{self, DecodeError};
+use crate::errors::error_chain;
 use crate::fsutil::{self, FsError};
 
 /// File name of the checkpoint inside the state directory.
@@ -309,16 +310,4 @@ fn move_aside(path: &Path) -> Result<PathBuf, StoreError> {
         source,
     })?;
     Ok(to)
-}
-
-/// The error and its causes on one line, for the outcome message.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -246,7 +246,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 cause: Box::new(cause),
                 failures: vec![ClaimError::Cdi {
                     claim: id.to_string(),
-                    detail: format!("removing the spec: {}", crate::kubelet::error_chain(&e)),
+                    detail: format!("removing the spec: {}", crate::errors::error_chain(&e)),
                 }],
             },
         }
@@ -305,7 +305,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             if let Err(e) = self.cdi.remove_claim_spec(&rec.uid) {
                 results[i] = Err(ClaimError::Cdi {
                     claim: ids[i].to_string(),
-                    detail: crate::kubelet::error_chain(&e),
+                    detail: crate::errors::error_chain(&e),
                 });
             }
         }

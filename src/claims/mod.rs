@@ -104,7 +104,7 @@ pub trait HostFactsSource: Send + Sync {
 
 impl HostFactsSource for cdi::HostMode {
     fn facts(&self, gpus: &[GpuDeviceRef]) -> Result<HostFacts, String> {
-        cdi::HostMode::facts(self, gpus).map_err(|e| crate::kubelet::error_chain(&e))
+        cdi::HostMode::facts(self, gpus).map_err(|e| crate::errors::error_chain(&e))
     }
 }
 
@@ -264,7 +264,7 @@ pub enum ClaimError {
     /// [`ClaimError::Undo`]). The message leads with why the prepare failed.
     #[error(
         "{}; rolling back left {} step(s) undone: {}",
-        crate::kubelet::error_chain(cause.as_ref()),
+        crate::errors::error_chain(cause.as_ref()),
         failures.len(),
         undo::list(failures)
     )]
@@ -287,7 +287,7 @@ impl ClaimError {
             _ => "a step of the batch",
         };
         let detail = match std::error::Error::source(self) {
-            Some(cause) => format!("{step}: {}", crate::kubelet::error_chain(cause)),
+            Some(cause) => format!("{step}: {}", crate::errors::error_chain(cause)),
             None => step.to_string(),
         };
         ClaimError::Batch {
@@ -528,13 +528,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
         };
         let facts = self.host.facts(&refs).map_err(cdi_err)?;
         let spec = cdi::build_claim_spec(&self.naming, &id.uid, &devices, &facts)
-            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))?;
+            .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
         self.cdi
             .write_claim_spec(&id.uid, &spec)
-            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))?;
+            .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
         crate::crashpoint::hit("prepare-cdi-written");
         cdi::device_ids(&self.naming, &id.uid, &devices)
-            .map_err(|e| cdi_err(crate::kubelet::error_chain(&e)))
+            .map_err(|e| cdi_err(crate::errors::error_chain(&e)))
     }
 
     fn ensure_mig_mode(

@@ -70,7 +70,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                             claim: startup.to_string(),
                             detail: format!(
                                 "removing the stale spec of claim {uid}: {}",
-                                crate::kubelet::error_chain(&e)
+                                crate::errors::error_chain(&e)
                             ),
                         }),
                     }
@@ -78,7 +78,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             }
             Err(e) => failures.push(ClaimError::Cdi {
                 claim: startup.to_string(),
-                detail: crate::kubelet::error_chain(&e),
+                detail: crate::errors::error_chain(&e),
             }),
         }
         self.count_prepared(store.checkpoint());
@@ -221,7 +221,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         report.rolled_back = self.finish_unfinished(&mut store, &mut failures);
         report.undo_failed = failures
             .iter()
-            .map(|e| crate::kubelet::error_chain(e))
+            .map(|e| crate::errors::error_chain(e))
             .collect();
         self.reconcile_mps(store.checkpoint(), &mut report);
         Ok(report)
@@ -247,7 +247,7 @@ fn stop_orphans(
         Err(e) => {
             failed.push(format!(
                 "listing MPS daemons: {}",
-                crate::kubelet::error_chain(&e)
+                crate::errors::error_chain(&e)
             ));
             return Vec::new();
         }
@@ -261,7 +261,7 @@ fn stop_orphans(
             Ok(()) => stopped.push(id),
             Err(e) => failed.push(format!(
                 "stopping orphaned MPS daemon {id}: {}",
-                crate::kubelet::error_chain(&e)
+                crate::errors::error_chain(&e)
             )),
         }
     }
@@ -290,7 +290,7 @@ fn restart_dead(
             Err(e) => failed.push(format!(
                 "MPS daemon {} of claim {claim}: {}",
                 spec.id,
-                crate::kubelet::error_chain(&e)
+                crate::errors::error_chain(&e)
             )),
         }
     }

@@ -169,7 +169,7 @@ pub(super) fn decide(
         })
         .collect();
     let groups = opaque::resolve(&targets, &entries)
-        .map_err(|e| config_error(id, crate::kubelet::error_chain(&e)))?;
+        .map_err(|e| config_error(id, crate::errors::error_chain(&e)))?;
     let mut decided: Vec<Option<DeviceSharing>> = vec![None; planned.len()];
     for group in &groups {
         // Admin access may use a device another claim holds, so it must never change it.
@@ -302,7 +302,7 @@ pub(super) fn decide(
                             "device {} share {}: {}",
                             p.allocated.device,
                             p.allocated.share_id.as_deref().unwrap_or(""),
-                            crate::kubelet::error_chain(&e)
+                            crate::errors::error_chain(&e)
                         ),
                     )
                 })?;

@@ -19,7 +19,7 @@ pub(super) fn list(failures: &[ClaimError]) -> String {
     failures
         .iter()
         .enumerate()
-        .map(|(i, e)| format!("({}) {}", i + 1, crate::kubelet::error_chain(e)))
+        .map(|(i, e)| format!("({}) {}", i + 1, crate::errors::error_chain(e)))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -116,7 +116,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         if let Err(e) = self.cdi.remove_claim_spec(&rec.uid) {
             failures.push(ClaimError::Cdi {
                 claim: claim.to_string(),
-                detail: format!("removing the spec: {}", crate::kubelet::error_chain(&e)),
+                detail: format!("removing the spec: {}", crate::errors::error_chain(&e)),
             });
         }
         crate::crashpoint::hit("unprepare-cdi-removed");

@@ -105,7 +105,7 @@ pub(super) fn allocate(
         let path = dir.join(file);
         std::fs::write(&path, text).map_err(|e| e.to_string())?;
         let claims =
-            crate::explain::load_claims(&path).map_err(|e| crate::kubelet::error_chain(&e))?;
+            crate::explain::load_claims(&path).map_err(|e| crate::errors::error_chain(&e))?;
         let _ = std::fs::remove_dir_all(&dir);
         for mut claim in claims {
             let name = alloc::claim_display(&claim);
@@ -118,7 +118,7 @@ pub(super) fn allocate(
                 &node,
                 Detail::Brief,
             )
-            .map_err(|e| crate::kubelet::error_chain(&e))?;
+            .map_err(|e| crate::errors::error_chain(&e))?;
             match outcome.allocations.and_then(|mut a| a.pop()) {
                 Some(result) => {
                     let devices: Vec<String> = result
@@ -251,7 +251,7 @@ pub(super) fn prepare_all(
     for id in &ids {
         let devices = runtime
             .block_on(manager.prepare(id))
-            .map_err(|e| crate::kubelet::error_chain(&e))?;
+            .map_err(|e| crate::errors::error_chain(&e))?;
         for d in &devices {
             let _ = writeln!(
                 out,
@@ -308,7 +308,7 @@ pub(super) fn prepare_all(
     for id in &ids {
         runtime
             .block_on(manager.unprepare(id))
-            .map_err(|e| crate::kubelet::error_chain(&e))?;
+            .map_err(|e| crate::errors::error_chain(&e))?;
     }
     let left: usize = backend
         .inventory()
@@ -368,7 +368,7 @@ fn allocation_config(claim: &ResourceClaim) -> Vec<crate::claims::ConfigEntry> {
 fn simulated_sharing(work: &std::path::Path) -> Result<SharingSetup, String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding the gpu-dra binary: {e}"))?;
     let tools =
-        Tools::simulated(&exe, &work.join("tools")).map_err(|e| crate::kubelet::error_chain(&e))?;
+        Tools::simulated(&exe, &work.join("tools")).map_err(|e| crate::errors::error_chain(&e))?;
     Ok(SharingSetup {
         mps: MpsManager::new(tools, work.join("mps"), MpsOptions::default()),
         mps_enabled: true,

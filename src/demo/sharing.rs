@@ -44,7 +44,7 @@ const SHARES: u8 = 4;
 
 fn node(options: &ModelOptions) -> Result<(Arc<SimBackend>, ModelOptions), String> {
     let backend = Arc::new(
-        SimBackend::open(SHARING_PRESET, None).map_err(|e| crate::kubelet::error_chain(&e))?,
+        SimBackend::open(SHARING_PRESET, None).map_err(|e| crate::errors::error_chain(&e))?,
     );
     let options = ModelOptions {
         shared_gpus: options.shared_gpus,
@@ -66,7 +66,7 @@ fn round(
 ) -> Result<(), String> {
     let (backend, options) = node(options)?;
     let view = inventory::view(backend.as_ref(), backend.node_name(), &options)
-        .map_err(|e| crate::kubelet::error_chain(&e))?;
+        .map_err(|e| crate::errors::error_chain(&e))?;
     let _ = writeln!(out, "\n{title}");
     let allocated = allocate(out, examples, &backend, classes, &view.slices, uid_prefix)?;
     prepare_all(out, backend, &options, &allocated, steps)

@@ -15,6 +15,7 @@ use super::cluster::node_uid;
 use super::error::{K8sError, Step};
 use super::plan::{self, Delete, Write};
 use crate::devices::DeviceModel;
+use crate::errors::error_chain;
 use crate::slices::{self, PoolOptions};
 
 /// How the publisher retries and who it says it is.
@@ -363,16 +364,4 @@ async fn sleep_or_forever(wait: Option<Duration>) {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
-}
-
-/// `error: cause: cause` for logs and the status.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -11,11 +11,12 @@ use tokio::net::UnixStream;
 use tonic::Streaming;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::UnprepareResults;
 use super::health::{from_v1, from_v1alpha1};
 use super::proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration};
 use super::registration::{DRA_V1, DRA_V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1, PLUGIN_TYPE};
 use super::{ClaimRef, DeviceHealth, KubeletError, PrepareResults, PreparedDevice};
-use super::{UnprepareResults, error_chain};
+use crate::errors::error_chain;
 
 type RegistrationClient = pluginregistration::registration_client::RegistrationClient<Channel>;
 type DraV1Client = dra_v1::dra_plugin_client::DraPluginClient<Channel>;

@@ -119,7 +119,7 @@ fn merge_invalid<T>(
 /// The lock guards every claim of the call, so without it the whole call fails; the kubelet
 /// retries.
 fn lock_failed(error: super::KubeletError) -> Status {
-    let message = super::error_chain(&error);
+    let message = crate::errors::error_chain(&error);
     warn!(error = %message, "cannot serialise DRA call");
     Status::unavailable(message)
 }

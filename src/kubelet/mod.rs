@@ -34,15 +34,5 @@ pub use sockets::{
     SOCKET_MODE, check_socket_path, create_private_dir,
 };
 
-/// Renders an error and its causes on one line, for messages that leave the process (gRPC
-/// statuses the kubelet shows in events).
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        message.push_str(": ");
-        message.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    message
-}
+/// Kept here too for callers written against the kubelet module.
+pub use crate::errors::error_chain;

@@ -13,7 +13,7 @@ fn gpu_config(sharing: Value) -> Value {
 
 fn message(parameters: Value) -> String {
     let err = decode(&parameters).expect_err("the config must be rejected");
-    crate::kubelet::error_chain(&err)
+    crate::errors::error_chain(&err)
 }
 
 fn mps(config: MpsConfig) -> Option<SharingConfig> {

@@ -264,10 +264,10 @@ fn sharing_setup(config: &PluginConfig) -> Option<SharingSetup> {
             .map_err(|e| e.to_string())
             .and_then(|exe| {
                 Tools::simulated(&exe, &config.state_dir.join("sim").join("tools"))
-                    .map_err(|e| crate::kubelet::error_chain(&e))
+                    .map_err(|e| crate::errors::error_chain(&e))
             })
     } else {
-        Tools::from_driver_root(&config.driver_root).map_err(|e| crate::kubelet::error_chain(&e))
+        Tools::from_driver_root(&config.driver_root).map_err(|e| crate::errors::error_chain(&e))
     };
     match tools {
         Ok(tools) => {
@@ -322,7 +322,7 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
         let guard = match lock.acquire().await {
             Ok(guard) => guard,
             Err(e) => {
-                warn!(error = %crate::kubelet::error_chain(&e), "MPS supervision: taking the plugin lock");
+                warn!(error = %crate::errors::error_chain(&e), "MPS supervision: taking the plugin lock");
                 continue;
             }
         };
@@ -352,7 +352,7 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
                     warn!(error = %failure, "undoing a claim left part-way");
                 }
             }
-            Ok(Err(e)) => warn!(error = %crate::kubelet::error_chain(&e), "MPS supervision"),
+            Ok(Err(e)) => warn!(error = %crate::errors::error_chain(&e), "MPS supervision"),
             Err(e) => warn!(error = %e, "MPS supervision task"),
         }
         count_daemons(&metrics);
@@ -395,7 +395,7 @@ async fn watch_inventory(
         let inventory = match backend.inventory() {
             Ok(inv) => inv,
             Err(e) => {
-                warn!(error = %crate::kubelet::error_chain(&e), "reading the GPU inventory");
+                warn!(error = %crate::errors::error_chain(&e), "reading the GPU inventory");
                 continue;
             }
         };

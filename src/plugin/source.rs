@@ -12,7 +12,7 @@ impl ClaimSource for ApiClaims {
             .0
             .fetch(&id.namespace, &id.name, &id.uid)
             .await
-            .map_err(|e| crate::kubelet::error_chain(&e))?;
+            .map_err(|e| crate::errors::error_chain(&e))?;
         Ok(ClaimAllocation {
             devices: claim
                 .devices
