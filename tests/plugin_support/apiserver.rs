@@ -92,7 +92,9 @@ impl FakeApiServer {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(serve(listener, shared, latency, in_flight, stopped, down_rx));
+            runtime.block_on(serve(
+                listener, shared, latency, in_flight, stopped, down_rx,
+            ));
         });
         FakeApiServer {
             addr,

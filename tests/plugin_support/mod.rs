@@ -7,9 +7,9 @@ pub mod apifaults;
 pub mod apiserver;
 pub mod claims;
 pub mod disk;
-pub mod probe;
 #[path = "../nvml_sim_support/mod.rs"]
 pub mod nvml_sim;
+pub mod probe;
 pub mod sharing;
 pub mod state;
 
