@@ -1,6 +1,6 @@
 //! Cost of the per-claim file work on the prepare path: building a claim spec, writing it
-//! atomically (renamed into place, not fsynced), and persisting a checkpoint update. Prints figures; asserts
-//! nothing. Run with `cargo bench --bench cdi`.
+//! atomically (renamed into place, not fsynced), and persisting a checkpoint update. Prints
+//! figures; asserts nothing. Run with `cargo bench --bench cdi`.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
