@@ -1,6 +1,6 @@
 //! Cost of the per-claim file work on the prepare path: building a claim spec, writing it
-//! atomically (with fsyncs), and persisting a checkpoint update. Prints figures; asserts
-//! nothing. Run with `cargo bench --bench cdi`.
+//! atomically (renamed into place, not fsynced), and persisting a checkpoint update. Prints
+//! figures; asserts nothing. Run with `cargo bench --bench cdi`.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -96,11 +96,9 @@ fn main() {
     let devs = devices(8);
     let gpus: Vec<GpuDeviceRef> = devs.iter().map(|d| d.gpu.clone()).collect();
     let spec = build_claim_spec(&naming, UID, &devs, &mode.facts(&gpus).unwrap()).unwrap();
-    time(
-        "write claim spec atomically (fsync), 8 devices",
-        200,
-        |_| writer.write_claim_spec(UID, &spec).unwrap(),
-    );
+    time("write claim spec atomically, 8 devices", 200, |_| {
+        writer.write_claim_spec(UID, &spec).unwrap()
+    });
 
     for claims in [10, 200] {
         let dir = tmp.path().join(format!("state-{claims}"));
@@ -114,7 +112,7 @@ fn main() {
             })
             .unwrap();
         time(
-            &format!("checkpoint update (fsync), {claims} claims stored"),
+            &format!("checkpoint update, {claims} claims stored"),
             200,
             |i| {
                 store

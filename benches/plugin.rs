@@ -257,10 +257,14 @@ fn main() {
         .expect("runtime");
     runtime.block_on(async {
         println!("gpu-dra kubelet-plugin, sim dgx-h100 (8 x H100, dynamic MIG), release build");
-        on(&std::env::temp_dir(), "disk: every durable step fsyncs").await;
+        on(
+            &std::env::temp_dir(),
+            "disk (checkpoint and CDI writes are not fsynced: docs/architecture.md, Durability)",
+        )
+        .await;
         let shm = Path::new("/dev/shm");
         if shm.is_dir() {
-            on(shm, "tmpfs: fsync is free, the plugin's own cost").await;
+            on(shm, "tmpfs: the plugin's own cost").await;
         }
         // The Helm chart tunes glibc's malloc for a mostly idle server (one arena, large
         // buffers mmapped, early trim); the image runs the dist build (GPU_DRA_PLUGIN_BIN).

@@ -10,7 +10,8 @@
 //! Reports: prepare and unprepare p50/p99 for 1 claim and for batches of 10; throughput at 1,
 //! 10 and 50 claims per call and with 8 concurrent calls; plugin CPU per claim (utime+stime
 //! deltas of `/proc/<pid>/stat`, and the prepare/unprepare split from the threads'
-//! `schedstat`); idle RSS with glibc malloc tuned as the Helm chart runs it.
+//! `schedstat`); idle RSS with glibc malloc tuned as the Helm chart runs it (on this node, and
+//! on the `plugin` bench's simulated DGX H100).
 //!
 //! Targets: prepare 1 claim p50 < 1.25 ms, p99 < 4 ms; >= 2,000 claims/s with 10 claims per
 //! call; unprepare p50 < 0.8 ms; < 1 ms CPU per claim; idle RSS < 15 MiB. Set
@@ -362,6 +363,16 @@ fn main() {
         tokio::time::sleep(IDLE).await;
         let idle_rss = memory(fresh.pid());
         println!("idle plugin (chart's malloc settings), fresh: {idle_rss}");
+        drop(fresh);
+        // The `plugin` bench's node (8 H100 with dynamic MIG: a larger device model).
+        let h100 = Node::new_in(&root);
+        let plugin = h100.start_with(CHART_ENV).await;
+        eventually("slices", || h100.api.complete_pool()).await;
+        tokio::time::sleep(IDLE).await;
+        println!(
+            "idle plugin on the dgx-h100 preset (chart's malloc settings): {}",
+            memory(plugin.pid())
+        );
 
         println!("\n-- against the targets");
         let mark = |ok: bool| if ok { "met" } else { "NOT met" };
