@@ -28,3 +28,4 @@ pub mod quantity;
 pub mod selectors;
 pub mod sharing;
 pub mod slices;
+pub mod usage;

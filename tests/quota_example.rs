@@ -82,10 +82,7 @@ fn the_quota_admits_two_3g40gb_claims_and_refuses_the_third() {
     for claim in &claims {
         let charge = usage(claim);
         let fits = charge.iter().all(|(key, n)| {
-            let now = used
-                .iter()
-                .find(|(k, _)| k == key)
-                .map_or(0, |(_, v)| *v);
+            let now = used.iter().find(|(k, _)| k == key).map_or(0, |(_, v)| *v);
             limit(key).is_none_or(|max| now + n <= max)
         });
         if fits {

@@ -14,12 +14,16 @@ use crate::kubelet::{
 };
 use crate::metrics::{Metrics, Operation, Outcome};
 
+use super::usage::{UsageTracker, read_checkpoint};
+
 /// Adapts [`ClaimsManager`] to [`DraHandler`].
 pub struct Handler<S> {
     /// The lifecycle.
     pub manager: Arc<ClaimsManager<S>>,
     /// Where calls, latencies, error kinds and the prepared-claims gauge are recorded.
     pub metrics: Metrics,
+    /// Usage accounting (`gpu_dra_claim_device_seconds_total`), when enabled.
+    pub usage: Option<Arc<UsageTracker>>,
 }
 
 fn id(c: &ClaimRef) -> ClaimId {
@@ -78,6 +82,11 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
                 let started = Instant::now();
                 let result = self.manager.prepare(&id(&c)).await;
                 self.record(Operation::Prepare, started, &result);
+                if let (Ok(_), Some(usage)) = (&result, &self.usage) {
+                    let checkpoint =
+                        read_checkpoint(&self.manager.state_dir, &self.manager.boot_id);
+                    usage.prepared(&c.uid, checkpoint.as_ref());
+                }
                 match result {
                     Ok(devices) => {
                         info!(
@@ -118,6 +127,9 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
                 let started = Instant::now();
                 let result = self.manager.unprepare(&id(&c)).await;
                 self.record(Operation::Unprepare, started, &result);
+                if let (Ok(()), Some(usage)) = (&result, &self.usage) {
+                    usage.unprepared(&c.uid);
+                }
                 match result {
                     Ok(()) => {
                         info!("unprepared");
