@@ -10,11 +10,13 @@ usage() {
 Usage: hack/e2e.sh [case...]
 
 Cases (default: all): dedicated shared-claim mig-parent time-slicing mps consumable-capacity
+                       quota
 
 The cluster needs gpu-dra installed (hack/kind/install.sh, or the Helm chart on GPU nodes):
 full H100 GPUs and dynamic MIG on H100s (kind: the dgx-h100 worker), full A100s (dgx-a100),
 and for consumable-capacity GPUs published with sharing.sharedGpus=memory (l4-x4); a case
-whose devices no node publishes fails with the reason.
+whose devices no node publishes fails with the reason. The quota case creates (and deletes) a
+cluster-scoped DeviceClass, gpu-dra-e2e-mig-3g40gb, besides the namespace.
 
 Environment:
   E2E_NAMESPACE   namespace the suite creates and deletes (gpu-dra-e2e)
@@ -31,7 +33,8 @@ image="${E2E_IMAGE:-busybox:1.36}"
 timeout="${E2E_TIMEOUT:-180}"
 driver="${DRIVER_NAME:-gpu.nvidia.com}"
 cdi_root="${CDI_ROOT:-/var/run/cdi}"
-all_cases=(dedicated shared-claim mig-parent time-slicing mps consumable-capacity)
+all_cases=(dedicated shared-claim mig-parent time-slicing mps consumable-capacity quota)
+quota_class=gpu-dra-e2e-mig-3g40gb
 
 # shellcheck source=e2e-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/e2e-lib.sh"
@@ -233,7 +236,65 @@ YAML
   done
 }
 
+# A team capped at two 3g.40gb MIG devices (examples/quota-team-mig.yaml): a DeviceClass for
+# the profile and a ResourceQuota on <class>.deviceclass.resource.k8s.io/devices. The API
+# server charges claims when they are created, so no pod is needed to see the third refused.
+case_quota() {
+  local key="${quota_class}.deviceclass.resource.k8s.io/devices" i out waited=0
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: ${quota_class}
+spec:
+  selectors:
+  - cel:
+      expression: "device.driver == '${driver}' && device.attributes['${driver}'].type == 'mig' && device.attributes['${driver}'].profile == '3g.40gb'"
+YAML
+  k apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: ResourceQuota
+metadata:
+  name: gpu-devices
+spec:
+  hard:
+    ${key}: "2"
+YAML
+  # Admission enforces what the quota controller has copied into status.hard.
+  until k get resourcequota gpu-devices -o jsonpath='{.status.hard}' | grep -q "${key}"; do
+    [ "${waited}" -lt "${timeout}" ] || { fail "ResourceQuota gpu-devices has no status.hard after ${timeout}s"; return 1; }
+    sleep 1
+    waited=$((waited + 1))
+  done
+  for i in 0 1 2; do
+    if out="$(k apply -f - 2>&1 <<YAML
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: quota-${i}
+spec:
+  devices:
+    requests:
+    - name: mig
+      exactly:
+        deviceClassName: ${quota_class}
+YAML
+)"; then
+      [ "${i}" -lt 2 ] || { fail "the third 3g.40gb claim was admitted; ResourceQuota gpu-devices should refuse it"; return 1; }
+    elif [ "${i}" -lt 2 ]; then
+      fail "claim quota-${i} was refused within the quota: ${out}"
+      return 1
+    elif [[ "${out}" != *"exceeded quota: gpu-devices"* ]]; then
+      fail "claim quota-2 was refused, but not by the quota: ${out}"
+      return 1
+    fi
+  done
+  k delete resourceclaim quota-0 quota-1 --ignore-not-found >/dev/null
+  kubectl delete deviceclass "${quota_class}" --ignore-not-found >/dev/null
+}
+
 cleanup() {
+  kubectl delete deviceclass "${quota_class}" --ignore-not-found >/dev/null 2>&1 || true
   if [ "${E2E_KEEP:-0}" = 1 ]; then
     echo "namespace ${namespace} kept (E2E_KEEP=1)"
   else

@@ -6,6 +6,7 @@
 //! simulated implementation side by side. See `docs/architecture.md`.
 
 pub mod alloc;
+pub mod capacity;
 pub mod cdi;
 pub mod cel;
 pub mod checkpoint;
@@ -29,3 +30,4 @@ pub mod quantity;
 pub mod selectors;
 pub mod sharing;
 pub mod slices;
+pub mod usage;

@@ -41,6 +41,9 @@ enum Command {
     /// Inject a fault into a simulated node's shared state (under the simulator's lock): the
     /// sim backend reports it, and the simulated NVML library delivers the matching events.
     SimFault(SimFaultArgs),
+    /// The cluster's GPUs per node, GPU and MIG profile: who holds what, and what is free.
+    /// Exit 0, or 2 on bad input.
+    Capacity(CapacityArgs),
     /// Evaluate one CEL selector against one device, as the scheduler would: prints `true`
     /// or `false` (exit 0), or `error: …` (exit 2).
     Cel {
@@ -204,6 +207,42 @@ struct ExplainArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct CapacityArgs {
+    /// ResourceSlices from a file or directory (`kubectl get resourceslices -o yaml`);
+    /// without it, everything is read from the cluster.
+    #[arg(long, conflicts_with = "in_cluster")]
+    slices: Option<PathBuf>,
+    /// With --slices: ResourceClaims (`kubectl get resourceclaims -A -o yaml`); the allocated
+    /// ones hold devices.
+    #[arg(long, requires = "slices")]
+    claims: Option<PathBuf>,
+    /// With --slices: Nodes (`kubectl get nodes -o yaml`), for --pool-label.
+    #[arg(long, requires = "slices")]
+    nodes: Option<PathBuf>,
+    /// Without --slices: read slices, claims and nodes from this cluster.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Without --slices: read them from the cluster this pod runs in.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    in_cluster: bool,
+    /// Only this node (with it, the table shows every GPU in detail).
+    #[arg(long)]
+    node: Option<String>,
+    /// Group nodes into pools by this node label, e.g. `gpu-pool` or `topology.kubernetes.io/zone`.
+    #[arg(long)]
+    pool_label: Option<String>,
+    /// Table: list every allocation and every GPU's layout and free placements.
+    #[arg(long)]
+    detail: bool,
+    /// DRA driver name.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// Output: tables for people, or the report as JSON or YAML.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: Output,
+}
+
+#[derive(clap::Args, Debug)]
 struct PluginArgs {
     /// DRA driver name.
     #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
@@ -344,6 +383,7 @@ impl Command {
             Command::KubeletPlugin(_) => "kubelet-plugin",
             Command::Cel { .. } => "cel",
             Command::SimFault(_) => "sim-fault",
+            Command::Capacity(_) => "capacity",
         }
     }
 }
@@ -486,6 +526,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::KubeletPlugin(args) => run_plugin(*args),
         Command::SimFault(args) => run_sim_fault(args),
         Command::Explain(args) => run_explain(args),
+        Command::Capacity(args) => run_capacity(args),
         Command::Cel {
             expression,
             device,
@@ -696,6 +737,63 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+fn run_capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::capacity::{self, CapacityOptions, TableOptions};
+    let bad_input = |e: anyhow::Error| {
+        eprintln!("error: {}", chain(&e));
+        Ok(ExitCode::from(2))
+    };
+    let input = match &args.slices {
+        Some(slices) => match capacity::inputs::from_files(
+            slices,
+            args.claims.as_deref(),
+            args.nodes.as_deref(),
+        ) {
+            Ok(input) => input,
+            Err(e) => return bad_input(e.into()),
+        },
+        None => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
+                let with_nodes = args.pool_label.is_some();
+                anyhow::Ok(
+                    capacity::inputs::from_cluster(
+                        client,
+                        &args.driver_name,
+                        args.node.as_deref(),
+                        with_nodes,
+                    )
+                    .await?,
+                )
+            })?
+        }
+    };
+    let options = CapacityOptions {
+        driver: args.driver_name,
+        pool_label: args.pool_label,
+        node: args.node,
+    };
+    let report = match capacity::build(&input, &options) {
+        Ok(report) => report,
+        Err(e) => return bad_input(e.into()),
+    };
+    match args.output {
+        Output::Table => emit(&capacity::render_table(
+            &report,
+            &TableOptions {
+                detail: args.detail || options.node.is_some(),
+                ..TableOptions::default()
+            },
+        ))?,
+        Output::Json => emit(&format!("{}\n", serde_json::to_string_pretty(&report)?))?,
+        Output::Yaml => emit(&serde_yaml::to_string(&report)?)?,
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn list_presets() -> anyhow::Result<String> {

@@ -76,7 +76,7 @@ fn suite_passes_against_a_cluster_that_behaves_and_removes_its_namespace() {
     );
     assert_eq!(
         got,
-        (Some(0), "PASSED: 6 cases".to_string(), true),
+        (Some(0), "PASSED: 7 cases".to_string(), true),
         "{}",
         run.stderr
     );
@@ -113,6 +113,11 @@ fn suite_fails_the_case_whose_check_breaks_and_says_why() {
             "FAIL: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in ctr1: want '50', got ''",
             "FAILED: mps (of 1)",
         ),
+        (
+            "quota",
+            "FAIL: the third 3g.40gb claim was admitted; ResourceQuota gpu-devices should refuse it",
+            "FAILED: quota (of 1)",
+        ),
     ];
     for (fault, message, summary) in cases {
         let case = summary.split_whitespace().nth(1).unwrap();
@@ -121,6 +126,36 @@ fn suite_fails_the_case_whose_check_breaks_and_says_why() {
         let got = (run.code, lines);
         assert_eq!(got, (Some(1), vec![message, summary]), "fault {fault}");
     }
+}
+
+#[test]
+fn quota_case_creates_the_class_and_quota_and_deletes_the_class() {
+    if !have_python() {
+        return;
+    }
+    let run = run_suite("", &["quota"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let calls: Vec<&str> = run
+        .calls
+        .lines()
+        .filter(|l| {
+            l.contains("deviceclass") || l.contains("resourcequota") || l.starts_with("apply")
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "apply -f -", // the namespace
+            "apply -f -", // the DeviceClass
+            "apply -f -", // the ResourceQuota
+            "get resourcequota gpu-devices -o jsonpath={.status.hard}",
+            "apply -f -", // quota-0
+            "apply -f -", // quota-1
+            "apply -f -", // quota-2, refused
+            "delete deviceclass gpu-dra-e2e-mig-3g40gb --ignore-not-found",
+            "delete deviceclass gpu-dra-e2e-mig-3g40gb --ignore-not-found",
+        ]
+    );
 }
 
 #[test]

@@ -131,6 +131,7 @@ async fn this_drivers_devices_and_config_are_read_class_entries_first() {
                 json!({"kind": "GpuConfig", "n": 4}),
             ),
         ],
+        classes: BTreeMap::new(),
     };
     assert_eq!(want, got);
     let lines: Vec<String> = fake.take_requests().iter().map(|r| r.line()).collect();

@@ -71,6 +71,7 @@ fn handler(dir: &tempfile::TempDir, claims: &[(&str, &[&str])]) -> Handler<Table
     Handler {
         manager: Arc::new(manager),
         metrics: Metrics::new(),
+        usage: None,
     }
 }
 

@@ -125,7 +125,11 @@ fn documents(path: &Path) -> Result<Vec<Document>, ExplainError> {
     Ok(out)
 }
 
-fn load_kind<T: DeserializeOwned>(path: &Path, kind: &str) -> Result<Vec<T>, ExplainError> {
+fn load_kind<T: DeserializeOwned>(
+    path: &Path,
+    kind: &str,
+    versions: &[&str],
+) -> Result<Vec<T>, ExplainError> {
     let docs = documents(path)?;
     let mut seen: Vec<String> = docs.iter().map(|d| d.kind().to_string()).collect();
     seen.sort();
@@ -133,7 +137,7 @@ fn load_kind<T: DeserializeOwned>(path: &Path, kind: &str) -> Result<Vec<T>, Exp
     let objects = docs
         .into_iter()
         .filter(|d| d.kind() == kind)
-        .map(|d| d.decode(&RESOURCE_VERSIONS))
+        .map(|d| d.decode(versions))
         .collect::<Result<Vec<T>, _>>()?;
     if objects.is_empty() {
         return Err(ExplainError::Missing {
@@ -155,12 +159,18 @@ fn load_kind<T: DeserializeOwned>(path: &Path, kind: &str) -> Result<Vec<T>, Exp
 /// the document), when an object is not resource.k8s.io/v1 (or v1beta2), or when no
 /// DeviceClass is found.
 pub fn load_classes(path: &Path) -> Result<Vec<DeviceClass>, ExplainError> {
-    load_kind(path, "DeviceClass")
+    load_kind(path, "DeviceClass", &RESOURCE_VERSIONS)
 }
 
 /// Loads every ResourceSlice from a file or directory; fails as [`load_classes`] does.
 pub fn load_slices(path: &Path) -> Result<Vec<ResourceSlice>, ExplainError> {
-    load_kind(path, "ResourceSlice")
+    load_kind(path, "ResourceSlice", &RESOURCE_VERSIONS)
+}
+
+/// Loads every Node (core `v1`) from a file or directory (`kubectl get nodes -o yaml`);
+/// fails as [`load_classes`] does.
+pub fn load_nodes(path: &Path) -> Result<Vec<k8s_openapi::api::core::v1::Node>, ExplainError> {
+    load_kind(path, "Node", &["v1"])
 }
 
 /// Loads the ResourceClaims of a file or directory that are already allocated

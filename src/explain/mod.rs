@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::alloc::{Allocator, Detail, Node, Outcome, SelectorEngine};
 
-pub use load::{load_allocated, load_claims, load_classes, load_slices};
+pub use load::{load_allocated, load_claims, load_classes, load_nodes, load_slices};
 
 /// How many of the closest non-fitting nodes get a full explanation.
 pub const NEAR_MISSES: usize = 3;

@@ -65,6 +65,9 @@ pub struct AllocatedClaim {
     /// This driver's opaque config: class entries, then claim entries, each in list order (so
     /// a later entry overrides an earlier one).
     pub config: Vec<OpaqueConfig>,
+    /// The DeviceClass of each request of the claim's spec: `req` for `exactly`, and
+    /// `req/subrequest` for each alternative of `firstAvailable` (as results name them).
+    pub classes: BTreeMap<String, String>,
 }
 
 /// Reads claims for one driver on one node.
@@ -212,5 +215,29 @@ pub fn allocated(
         claim: wanted,
         devices,
         config,
+        classes: request_classes(claim),
     })
+}
+
+/// The DeviceClass of each request (and `firstAvailable` alternative) of a claim's spec.
+pub fn request_classes(claim: &ResourceClaim) -> BTreeMap<String, String> {
+    let mut classes = BTreeMap::new();
+    let requests = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.devices.as_ref())
+        .and_then(|d| d.requests.as_deref())
+        .unwrap_or_default();
+    for request in requests {
+        if let Some(exactly) = &request.exactly {
+            classes.insert(request.name.clone(), exactly.device_class_name.clone());
+        }
+        for sub in request.first_available.iter().flatten() {
+            classes.insert(
+                format!("{}/{}", request.name, sub.name),
+                sub.device_class_name.clone(),
+            );
+        }
+    }
+    classes
 }

@@ -166,6 +166,7 @@ struct Inner {
     prepared_claims: AtomicU64,
     healthy_gpus: AtomicU64,
     unhealthy_gpus: AtomicU64,
+    claim_device_seconds: Mutex<Vec<Sample>>,
 }
 
 /// The driver's metrics. Cheap to clone (one `Arc`); every clone updates the same values.
@@ -240,6 +241,21 @@ impl Metrics {
     pub fn set_gpu_health(&self, healthy: u64, unhealthy: u64) {
         self.0.healthy_gpus.store(healthy, Ordering::Relaxed);
         self.0.unhealthy_gpus.store(unhealthy, Ordering::Relaxed);
+    }
+
+    /// Replaces the samples of `gpu_dra_claim_device_seconds_total`: device-seconds held
+    /// by claims per label set (`namespace`, `class`, `profile`, `sharing`). The caller keeps
+    /// each series non-decreasing.
+    pub fn set_claim_device_seconds(&self, series: Vec<(Vec<(&'static str, String)>, f64)>) {
+        let samples = series
+            .into_iter()
+            .map(|(labels, value)| Sample::new(labels, value))
+            .collect();
+        *self
+            .0
+            .claim_device_seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = samples;
     }
 
     /// Every family with its current samples.
@@ -317,6 +333,16 @@ impl Metrics {
                 &inner.unhealthy_gpus,
             ),
         ]);
+        families.push(Family {
+            name: "gpu_dra_claim_device_seconds_total",
+            help: "Device-seconds held by claims prepared on this node, from prepare to unprepare; a consumable-capacity share counts its part of the device. Kept across plugin restarts.",
+            kind: Kind::Counter,
+            samples: inner
+                .claim_device_seconds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        });
         families.push(Family {
             name: "gpu_dra_build_info",
             help: "Always 1; the version label says which gpu-dra runs.",

@@ -67,6 +67,7 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
     let types: Vec<&str> = lines_of(&text, "# TYPE ");
     let want = vec![
         "# TYPE gpu_dra_build_info gauge",
+        "# TYPE gpu_dra_claim_device_seconds_total counter",
         "# TYPE gpu_dra_errors_total counter",
         "# TYPE gpu_dra_healthy_gpus gauge",
         "# TYPE gpu_dra_mig_instances gauge",
@@ -133,5 +134,27 @@ fn counters_and_gauges_show_what_was_recorded() {
             m.errors("busy"),
             m.errors("hardware"),
         )
+    );
+}
+
+#[test]
+fn device_seconds_render_one_series_per_label_set() {
+    let m = Metrics::new();
+    let labels = |ns: &str| {
+        vec![
+            ("namespace", ns.to_string()),
+            ("class", "mig.nvidia.com".to_string()),
+            ("profile", "1g.10gb".to_string()),
+            ("sharing", "exclusive".to_string()),
+        ]
+    };
+    m.set_claim_device_seconds(vec![(labels("a"), 90.5), (labels("b"), 3600.0)]);
+    let text = m.render();
+    assert_eq!(
+        lines_of(&text, "gpu_dra_claim_device_seconds_total{"),
+        vec![
+            r#"gpu_dra_claim_device_seconds_total{namespace="a",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 90.5"#,
+            r#"gpu_dra_claim_device_seconds_total{namespace="b",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 3600"#,
+        ]
     );
 }

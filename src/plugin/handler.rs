@@ -12,12 +12,16 @@ use crate::errors::error_chain;
 use crate::kubelet::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
 use crate::metrics::{Metrics, Operation, Outcome};
 
+use super::usage::{UsageTracker, read_checkpoint};
+
 /// Adapts [`ClaimsManager`] to [`DraHandler`].
 pub struct Handler<S> {
     /// The lifecycle.
     pub manager: Arc<ClaimsManager<S>>,
     /// Where calls, latencies, error kinds and the prepared-claims gauge are recorded.
     pub metrics: Metrics,
+    /// Usage accounting (`gpu_dra_claim_device_seconds_total`), when enabled.
+    pub usage: Option<Arc<UsageTracker>>,
 }
 
 fn id(c: &ClaimRef) -> ClaimId {
@@ -51,10 +55,20 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
         let started = Instant::now();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let results = self.manager.prepare_batch(&ids).await;
+        // Usage accounting reads the checkpoint once per call, not once per claim.
+        let checkpoint = match &self.usage {
+            Some(_) if results.iter().any(Result::is_ok) => {
+                read_checkpoint(&self.manager.state_dir, &self.manager.boot_id)
+            }
+            _ => None,
+        };
         let mut out = PrepareResults::new();
         for (c, result) in claims.into_iter().zip(results) {
             let _span = claim_span("prepare", &c).entered();
             self.record(Operation::Prepare, started, &result);
+            if let (Ok(_), Some(usage)) = (&result, &self.usage) {
+                usage.prepared(&c.uid, checkpoint.as_ref());
+            }
             let answer = match result {
                 Ok(devices) => {
                     info!(
@@ -92,6 +106,9 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
         for (c, result) in claims.into_iter().zip(results) {
             let _span = claim_span("unprepare", &c).entered();
             self.record(Operation::Unprepare, started, &result);
+            if let (Ok(()), Some(usage)) = (&result, &self.usage) {
+                usage.unprepared(&c.uid);
+            }
             let answer = match result {
                 Ok(()) => {
                     info!("unprepared");

@@ -17,6 +17,7 @@ pub mod memory;
 mod observe;
 pub mod simhost;
 mod source;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -139,13 +140,20 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let client = crate::k8s::connect(config.kubeconfig.as_deref())
         .await
         .map_err(PluginError::Kube)?;
+    let usage = Arc::new(usage::UsageTracker::open(
+        &config.state_dir,
+        metrics.clone(),
+    ));
     let manager = Arc::new(ClaimsManager {
         backend: backend.clone(),
-        source: source::ApiClaims(crate::k8s::ClaimReader::new(
-            client.clone(),
-            config.driver_name.clone(),
-            config.node_name.clone(),
-        )),
+        source: source::ApiClaims(
+            crate::k8s::ClaimReader::new(
+                client.clone(),
+                config.driver_name.clone(),
+                config.node_name.clone(),
+            ),
+            Some(Arc::clone(&usage)),
+        ),
         host,
         cdi: CdiWriter::with_naming(config.cdi_root.clone(), naming.clone()),
         naming,
@@ -189,11 +197,20 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
     let model = devices::build(&inventory, &model_options);
     observe::record_inventory(&metrics, &inventory, &model);
+    usage.set_model(&model);
+    usage.reconcile(usage::read_checkpoint(&manager.state_dir, &manager.boot_id).as_ref());
     for w in &model.warnings {
         warn!(warning = %w, "device model");
     }
     let (health_tx, health_rx) = watch::channel(health_of(&inventory, &model, &config.node_name));
     let (model_tx, model_rx) = watch::channel(model);
+    let accounting = tokio::spawn(account_usage(
+        Arc::clone(&usage),
+        model_tx.subscribe(),
+        manager.state_dir.clone(),
+        manager.boot_id.clone(),
+        config.inventory_interval,
+    ));
     let publisher = crate::k8s::SlicePublisher::new(
         client,
         config.driver_name.clone(),
@@ -226,6 +243,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         Arc::new(handler::Handler {
             manager,
             metrics: metrics.clone(),
+            usage: Some(usage),
         }),
         Some(health_rx),
     )
@@ -248,6 +266,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         .map_err(PluginError::Signals)?;
     info!("shutting down");
     watching.abort();
+    accounting.abort();
     supervising.abort();
     publishing.abort();
     running.shutdown().await.map_err(PluginError::Kubelet)
@@ -368,6 +387,32 @@ async fn wait_for_shutdown_signal() -> std::io::Result<()> {
         _ = int.recv() => {}
     }
     Ok(())
+}
+
+/// Every `interval`: takes device profiles from the latest model, reconciles the usage ledger
+/// with the checkpoint (read without opening the store) and refreshes the device-seconds
+/// counter, so live claims' seconds show up between calls.
+async fn account_usage(
+    usage: Arc<usage::UsageTracker>,
+    mut models: watch::Receiver<DeviceModel>,
+    state_dir: std::path::PathBuf,
+    boot_id: String,
+    interval: Duration,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if models.has_changed().unwrap_or(false) {
+            usage.set_model(&models.borrow_and_update());
+        }
+        let usage = Arc::clone(&usage);
+        let (dir, boot) = (state_dir.clone(), boot_id.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            usage.reconcile(usage::read_checkpoint(&dir, &boot).as_ref());
+        })
+        .await;
+    }
 }
 
 /// Re-reads the inventory every `interval`; sends a changed model to the publisher and

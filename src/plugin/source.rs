@@ -1,10 +1,16 @@
 //! Claims from the API server, in the claim lifecycle's terms.
 
+use std::sync::Arc;
+
 use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
 use crate::k8s::{ClaimReader, ConfigSource};
+use crate::usage::HeldDevice;
 
-/// Reads allocations with a [`ClaimReader`].
-pub struct ApiClaims(pub ClaimReader);
+use super::usage::UsageTracker;
+
+/// Reads allocations with a [`ClaimReader`]; tells the usage tracker, when there is one, each
+/// request's DeviceClass and each share's consumed capacity.
+pub struct ApiClaims(pub ClaimReader, pub Option<Arc<UsageTracker>>);
 
 impl ClaimSource for ApiClaims {
     async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
@@ -13,6 +19,20 @@ impl ClaimSource for ApiClaims {
             .fetch(&id.namespace, &id.name, &id.uid)
             .await
             .map_err(|e| crate::errors::error_chain(&e))?;
+        if let Some(usage) = &self.1 {
+            let held = claim
+                .devices
+                .iter()
+                .map(|d| HeldDevice {
+                    request: d.request.clone(),
+                    device: d.device.clone(),
+                    share_id: d.share_id.clone(),
+                    consumed: d.consumed_capacity.clone(),
+                    strategy: None,
+                })
+                .collect();
+            usage.fetched(&id.uid, claim.classes.clone(), held);
+        }
         Ok(ClaimAllocation {
             devices: claim
                 .devices

@@ -148,6 +148,19 @@ impl FakeApiServer {
         store.claims.insert(key, claim);
     }
 
+    /// Stores (or replaces) a ResourceSlice as if a plugin had published it.
+    pub fn put_slice(&self, slice: Value) {
+        let name = slice["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let mut store = self.lock();
+        store.next_version += 1;
+        let mut slice = slice.clone();
+        slice["metadata"]["resourceVersion"] = json!(store.next_version.to_string());
+        store.slices.insert(name, slice);
+    }
+
     /// The stored ResourceSlices by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
         self.lock().slices.clone()
@@ -257,6 +270,18 @@ impl Store {
                 None => not_found("resourceclaims", n),
             },
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => (200, self.list(r)),
+            ("GET", ["apis", "resource.k8s.io", "v1", "resourceclaims"]) => (
+                200,
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                       "metadata": {"resourceVersion": self.next_version.to_string()},
+                       "items": self.claims.values().collect::<Vec<_>>()}),
+            ),
+            ("GET", ["api", "v1", "nodes"]) => (
+                200,
+                json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "1"},
+                       "items": [{"apiVersion": "v1", "kind": "Node",
+                                  "metadata": {"name": self.node, "uid": NODE_UID, "resourceVersion": "1"}}]}),
+            ),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
                 match self.slices.get(*name) {
                     Some(slice) => (200, slice.clone()),

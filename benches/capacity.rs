@@ -1,0 +1,204 @@
+//! `gpu-dra capacity` over a large cluster: 1,000 dgx-h100 nodes × 8 GPUs, each with the
+//! full GPU and 25 dynamic MIG placements on a counter set (the slices `inventory` publishes,
+//! ≈ 208,000 devices), half the GPUs partly or wholly held by 10,000 claims.
+//!
+//! Prints figures; asserts nothing about time. Target: the report (model + table) in under
+//! 1 s. Also prints what reading the same cluster from a JSON file costs, measured on 100
+//! nodes (file parsing is serde's, not the model's). CPU time is printed next to wall time
+//! because the build machine is shared.
+
+use std::time::{Duration, Instant};
+
+use gpu_dra::capacity::{
+    CapacityInput, CapacityOptions, CapacityReport, TableOptions, build, render_table,
+};
+use gpu_dra::explain_inputs::sim_slices;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde_json::json;
+
+const NODES: usize = 1000;
+const RUNS: usize = 5;
+
+fn cpu_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) * 10.0
+}
+
+fn measure<T>(label: &str, run: impl Fn() -> T, check: impl Fn(&T)) {
+    let mut wall: Vec<Duration> = Vec::with_capacity(RUNS);
+    let mut cpu: Vec<f64> = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let (start, cpu_start) = (Instant::now(), cpu_ms());
+        let result = run();
+        wall.push(start.elapsed());
+        cpu.push(cpu_ms() - cpu_start);
+        check(&result);
+    }
+    wall.sort();
+    cpu.sort_by(f64::total_cmp);
+    println!(
+        "{label:<58} wall min {:>7.1} ms, median {:>7.1} ms | cpu min {:>5.0} ms, median {:>5.0} ms",
+        wall[0].as_secs_f64() * 1e3,
+        wall[RUNS / 2].as_secs_f64() * 1e3,
+        cpu[0],
+        cpu[RUNS / 2],
+    );
+}
+
+fn node(n: usize) -> String {
+    format!("node-{n:04}")
+}
+
+fn cluster(template: &[ResourceSlice], nodes: usize) -> Vec<ResourceSlice> {
+    let mut slices = Vec::with_capacity(template.len() * nodes);
+    for n in 0..nodes {
+        let name = node(n);
+        for s in template {
+            let mut s = s.clone();
+            s.spec.node_name = Some(name.clone());
+            s.spec.pool.name = name.clone();
+            s.metadata.name = s.metadata.name.map(|m| m.replace("dgx-h100", &name));
+            slices.push(s);
+        }
+    }
+    slices
+}
+
+/// Per node: GPUs 0–2 carved 3g.40gb@0 + 2g.20gb@4 + 1g.10gb@6 (three claims), GPU 3 whole.
+fn claims(nodes: usize) -> Vec<ResourceClaim> {
+    let mut claims = Vec::new();
+    for n in 0..nodes {
+        let pool = node(n);
+        let mut held = Vec::new();
+        for g in 0..3 {
+            for device in ["mig-3g40gb-0", "mig-2g20gb-4", "mig-1g10gb-6"] {
+                held.push(format!("gpu-{g}-{device}"));
+            }
+        }
+        held.push("gpu-3".into());
+        for (i, device) in held.into_iter().enumerate() {
+            claims.push(
+                serde_json::from_value(json!({
+                    "metadata": {"name": format!("c-{n}-{i}"), "namespace": format!("team-{}", n % 20)},
+                    "status": {
+                        "allocation": {"devices": {"results": [
+                            {"request": "r", "driver": "gpu.nvidia.com", "pool": pool, "device": device}]}},
+                        "reservedFor": [{"resource": "pods", "name": format!("pod-{n}-{i}"), "uid": "u"}]}
+                }))
+                .unwrap(),
+            );
+        }
+    }
+    claims
+}
+
+fn main() {
+    let start = Instant::now();
+    let template = sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).unwrap();
+    let input = CapacityInput {
+        slices: cluster(&template, NODES),
+        claims: claims(NODES),
+        nodes: Vec::new(),
+    };
+    let devices: usize = input
+        .slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    println!(
+        "setup: {NODES} nodes, {} slices, {devices} devices, {} claims in {:.1} s (not timed)",
+        input.slices.len(),
+        input.claims.len(),
+        start.elapsed().as_secs_f64()
+    );
+    let options = CapacityOptions {
+        driver: "gpu.nvidia.com".into(),
+        pool_label: None,
+        node: None,
+    };
+    let check = |r: &CapacityReport| {
+        assert_eq!((r.totals.gpus, r.totals.allocated_devices), (8000, 10_000));
+    };
+    measure(
+        "build (model: GPUs, holders, counters, free per profile)",
+        || build(&input, &options).unwrap(),
+        check,
+    );
+    measure(
+        "build + table (summaries, 50 allocation rows)",
+        || {
+            let report = build(&input, &options).unwrap();
+            let table = render_table(&report, &TableOptions::default());
+            (report, table)
+        },
+        |(r, t)| {
+            check(r);
+            assert!(t.contains("… 9950 more"));
+        },
+    );
+    measure(
+        "build + table --detail (every GPU)",
+        || {
+            let report = build(&input, &options).unwrap();
+            render_table(
+                &report,
+                &TableOptions {
+                    detail: true,
+                    ..Default::default()
+                },
+            )
+            .len()
+        },
+        |len| assert!(*len > 1_000_000),
+    );
+    measure(
+        "build + JSON",
+        || serde_json::to_string(&build(&input, &options).unwrap()).unwrap(),
+        |s| assert!(s.len() > 1_000_000),
+    );
+
+    // Reading files: 100 nodes, as `kubectl get -o json` would write them.
+    let dir = tempfile::tempdir().unwrap();
+    let few = 100;
+    let slices_file = dir.path().join("slices.json");
+    let claims_file = dir.path().join("claims.json");
+    let list =
+        |items: serde_json::Value| json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let mut slices = serde_json::to_value(cluster(&template, few)).unwrap();
+    for s in slices.as_array_mut().unwrap() {
+        s["apiVersion"] = json!("resource.k8s.io/v1");
+        s["kind"] = json!("ResourceSlice");
+    }
+    std::fs::write(&slices_file, list(slices).to_string()).unwrap();
+    let mut claim_values = serde_json::to_value(claims(few)).unwrap();
+    for c in claim_values.as_array_mut().unwrap() {
+        c["apiVersion"] = json!("resource.k8s.io/v1");
+        c["kind"] = json!("ResourceClaim");
+    }
+    std::fs::write(&claims_file, list(claim_values).to_string()).unwrap();
+    let size = std::fs::metadata(&slices_file).unwrap().len();
+    measure(
+        &format!(
+            "load {few} nodes from JSON files ({:.0} MB) + build",
+            size as f64 / 1e6
+        ),
+        || {
+            let input =
+                gpu_dra::capacity::inputs::from_files(&slices_file, Some(&claims_file), None)
+                    .unwrap();
+            build(&input, &options).unwrap()
+        },
+        |r| assert_eq!(r.totals.gpus, few * 8),
+    );
+}

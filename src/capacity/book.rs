@@ -1,0 +1,290 @@
+//! One GPU's shared counters and the devices that consume them: what its holders take, which
+//! devices are still free, and how many of each profile a request could get together.
+
+use super::{Allocation, FULL_GPU, FreeProfile, GpuCapacity, Holder, MigMode, Placement};
+use crate::quantity::Quantity;
+
+/// A counter a device consumes: index into the GPU's book and amount.
+pub(super) type Use = (usize, Quantity);
+
+/// The counters of the counter sets a GPU's devices consume.
+#[derive(Default)]
+pub(super) struct Book {
+    /// (counter set, counter) per index.
+    pub(super) names: Vec<(String, String)>,
+    pub(super) totals: Vec<Quantity>,
+    /// Index of `memory-slice-<n>` for each n, when the GPU has them.
+    pub(super) memory_slices: Vec<Option<usize>>,
+}
+
+impl Book {
+    /// Index of a counter, adding it with `total` on first sight.
+    pub(super) fn index(&mut self, set: &str, counter: &str, total: Quantity) -> usize {
+        if let Some(i) = self
+            .names
+            .iter()
+            .position(|(s, c)| s == set && c == counter)
+        {
+            return i;
+        }
+        self.names.push((set.to_string(), counter.to_string()));
+        self.totals.push(total);
+        if let Some(n) = memory_slice(counter) {
+            let n = n as usize;
+            if self.memory_slices.len() <= n {
+                self.memory_slices.resize(n + 1, None);
+            }
+            self.memory_slices[n] = Some(self.totals.len() - 1);
+        }
+        self.totals.len() - 1
+    }
+}
+
+/// `n` of a `memory-slice-<n>` counter.
+pub(super) fn memory_slice(counter: &str) -> Option<u32> {
+    counter.strip_prefix("memory-slice-")?.parse().ok()
+}
+
+fn fits(left: &[Quantity], uses: &[Use]) -> bool {
+    uses.iter().all(|(i, amount)| *amount <= left[*i])
+}
+
+fn take(left: &mut [Quantity], uses: &[Use]) {
+    for (i, amount) in uses {
+        left[*i] = left[*i].saturating_sub(amount);
+    }
+}
+
+/// One published device of a GPU.
+pub(super) struct Dev<'a> {
+    pub(super) name: &'a str,
+    /// MIG profile, or [`FULL_GPU`].
+    pub(super) profile: &'a str,
+    pub(super) placement: Option<Placement>,
+    pub(super) uses: Vec<Use>,
+    pub(super) holders: Option<&'a [Holder]>,
+}
+
+/// A GPU as read from the slices, before evaluation.
+pub(super) struct GpuEntry<'a> {
+    pub(super) node: String,
+    pub(super) minor: i64,
+    pub(super) name: String,
+    pub(super) uuid: Option<&'a str>,
+    pub(super) model: &'a str,
+    pub(super) devices: Vec<Dev<'a>>,
+    pub(super) book: Book,
+}
+
+/// Per-profile counts of one GPU, for the cluster and pool summaries.
+pub(super) struct ProfileCount {
+    pub(super) profile: String,
+    pub(super) capacity: usize,
+    pub(super) allocated: usize,
+    pub(super) free: usize,
+}
+
+/// A greedy allocation of as many devices of `profile` as fit in `left`, in placement order.
+/// Placements of one profile are aligned and equally sized, and its devices consume equal
+/// engine amounts, so greedy finds the maximum.
+fn greedy(devices: &[Dev], profile: &str, left: &mut [Quantity], skip_held: bool) -> Vec<u32> {
+    let mut starts = Vec::new();
+    for dev in devices.iter().filter(|d| d.profile == profile) {
+        if skip_held && dev.holders.is_some() {
+            continue;
+        }
+        if fits(left, &dev.uses) {
+            take(left, &dev.uses);
+            starts.push(dev.placement.map_or(0, |p| p.start));
+        }
+    }
+    starts
+}
+
+impl GpuEntry<'_> {
+    fn mig_mode(&self) -> MigMode {
+        let mig = self.devices.iter().any(|d| d.profile != FULL_GPU);
+        let counters = self.devices.iter().any(|d| !d.uses.is_empty());
+        match (mig, counters) {
+            (false, _) => MigMode::Off,
+            (true, false) => MigMode::Static,
+            (true, true) => MigMode::Dynamic,
+        }
+    }
+
+    /// What claims hold on this GPU, what is free, and the per-profile counts.
+    pub(super) fn evaluate(mut self) -> (GpuCapacity, Vec<ProfileCount>) {
+        self.devices.sort_by(|a, b| {
+            (a.profile != FULL_GPU, a.placement, a.name).cmp(&(
+                b.profile != FULL_GPU,
+                b.placement,
+                b.name,
+            ))
+        });
+        let mig = self.mig_mode();
+        let mut left = self.book.totals.clone();
+        let mut layout: Vec<u8> = vec![b'.'; self.book.memory_slices.len()];
+        let mut allocated = Vec::new();
+        for dev in &self.devices {
+            let Some(holders) = dev.holders else {
+                continue;
+            };
+            take(&mut left, &dev.uses);
+            let letter = letter(allocated.len());
+            for (i, _) in &dev.uses {
+                if let Some(n) = self.book.memory_slices.iter().position(|s| *s == Some(*i)) {
+                    layout[n] = letter;
+                }
+            }
+            allocated.push(Allocation {
+                device: dev.name.to_string(),
+                profile: dev.profile.to_string(),
+                placement: dev.placement.filter(|_| dev.profile != FULL_GPU),
+                holders: holders.to_vec(),
+            });
+        }
+        let mut profiles: Vec<&str> = Vec::new();
+        for dev in &self.devices {
+            if !profiles.contains(&dev.profile) {
+                profiles.push(dev.profile);
+            }
+        }
+        let mut free = Vec::with_capacity(profiles.len());
+        let mut counts = Vec::with_capacity(profiles.len());
+        for profile in profiles {
+            let starts = greedy(&self.devices, profile, &mut left.clone(), true);
+            let capacity = greedy(&self.devices, profile, &mut self.book.totals.clone(), false);
+            let held = self
+                .devices
+                .iter()
+                .filter(|d| d.profile == profile && d.holders.is_some())
+                .count();
+            counts.push(ProfileCount {
+                profile: profile.to_string(),
+                capacity: capacity.len(),
+                allocated: held,
+                free: starts.len(),
+            });
+            let placed = mig == MigMode::Dynamic && profile != FULL_GPU;
+            free.push(FreeProfile {
+                profile: profile.to_string(),
+                count: starts.len(),
+                starts: if placed { starts } else { Vec::new() },
+            });
+        }
+        let gpu = GpuCapacity {
+            name: self.name,
+            uuid: self.uuid.map(str::to_string),
+            model: self.model.to_string(),
+            mig,
+            layout: (mig == MigMode::Dynamic && !layout.is_empty())
+                .then(|| String::from_utf8_lossy(&layout).into_owned()),
+            allocated,
+            free,
+        };
+        (gpu, counts)
+    }
+}
+
+/// `A`…`Z`, then `a`…`z`, then `*`: the layout letter of the n-th allocation.
+pub(super) fn letter(n: usize) -> u8 {
+    match n {
+        0..26 => b'A' + n as u8,
+        26..52 => b'a' + (n - 26) as u8,
+        _ => b'*',
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev<'a>(
+        name: &'a str,
+        profile: &'a str,
+        start: u32,
+        uses: Vec<Use>,
+        holders: Option<&'a [Holder]>,
+    ) -> Dev<'a> {
+        Dev {
+            name,
+            profile,
+            placement: Some(Placement {
+                start,
+                size: Some(1),
+            }),
+            uses,
+            holders,
+        }
+    }
+
+    fn q(n: i64) -> Quantity {
+        Quantity::from_i64(n)
+    }
+
+    #[test]
+    fn placements_sharing_one_engine_count_as_one_free_device() {
+        let mut book = Book::default();
+        let ofa = book.index("s", "ofa-engines", q(1));
+        let slices: Vec<usize> = (0..2)
+            .map(|n| book.index("s", &format!("memory-slice-{n}"), q(1)))
+            .collect();
+        let gpu = GpuEntry {
+            node: "n".into(),
+            minor: 0,
+            name: "gpu-0".into(),
+            uuid: None,
+            model: "M".into(),
+            devices: vec![
+                dev("a", "1g+me", 0, vec![(ofa, q(1)), (slices[0], q(1))], None),
+                dev("b", "1g+me", 1, vec![(ofa, q(1)), (slices[1], q(1))], None),
+            ],
+            book,
+        };
+        let (gpu, counts) = gpu.evaluate();
+        assert_eq!(gpu.free[0].count, 1);
+        assert_eq!(counts[0].capacity, 1);
+        assert_eq!(gpu.layout.as_deref(), Some(".."));
+    }
+
+    #[test]
+    fn a_held_placement_blocks_the_overlapping_ones_and_marks_the_layout() {
+        let holder = [Holder {
+            namespace: "ns".into(),
+            claim: "c".into(),
+            pods: vec!["p".into()],
+            request: "r".into(),
+            share_id: None,
+            consumed: Default::default(),
+        }];
+        let mut book = Book::default();
+        let s: Vec<usize> = (0..4)
+            .map(|n| book.index("s", &format!("memory-slice-{n}"), q(1)))
+            .collect();
+        let all: Vec<Use> = s.iter().map(|&i| (i, q(1))).collect();
+        let gpu = GpuEntry {
+            node: "n".into(),
+            minor: 0,
+            name: "gpu-0".into(),
+            uuid: None,
+            model: "M".into(),
+            devices: vec![
+                dev("gpu-0", FULL_GPU, 0, all, None),
+                dev("half-0", "2g", 0, vec![(s[0], q(1)), (s[1], q(1))], None),
+                dev("half-2", "2g", 2, vec![(s[2], q(1)), (s[3], q(1))], None),
+                dev("one-3", "1g", 3, vec![(s[3], q(1))], Some(&holder)),
+            ],
+            book,
+        };
+        let (gpu, counts) = gpu.evaluate();
+        assert_eq!(gpu.layout.as_deref(), Some("...A"));
+        let free: Vec<(&str, usize)> = gpu
+            .free
+            .iter()
+            .map(|f| (f.profile.as_str(), f.count))
+            .collect();
+        assert_eq!(free, [(FULL_GPU, 0), ("2g", 1), ("1g", 0)]);
+        let caps: Vec<(usize, usize)> = counts.iter().map(|c| (c.capacity, c.allocated)).collect();
+        assert_eq!(caps, [(1, 0), (2, 0), (1, 1)]);
+    }
+}

@@ -1,0 +1,277 @@
+//! `gpu-dra capacity`: the operator's view of a cluster's GPUs — per node, per GPU and per
+//! MIG profile, what exists, who holds it (namespace, pod, claim) and what is still free.
+//!
+//! Pure: [`build`] turns ResourceSlices, allocated ResourceClaims and (optionally) Nodes into
+//! a [`CapacityReport`]; [`render_table`] prints it for people, and the report serialises to
+//! JSON or YAML as is. Where the objects come from (files or a live cluster) is in
+//! [`inputs`].
+//!
+//! "Free" means what a new request could still get: a device is free when no claim holds it
+//! and every shared counter it consumes (dynamic MIG memory slices and engines) still has
+//! room after the devices that claims hold. A profile's free count is how many devices of
+//! that profile could be allocated together, so seven free `1g.10gb+me` placements that all
+//! need the GPU's single OFA engine count as one.
+
+mod book;
+mod gpus;
+pub mod inputs;
+mod render;
+mod summary;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde::Serialize;
+
+pub use render::{TableOptions, render_table};
+
+/// The profile name under which full GPUs are counted.
+pub const FULL_GPU: &str = "gpu";
+
+/// What [`build`] reads.
+#[derive(Clone, Debug, Default)]
+pub struct CapacityInput {
+    /// ResourceSlices of any drivers; only `driver`'s are looked at.
+    pub slices: Vec<ResourceSlice>,
+    /// ResourceClaims; unallocated ones and results of other drivers are ignored.
+    pub claims: Vec<ResourceClaim>,
+    /// Nodes, for `pool_label`; may be empty without it.
+    pub nodes: Vec<Node>,
+}
+
+/// How [`build`] groups and filters.
+#[derive(Clone, Debug)]
+pub struct CapacityOptions {
+    /// The DRA driver whose devices are counted (`gpu.nvidia.com`).
+    pub driver: String,
+    /// Group nodes into pools by the value of this node label.
+    pub pool_label: Option<String>,
+    /// Only this node.
+    pub node: Option<String>,
+}
+
+/// A slice or claim field that cannot be read. Each variant names the object, the field and
+/// the value.
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    /// A ResourceSlice field is not what the API allows.
+    #[error("ResourceSlice {slice}: {field} is {value:?}: {problem}")]
+    InvalidSlice {
+        slice: String,
+        field: String,
+        value: String,
+        problem: String,
+    },
+    /// `--node` names a node that publishes no devices of the driver.
+    #[error("node {node:?} publishes no {driver} devices (nodes that do: {known})")]
+    UnknownNode {
+        node: String,
+        driver: String,
+        known: String,
+    },
+    /// Reading the input files or listing from the cluster failed.
+    #[error(transparent)]
+    Input(#[from] inputs::InputError),
+}
+
+/// The whole view. Serialises (camelCase) to the `-o json|yaml` output.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CapacityReport {
+    pub driver: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_label: Option<String>,
+    pub totals: Totals,
+    /// Per profile across every node: full GPUs per model (`gpu`), MIG devices per profile.
+    pub profiles: Vec<ProfileSummary>,
+    /// Per value of `pool_label` (empty without it).
+    pub pools: Vec<PoolSummary>,
+    pub nodes: Vec<NodeCapacity>,
+    /// Things that make the view less than exact: incomplete pools, claims naming devices
+    /// no slice publishes.
+    pub warnings: Vec<String>,
+}
+
+/// Cluster-wide counts.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Totals {
+    pub nodes: usize,
+    pub gpus: usize,
+    /// GPUs on which at least one device is held.
+    pub busy_gpus: usize,
+    /// Devices held by claims (a shared device once).
+    pub allocated_devices: usize,
+    pub claims: usize,
+    pub namespaces: usize,
+}
+
+/// Capacity, allocated and free devices of one profile.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileSummary {
+    /// MIG profile (`1g.10gb`), or [`FULL_GPU`] for whole GPUs.
+    pub profile: String,
+    /// Product names of the GPUs offering it.
+    pub models: Vec<String>,
+    /// How many could be allocated together on idle GPUs.
+    pub capacity: usize,
+    /// How many claims hold.
+    pub allocated: usize,
+    /// How many a new request could still get, together.
+    pub free: usize,
+}
+
+/// One value of the pool label.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSummary {
+    /// The label's value, `<none>` for nodes without it.
+    pub pool: String,
+    pub nodes: usize,
+    pub gpus: usize,
+    pub busy_gpus: usize,
+    pub profiles: Vec<ProfileSummary>,
+}
+
+/// One node's GPUs.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCapacity {
+    pub name: String,
+    /// Its pool label's value, with `--pool-label`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    pub gpus: Vec<GpuCapacity>,
+}
+
+/// How a GPU is published.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum MigMode {
+    /// The full GPU only.
+    Off,
+    /// MIG devices that exist (no shared counters).
+    Static,
+    /// Placements carved on demand, consuming the GPU's shared counters.
+    Dynamic,
+}
+
+impl MigMode {
+    /// `off`, `static` or `dynamic`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigMode::Off => "off",
+            MigMode::Static => "static",
+            MigMode::Dynamic => "dynamic",
+        }
+    }
+}
+
+/// One physical GPU: its devices that claims hold and what is still free on it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuCapacity {
+    /// `gpu-<minor>`, the full GPU's device name.
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// `productName`.
+    pub model: String,
+    pub mig: MigMode,
+    /// With dynamic MIG: one character per memory slice, `.` free, otherwise the letter of
+    /// the allocation in `allocated` that uses it (`A` the first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    pub allocated: Vec<Allocation>,
+    /// Per profile offered on this GPU, what a request could still get.
+    pub free: Vec<FreeProfile>,
+}
+
+/// A device some claims hold.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Allocation {
+    pub device: String,
+    /// MIG profile, [`FULL_GPU`] for the full GPU.
+    pub profile: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// Several when the device is shared (consumable capacity) or a claim is shared.
+    pub holders: Vec<Holder>,
+}
+
+/// A MIG placement: first memory slice and how many.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placement {
+    pub start: u32,
+    /// Unknown for static MIG devices, which consume no counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u32>,
+}
+
+/// Who holds a device: a claim and the pods it is reserved for.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    pub namespace: String,
+    pub claim: String,
+    /// `status.reservedFor` pods; other consumers as `<resource>/<name>`.
+    pub pods: Vec<String>,
+    pub request: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+    /// Consumed capacity of a share, by capacity name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub consumed: BTreeMap<String, String>,
+}
+
+/// What a request for one profile could still get on one GPU.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FreeProfile {
+    pub profile: String,
+    /// How many devices of the profile could be allocated together.
+    pub count: usize,
+    /// Placements (first memory slice) a greedy allocation of `count` would use.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub starts: Vec<u32>,
+}
+
+/// Builds the capacity view.
+///
+/// Pools are read at their newest generation; a pool with fewer slices than it announces
+/// is counted with what is there and named in [`CapacityReport::warnings`]. Fails when a
+/// counter or capacity quantity in a slice does not parse (naming the slice, field and
+/// value), or when `options.node` publishes no devices of the driver.
+pub fn build(
+    input: &CapacityInput,
+    options: &CapacityOptions,
+) -> Result<CapacityReport, CapacityError> {
+    let mut warnings = Vec::new();
+    let holders = gpus::holders(&input.claims, &options.driver);
+    let gpus = gpus::collect(&input.slices, options, &holders, &mut warnings)?;
+    if let Some(node) = &options.node
+        && gpus.is_empty()
+    {
+        let mut known: Vec<&str> = input
+            .slices
+            .iter()
+            .filter(|s| s.spec.driver == options.driver)
+            .filter_map(|s| s.spec.node_name.as_deref())
+            .collect();
+        known.sort();
+        known.dedup();
+        return Err(CapacityError::UnknownNode {
+            node: node.clone(),
+            driver: options.driver.clone(),
+            known: if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            },
+        });
+    }
+    Ok(summary::assemble(gpus, input, options, warnings))
+}

@@ -1,0 +1,189 @@
+//! From evaluated GPUs to the report: nodes, per-profile and per-pool sums, totals.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::book::{GpuEntry, ProfileCount};
+use super::{
+    CapacityInput, CapacityOptions, CapacityReport, FULL_GPU, NodeCapacity, PoolSummary,
+    ProfileSummary, Totals,
+};
+
+/// Pool value of nodes without the label.
+pub const NO_POOL: &str = "<none>";
+
+/// Sort key of a profile: full GPUs first (by model), then MIG profiles by compute slices,
+/// memory and name, so `1g.5gb` comes before `1g.10gb`.
+fn profile_order(profile: &str, model: &str) -> (bool, u32, u32, String, String) {
+    if profile == FULL_GPU {
+        return (false, 0, 0, String::new(), model.to_string());
+    }
+    let number = |s: &str| -> u32 {
+        s.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap_or(u32::MAX)
+    };
+    let (compute, memory) = profile.split_once('.').unwrap_or((profile, ""));
+    (
+        true,
+        number(compute),
+        number(memory),
+        profile.to_string(),
+        String::new(),
+    )
+}
+
+/// Sums of per-GPU profile counts: full GPUs per model, MIG profiles across models.
+#[derive(Default)]
+struct ProfileSums {
+    rows: BTreeMap<(bool, u32, u32, String, String), ProfileSummary>,
+}
+
+impl ProfileSums {
+    fn add(&mut self, model: &str, counts: &[ProfileCount]) {
+        for count in counts {
+            let row = self
+                .rows
+                .entry(profile_order(&count.profile, model))
+                .or_insert_with(|| ProfileSummary {
+                    profile: count.profile.clone(),
+                    models: Vec::new(),
+                    capacity: 0,
+                    allocated: 0,
+                    free: 0,
+                });
+            if !row.models.iter().any(|m| m == model) {
+                row.models.push(model.to_string());
+                row.models.sort();
+            }
+            row.capacity += count.capacity;
+            row.allocated += count.allocated;
+            row.free += count.free;
+        }
+    }
+
+    fn finish(self) -> Vec<ProfileSummary> {
+        self.rows.into_values().collect()
+    }
+}
+
+#[derive(Default)]
+struct PoolSums {
+    nodes: BTreeSet<String>,
+    gpus: usize,
+    busy: usize,
+    profiles: ProfileSums,
+}
+
+/// Evaluates every GPU and sums them up.
+pub(super) fn assemble(
+    mut gpus: Vec<GpuEntry>,
+    input: &CapacityInput,
+    options: &CapacityOptions,
+    warnings: Vec<String>,
+) -> CapacityReport {
+    let labels: HashMap<&str, &str> = match &options.pool_label {
+        Some(label) => input
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                let name = n.metadata.name.as_deref()?;
+                let value = n.metadata.labels.as_ref()?.get(label)?;
+                Some((name, value.as_str()))
+            })
+            .collect(),
+        None => HashMap::new(),
+    };
+    gpus.sort_by(|a, b| (&a.node, a.minor).cmp(&(&b.node, b.minor)));
+    let mut nodes: Vec<NodeCapacity> = Vec::new();
+    let mut profiles = ProfileSums::default();
+    let mut pools: BTreeMap<String, PoolSums> = BTreeMap::new();
+    let mut totals = Totals::default();
+    let mut claims: BTreeSet<(String, String)> = BTreeSet::new();
+    for entry in gpus {
+        let node = entry.node.clone();
+        let (gpu, counts) = entry.evaluate();
+        let busy = !gpu.allocated.is_empty();
+        totals.gpus += 1;
+        totals.busy_gpus += usize::from(busy);
+        totals.allocated_devices += gpu.allocated.len();
+        for holder in gpu.allocated.iter().flat_map(|a| &a.holders) {
+            claims.insert((holder.namespace.clone(), holder.claim.clone()));
+        }
+        profiles.add(&gpu.model, &counts);
+        let pool = options
+            .pool_label
+            .as_ref()
+            .map(|_| labels.get(node.as_str()).copied().unwrap_or(NO_POOL));
+        if let Some(pool) = pool {
+            let sums = pools.entry(pool.to_string()).or_default();
+            sums.nodes.insert(node.clone());
+            sums.gpus += 1;
+            sums.busy += usize::from(busy);
+            sums.profiles.add(&gpu.model, &counts);
+        }
+        match nodes.last_mut() {
+            Some(last) if last.name == node => last.gpus.push(gpu),
+            _ => nodes.push(NodeCapacity {
+                name: node,
+                pool: pool.map(str::to_string),
+                gpus: vec![gpu],
+            }),
+        }
+    }
+    totals.nodes = nodes.len();
+    totals.claims = claims.len();
+    totals.namespaces = claims
+        .iter()
+        .map(|(ns, _)| ns)
+        .collect::<BTreeSet<_>>()
+        .len();
+    CapacityReport {
+        driver: options.driver.clone(),
+        pool_label: options.pool_label.clone(),
+        totals,
+        profiles: profiles.finish(),
+        pools: pools
+            .into_iter()
+            .map(|(pool, sums)| PoolSummary {
+                pool,
+                nodes: sums.nodes.len(),
+                gpus: sums.gpus,
+                busy_gpus: sums.busy,
+                profiles: sums.profiles.finish(),
+            })
+            .collect(),
+        nodes,
+        warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_sort_full_gpus_first_then_by_compute_and_memory() {
+        let mut names = vec![
+            "7g.80gb",
+            "1g.10gb",
+            "gpu",
+            "1g.5gb",
+            "1g.10gb+me",
+            "3g.40gb",
+        ];
+        names.sort_by_key(|p| profile_order(p, "M"));
+        assert_eq!(
+            names,
+            [
+                "gpu",
+                "1g.5gb",
+                "1g.10gb",
+                "1g.10gb+me",
+                "3g.40gb",
+                "7g.80gb"
+            ]
+        );
+    }
+}

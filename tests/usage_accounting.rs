@@ -1,0 +1,225 @@
+//! Usage accounting through the plugin's kubelet handler on a simulated dgx-h100:
+//! `gpu_dra_claim_device_seconds_total` counts what prepared claims hold, labelled by
+//! namespace, DeviceClass, profile and sharing; an unprepared claim's seconds stay counted;
+//! the ledger survives a plugin restart, and claims prepared before accounting are adopted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpu_dra::cdi::{CdiWriter, ClaimNaming};
+use gpu_dra::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ClaimsManager};
+use gpu_dra::devices::{self, ModelOptions};
+use gpu_dra::hardware::GpuBackend;
+use gpu_dra::hardware::sim::SimBackend;
+use gpu_dra::kubelet::{ClaimRef, DraHandler};
+use gpu_dra::metrics::Metrics;
+use gpu_dra::plugin::handler::Handler;
+use gpu_dra::plugin::simhost::SimHostFacts;
+use gpu_dra::plugin::usage::{UsageTracker, read_checkpoint};
+use gpu_dra::usage::HeldDevice;
+
+const POOL: &str = "dgx-h100";
+
+struct Table(BTreeMap<String, ClaimAllocation>);
+
+impl ClaimSource for Table {
+    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
+        self.0
+            .get(&id.uid)
+            .cloned()
+            .ok_or_else(|| format!("resourceclaims \"{}\" not found", id.name))
+    }
+}
+
+fn alloc(device: &str) -> ClaimAllocation {
+    ClaimAllocation {
+        devices: vec![AllocatedDevice {
+            request: "dev".into(),
+            pool: POOL.into(),
+            device: device.to_string(),
+            admin_access: false,
+            share_id: None,
+            consumed_capacity: Default::default(),
+        }],
+        config: Vec::new(),
+    }
+}
+
+const CLAIMS: [(&str, &str, &str); 3] = [
+    ("train", "gpu-0-mig-3g40gb-0", "mig.nvidia.com"),
+    ("whole", "gpu-2", "gpu.nvidia.com"),
+    ("early", "gpu-3", "gpu.nvidia.com"),
+];
+
+fn handler(dir: &tempfile::TempDir, usage: Option<Arc<UsageTracker>>) -> Handler<Table> {
+    let sim = Arc::new(SimBackend::open(POOL, Some(&dir.path().join("hw"))).unwrap());
+    let table = CLAIMS
+        .iter()
+        .map(|(uid, device, _)| (uid.to_string(), alloc(device)))
+        .collect();
+    let options = ModelOptions::with_policies(devices::DEFAULT_DRIVER_NAME, &sim.mig_policies());
+    if let Some(usage) = &usage {
+        usage.set_model(&devices::build(&sim.inventory().unwrap(), &options));
+    }
+    let manager = ClaimsManager {
+        backend: sim.clone(),
+        source: Table(table),
+        host: Box::new(SimHostFacts),
+        cdi: CdiWriter::new(dir.path().join("cdi")),
+        naming: ClaimNaming::default(),
+        model_options: options,
+        pool: POOL.into(),
+        state_dir: dir.path().join("state"),
+        boot_id: "boot-1".into(),
+        model_cache: Default::default(),
+        checkpoint_cache: Default::default(),
+        sharing: None,
+        prepared: Default::default(),
+    };
+    Handler {
+        manager: Arc::new(manager),
+        metrics: Metrics::new(),
+        usage,
+    }
+}
+
+fn claim(uid: &str) -> ClaimRef {
+    ClaimRef {
+        namespace: "team-a".into(),
+        name: format!("claim-{uid}"),
+        uid: uid.into(),
+    }
+}
+
+/// What the claim source tells the tracker when it reads a claim from the API server.
+fn read(usage: &UsageTracker, uid: &str) {
+    let (_, device, class) = CLAIMS.iter().find(|(u, _, _)| *u == uid).unwrap();
+    usage.fetched(
+        uid,
+        BTreeMap::from([("dev".to_string(), class.to_string())]),
+        vec![HeldDevice {
+            request: "dev".into(),
+            device: device.to_string(),
+            ..Default::default()
+        }],
+    );
+}
+
+/// The counter's series: labels → value.
+fn series(metrics: &Metrics) -> BTreeMap<String, f64> {
+    metrics
+        .render()
+        .lines()
+        .filter_map(|l| l.strip_prefix("gpu_dra_claim_device_seconds_total{"))
+        .map(|l| {
+            let (labels, value) = l.rsplit_once("} ").unwrap();
+            (labels.to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+const MIG: &str =
+    r#"namespace="team-a",class="mig.nvidia.com",profile="3g.40gb",sharing="exclusive""#;
+const GPU: &str = r#"namespace="team-a",class="gpu.nvidia.com",profile="gpu",sharing="exclusive""#;
+
+#[tokio::test]
+async fn prepared_claims_are_counted_with_their_class_profile_and_sharing() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Metrics::new();
+    let usage = Arc::new(UsageTracker::open(
+        &dir.path().join("state"),
+        metrics.clone(),
+    ));
+    let h = handler(&dir, Some(Arc::clone(&usage)));
+    for uid in ["train", "whole"] {
+        read(&usage, uid);
+    }
+    let results = h.prepare(vec![claim("train"), claim("whole")]).await;
+    assert!(results.values().all(Result::is_ok), "{results:?}");
+    let got = series(&metrics);
+    assert_eq!(got.keys().collect::<Vec<_>>(), [GPU, MIG]);
+    assert_eq!(
+        usage.ledger().live.keys().collect::<Vec<_>>(),
+        ["train", "whole"]
+    );
+
+    // Unprepare moves the MIG device's seconds into the totals; they stay counted.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let results = h.unprepare(vec![claim("train")]).await;
+    assert!(results.values().all(Result::is_ok));
+    let ledger = usage.ledger();
+    assert_eq!(ledger.live.keys().collect::<Vec<_>>(), ["whole"]);
+    let finished: Vec<f64> = ledger.finished.values().copied().collect();
+    assert_eq!(finished.len(), 1);
+    assert!(finished[0] >= 0.02, "{finished:?}");
+    let after = series(&metrics);
+    assert!(after[MIG] >= finished[0] && after[GPU] >= got[GPU]);
+}
+
+#[tokio::test]
+async fn the_counter_survives_a_plugin_restart_and_adopts_claims_prepared_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // Prepared by a plugin without accounting.
+    let old = handler(&dir, None);
+    assert!(old.prepare(vec![claim("early")]).await["early"].is_ok());
+    let record_time = read_checkpoint(&state, "boot-1").unwrap().claims["early"].updated_unix;
+
+    let metrics = Metrics::new();
+    let usage = Arc::new(UsageTracker::open(&state, metrics.clone()));
+    let h = handler(&dir, Some(Arc::clone(&usage)));
+    usage.reconcile(read_checkpoint(&state, "boot-1").as_ref());
+    assert_eq!(usage.ledger().live["early"].since_unix, record_time as f64);
+    read(&usage, "whole");
+    assert!(h.prepare(vec![claim("whole")]).await["whole"].is_ok());
+    let before = series(&metrics);
+    let ledger = usage.ledger();
+
+    // A restarted plugin reads the same ledger and keeps counting from where it was.
+    drop(h);
+    let metrics = Metrics::new();
+    let restarted = UsageTracker::open(&state, metrics.clone());
+    assert_eq!(restarted.ledger(), ledger);
+    restarted.reconcile(read_checkpoint(&state, "boot-1").as_ref());
+    assert_eq!(restarted.ledger(), ledger, "nothing to adopt or end");
+    let after = series(&metrics);
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    for (labels, value) in &after {
+        assert!(*value >= before[labels], "{labels} went down");
+    }
+
+    // After a reboot the checkpoint is stale: every live claim ends, totals stay.
+    restarted.reconcile(None);
+    assert!(restarted.ledger().live.is_empty());
+    let ended = series(&metrics);
+    for (labels, value) in &after {
+        assert!(ended[labels] >= *value, "{labels} went down");
+    }
+}
+
+#[test]
+fn the_class_of_every_request_and_first_available_alternative_is_read_from_the_claim() {
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                {"name": "small", "firstAvailable": [
+                    {"name": "h100", "deviceClassName": "mig-1g10gb.nvidia.com"},
+                    {"name": "any", "deviceClassName": "mig.nvidia.com"}]}]}}
+        }))
+        .unwrap();
+    let got = gpu_dra::k8s::claims::request_classes(&claim);
+    let want: BTreeMap<String, String> = [
+        ("gpu", "gpu.nvidia.com"),
+        ("small/any", "mig.nvidia.com"),
+        ("small/h100", "mig-1g10gb.nvidia.com"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(got, want);
+}
