@@ -234,7 +234,7 @@ mod tests {
             minor: 0,
             name: "gpu-0".into(),
             uuid: None,
-            model: "M".into(),
+            model: "M",
             devices: vec![
                 dev("a", "1g+me", 0, vec![(ofa, q(1)), (slices[0], q(1))], None),
                 dev("b", "1g+me", 1, vec![(ofa, q(1)), (slices[1], q(1))], None),
@@ -267,7 +267,7 @@ mod tests {
             minor: 0,
             name: "gpu-0".into(),
             uuid: None,
-            model: "M".into(),
+            model: "M",
             devices: vec![
                 dev("gpu-0", FULL_GPU, 0, all, None),
                 dev("half-0", "2g", 0, vec![(s[0], q(1)), (s[1], q(1))], None),

@@ -21,7 +21,7 @@ pub enum InputError {
         flag: &'static str,
         path: PathBuf,
         #[source]
-        source: ExplainError,
+        source: Box<ExplainError>,
     },
     /// Listing from the API server failed.
     #[error("listing {what} from the API server")]
@@ -44,7 +44,11 @@ pub fn from_files(
 ) -> Result<CapacityInput, InputError> {
     let file = |flag: &'static str, path: &Path| {
         let path = path.to_path_buf();
-        move |source| InputError::File { flag, path, source }
+        move |source| InputError::File {
+            flag,
+            path,
+            source: Box::new(source),
+        }
     };
     Ok(CapacityInput {
         slices: explain::load_slices(slices).map_err(file("--slices", slices))?,
