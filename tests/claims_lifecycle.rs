@@ -1,28 +1,14 @@
 //! Prepare and unprepare on a simulated node: hardware, checkpoint and CDI directory move
 //! together, repeated calls are harmless, conflicts fail per claim and leave nothing behind.
 
-use std::collections::BTreeMap;
+mod manager_support;
+
 use std::sync::Arc;
 
-use gpu_dra::cdi::{CdiWriter, ClaimNaming};
-use gpu_dra::claims::{
-    AllocatedDevice, ClaimAllocation, ClaimError, ClaimId, ClaimSource, ClaimsManager,
-};
-use gpu_dra::devices::ModelOptions;
+use gpu_dra::claims::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId, ClaimsManager};
 use gpu_dra::hardware::GpuBackend;
 use gpu_dra::hardware::sim::SimBackend;
-use gpu_dra::plugin::simhost::SimHostFacts;
-
-struct Table(BTreeMap<String, ClaimAllocation>);
-
-impl ClaimSource for Table {
-    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
-        self.0
-            .get(&id.uid)
-            .cloned()
-            .ok_or_else(|| format!("resourceclaims \"{}\" not found", id.name))
-    }
-}
+use manager_support::Table;
 
 struct Node {
     dir: tempfile::TempDir,
@@ -55,24 +41,7 @@ fn node(claims: &[(&str, &[&str])]) -> Node {
         .iter()
         .map(|(uid, devs)| (uid.to_string(), alloc(devs)))
         .collect();
-    let mgr = ClaimsManager {
-        backend: sim.clone(),
-        source: Table(table),
-        host: Box::new(SimHostFacts),
-        cdi: CdiWriter::new(dir.path().join("cdi")),
-        naming: ClaimNaming::default(),
-        model_options: ModelOptions::with_policies(
-            gpu_dra::devices::DEFAULT_DRIVER_NAME,
-            &sim.mig_policies(),
-        ),
-        pool: "dgx-h100".into(),
-        state_dir: dir.path().join("state"),
-        boot_id: "boot-1".into(),
-        model_cache: Default::default(),
-        checkpoint_cache: Default::default(),
-        sharing: None,
-        prepared: Default::default(),
-    };
+    let mgr = manager_support::manager(&sim, Table(table), dir.path(), "dgx-h100");
     Node { dir, sim, mgr }
 }
 

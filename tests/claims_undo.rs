@@ -3,33 +3,19 @@
 //! (destroying the carved MIG device) must still happen, every failure be reported, and the
 //! claim stay recorded until a repeat finishes.
 
-use std::collections::BTreeMap;
+mod manager_support;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use gpu_dra::cdi::{CdiWriter, ClaimNaming};
 use gpu_dra::checkpoint::{CheckpointStore, ClaimPhase};
-use gpu_dra::claims::{
-    AllocatedDevice, ClaimAllocation, ClaimError, ClaimId, ClaimSource, ClaimsManager,
-};
-use gpu_dra::devices::ModelOptions;
+use gpu_dra::claims::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId, ClaimsManager};
 use gpu_dra::hardware::GpuBackend;
 use gpu_dra::hardware::sim::SimBackend;
-use gpu_dra::plugin::simhost::SimHostFacts;
+use manager_support::Table;
 
 const UID: &str = "u1";
 const DEVICE: &str = "gpu-3-mig-3g40gb-4";
-
-struct Table(BTreeMap<String, ClaimAllocation>);
-
-impl ClaimSource for Table {
-    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
-        self.0
-            .get(&id.uid)
-            .cloned()
-            .ok_or_else(|| format!("resourceclaims \"{}\" not found", id.name))
-    }
-}
 
 struct Node {
     dir: tempfile::TempDir,
@@ -52,24 +38,12 @@ impl Node {
             }],
             config: Vec::new(),
         };
-        let mgr = ClaimsManager {
-            backend: sim.clone(),
-            source: Table([(UID.to_string(), allocation)].into()),
-            host: Box::new(SimHostFacts),
-            cdi: CdiWriter::new(dir.path().join("cdi")),
-            naming: ClaimNaming::default(),
-            model_options: ModelOptions::with_policies(
-                gpu_dra::devices::DEFAULT_DRIVER_NAME,
-                &sim.mig_policies(),
-            ),
-            pool: "dgx-h100".into(),
-            state_dir: dir.path().join("state"),
-            boot_id: "boot-1".into(),
-            model_cache: Default::default(),
-            checkpoint_cache: Default::default(),
-            sharing: None,
-            prepared: Default::default(),
-        };
+        let mgr = manager_support::manager(
+            &sim,
+            Table([(UID.to_string(), allocation)].into()),
+            dir.path(),
+            "dgx-h100",
+        );
         Node { dir, sim, mgr }
     }
 

@@ -1,30 +1,18 @@
 //! The plugin's kubelet handler counts every claim it prepares or unprepares, by result and
 //! by kind of failure, and keeps the prepared-claims gauge in step with the checkpoint.
 
-use std::collections::BTreeMap;
+mod manager_support;
+
 use std::sync::Arc;
 
-use gpu_dra::cdi::{CdiWriter, ClaimNaming};
-use gpu_dra::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ClaimsManager};
-use gpu_dra::devices::ModelOptions;
+use gpu_dra::claims::{AllocatedDevice, ClaimAllocation};
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::kubelet::{ClaimRef, DraHandler};
 use gpu_dra::metrics::{Metrics, Operation, Outcome};
 use gpu_dra::plugin::handler::Handler;
-use gpu_dra::plugin::simhost::SimHostFacts;
+use manager_support::Table;
 
 const POOL: &str = "dgx-h100";
-
-struct Table(BTreeMap<String, ClaimAllocation>);
-
-impl ClaimSource for Table {
-    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
-        self.0
-            .get(&id.uid)
-            .cloned()
-            .ok_or_else(|| format!("resourceclaims \"{}\" not found", id.name))
-    }
-}
 
 fn alloc(devices: &[&str]) -> ClaimAllocation {
     ClaimAllocation {
@@ -50,24 +38,7 @@ fn handler(dir: &tempfile::TempDir, claims: &[(&str, &[&str])]) -> Handler<Table
         .iter()
         .map(|(uid, devs)| (uid.to_string(), alloc(devs)))
         .collect();
-    let manager = ClaimsManager {
-        backend: sim.clone(),
-        source: Table(table),
-        host: Box::new(SimHostFacts),
-        cdi: CdiWriter::new(dir.path().join("cdi")),
-        naming: ClaimNaming::default(),
-        model_options: ModelOptions::with_policies(
-            gpu_dra::devices::DEFAULT_DRIVER_NAME,
-            &sim.mig_policies(),
-        ),
-        pool: POOL.into(),
-        state_dir: dir.path().join("state"),
-        boot_id: "boot-1".into(),
-        model_cache: Default::default(),
-        checkpoint_cache: Default::default(),
-        sharing: None,
-        prepared: Default::default(),
-    };
+    let manager = manager_support::manager(&sim, Table(table), dir.path(), POOL);
     Handler {
         manager: Arc::new(manager),
         metrics: Metrics::new(),

@@ -3,33 +3,23 @@
 //! namespace, DeviceClass, profile and sharing; an unprepared claim's seconds stay counted;
 //! the ledger survives a plugin restart, and claims prepared before accounting are adopted.
 
+mod manager_support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpu_dra::cdi::{CdiWriter, ClaimNaming};
-use gpu_dra::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ClaimsManager};
+use gpu_dra::claims::{AllocatedDevice, ClaimAllocation};
 use gpu_dra::devices::{self, ModelOptions};
 use gpu_dra::hardware::GpuBackend;
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::kubelet::{ClaimRef, DraHandler};
 use gpu_dra::metrics::Metrics;
 use gpu_dra::plugin::handler::Handler;
-use gpu_dra::plugin::simhost::SimHostFacts;
 use gpu_dra::plugin::usage::{UsageTracker, read_checkpoint};
 use gpu_dra::usage::HeldDevice;
+use manager_support::Table;
 
 const POOL: &str = "dgx-h100";
-
-struct Table(BTreeMap<String, ClaimAllocation>);
-
-impl ClaimSource for Table {
-    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
-        self.0
-            .get(&id.uid)
-            .cloned()
-            .ok_or_else(|| format!("resourceclaims \"{}\" not found", id.name))
-    }
-}
 
 fn alloc(device: &str) -> ClaimAllocation {
     ClaimAllocation {
@@ -61,20 +51,10 @@ fn handler(dir: &tempfile::TempDir, usage: Option<Arc<UsageTracker>>) -> Handler
     if let Some(usage) = &usage {
         usage.set_model(&devices::build(&sim.inventory().unwrap(), &options));
     }
-    let manager = ClaimsManager {
-        backend: sim.clone(),
-        source: Table(table),
-        host: Box::new(SimHostFacts),
-        cdi: CdiWriter::new(dir.path().join("cdi")),
-        naming: ClaimNaming::default(),
-        model_options: options,
-        pool: POOL.into(),
-        state_dir: dir.path().join("state"),
-        boot_id: "boot-1".into(),
-        model_cache: Default::default(),
-        checkpoint_cache: Default::default(),
-        sharing: None,
-        prepared: Default::default(),
+    let manager = {
+        let mut m = manager_support::manager(&sim, Table(table), dir.path(), POOL);
+        m.model_options = options;
+        m
     };
     Handler {
         manager: Arc::new(manager),
