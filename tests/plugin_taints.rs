@@ -146,6 +146,54 @@ async fn a_critical_xid_taints_the_gpu_and_its_placements_at_once_and_a_reset_cl
         "{metrics}"
     );
 
+    // `explain` names the taint as the reason gpu-2 is skipped, and a toleration lets a
+    // diagnostics claim have it.
+    let slices: Vec<Value> = node.api.slices().into_values().collect();
+    let slices_file = node.root().join("slices.json");
+    std::fs::write(
+        &slices_file,
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "items": slices}).to_string(),
+    )
+    .unwrap();
+    let explain = |tolerate: bool| {
+        let tolerations = if tolerate {
+            format!("\n        tolerations: [{{key: {KEY}, operator: Exists}}]")
+        } else {
+            String::new()
+        };
+        let claim = node.root().join(format!("claim-{tolerate}.yaml"));
+        std::fs::write(
+            &claim,
+            format!(
+                "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: diag, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly:\n        deviceClassName: gpu.nvidia.com\n        selectors: [{{cel: {{expression: 'device.attributes[\"gpu.nvidia.com\"].index == 2'}}}}]{tolerations}\n"
+            ),
+        )
+        .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+            .arg("explain")
+            .arg("--claim")
+            .arg(&claim)
+            .arg("--slices")
+            .arg(&slices_file)
+            .output()
+            .unwrap()
+    };
+    let refused = explain(false);
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert_eq!(refused.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(
+        text.contains("taint gpu.nvidia.com/unhealthy=xid-79:NoExecute not tolerated"),
+        "{text}"
+    );
+    let tolerated = explain(true);
+    assert_eq!(
+        tolerated.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&tolerated.stdout),
+        String::from_utf8_lossy(&tolerated.stderr)
+    );
+
     sim_fault(&node, &["recover", "--gpu", "2"]);
     eventually("the taints to go", || {
         taints(&devices(&node)?).is_empty().then_some(())
