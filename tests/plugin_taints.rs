@@ -180,7 +180,12 @@ async fn a_critical_xid_taints_the_gpu_and_its_placements_at_once_and_a_reset_cl
     };
     let refused = explain(false);
     let text = String::from_utf8_lossy(&refused.stdout);
-    assert_eq!(refused.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&refused.stderr));
+    assert_eq!(
+        refused.status.code(),
+        Some(1),
+        "{text}{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     assert!(
         text.contains("taint gpu.nvidia.com/unhealthy=xid-79:NoExecute not tolerated"),
         "{text}"
