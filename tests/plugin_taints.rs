@@ -74,6 +74,10 @@ fn taints(devices: &BTreeMap<String, Value>) -> BTreeMap<String, (String, String
         .collect()
 }
 
+fn gpu_dra_repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
 fn names_of_gpu<'a>(devices: &'a BTreeMap<String, Value>, gpu: &str) -> Vec<&'a String> {
     devices
         .keys()
@@ -155,20 +159,22 @@ async fn a_critical_xid_taints_the_gpu_and_its_placements_at_once_and_a_reset_cl
         serde_json::json!({"apiVersion": "v1", "kind": "List", "items": slices}).to_string(),
     )
     .unwrap();
+    let example = gpu_dra_repo().join("examples/diagnostics/tolerate-unhealthy-gpu.yaml");
     let explain = |tolerate: bool| {
-        let tolerations = if tolerate {
-            format!("\n        tolerations: [{{key: {KEY}, operator: Exists}}]")
+        let claim = if tolerate {
+            example.clone()
         } else {
-            String::new()
+            // The example without its toleration.
+            let text = std::fs::read_to_string(&example).unwrap();
+            let cut: String = text
+                .lines()
+                .filter(|l| !l.contains("tolerations:") && !l.contains("gpu.nvidia.com/unhealthy") && !l.contains("operator: Exists"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let path = node.root().join("claim-without-toleration.yaml");
+            std::fs::write(&path, cut).unwrap();
+            path
         };
-        let claim = node.root().join(format!("claim-{tolerate}.yaml"));
-        std::fs::write(
-            &claim,
-            format!(
-                "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: diag, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly:\n        deviceClassName: gpu.nvidia.com\n        selectors: [{{cel: {{expression: 'device.attributes[\"gpu.nvidia.com\"].index == 2'}}}}]{tolerations}\n"
-            ),
-        )
-        .unwrap();
         Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
             .arg("explain")
             .arg("--claim")
