@@ -27,7 +27,11 @@ fn sim_fault(node: &Node, args: &[&str]) {
         .args(args)
         .output()
         .expect("sim-fault");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Whether the whole pool (one generation) shows GPU `gpu`'s full device tainted as `want`.
@@ -36,7 +40,10 @@ fn pool_shows(node: &Node, gpu: usize, want: bool) -> bool {
         return false;
     };
     let generation = &pool[0]["spec"]["pool"]["generation"];
-    if pool.iter().any(|s| &s["spec"]["pool"]["generation"] != generation) {
+    if pool
+        .iter()
+        .any(|s| &s["spec"]["pool"]["generation"] != generation)
+    {
         return false;
     }
     let name = format!("gpu-{gpu}");
@@ -49,7 +56,10 @@ fn pool_shows(node: &Node, gpu: usize, want: bool) -> bool {
 async fn until(node: &Node, gpu: usize, want: bool) -> Duration {
     let start = Instant::now();
     while !pool_shows(node, gpu, want) {
-        assert!(start.elapsed() < LIMIT, "gpu-{gpu} never became tainted={want}");
+        assert!(
+            start.elapsed() < LIMIT,
+            "gpu-{gpu} never became tainted={want}"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     start.elapsed()
@@ -99,7 +109,11 @@ fn main() {
         command.args(["--inventory-interval", "10"]);
         let mut plugin = node.spawn_command(command, &[]);
         plugin.wait_registrable().await;
-        let backend = if plugin_support::nvml_backend() { "nvml (simulated libnvidia-ml)" } else { "sim" };
+        let backend = if plugin_support::nvml_backend() {
+            "nvml (simulated libnvidia-ml)"
+        } else {
+            "sim"
+        };
         println!("backend {backend}; dgx-h100, --inventory-interval 10");
         until(&node, 0, false).await;
         let (mut taint, mut clear) = (Vec::new(), Vec::new());

@@ -168,7 +168,11 @@ async fn a_critical_xid_taints_the_gpu_and_its_placements_at_once_and_a_reset_cl
             let text = std::fs::read_to_string(&example).unwrap();
             let cut: String = text
                 .lines()
-                .filter(|l| !l.contains("tolerations:") && !l.contains("gpu.nvidia.com/unhealthy") && !l.contains("operator: Exists"))
+                .filter(|l| {
+                    !l.contains("tolerations:")
+                        && !l.contains("gpu.nvidia.com/unhealthy")
+                        && !l.contains("operator: Exists")
+                })
                 .map(|l| format!("{l}\n"))
                 .collect();
             let path = node.root().join("claim-without-toleration.yaml");
@@ -394,4 +398,38 @@ async fn gpus_added_at_run_time_appear_and_a_prepared_device_of_a_removed_gpu_st
         (!devices(&node)?.contains_key("gpu-6")).then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn mig_changes_made_behind_the_plugins_back_are_republished() {
+    use gpu_dra::hardware::GpuBackend;
+    use gpu_dra::hardware::sim::SimBackend;
+    let node = Node::new().with_sim_node("dgx-a100");
+    let _plugin = node.start().await;
+    let before = eventually("the first slices", || devices(&node)).await;
+    let migs =
+        |d: &BTreeMap<String, Value>| d.keys().filter(|n| n.starts_with("gpu-0-mig-")).count();
+    assert!(migs(&before) > 1, "GPU 0 is pre-partitioned");
+    assert!(before.contains_key("gpu-5"), "GPU 5 has MIG off");
+
+    // An admin destroys a MIG device and turns MIG mode on for GPU 5 (an A100: a reset
+    // applies it), as `nvidia-smi mig -dci/-dgi` and `nvidia-smi -mig 1 -i 5; nvidia-smi -r`
+    // would.
+    let hw = SimBackend::open_state_dir(&node.state_dir().join("sim")).expect("the simulator");
+    let inventory = hw.inventory().unwrap();
+    let victim = inventory.gpus[0].mig_devices[0].clone();
+    hw.destroy_mig_device(0, victim.gi_id, victim.ci_id)
+        .unwrap();
+    hw.set_mig_mode(5, true).unwrap();
+    hw.reset_gpu(5).unwrap();
+    let after = eventually("the changes to be published", || {
+        let d = devices(&node)?;
+        (migs(&d) == migs(&before) - 1 && !d.contains_key("gpu-5")).then_some(d)
+    })
+    .await;
+    assert!(
+        after.contains_key("gpu-4"),
+        "other GPUs stay: {:?}",
+        after.keys()
+    );
 }
