@@ -144,11 +144,8 @@ impl ClaimStatusWriter {
         now: &str,
     ) -> Result<SyncOutcome, K8sError> {
         let resource = ApiResource::erase::<ResourceClaim>(&());
-        let api = Api::<DynamicObject>::namespaced_with(
-            self.client.clone(),
-            &claim.namespace,
-            &resource,
-        );
+        let api =
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &claim.namespace, &resource);
         let found = match api.get_opt(&claim.name).await {
             Ok(found) => found,
             Err(e) => {

@@ -58,7 +58,8 @@ fn a_first_write_adds_one_ready_entry_per_device_after_other_drivers_entries() {
 
 #[test]
 fn an_entry_already_as_wanted_needs_no_write() {
-    let status = json!({"devices": [other_driver(), written("gpu-0", "True", "Prepared", EARLIER)]});
+    let status =
+        json!({"devices": [other_driver(), written("gpu-0", "True", "Prepared", EARLIER)]});
     let got = merge(
         &status,
         DRIVER,
