@@ -42,6 +42,9 @@ use serde_json::{Map, Value, json};
 
 use super::error::{ClaimRef, K8sError, Step};
 
+/// The field manager named in the writes (`managedFields`), as for the slices.
+pub const FIELD_MANAGER: &str = "gpu-dra";
+
 /// The condition type every entry carries.
 pub const READY: &str = "Ready";
 
@@ -181,10 +184,11 @@ impl ClaimStatusWriter {
                 status.insert("devices".to_string(), Value::Array(devices));
             }
         }
-        match api
-            .replace_status(&claim.name, &PostParams::default(), &object)
-            .await
-        {
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        match api.replace_status(&claim.name, &params, &object).await {
             Ok(_) => Ok(SyncOutcome::Written),
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(SyncOutcome::ClaimGone),
             Err(e) => {
