@@ -300,3 +300,81 @@ async fn after_a_restart_a_prepared_claim_gets_its_lost_entry_back() {
     .await;
     drop(plugin);
 }
+
+#[tokio::test]
+async fn a_consumable_capacity_share_gets_its_own_entry_with_its_mps_client_limits() {
+    let node = Node::new();
+    let claim = plugin_support::sharing::as_share(
+        claims::on_node("slice", "uid-slice", &["gpu-4"]),
+        0,
+        "aaaa1111",
+        json!({"memory": "20Gi", "multiprocessors": "33"}),
+    );
+    node.api.put_claim(claim);
+    let plugin = node.start_with(&[("GPU_DRA_SHARED_GPUS", "4")]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = kubelet
+        .prepare(&[claim_ref("slice", "uid-slice")])
+        .await
+        .unwrap();
+    assert!(got["uid-slice"].is_ok(), "{got:?}\n{}", plugin.log());
+    let entry = eventually("the share's entry", || ours(&node, "slice").pop()).await;
+    let sharing = &entry["data"]["sharing"];
+    assert_eq!(
+        (json!("aaaa1111"), json!("gpu"), json!("MPS"), json!(true)),
+        (
+            entry["shareID"].clone(),
+            entry["data"]["type"].clone(),
+            sharing["strategy"].clone(),
+            sharing["perShare"].clone()
+        ),
+        "{entry}"
+    );
+    let threads = sharing["activeThreadPercentage"].as_u64().unwrap_or(0);
+    assert!((1..=100).contains(&threads), "{entry}");
+    let got = kubelet
+        .unprepare(&[claim_ref("slice", "uid-slice")])
+        .await
+        .unwrap();
+    assert_eq!(Ok(()), got["uid-slice"]);
+    eventually("the entry removed", || {
+        ours(&node, "slice").is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_refused_write_is_logged_once_and_not_retried_in_a_loop() {
+    let node = Node::new();
+    node.api
+        .put_claim(claims::on_node("denied", "uid-denied", &["gpu-1"]));
+    // What the API server answers a plugin without the resourceclaims/driver permission.
+    node.api.inject(
+        Some("PUT"),
+        "/resourceclaims/denied/status",
+        Fault::Status {
+            code: 422,
+            reason: "Invalid",
+            retry_after: None,
+        },
+        None,
+    );
+    let plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = kubelet
+        .prepare(&[claim_ref("denied", "uid-denied")])
+        .await
+        .unwrap();
+    assert!(got["uid-denied"].is_ok(), "the prepare succeeds: {got:?}");
+    eventually("the refusal logged", || {
+        plugin
+            .log()
+            .contains("writing status.devices failed; not retrying")
+            .then_some(())
+    })
+    .await;
+    // Several backoff periods (the first retry would come after at most 0.5 s).
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(1, status_puts(&node, "denied"), "{}", plugin.log());
+    assert!(ours(&node, "denied").is_empty());
+}
