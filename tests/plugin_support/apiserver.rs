@@ -4,8 +4,9 @@
 //! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
 //! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
 //! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
-//! table the test fills (their status subresource takes a `PUT` of `status.devices`). Errors are `Status` objects. Every request is recorded. Faults
-//! (outages, error statuses, hang-ups, slow answers) are injected per request
+//! table the test fills (their status subresource takes a `PUT` of `status.devices`). Errors
+//! are `Status` objects. Every request is recorded. Faults (outages, error statuses, hang-ups,
+//! slow answers) are injected per request
 //! ([`FakeApiServer::inject`], [`FakeApiServer::set_down`]). A GET can be made to take a set
 //! time ([`FakeApiServer::set_get_latency`]), as a real API server's does.
 //!
@@ -502,9 +503,34 @@ fn validate_device_statuses(status: &Value) -> Result<(), String> {
             return Err(format!("status.devices[{i}]: Duplicate value: {key:?}"));
         }
         seen.push(key);
-        if d["conditions"].as_array().is_some_and(|c| c.len() > 8) {
+        let conditions = d["conditions"].as_array().cloned().unwrap_or_default();
+        if conditions.len() > 8 {
             return Err(format!(
                 "status.devices[{i}].conditions: Too many: must have at most 8 items"
+            ));
+        }
+        // metav1 ValidateConditions: a known status, a reason and a transition time.
+        for (j, c) in conditions.iter().enumerate() {
+            let at = format!("status.devices[{i}].conditions[{j}]");
+            if !["True", "False", "Unknown"].contains(&c["status"].as_str().unwrap_or_default()) {
+                return Err(format!("{at}.status: Unsupported value: {}", c["status"]));
+            }
+            let reason = c["reason"].as_str().unwrap_or_default();
+            if !reason.starts_with(|ch: char| ch.is_ascii_alphabetic()) {
+                return Err(format!(
+                    "{at}.reason: Required value or invalid: {reason:?}"
+                ));
+            }
+            if c["lastTransitionTime"].as_str().is_none_or(str::is_empty) {
+                return Err(format!("{at}.lastTransitionTime: Required value"));
+            }
+            if c["message"].as_str().is_some_and(|m| m.len() > 32768) {
+                return Err(format!("{at}.message: Too long"));
+            }
+        }
+        if !d["data"].is_null() && !d["data"].is_object() {
+            return Err(format!(
+                "status.devices[{i}].data: Invalid value: must be a JSON object"
             ));
         }
         let data = serde_json::to_vec(&d["data"]).unwrap_or_default().len();
