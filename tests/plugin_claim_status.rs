@@ -254,11 +254,13 @@ async fn an_unhealthy_gpu_turns_its_entry_not_ready_and_a_recovery_ready_again()
         (readiness(&node, "sick") == ready("gpu-3", "False", "Unhealthy")).then(|| ours[0].clone())
     })
     .await;
+    // The message is the health report's (its wording belongs to the health policy); it
+    // names the GPU.
     let message = entry["conditions"][0]["message"]
         .as_str()
         .unwrap_or_default();
     assert!(
-        message.contains(&published_uuid(&node, "gpu-3")) && message.contains("fatal error"),
+        message.contains(&published_uuid(&node, "gpu-3")),
         "the health message names the GPU: {entry}\n{}",
         plugin.log()
     );
