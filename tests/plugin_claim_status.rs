@@ -11,7 +11,7 @@ use std::process::Command;
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::apiserver::Fault;
 use plugin_support::claims::{self, DRIVER, NAMESPACE, NODE, claim_ref};
-use plugin_support::{Node, eventually};
+use plugin_support::{Node, eventually, probe};
 use serde_json::{Value, json};
 
 const OTHER_DRIVER: &str = "nic.example.com";
@@ -227,6 +227,19 @@ async fn a_failing_status_endpoint_does_not_fail_the_prepare_and_is_retried_unti
         log.matches("writing status.devices failed; will retry")
             .count(),
         "{log}"
+    );
+    let addr = probe::metrics_addr(&log).expect("the metrics address in the log");
+    let (_, metrics) = probe::get(addr, "/metrics").expect("/metrics");
+    let writes: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("gpu_dra_claim_status_writes_total{"))
+        .collect();
+    assert_eq!(
+        vec![
+            r#"gpu_dra_claim_status_writes_total{result="success"} 1"#,
+            r#"gpu_dra_claim_status_writes_total{result="error"} 3"#,
+        ],
+        writes
     );
 }
 
