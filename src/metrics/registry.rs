@@ -176,6 +176,7 @@ struct Inner {
     unhealthy_gpus: AtomicU64,
     health: Mutex<HealthGauges>,
     claim_device_seconds: Mutex<Vec<Sample>>,
+    claim_status_writes: [AtomicU64; 2],
 }
 
 /// The driver's metrics. Cheap to clone (one `Arc`); every clone updates the same values.
@@ -293,6 +294,17 @@ impl Metrics {
             .claim_device_seconds
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = samples;
+    }
+
+    /// Counts one try to write a claim's `status.devices`: `Success` when written, `Error`
+    /// when the try failed (it may be retried).
+    pub fn record_claim_status_write(&self, outcome: Outcome) {
+        self.0.claim_status_writes[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tries to write a claim's `status.devices` that ended with `outcome` so far.
+    pub fn claim_status_writes(&self, outcome: Outcome) -> u64 {
+        self.0.claim_status_writes[outcome.index()].load(Ordering::Relaxed)
     }
 
     /// Every family with its current samples.
@@ -417,6 +429,20 @@ impl Metrics {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+        });
+        families.push(Family {
+            name: "gpu_dra_claim_status_writes_total",
+            help: "Tries to write a prepared claim's status.devices, by result; a failed try is retried with backoff and never fails the prepare.",
+            kind: Kind::Counter,
+            samples: Outcome::ALL
+                .iter()
+                .map(|o| {
+                    Sample::new(
+                        vec![("result", o.label().to_string())],
+                        inner.claim_status_writes[o.index()].load(Ordering::Relaxed) as f64,
+                    )
+                })
+                .collect(),
         });
         families.push(Family {
             name: "gpu_dra_build_info",

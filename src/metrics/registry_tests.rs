@@ -68,6 +68,7 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
     let want = vec![
         "# TYPE gpu_dra_build_info gauge",
         "# TYPE gpu_dra_claim_device_seconds_total counter",
+        "# TYPE gpu_dra_claim_status_writes_total counter",
         "# TYPE gpu_dra_errors_total counter",
         "# TYPE gpu_dra_gpus gauge",
         "# TYPE gpu_dra_health_transitions_total counter",
@@ -115,6 +116,8 @@ fn counters_and_gauges_show_what_was_recorded() {
         .filter(|l| !l.starts_with('#') && !l.contains("duration") && !l.contains("build"))
         .collect();
     let want = vec![
+        r#"gpu_dra_claim_status_writes_total{result="success"} 0"#,
+        r#"gpu_dra_claim_status_writes_total{result="error"} 0"#,
         r#"gpu_dra_errors_total{kind="busy"} 2"#,
         r#"gpu_dra_errors_total{kind="cdi"} 1"#,
         "gpu_dra_healthy_gpus 7",

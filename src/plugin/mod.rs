@@ -11,6 +11,7 @@
 //! start; `/readyz` turns ready once recovery finished, the slices were published once and
 //! the kubelet registered the plugin.
 
+pub mod claim_status;
 pub mod config;
 pub mod handler;
 pub mod inventory_watch;
@@ -228,6 +229,22 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         manager.boot_id.clone(),
         config.inventory_interval,
     ));
+    let (status_queue, status_claims) = claim_status::StatusQueue::new();
+    let reporting_status = tokio::spawn(claim_status::run(
+        claim_status::StatusWorker {
+            writer: crate::k8s::ClaimStatusWriter::new(
+                client.clone(),
+                config.driver_name.clone(),
+                config.node_name.clone(),
+            ),
+            state_dir: manager.state_dir.clone(),
+            boot_id: manager.boot_id.clone(),
+            health: health_rx.clone(),
+            metrics: metrics.clone(),
+            backoff: claim_status::default_backoff(),
+        },
+        status_claims,
+    ));
     let publisher = crate::k8s::SlicePublisher::new(
         client,
         config.driver_name.clone(),
@@ -248,10 +265,13 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     ));
     let running = kubelet::serve(
         sockets,
-        Arc::new(handler::Handler {
-            manager,
-            metrics: metrics.clone(),
-            usage: Some(usage),
+        Arc::new(claim_status::Reporting {
+            inner: handler::Handler {
+                manager,
+                metrics: metrics.clone(),
+                usage: Some(usage),
+            },
+            queue: status_queue,
         }),
         Some(health_rx),
     )
@@ -277,6 +297,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     accounting.abort();
     supervising.abort();
     publishing.abort();
+    reporting_status.abort();
     running.shutdown().await.map_err(PluginError::Kubelet)
 }
 
