@@ -10,13 +10,15 @@ usage() {
 Usage: hack/e2e.sh [case...]
 
 Cases (default: all): dedicated shared-claim mig-parent time-slicing mps consumable-capacity
-                       quota
+                       quota health
 
 The cluster needs gpu-dra installed (hack/kind/install.sh, or the Helm chart on GPU nodes):
 full H100 GPUs and dynamic MIG on H100s (kind: the dgx-h100 worker), full A100s (dgx-a100),
 and for consumable-capacity GPUs published with sharing.sharedGpus=memory (l4-x4); a case
 whose devices no node publishes fails with the reason. The quota case creates (and deletes) a
-cluster-scoped DeviceClass, gpu-dra-e2e-mig-3g40gb, besides the namespace.
+cluster-scoped DeviceClass, gpu-dra-e2e-mig-3g40gb, besides the namespace. The health case
+needs simulated GPUs: it injects an XID with `gpu-dra sim-fault` in the plugin pod of an H100
+node, checks the device taint and the scheduling around it, and resets the GPU.
 
 Environment:
   E2E_NAMESPACE   namespace the suite creates and deletes (gpu-dra-e2e)
@@ -25,6 +27,7 @@ Environment:
   E2E_KEEP=1      keep the namespace after the run, to look around
   DRIVER_NAME     the driver's name (gpu.nvidia.com)
   CDI_ROOT        where the plugin writes CDI specs on the nodes (/var/run/cdi)
+  PLUGIN_NAMESPACE  namespace of the gpu-dra plugin pods (gpu-dra)
 USAGE
 }
 
@@ -33,7 +36,9 @@ image="${E2E_IMAGE:-busybox:1.36}"
 timeout="${E2E_TIMEOUT:-180}"
 driver="${DRIVER_NAME:-gpu.nvidia.com}"
 cdi_root="${CDI_ROOT:-/var/run/cdi}"
-all_cases=(dedicated shared-claim mig-parent time-slicing mps consumable-capacity quota)
+plugin_namespace="${PLUGIN_NAMESPACE:-gpu-dra}"
+taint_key=gpu.nvidia.com/unhealthy
+all_cases=(dedicated shared-claim mig-parent time-slicing mps consumable-capacity quota health)
 quota_class=gpu-dra-e2e-mig-3g40gb
 
 # shellcheck source=e2e-lib.sh
@@ -291,6 +296,75 @@ YAML
   done
   k delete resourceclaim quota-0 quota-1 --ignore-not-found >/dev/null
   kubectl delete deviceclass "${quota_class}" --ignore-not-found >/dev/null
+}
+
+# The value of device $2's health taint on node $1 ("" when it has none).
+taint_of() {
+  kubectl get resourceslices --field-selector "spec.nodeName=$1,spec.driver=${driver}" \
+    -o jsonpath="{.items[*].spec.devices[?(@.name==\"$2\")].taints[?(@.key==\"${taint_key}\")].value}"
+}
+
+# Waits up to 10 s (issue 13: published within 2 s) for device $2 of node $1 to show taint
+# value $3 ("" for none).
+wait_taint() {
+  local node="$1" device="$2" want="$3" got deadline=$((SECONDS + 10))
+  until got="$(taint_of "${node}" "${device}")"; [ "${got}" = "${want}" ]; do
+    if [ "${SECONDS}" -ge "${deadline}" ]; then
+      fail "${device} on ${node}: health taint '${got}' 10s after the fault, want '${want}'" || return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# A critical XID on GPU 0 of a simulated H100 node: within seconds gpu-0 and its MIG
+# placements carry the NoExecute taint, a pod whose claim wants that GPU stays unscheduled,
+# one whose claim tolerates the taint gets it, and a reset removes the taint.
+case_health() {
+  local node pod
+  node="$(kubectl get resourceslices --field-selector "spec.driver=${driver}" \
+    -o jsonpath='{range .items[*]}{.spec.nodeName}{" "}{.spec.devices[*].attributes.productName.string}{"\n"}{end}' |
+    grep -m1 'NVIDIA H100' | cut -d' ' -f1 || true)"
+  [ -n "${node}" ] || { fail "no node publishes H100 GPUs"; return 1; }
+  pod="$(kubectl -n "${plugin_namespace}" get pods -l app.kubernetes.io/component=kubelet-plugin \
+    --field-selector "spec.nodeName=${node}" -o jsonpath='{.items[0].metadata.name}')"
+  [ -n "${pod}" ] || { fail "no gpu-dra plugin pod on ${node} in namespace ${plugin_namespace}"; return 1; }
+  kubectl -n "${plugin_namespace}" exec "${pod}" -- gpu-dra sim-fault xid --gpu 0 --code 79 >/dev/null ||
+    { fail "gpu-dra sim-fault in ${pod} failed (simulated GPUs only)"; return 1; }
+  if ! health_checks "${node}"; then
+    kubectl -n "${plugin_namespace}" exec "${pod}" -- gpu-dra sim-fault recover --gpu 0 >/dev/null || true
+    return 1
+  fi
+  kubectl -n "${plugin_namespace}" exec "${pod}" -- gpu-dra sim-fault recover --gpu 0 >/dev/null
+  wait_taint "${node}" gpu-0 "" || return 1
+}
+
+health_checks() {
+  local node="$1" selector tolerate claim scheduled
+  wait_taint "${node}" gpu-0 xid-79 || return 1
+  expect_eq "health taint of gpu-0-mig-1g10gb-0 on ${node}" xid-79 "$(taint_of "${node}" gpu-0-mig-1g10gb-0)" || return 1
+  selector="${h100} && device.attributes['${driver}'].index == 0"
+  tolerate="          tolerations: [{key: ${taint_key}, operator: Exists}]"
+  {
+    template health-intolerant gpu.nvidia.com "${selector}"
+    echo "---"
+    template health-tolerant gpu.nvidia.com "${selector}" "${tolerate}"
+    for name in health-intolerant health-tolerant; do
+      echo "---"
+      pod_spec_head "${name}"
+      echo "  nodeSelector: {kubernetes.io/hostname: ${node}}"
+      echo "  containers:"
+      container ctr gpu
+      echo "  resourceClaims: [{name: gpu, resourceClaimTemplateName: ${name}}]"
+    done
+  } | k apply -f - >/dev/null
+  wait_ready health-tolerant || return 1
+  claim="$(claim_of health-tolerant gpu)"
+  expect_eq "device of claim ${claim}" "${node} gpu-0" "$(allocated "${claim}")" || return 1
+  check_sees_claim health-tolerant ctr "${claim}" >/dev/null || return 1
+  scheduled="$(k get pod health-intolerant -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].status}')"
+  expect_eq "PodScheduled of health-intolerant (its claim does not tolerate the taint)" False "${scheduled}" || return 1
+  k delete pod health-intolerant --wait=true >/dev/null
+  check_cleanup "${claim}" template health-tolerant
 }
 
 cleanup() {

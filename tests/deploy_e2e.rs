@@ -76,7 +76,7 @@ fn suite_passes_against_a_cluster_that_behaves_and_removes_its_namespace() {
     );
     assert_eq!(
         got,
-        (Some(0), "PASSED: 7 cases".to_string(), true),
+        (Some(0), "PASSED: 8 cases".to_string(), true),
         "{}",
         run.stderr
     );
@@ -117,6 +117,16 @@ fn suite_fails_the_case_whose_check_breaks_and_says_why() {
             "quota",
             "FAIL: the third 3g.40gb claim was admitted; ResourceQuota gpu-devices should refuse it",
             "FAILED: quota (of 1)",
+        ),
+        (
+            "taint",
+            "FAIL: gpu-0 on n1: health taint '' 10s after the fault, want 'xid-79'",
+            "FAILED: health (of 1)",
+        ),
+        (
+            "toleration",
+            "FAIL: PodScheduled of health-intolerant (its claim does not tolerate the taint): want 'False', got 'True'",
+            "FAILED: health (of 1)",
         ),
     ];
     for (fault, message, summary) in cases {
@@ -170,4 +180,32 @@ fn suite_fails_when_a_cdi_spec_outlives_its_claim() {
         "FAILED: dedicated (of 1)",
     ];
     assert_eq!((run.code, lines), (Some(1), want));
+}
+
+#[test]
+fn health_case_injects_an_xid_in_the_plugin_pod_and_always_resets_the_gpu() {
+    if !have_python() {
+        return;
+    }
+    for fault in ["", "toleration"] {
+        let run = run_suite(fault, &["health"]);
+        let faults: Vec<&str> = run
+            .calls
+            .lines()
+            .filter(|l| l.contains("sim-fault"))
+            .collect();
+        assert_eq!(
+            faults,
+            [
+                "exec gpu-dra-kubelet-plugin-x7k2p -- gpu-dra sim-fault xid --gpu 0 --code 79",
+                "exec gpu-dra-kubelet-plugin-x7k2p -- gpu-dra sim-fault recover --gpu 0",
+            ],
+            "fault {fault:?}: the GPU is reset whether the case passes or fails"
+        );
+        assert!(
+            run.calls.contains("get pods -l app.kubernetes.io/component=kubelet-plugin --field-selector spec.nodeName=n1"),
+            "{}",
+            run.calls
+        );
+    }
 }
