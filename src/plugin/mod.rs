@@ -188,7 +188,31 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         .acquire()
         .await
         .map_err(PluginError::Kubelet)?;
-    let report = manager.recover().map_err(PluginError::Recovery)?;
+    let report = match manager.recover() {
+        Ok(report) => report,
+        // Steps that failed (a read-only or full CDI or state directory, a tool that failed)
+        // must not keep the node's every other claim down in a crash loop: the unfinished
+        // claims stay recorded, their devices stay busy, and supervision retries them every
+        // --inventory-interval. Only a checkpoint that cannot be opened stops the start.
+        Err(crate::claims::ClaimError::Undo { failures, .. }) => {
+            for failure in &failures {
+                warn!(
+                    error = %crate::errors::error_chain(failure),
+                    "undo incomplete at start-up; starting anyway, supervision retries it"
+                );
+                metrics.record_error(failure.kind());
+            }
+            crate::claims::RecoveryReport {
+                checkpoint: "opened".into(),
+                undo_failed: failures
+                    .iter()
+                    .map(|e| crate::errors::error_chain(e))
+                    .collect(),
+                ..Default::default()
+            }
+        }
+        Err(e) => return Err(PluginError::Recovery(e)),
+    };
     drop(calls_paused);
     health.set_recovered();
     metrics.set_prepared_claims(manager.prepared_count());
@@ -200,6 +224,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         mps_orphans_stopped = ?report.mps_orphans_stopped,
         mps_restarted = ?report.mps_restarted,
         mps_failed = ?report.mps_failed,
+        undo_failed = ?report.undo_failed,
         "recovered state"
     );
 
@@ -345,19 +370,21 @@ fn sharing_setup(config: &PluginConfig) -> Option<SharingSetup> {
     }
 }
 
-/// Restarts MPS daemons of prepared claims that died, every `interval`, holding the plugin
-/// lock so no prepare or unprepare (of this or another instance) runs meanwhile.
+/// Every `interval`, holding the plugin lock so no prepare or unprepare (of this or another
+/// instance) runs meanwhile: finishes undos left part-way and restarts MPS daemons of
+/// prepared claims that died.
 async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
     manager: Arc<ClaimsManager<S>>,
     lock: PluginLock,
     interval: Duration,
     metrics: Metrics,
 ) {
-    let Some(setup) = &manager.sharing else {
-        return;
-    };
+    // Without sharing tools there are no daemons to supervise, but undos left part-way (at
+    // start-up, or by a failed unprepare) are still finished here.
     let count_daemons = |metrics: &Metrics| {
-        if let Ok(daemons) = setup.mps.list() {
+        if let Some(setup) = &manager.sharing
+            && let Ok(daemons) = setup.mps.list()
+        {
             metrics.set_mps_daemons(daemons.len() as u64);
         }
     };
