@@ -148,7 +148,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             match planned {
                 Ok(devices) => {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
-                    next.claims.insert(id.uid.clone(), intent(id, &devices));
+                    next.claims.insert(id.uid.clone(), intent(id, &allocation, &devices));
                     wave.push(Planned { index: i, devices });
                 }
                 Err(e) => results[i] = Some(Err(e)),
@@ -350,7 +350,7 @@ fn needs_undo(device: &PlannedDevice) -> bool {
 }
 
 /// The intent record of a planned claim.
-fn intent(id: &ClaimId, devices: &[PlannedDevice]) -> ClaimRecord {
+fn intent(id: &ClaimId, allocation: &ClaimAllocation, devices: &[PlannedDevice]) -> ClaimRecord {
     ClaimRecord {
         uid: id.uid.clone(),
         namespace: id.namespace.clone(),
@@ -358,6 +358,7 @@ fn intent(id: &ClaimId, devices: &[PlannedDevice]) -> ClaimRecord {
         phase: ClaimPhase::PrepareStarted,
         devices: devices.iter().map(|p| p.record.clone()).collect(),
         updated_unix: now_unix(),
+        pods: allocation.pods.clone(),
     }
 }
 

@@ -16,7 +16,9 @@ pub mod plan;
 pub mod publisher;
 
 pub use backoff::Backoff;
-pub use claims::{AllocatedClaim, AllocatedDevice, ClaimReader, ConfigSource, OpaqueConfig};
+pub use claims::{
+    AllocatedClaim, AllocatedDevice, ClaimReader, ConfigSource, OpaqueConfig, ReservedPod,
+};
 pub use cluster::{ClusterFacts, ServerVersion};
 pub use connect::connect;
 pub use error::{ClaimRef, K8sError, Step};

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::checkpoint::PodRef;
 use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
 use crate::k8s::{ClaimReader, ConfigSource};
 use crate::usage::HeldDevice;
@@ -53,6 +54,14 @@ impl ClaimSource for ApiClaims {
                     from_class: c.source == ConfigSource::FromClass,
                     requests: c.requests,
                     parameters: c.parameters,
+                })
+                .collect(),
+            pods: claim
+                .reserved_pods
+                .into_iter()
+                .map(|p| PodRef {
+                    name: p.name,
+                    uid: p.uid,
                 })
                 .collect(),
         })
