@@ -167,6 +167,9 @@ struct Inner {
     healthy_gpus: AtomicU64,
     unhealthy_gpus: AtomicU64,
     claim_device_seconds: Mutex<Vec<Sample>>,
+    /// The `gpu_dra_device_*` families of the last telemetry sample (shared, so a scrape
+    /// takes a reference under the lock and copies outside it).
+    device_telemetry: Mutex<Option<Arc<Vec<Family>>>>,
 }
 
 /// The driver's metrics. Cheap to clone (one `Arc`); every clone updates the same values.
@@ -258,10 +261,30 @@ impl Metrics {
             .unwrap_or_else(|p| p.into_inner()) = samples;
     }
 
+    /// Replaces the per-device telemetry (`gpu_dra_device_*`) with the last sample's
+    /// readings; the families are built here, once per sample, not per scrape.
+    pub fn set_device_telemetry(&self, rows: &[super::telemetry::DeviceReadings]) {
+        let families = Arc::new(super::telemetry::families(rows));
+        *self
+            .0
+            .device_telemetry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(families);
+    }
+
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
         let inner = &self.0;
         let mut families = Vec::new();
+        let telemetry = inner
+            .device_telemetry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match telemetry {
+            Some(device) => families.extend(device.iter().cloned()),
+            None => families.extend(super::telemetry::families(&[])),
+        }
         families.extend(inner.prepare.families(
             (
                 "gpu_dra_prepare_requests_total",

@@ -17,6 +17,7 @@ pub mod memory;
 mod observe;
 pub mod simhost;
 mod source;
+pub mod telemetry;
 pub mod usage;
 
 use std::sync::Arc;
@@ -211,6 +212,13 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         manager.boot_id.clone(),
         config.inventory_interval,
     ));
+    let sampling = tokio::spawn(telemetry::sample(
+        backend.clone(),
+        metrics.clone(),
+        manager.state_dir.clone(),
+        manager.boot_id.clone(),
+        config.telemetry_interval,
+    ));
     let publisher = crate::k8s::SlicePublisher::new(
         client,
         config.driver_name.clone(),
@@ -267,6 +275,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     info!("shutting down");
     watching.abort();
     accounting.abort();
+    sampling.abort();
     supervising.abort();
     publishing.abort();
     running.shutdown().await.map_err(PluginError::Kubelet)
