@@ -195,3 +195,44 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
     );
     assert_eq!(xid, Some(1.0), "{after}");
 }
+
+#[tokio::test]
+async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_it_for_that_pod() {
+    let node = Node::new();
+    let mut claim = claims::on_node("shared", "uid-shared", &[FULL]);
+    node.api.put_claim(claim.clone());
+    let plugin = node
+        .start_with(&[("GPU_DRA_TELEMETRY_INTERVAL", "1")])
+        .await;
+    let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let pods_on_metrics = |m: &str| -> Vec<String> {
+        let mut pods: Vec<String> = series(m, "gpu_dra_device_memory_total_bytes")
+            .into_iter()
+            .filter(|(l, _)| l["device"] == FULL)
+            .map(|(l, _)| l["pod"].clone())
+            .collect();
+        pods.sort();
+        pods
+    };
+    let shared = claim_ref("shared", "uid-shared");
+    let first = kubelet.prepare(std::slice::from_ref(&shared)).await.unwrap();
+    assert!(first["uid-shared"].is_ok());
+    eventually("the first pod on /metrics", || {
+        (pods_on_metrics(&scrape(addr)?) == ["pod-shared"]).then_some(())
+    })
+    .await;
+
+    // The scheduler reserves the claim for a second pod; the kubelet prepares it for that pod.
+    claim["status"]["reservedFor"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"resource": "pods", "name": "pod-second", "uid": "pod-uid-2"}));
+    node.api.put_claim(claim);
+    let again = kubelet.prepare(std::slice::from_ref(&shared)).await.unwrap();
+    assert!(again["uid-shared"].is_ok());
+    eventually("both pods on /metrics", || {
+        (pods_on_metrics(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())
+    })
+    .await;
+}

@@ -60,6 +60,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             match store.checkpoint().claims.get(&id.uid) {
                 Some(rec) if rec.phase == ClaimPhase::PrepareCompleted => {
                     results[i] = Some(Ok(prepared(&rec.devices)));
+                    self.source.prepared_again(id);
                 }
                 Some(rec) => {
                     // Half done by an earlier call: undo, then start afresh.

@@ -145,6 +145,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         &config.state_dir,
         metrics.clone(),
     ));
+    let reservations = Arc::new(telemetry::Reservations::default());
     let manager = Arc::new(ClaimsManager {
         backend: backend.clone(),
         source: source::ApiClaims(
@@ -154,6 +155,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 config.node_name.clone(),
             ),
             Some(Arc::clone(&usage)),
+            Some(Arc::clone(&reservations)),
         ),
         host,
         cdi: CdiWriter::with_naming(config.cdi_root.clone(), naming.clone()),
@@ -215,6 +217,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let sampling = tokio::spawn(telemetry::sample(
         backend.clone(),
         metrics.clone(),
+        reservations,
         manager.state_dir.clone(),
         manager.boot_id.clone(),
         config.telemetry_interval,

@@ -6,17 +6,44 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, PodRef};
 use crate::devices::{gpu_device_name, mig_device_name};
 use crate::hardware::GpuBackend;
 use crate::hardware::telemetry::{GpuTelemetry, NodeTelemetry};
 use crate::metrics::Metrics;
 use crate::metrics::telemetry::{DeviceReadings, Holder};
+
+/// The pods of prepared claims as last re-read (when the kubelet prepared a claim again, e.g.
+/// for a second pod of a shared claim), over what their checkpoint records say. In memory:
+/// after a restart the records' pods hold until the next repeat prepare.
+#[derive(Debug, Default)]
+pub struct Reservations(Mutex<HashMap<String, Vec<PodRef>>>);
+
+impl Reservations {
+    /// Claim `uid` is reserved for `pods` now.
+    pub fn set(&self, uid: &str, pods: Vec<PodRef>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid.to_string(), pods);
+    }
+
+    /// Puts the re-read pods into `checkpoint`'s records and forgets claims it no longer has.
+    pub fn apply(&self, checkpoint: &mut Checkpoint) {
+        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        known.retain(|uid, _| checkpoint.claims.contains_key(uid));
+        for (uid, pods) in known.iter() {
+            if let Some(record) = checkpoint.claims.get_mut(uid) {
+                record.pods = pods.clone();
+            }
+        }
+    }
+}
 
 /// Who holds which device, by device name and by MIG UUID.
 #[derive(Default)]
@@ -141,6 +168,7 @@ pub fn rows(telemetry: &NodeTelemetry, checkpoint: Option<&Checkpoint>) -> Vec<D
 pub async fn sample(
     backend: Arc<dyn GpuBackend>,
     metrics: Metrics,
+    reservations: Arc<Reservations>,
     state_dir: PathBuf,
     boot_id: String,
     interval: Duration,
@@ -151,10 +179,14 @@ pub async fn sample(
     loop {
         ticker.tick().await;
         let (backend, metrics) = (Arc::clone(&backend), metrics.clone());
+        let reservations = Arc::clone(&reservations);
         let (dir, boot) = (state_dir.clone(), boot_id.clone());
         let round = tokio::task::spawn_blocking(move || {
             let telemetry = backend.telemetry()?;
-            let checkpoint = super::usage::read_checkpoint(&dir, &boot);
+            let mut checkpoint = super::usage::read_checkpoint(&dir, &boot);
+            if let Some(cp) = checkpoint.as_mut() {
+                reservations.apply(cp);
+            }
             let rows = rows(&telemetry, checkpoint.as_ref());
             metrics.set_device_telemetry(&rows);
             Ok::<usize, crate::hardware::HardwareError>(rows.len())
@@ -184,7 +216,7 @@ pub async fn sample(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{ClaimPhase, ClaimRecord, DeviceRecord, MigRecord, PodRef};
+    use crate::checkpoint::{ClaimPhase, ClaimRecord, DeviceRecord, MigRecord};
     use crate::hardware::telemetry::{EccTelemetry, MigTelemetry};
 
     fn record(name: &str, device: &str, mig_uuid: Option<&str>, pods: &[&str]) -> ClaimRecord {
