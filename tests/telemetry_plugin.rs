@@ -12,7 +12,7 @@ use std::process::Command;
 
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
-use plugin_support::{Node, eventually, nvml_backend};
+use plugin_support::{Node, eventually};
 
 fn logged_addr(log: &str) -> Option<SocketAddr> {
     let line = log.lines().find(|l| l.contains("serving /metrics"))?;
@@ -113,7 +113,8 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
     let metrics = eventually("the load and both holders on /metrics", || {
         let m = scrape(addr)?;
         let loaded = value(&m, "gpu_dra_device_power_watts", FULL, &full) == Some(550.0);
-        let mig_seen = value(&m, "gpu_dra_device_memory_used_bytes", MIG, &mig).is_some();
+        // The NVML backend's MIG figure (GPM) needs two samples of the instance.
+        let mig_seen = value(&m, "gpu_dra_device_sm_active_ratio", MIG, &mig).is_some();
         (loaded && mig_seen).then_some(m)
     })
     .await;
@@ -154,13 +155,14 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
         parent_power
     );
     assert!(parent_power.unwrap() > 700.0 / 8.0, "{metrics}");
+    // A carved instance runs the model's workload: 60 % (through GPM on the NVML backend).
     let mig_sm = value(&metrics, "gpu_dra_device_sm_active_ratio", MIG, &mig);
-    if nvml_backend() {
-        // NVML has no utilisation for MIG devices (only GPM): no figure, no series.
-        assert_eq!(mig_sm, None);
-    } else {
-        assert_eq!(mig_sm, Some(0.6));
-    }
+    assert_eq!(mig_sm, Some(0.6), "{metrics}");
+    // NVML has no utilisation for a GPU in MIG mode: no figure, no series.
+    assert_eq!(
+        value(&metrics, "gpu_dra_device_sm_active_ratio", "gpu-0", &[]),
+        None
+    );
     assert_eq!(ecc(&metrics, MIG, &mig), Some(0.0));
     let profile = series(&metrics, "gpu_dra_device_power_watts")
         .into_iter()

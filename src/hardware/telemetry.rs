@@ -122,7 +122,8 @@ pub struct MigTelemetry {
     pub placement_start: u32,
     /// GPU instance id.
     pub gi_id: u32,
-    /// SM activity 0–1 of the instance, when the backend has a figure for it.
+    /// SM activity 0–1 of the instance: GPM SM utilisation since the previous sample
+    /// (Hopper and later); `None` without GPM or on the instance's first sample.
     pub sm_active: Option<f64>,
     /// Memory of the instance in use, bytes.
     pub memory_used_bytes: Option<u64>,

@@ -66,7 +66,7 @@ pub const FAMILIES: [(&str, &str, Kind); 9] = [
     ),
     (
         "gpu_dra_device_sm_active_ratio",
-        "SM activity 0-1. From NVML utilization (nvmlDeviceGetUtilizationRates: the share of time a kernel ran, coarser than per-SM activity, which NVML offers only through GPM); absent where NVML reports none (a GPU in MIG mode, and MIG devices on the NVML backend). The simulator reports its load model's figure for GPUs and MIG devices.",
+        "SM activity 0-1. GPUs with MIG off: NVML utilization (nvmlDeviceGetUtilizationRates: the share of time a kernel ran, coarser than per-SM activity). MIG devices: GPM SM utilization between two samples (Hopper and later; absent before Hopper and on an instance's first sample). Absent for a GPU in MIG mode, where NVML reports no utilization.",
         Kind::Gauge,
     ),
     (

@@ -3,7 +3,10 @@
 //! Per GPU: power usage and enforced limit, utilisation (the SM-activity figure; NVML has
 //! none in MIG mode), memory, temperature, ECC counters, retired pages (before Ampere) or
 //! remapped rows (Ampere and later). Per MIG device: memory (NVML answers memory info on
-//! the MIG handle; power, temperature and ECC exist per GPU only). XID counts come from an
+//! the MIG handle; power, temperature and ECC exist per GPU only) and, on GPUs with GPU
+//! Performance Monitoring (Hopper and later), SM utilisation between this sample and the
+//! previous one (`nvmlGpmMigSampleGet`, `nvmlGpmMetricsGet`): the first sample of an
+//! instance has no figure yet. XID counts come from an
 //! event set of this module's own, registered for XID critical errors and drained without
 //! waiting at every sample, so nothing here blocks and no thread is added: NVML replays no
 //! past events, so counts start when the backend starts.
@@ -18,7 +21,11 @@ use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, RetirementCause as NvmlCause, TemperatureSensor,
 };
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t};
+use nvml_wrapper_sys::bindings::{
+    NVML_GPM_METRICS_GET_VERSION, NVML_GPM_SUPPORT_VERSION, nvmlDevice_t, nvmlEventData_t,
+    nvmlEventSet_t, nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL, nvmlGpmMetricsGet_t,
+    nvmlGpmSample_t, nvmlGpmSupport_t,
+};
 
 use super::{NvmlBackend, wrap};
 use crate::hardware::health::EVENT_XID_CRITICAL;
@@ -40,6 +47,22 @@ struct EventSet(nvmlEventSet_t);
 // serialised by the mutex that owns it.
 unsafe impl Send for EventSet {}
 
+/// A GPM sample handle, kept from one telemetry sample to the next.
+struct GpmSample(nvmlGpmSample_t);
+
+// SAFETY: an opaque NVML pointer, valid on every thread; used only under the mutex that
+// owns it.
+unsafe impl Send for GpmSample {}
+
+/// GPM support per GPU and the last sample of each MIG device, by (GPU UUID, GI id).
+#[derive(Default)]
+struct Gpm {
+    supported: HashMap<String, bool>,
+    last: HashMap<(String, u32), GpmSample>,
+    /// Keys sampled in the current round; the others are freed at its end.
+    seen: BTreeSet<(String, u32)>,
+}
+
 #[derive(Default)]
 struct XidWatch {
     set: Option<EventSet>,
@@ -55,6 +78,7 @@ pub(super) struct Telemetry {
     nvml: Arc<Nvml>,
     xids: Mutex<XidWatch>,
     profiles: Mutex<HashMap<String, Vec<MigProfile>>>,
+    gpm: Mutex<Gpm>,
 }
 
 impl Telemetry {
@@ -63,12 +87,96 @@ impl Telemetry {
             nvml,
             xids: Mutex::new(XidWatch::default()),
             profiles: Mutex::new(HashMap::new()),
+            gpm: Mutex::new(Gpm::default()),
+        }
+    }
+
+    fn free_gpm(&self, sample: GpmSample) {
+        if let Ok(free) = self.nvml.lib().nvmlGpmSampleFree.as_ref() {
+            // SAFETY: the sample was allocated by NVML and is freed once.
+            unsafe { free(sample.0) };
+        }
+    }
+
+    /// SM utilisation (0–1) of GPU instance `gi` of the GPU `handle` since the previous
+    /// call for it; `None` without GPM, on the first call, or when NVML has no figure.
+    fn mig_sm_active(&self, handle: nvmlDevice_t, uuid: &str, gi: u32) -> Option<f64> {
+        let lib = self.nvml.lib();
+        let (Ok(support), Ok(alloc), Ok(take), Ok(metrics)) = (
+            lib.nvmlGpmQueryDeviceSupport.as_ref(),
+            lib.nvmlGpmSampleAlloc.as_ref(),
+            lib.nvmlGpmMigSampleGet.as_ref(),
+            lib.nvmlGpmMetricsGet.as_ref(),
+        ) else {
+            return None;
+        };
+        let mut gpm = self.gpm.lock().unwrap_or_else(|p| p.into_inner());
+        let supported = *gpm.supported.entry(uuid.to_string()).or_insert_with(|| {
+            let mut s = nvmlGpmSupport_t {
+                version: NVML_GPM_SUPPORT_VERSION,
+                isSupportedDevice: 0,
+            };
+            // SAFETY: live device handle and a valid, versioned out-struct.
+            unsafe { support(handle, &mut s) == 0 && s.isSupportedDevice != 0 }
+        });
+        if !supported {
+            return None;
+        }
+        let mut sample: nvmlGpmSample_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; NVML stores a new sample handle there.
+        if unsafe { alloc(&mut sample) } != 0 {
+            return None;
+        }
+        let sample = GpmSample(sample);
+        // SAFETY: live parent handle and the sample just allocated.
+        if unsafe { take(handle, gi, sample.0) } != 0 {
+            drop(gpm);
+            self.free_gpm(sample);
+            return None;
+        }
+        let key = (uuid.to_string(), gi);
+        gpm.seen.insert(key.clone());
+        let previous = gpm.last.insert(key, sample)?;
+        let current = gpm.last.get(&(uuid.to_string(), gi)).map(|s| s.0)?;
+        drop(gpm);
+        // SAFETY: plain data; zeroed pointers and numbers are valid for every field.
+        let mut request: nvmlGpmMetricsGet_t = unsafe { std::mem::zeroed() };
+        request.version = NVML_GPM_METRICS_GET_VERSION;
+        request.numMetrics = 1;
+        request.sample1 = previous.0;
+        request.sample2 = current;
+        request.metrics[0].metricId = nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL;
+        // SAFETY: a valid, versioned request naming two live samples of this instance.
+        let ret = unsafe { metrics(&mut request) };
+        self.free_gpm(previous);
+        (ret == 0 && request.metrics[0].nvmlReturn == 0)
+            .then(|| (request.metrics[0].value / 100.0).clamp(0.0, 1.0))
+    }
+
+    /// Frees the samples of MIG devices not seen since the last call (destroyed instances).
+    fn end_gpm_round(&self) {
+        let stale: Vec<GpmSample> = {
+            let mut gpm = self.gpm.lock().unwrap_or_else(|p| p.into_inner());
+            let seen = std::mem::take(&mut gpm.seen);
+            let gone: Vec<(String, u32)> =
+                gpm.last.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+            gone.iter().filter_map(|k| gpm.last.remove(k)).collect()
+        };
+        for sample in stale {
+            self.free_gpm(sample);
         }
     }
 }
 
 impl Drop for Telemetry {
     fn drop(&mut self) {
+        let samples: Vec<GpmSample> = {
+            let gpm = self.gpm.get_mut().unwrap_or_else(|p| p.into_inner());
+            gpm.last.drain().map(|(_, s)| s).collect()
+        };
+        for sample in samples {
+            self.free_gpm(sample);
+        }
         let watch = self.xids.get_mut().unwrap_or_else(|p| p.into_inner());
         if let (Some(set), Ok(free)) = (watch.set.take(), self.nvml.lib().nvmlEventSetFree.as_ref())
         {
@@ -204,6 +312,7 @@ impl NvmlBackend {
             }
             gpus.push(t);
         }
+        self.telemetry.end_gpm_round();
         Ok(NodeTelemetry { gpus })
     }
 
@@ -340,6 +449,9 @@ impl NvmlBackend {
                 row.memory_used_bytes = Some(memory.used);
                 row.memory_total_bytes = Some(memory.total);
             }
+        }
+        for row in &mut out {
+            row.sm_active = self.telemetry.mig_sm_active(handle, uuid, row.gi_id);
         }
         Ok(out)
     }

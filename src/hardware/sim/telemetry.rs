@@ -244,7 +244,9 @@ impl SimBackend {
                     profile: d.profile_name.clone(),
                     placement_start: d.placement.start,
                     gi_id: d.gi_id,
-                    sm_active: Some(f64::from(sm) / 100.0),
+                    // As through NVML: per-instance SM activity comes from GPM (Hopper on).
+                    sm_active: (gpu.architecture >= Architecture::Hopper)
+                        .then(|| f64::from(sm) / 100.0),
                     memory_used_bytes: Some(used * MIB),
                     memory_total_bytes: Some(total * MIB),
                 });
