@@ -13,6 +13,7 @@
 //! need the GPU's single OFA engine count as one.
 
 mod book;
+mod fast_json;
 mod gpus;
 pub mod inputs;
 mod render;
