@@ -81,9 +81,11 @@ fn main() {
         "{devices} devices, {series} gpu_dra_device_* series, /metrics {} bytes",
         text.len()
     );
-    time("sample: SimBackend::telemetry (in-memory state)", 200, || {
-        sim.telemetry()
-    });
+    time(
+        "sample: SimBackend::telemetry (in-memory state)",
+        200,
+        || sim.telemetry(),
+    );
     time("join: rows(sample, checkpoint)", 2_000, || {
         rows(&sample, Some(&checkpoint))
     });
@@ -91,9 +93,11 @@ fn main() {
     time("publish: Metrics::set_device_telemetry", 2_000, || {
         metrics.set_device_telemetry(&joined)
     });
-    time("scrape: Metrics::render (whole /metrics body)", 2_000, || {
-        metrics.render()
-    });
+    time(
+        "scrape: Metrics::render (whole /metrics body)",
+        2_000,
+        || metrics.render(),
+    );
     let bare = Metrics::new();
     time("scrape without telemetry (for comparison)", 2_000, || {
         bare.render()

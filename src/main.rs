@@ -190,9 +190,9 @@ enum FaultCommand {
 
 /// `--sm`: a ratio from 0 to 1.
 fn sm_ratio(value: &str) -> Result<f64, String> {
-    let ratio: f64 = value
-        .parse()
-        .map_err(|_| format!("--sm {value:?} is not a number; give a ratio from 0 to 1, e.g. 0.8"))?;
+    let ratio: f64 = value.parse().map_err(|_| {
+        format!("--sm {value:?} is not a number; give a ratio from 0 to 1, e.g. 0.8")
+    })?;
     if !(0.0..=1.0).contains(&ratio) {
         return Err(format!(
             "--sm {value} is out of range; give a ratio from 0 to 1, e.g. 0.8"

@@ -81,5 +81,10 @@ fn json_lists_give_the_same_report_as_the_same_objects_read_in_full() {
     assert_eq!(fast, full);
     // mig, full, static (admin access holds nothing; the ghost device is not published).
     assert_eq!(fast.totals.allocated_devices, 3, "{:?}", fast.totals);
-    assert_eq!(fast.warnings.len(), 1, "the ghost device: {:?}", fast.warnings);
+    assert_eq!(
+        fast.warnings.len(),
+        1,
+        "the ghost device: {:?}",
+        fast.warnings
+    );
 }

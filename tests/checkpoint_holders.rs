@@ -1,7 +1,9 @@
 //! Who holds a claim's devices: the pods of `status.reservedFor`, read from the claim and kept
 //! in its checkpoint record; records written before pods were kept still load.
 
-use gpu_dra::checkpoint::{Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, PodRef, decode, encode};
+use gpu_dra::checkpoint::{
+    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, PodRef, decode, encode,
+};
 use gpu_dra::k8s::ReservedPod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::{Value, json};

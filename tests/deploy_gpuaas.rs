@@ -83,10 +83,7 @@ fn the_dashboard_queries_only_exported_metrics() {
         .flat_map(|e| metric_names(e))
         .collect();
     let exported = exported();
-    let missing: Vec<&String> = queried
-        .iter()
-        .filter(|m| !exported.contains(*m))
-        .collect();
+    let missing: Vec<&String> = queried.iter().filter(|m| !exported.contains(*m)).collect();
     assert_eq!(missing, Vec::<&String>::new(), "queried but not exported");
     let unqueried: Vec<&str> = DEVICE_TELEMETRY
         .iter()
@@ -124,7 +121,12 @@ fn label_names(expr: &str) -> BTreeSet<String> {
     while let Some(at) = rest.find("by (") {
         let list = &rest[at + 4..];
         let close = list.find(')').unwrap_or(list.len());
-        names.extend(list[..close].split(',').map(ident).filter(|n| !n.is_empty()));
+        names.extend(
+            list[..close]
+                .split(',')
+                .map(ident)
+                .filter(|n| !n.is_empty()),
+        );
         rest = &list[close..];
     }
     names

@@ -4,8 +4,11 @@
 use std::collections::BTreeSet;
 
 fn doc() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/observability.md"))
-        .expect("docs/observability.md")
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/observability.md"
+    ))
+    .expect("docs/observability.md")
 }
 
 /// Every family the plugin's registry exports, with the label names its samples carry once
@@ -70,7 +73,15 @@ fn every_exported_metric_is_documented_with_its_labels() {
         let device = name.starts_with("gpu_dra_device_");
         for label in labels {
             // The device families share one label table; their rows name the extra ones.
-            let shared = ["gpu", "uuid", "device", "profile", "namespace", "claim", "pod"];
+            let shared = [
+                "gpu",
+                "uuid",
+                "device",
+                "profile",
+                "namespace",
+                "claim",
+                "pod",
+            ];
             if device && shared.contains(&label.as_str()) {
                 let first_cell = |l: &str| l.split('|').nth(1).map(str::to_string);
                 let named = format!("`{label}`");

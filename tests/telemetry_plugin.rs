@@ -103,10 +103,17 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
         .await
         .unwrap();
     assert!(prepared.values().all(Result::is_ok), "{prepared:?}");
-    sim_fault(&node, &["load", "--gpu", "2", "--sm", "0.8", "--power", "550"]);
+    sim_fault(
+        &node,
+        &["load", "--gpu", "2", "--sm", "0.8", "--power", "550"],
+    );
 
     let holder = |pod: &'static str, claim: &'static str| {
-        [("namespace", claims::NAMESPACE), ("claim", claim), ("pod", pod)]
+        [
+            ("namespace", claims::NAMESPACE),
+            ("claim", claim),
+            ("pod", pod),
+        ]
     };
     let full = holder("pod-training", "training");
     let mig = holder("pod-inference", "inference");
@@ -218,7 +225,10 @@ async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_i
         pods
     };
     let shared = claim_ref("shared", "uid-shared");
-    let first = kubelet.prepare(std::slice::from_ref(&shared)).await.unwrap();
+    let first = kubelet
+        .prepare(std::slice::from_ref(&shared))
+        .await
+        .unwrap();
     assert!(first["uid-shared"].is_ok());
     eventually("the first pod on /metrics", || {
         (pods_on_metrics(&scrape(addr)?) == ["pod-shared"]).then_some(())
@@ -231,7 +241,10 @@ async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_i
         .unwrap()
         .push(serde_json::json!({"resource": "pods", "name": "pod-second", "uid": "pod-uid-2"}));
     node.api.put_claim(claim);
-    let again = kubelet.prepare(std::slice::from_ref(&shared)).await.unwrap();
+    let again = kubelet
+        .prepare(std::slice::from_ref(&shared))
+        .await
+        .unwrap();
     assert!(again["uid-shared"].is_ok());
     eventually("both pods on /metrics", || {
         (pods_on_metrics(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())

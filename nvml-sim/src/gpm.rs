@@ -128,7 +128,9 @@ fn take(view: &View, gpu: &GpuInfo, gi: Option<u32>, id: u32) -> Result<(), Ret>
                 .mig_devices
                 .iter()
                 .map(|d| {
-                    let share = gpu.profile_by_id(d.profile_id).map_or(0, |p| p.compute_slices);
+                    let share = gpu
+                        .profile_by_id(d.profile_id)
+                        .map_or(0, |p| p.compute_slices);
                     share * r.mig.get(&d.gi_id).map_or(0, |m| m.0)
                 })
                 .sum();
@@ -153,7 +155,10 @@ fn take(view: &View, gpu: &GpuInfo, gi: Option<u32>, id: u32) -> Result<(), Ret>
 
 /// `nvmlGpmSampleGet`: a sample of the whole GPU.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, gpmSample: nvmlGpmSample_t) -> nvmlReturn_t {
+pub extern "C" fn nvmlGpmSampleGet(
+    device: nvmlDevice_t,
+    gpmSample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
     guard(|| {
         let view = node::view()?;
         let gpu = view.full_gpu(device)?;
@@ -197,7 +202,9 @@ fn metric(first: &Taken, second: &Taken, metric: u32) -> Result<f64, Ret> {
 /// # Safety
 /// `metricsGet` is null or valid for reading and writing one `nvmlGpmMetricsGet_t`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlGpmMetricsGet(metricsGet: *mut sys::nvmlGpmMetricsGet_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlGpmMetricsGet(
+    metricsGet: *mut sys::nvmlGpmMetricsGet_t,
+) -> nvmlReturn_t {
     guard(|| {
         if metricsGet.is_null() {
             return Err(ffi::INVALID_ARGUMENT);
@@ -214,7 +221,10 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(metricsGet: *mut sys::nvmlGpmMetricsG
         let (a, b) = (sample_id(request.sample1)?, sample_id(request.sample2)?);
         let (first, second) = {
             let all = samples();
-            (all.get(&a).copied().flatten(), all.get(&b).copied().flatten())
+            (
+                all.get(&a).copied().flatten(),
+                all.get(&b).copied().flatten(),
+            )
         };
         let (Some(first), Some(second)) = (first, second) else {
             return Err(ffi::INVALID_ARGUMENT);

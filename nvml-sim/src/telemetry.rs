@@ -126,15 +126,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         let busy = r.utilization_percent.ok_or(ffi::NOT_SUPPORTED)?;
         let memory = (r.memory_used_mib * 100 / gpu.memory_mib.max(1)) as c_uint;
         // SAFETY: null or valid for a write (caller's contract).
-        unsafe {
-            put(
-                utilization,
-                sys::nvmlUtilization_t {
-                    gpu: busy,
-                    memory,
-                },
-            )
-        }
+        unsafe { put(utilization, sys::nvmlUtilization_t { gpu: busy, memory }) }
     })
 }
 

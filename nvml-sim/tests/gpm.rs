@@ -91,7 +91,11 @@ gpus:
         .collect();
     assert_eq!(
         values,
-        vec![Ok(60.0), Ok(60.0), Err(format!("{:?}", NvmlError::NotSupported))]
+        vec![
+            Ok(60.0),
+            Ok(60.0),
+            Err(format!("{:?}", NvmlError::NotSupported))
+        ]
     );
 
     let other = h100.gpm_mig_sample(second).unwrap();

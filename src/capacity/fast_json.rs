@@ -397,7 +397,14 @@ mod tests {
         let claims = allocated_claims(&serde_json::to_vec(&list).unwrap()).unwrap();
         assert_eq!(claims.len(), 1);
         let status = claims[0].status.as_ref().unwrap();
-        let result = &status.allocation.as_ref().unwrap().devices.as_ref().unwrap().results
+        let result = &status
+            .allocation
+            .as_ref()
+            .unwrap()
+            .devices
+            .as_ref()
+            .unwrap()
+            .results
             .as_ref()
             .unwrap()[0];
         assert_eq!(

@@ -149,7 +149,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
             match planned {
                 Ok(devices) => {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
-                    next.claims.insert(id.uid.clone(), intent(id, &allocation, &devices));
+                    next.claims
+                        .insert(id.uid.clone(), intent(id, &allocation, &devices));
                     wave.push(Planned { index: i, devices });
                 }
                 Err(e) => results[i] = Some(Err(e)),

@@ -228,7 +228,14 @@ mod tests {
         let pods: Vec<&str> = power
             .samples
             .iter()
-            .map(|s| s.labels.iter().find(|(k, _)| *k == "pod").unwrap().1.as_str())
+            .map(|s| {
+                s.labels
+                    .iter()
+                    .find(|(k, _)| *k == "pod")
+                    .unwrap()
+                    .1
+                    .as_str()
+            })
             .collect();
         assert_eq!(pods, ["p1", "p2"]);
         assert!(power.samples.iter().all(|s| s.value == 87.5));

@@ -158,8 +158,12 @@ impl Telemetry {
         let stale: Vec<GpmSample> = {
             let mut gpm = self.gpm.lock().unwrap_or_else(|p| p.into_inner());
             let seen = std::mem::take(&mut gpm.seen);
-            let gone: Vec<(String, u32)> =
-                gpm.last.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+            let gone: Vec<(String, u32)> = gpm
+                .last
+                .keys()
+                .filter(|k| !seen.contains(*k))
+                .cloned()
+                .collect();
             gone.iter().filter_map(|k| gpm.last.remove(k)).collect()
         };
         for sample in stale {
@@ -270,9 +274,7 @@ impl XidWatch {
 fn optional<T>(r: Result<T, NvmlError>) -> Result<Option<T>, NvmlError> {
     match r {
         Ok(v) => Ok(Some(v)),
-        Err(NvmlError::NotSupported | NvmlError::NoPermission | NvmlError::InvalidArg) => {
-            Ok(None)
-        }
+        Err(NvmlError::NotSupported | NvmlError::NoPermission | NvmlError::InvalidArg) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -325,8 +327,7 @@ impl NvmlBackend {
         let watts = |mw: u32| f64::from(mw) / 1000.0;
         t.power_watts = optional(dev.power_usage())?.map(watts);
         t.power_limit_watts = optional(dev.enforced_power_limit())?.map(watts);
-        t.temperature_celsius =
-            optional(dev.temperature(TemperatureSensor::Gpu))?.map(f64::from);
+        t.temperature_celsius = optional(dev.temperature(TemperatureSensor::Gpu))?.map(f64::from);
         if let Some(memory) = optional(dev.memory_info())? {
             t.memory_used_bytes = Some(memory.used);
             t.memory_total_bytes = Some(memory.total);
@@ -441,8 +442,7 @@ impl NvmlBackend {
             let Ok(mig) = dev.mig_device_by_index(i) else {
                 continue;
             };
-            let (Ok(mig_uuid), Some(memory)) = (mig.uuid(), optional(mig.memory_info())?)
-            else {
+            let (Ok(mig_uuid), Some(memory)) = (mig.uuid(), optional(mig.memory_info())?) else {
                 continue;
             };
             if let Some(row) = out.iter_mut().find(|m| m.uuid == mig_uuid) {

@@ -202,10 +202,7 @@ impl SimBackend {
                 .filter(|((slot, _), _)| *slot == gpu.minor)
                 .map(|((_, xid), n)| (*xid, *n))
                 .collect();
-            let (lost, ecc) = faults
-                .get(gpu.minor as usize)
-                .copied()
-                .unwrap_or_default();
+            let (lost, ecc) = faults.get(gpu.minor as usize).copied().unwrap_or_default();
             if lost {
                 t.lost = true;
                 gpus.push(t);
@@ -231,7 +228,10 @@ impl SimBackend {
                         RetirementCause::RowRemapUncorrectable,
                     )
                 } else {
-                    (RetirementCause::MultipleSingleBit, RetirementCause::DoubleBit)
+                    (
+                        RetirementCause::MultipleSingleBit,
+                        RetirementCause::DoubleBit,
+                    )
                 };
                 t.retired_pages.insert(single, ecc.retired_single);
                 t.retired_pages.insert(double, ecc.retired_double);
@@ -343,7 +343,10 @@ mod tests {
         let sim = h100_node();
         sim.inject(0, Fault::Xid { code: 13 }).unwrap();
         let before = sim.telemetry().unwrap();
-        assert!(before.gpus[0].xid_errors.is_empty(), "events before the first sample");
+        assert!(
+            before.gpus[0].xid_errors.is_empty(),
+            "events before the first sample"
+        );
         sim.inject(0, Fault::Xid { code: 13 }).unwrap();
         sim.inject(0, Fault::Xid { code: 13 }).unwrap();
         sim.inject(1, Fault::Ecc { double_bit: true }).unwrap();
