@@ -430,7 +430,8 @@ pub trait GpuBackend: Send + Sync {
 
     /// One telemetry sample of every GPU and every MIG device that exists now (power, SM
     /// activity, memory, temperature, ECC, XID counts, retired pages). Readings the hardware
-    /// does not offer are `None`; a GPU that fell off the bus is listed as lost. May take
+    /// does not offer, or that fail to read, are `None`; a GPU that fell off the bus is
+    /// listed as lost. May take
     /// tens of milliseconds per GPU: call it off the request path.
     ///
     /// Fails only when the node cannot be enumerated at all. The default reports no GPUs

@@ -307,10 +307,10 @@ impl NvmlBackend {
                 .filter(|((u, _), _)| *u == uuid)
                 .map(|((_, xid), n)| (*xid, *n))
                 .collect();
-            match self.gpu_readings(&dev, index, &mut t) {
-                Ok(()) => {}
-                Err(NvmlError::GpuLost) => t.lost = true,
-                Err(e) => return Err(wrap("telemetry", index)(e)),
+            // A lost GPU answers nothing more; any other failure leaves the readings not
+            // taken yet absent, as for a reading the GPU does not offer.
+            if let Err(NvmlError::GpuLost) = self.gpu_readings(&dev, index, &mut t) {
+                t.lost = true;
             }
             gpus.push(t);
         }
