@@ -32,7 +32,7 @@ use crate::hardware::health::EVENT_XID_CRITICAL;
 use crate::hardware::telemetry::{
     EccTelemetry, GpuTelemetry, MigTelemetry, NodeTelemetry, RetirementCause,
 };
-use crate::hardware::{HardwareError, MigProfile};
+use crate::hardware::{HardwareError, MigProfile, NvmlCode};
 
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 const UUID_BUFFER: usize = 96;
@@ -409,11 +409,14 @@ impl NvmlBackend {
                 None => {
                     let total = dev.memory_info()?.total / (1024 * 1024);
                     let p = self.profiles(handle, index, total).unwrap_or_default();
-                    self.telemetry
-                        .profiles
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(uuid.to_string(), p.clone());
+                    // Kept only when read: a failed read is tried again next sample.
+                    if !p.is_empty() {
+                        self.telemetry
+                            .profiles
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(uuid.to_string(), p.clone());
+                    }
                     p
                 }
             }
@@ -421,21 +424,25 @@ impl NvmlBackend {
         let devices = self
             .mig_devices(dev, handle, index, &profiles)
             .map_err(|e| match e {
+                HardwareError::Nvml {
+                    code: NvmlCode::GpuIsLost,
+                    ..
+                } => NvmlError::GpuLost,
                 HardwareError::Nvml { code, .. } => NvmlError::UnexpectedVariant(code.raw()),
                 _ => NvmlError::Unknown,
             })?;
-        let mut out = Vec::with_capacity(devices.len());
-        for d in devices {
-            out.push(MigTelemetry {
-                uuid: d.uuid.clone(),
-                profile: d.profile_name.clone(),
+        let mut out: Vec<MigTelemetry> = devices
+            .into_iter()
+            .map(|d| MigTelemetry {
+                uuid: d.uuid,
+                profile: d.profile_name,
                 placement_start: d.placement.start,
                 gi_id: d.gi_id,
                 sm_active: None,
                 memory_used_bytes: None,
                 memory_total_bytes: None,
-            });
-        }
+            })
+            .collect();
         // Memory per MIG device: read on the MIG handle, matched by UUID.
         let max = dev.mig_device_count().unwrap_or(0);
         for i in 0..max {
