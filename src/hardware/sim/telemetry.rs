@@ -148,7 +148,10 @@ pub fn readings(gpu: &GpuInfo, load: Option<&SimLoad>) -> SimReadings {
 /// XID counts from the fault log, kept across the log's trimming: counting starts with the
 /// first sample, as an NVML event set sees only events raised after it was created.
 #[derive(Debug, Default)]
-pub(super) struct XidTally(Mutex<Option<(u64, BTreeMap<(u32, u64), u64>)>>);
+pub(super) struct XidTally(Mutex<Option<XidCounts>>);
+
+/// The last event sequence number counted, and the counts by (GPU slot, XID).
+type XidCounts = (u64, BTreeMap<(u32, u64), u64>);
 
 impl SimBackend {
     /// The load set on GPU `index`, if any.
