@@ -167,3 +167,28 @@ fn device_seconds_render_one_series_per_label_set() {
         ]
     );
 }
+
+#[test]
+fn a_scrape_with_telemetry_is_the_sorted_exposition_of_every_family() {
+    use crate::metrics::telemetry::{DeviceReadings, Holder};
+    let m = Metrics::new();
+    m.record_error("busy");
+    m.set_device_telemetry(&[DeviceReadings {
+        gpu: 1,
+        uuid: "GPU-1".into(),
+        device: "gpu-1".into(),
+        power_watts: Some(300.0),
+        ecc_errors: vec![("single_bit", "aggregate", 3)],
+        holders: vec![Holder {
+            namespace: "ns".into(),
+            claim: "c".into(),
+            pod: "p".into(),
+        }],
+        ..DeviceReadings::default()
+    }]);
+    assert_eq!(m.render(), text::render(&m.families()));
+    assert_eq!(
+        Metrics::new().render(),
+        text::render(&Metrics::new().families())
+    );
+}
