@@ -177,6 +177,16 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
         .map(|(l, _)| l["profile"].clone());
     assert_eq!(profile.as_deref(), Some("1g.10gb"));
 
+    // Cardinality: the 8 GPUs and the one MIG device carved, not the node's hundreds of
+    // published (uncarved) dynamic-MIG placements.
+    let devices: std::collections::BTreeSet<String> =
+        series(&metrics, "gpu_dra_device_memory_total_bytes")
+            .into_iter()
+            .map(|(l, _)| l["device"].clone())
+            .collect();
+    assert_eq!(devices.len(), 9, "{devices:?}");
+    assert!(devices.contains(MIG));
+
     // A free GPU: empty holder labels.
     assert!(
         value(
