@@ -19,6 +19,7 @@ pub mod explain;
 pub mod explain_inputs;
 pub mod fsutil;
 pub mod hardware;
+pub mod health;
 pub mod inventory;
 pub mod k8s;
 pub mod kubelet;

@@ -130,6 +130,10 @@ enum FaultCommand {
         /// The XID.
         #[arg(long)]
         code: u64,
+        /// Attribute the XID to this GPU instance (a MIG-scoped XID, as NVML reports for
+        /// errors contained in one MIG device); default: the whole GPU.
+        #[arg(long, value_name = "GI")]
+        gpu_instance: Option<u32>,
     },
     /// An ECC error: corrected (single-bit), or uncorrectable with --double-bit.
     Ecc {
@@ -342,13 +346,18 @@ struct PluginArgs {
     /// Checkpoint and simulated-hardware state (default: the plugin directory).
     #[arg(long, env = "GPU_DRA_STATE_DIR")]
     state_dir: Option<PathBuf>,
-    /// Seconds between inventory checks (health, MIG mode, model changes).
+    /// Seconds between inventory checks (hot-plugged GPUs, MIG mode, hold-down ends); health
+    /// events are acted on within a fraction of a second regardless.
     #[arg(long, env = "GPU_DRA_INVENTORY_INTERVAL", default_value_t = 10)]
     inventory_interval: u64,
     /// Seconds between telemetry samples (power, SM activity, memory, ECC, XID per GPU and
     /// MIG device); /metrics serves the last sample.
     #[arg(long, env = "GPU_DRA_TELEMETRY_INTERVAL", default_value_t = 10)]
     telemetry_interval: u64,
+    /// Health policy file (YAML or JSON): which XIDs and errors degrade or fail a GPU, the
+    /// taint key and effects, the hold-down (docs/health.md). Default: built-in policy.
+    #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
+    health_policy: Option<PathBuf>,
     /// Publish GPUs and MIG devices shareable by several claims (consumable capacity):
     /// off, memory (claims ask for memory), or N equal shares by default (2..=48).
     #[arg(
@@ -539,6 +548,7 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         proc_root: args.proc_root,
         inventory_interval: std::time::Duration::from_secs(args.inventory_interval.max(1)),
         telemetry_interval: std::time::Duration::from_secs(args.telemetry_interval.max(1)),
+        health_policy: args.health_policy,
         mps: args.mps,
         time_slicing: args.time_slicing,
         shared_gpus: args.shared_gpus,
@@ -692,7 +702,11 @@ fn run_sim_fault(args: SimFaultArgs) -> anyhow::Result<ExitCode> {
             })?;
             return Ok(ExitCode::SUCCESS);
         }
-        FaultCommand::Xid { gpu, code } => (gpu, Fault::Xid { code }),
+        FaultCommand::Xid {
+            gpu,
+            code,
+            gpu_instance,
+        } => (gpu, Fault::Xid { code, gpu_instance }),
         FaultCommand::Ecc { gpu, double_bit } => (gpu, Fault::Ecc { double_bit }),
         FaultCommand::Lost { gpu } => (gpu, Fault::Lost),
         FaultCommand::Recover { gpu } => (gpu, Fault::Recover),

@@ -118,6 +118,10 @@ fn cluster_role_grants_exactly_what_the_plugin_calls() {
     let role = of_kind(&objects, "ClusterRole")[0];
     let want = json!([
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+         "verbs": ["update"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+         "verbs": ["associated-node:update"], "resourceNames": ["gpu.nvidia.com"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["list", "create", "update", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
@@ -126,6 +130,24 @@ fn cluster_role_grants_exactly_what_the_plugin_calls() {
     let binding = of_kind(&objects, "ClusterRoleBinding")[0];
     let want = json!([{"kind": "ServiceAccount", "name": "gpu-dra", "namespace": "gpu-dra"}]);
     assert_eq!(binding["subjects"], want);
+}
+
+#[test]
+fn the_status_grant_names_the_charts_driver_and_nothing_else() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render(&helm, &["--set", "driverName=gpu.example.com"]);
+    let role = of_kind(&objects, "ClusterRole")[0];
+    let named: Vec<&Value> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r.get("resourceNames").is_some())
+        .collect();
+    let want = json!({"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+                      "verbs": ["associated-node:update"], "resourceNames": ["gpu.example.com"]});
+    assert_eq!(vec![&want], named);
 }
 
 #[test]

@@ -88,21 +88,35 @@ async fn slices_are_published_once_owned_by_the_node_and_not_rewritten_at_steady
     tokio::time::sleep(Duration::from_millis(2500)).await;
     kubelet.unprepare(&both).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let later: Vec<String> = node.api.requests()[startup.len()..]
+    let mut later: Vec<String> = node.api.requests()[startup.len()..]
         .iter()
         .map(line)
         .collect();
-    let claim_reads = vec![
+    let read = |name: &str| {
         format!(
-            "GET /apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/mig?",
+            "GET /apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{name}?",
             claims::NAMESPACE
-        ),
+        )
+    };
+    let write_status = |name: &str| {
         format!(
-            "GET /apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/full?",
+            "PUT /apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{name}/status?fieldManager=gpu-dra",
             claims::NAMESPACE
-        ),
-    ];
-    assert_eq!(claim_reads, later, "at steady state only claims are read");
+        )
+    };
+    // Each claim is read for prepare; then its status.devices is written after the prepare
+    // and after the unprepare (a read and a write each, in no set order between claims).
+    let mut claim_traffic = Vec::new();
+    for name in ["mig", "full"] {
+        claim_traffic.extend([read(name), read(name), write_status(name)]);
+        claim_traffic.extend([read(name), write_status(name)]);
+    }
+    claim_traffic.sort();
+    later.sort();
+    assert_eq!(
+        claim_traffic, later,
+        "at steady state only claims are read and their status written"
+    );
 }
 
 /// Writes `bytes` to the Unix socket at `path`, closes the write side and reads whatever the

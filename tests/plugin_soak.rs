@@ -387,7 +387,7 @@ async fn a_randomized_soak_keeps_every_invariant_after_every_step() {
                 }
             }
             92..96 => {
-                // An XID marks a GPU unhealthy, a later one recovers it: the inventory watcher,
+                // A critical XID marks a GPU unhealthy, a reset recovers it: the inventory watcher,
                 // health stream and publisher react while calls go on.
                 let gpu = soak.rng.below(8) as u32;
                 let healthy = soak.rng.chance(50);

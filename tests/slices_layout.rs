@@ -374,3 +374,60 @@ fn ampere_dynamic_mig_publishes_only_what_the_current_mode_allows() {
         assert_eq!(model.counter_sets.len(), 1);
     }
 }
+
+#[test]
+fn health_taints_are_checked_against_the_taint_limits() {
+    use gpu_dra::hardware::health::{FaultKind, record_fault, unix_now};
+    use gpu_dra::health::{HealthPolicy, apply_taints, judge};
+    use k8s_openapi::api::resource::v1::DeviceTaint;
+    let sim = SimBackend::open("dgx-h100", None).unwrap();
+    let mut inventory = sim.inventory().unwrap();
+    record_fault(
+        &mut inventory.gpus[3].faults,
+        FaultKind::Xid { code: 79 },
+        None,
+        unix_now(),
+    );
+    let mut model = devices::build(&inventory, &options(&sim));
+    let policy = HealthPolicy::default();
+    let verdicts = judge(&policy, &inventory, &model, unix_now());
+    apply_taints(&mut model, &verdicts, &policy);
+    let pool = PoolOptions {
+        driver_name: "gpu.nvidia.com".into(),
+        node_name: "dgx-h100".into(),
+        generation: 1,
+    };
+    let slices = slices::build(&model, &pool).expect("a tainted model is publishable");
+    for s in &slices {
+        let devices = s.spec.devices.as_deref().unwrap_or_default();
+        assert!(
+            devices.len() <= 64,
+            "tainted slices hold at most 64 devices"
+        );
+    }
+    let mut bad = model.clone();
+    let d = &mut bad.devices[0].device;
+    d.taints = Some(vec![
+        DeviceTaint {
+            key: "k".into(),
+            value: None,
+            effect: "NoSchedule".into(),
+            time_added: None
+        };
+        17
+    ]);
+    let err = slices::build(&bad, &pool).unwrap_err().to_string();
+    assert!(err.contains("taints has 17 entries; at most 16"), "{err}");
+    let d = &mut bad.devices[0].device;
+    d.taints = Some(vec![DeviceTaint {
+        key: "k".into(),
+        value: Some("xid 79".into()),
+        effect: "Evict".into(),
+        time_added: None,
+    }]);
+    let err = slices::build(&bad, &pool).unwrap_err().to_string();
+    assert!(
+        err.contains("taints[k].effect") && err.contains("None, NoSchedule, NoExecute"),
+        "{err}"
+    );
+}

@@ -166,7 +166,9 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                     device: Handle::Gpu(e.gpu).to_ptr(),
                     eventType: e.event_type,
                     eventData: e.data,
-                    gpuInstanceId: UNATTRIBUTED,
+                    // A MIG-scoped XID names its GPU instance; the simulator does not attribute
+                    // events to compute instances.
+                    gpuInstanceId: e.gpu_instance.unwrap_or(UNATTRIBUTED),
                     computeInstanceId: UNATTRIBUTED,
                 };
                 // SAFETY: non-null and valid for a write (caller's contract).

@@ -71,8 +71,14 @@ pub struct GpuInfo {
     /// GPU instances without a compute instance (left by an interrupted creation or
     /// cleanup); nobody can use them, recovery destroys them.
     pub empty_gpu_instances: Vec<GpuInstanceRef>,
-    /// Whether the device is healthy (no fatal XID seen).
+    /// Whether the device is healthy by the built-in verdict
+    /// ([`health::health_after`]): no fatal event since the last recovery. The plugin judges
+    /// `faults` with its configurable policy instead.
     pub healthy: bool,
+    /// Health-relevant events since the last recovery, one entry per kind (and MIG instance),
+    /// oldest first ([`health::record_fault`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<health::GpuFault>,
 }
 
 impl GpuInfo {
@@ -404,6 +410,15 @@ pub trait GpuBackend: Send + Sync {
     ///
     /// Fails when the backend cannot be queried (NVML gone, simulated state unreadable).
     fn inventory(&self) -> Result<NodeInventory, HardwareError>;
+
+    /// A number that changes whenever a health event arrives or a GPU is added or removed,
+    /// cheap enough to poll several times a second: the plugin re-reads the inventory as soon
+    /// as it changes instead of waiting for its next interval. The value means nothing
+    /// else. Backends that cannot tell return a constant (the default), and changes are then
+    /// found on the regular interval only.
+    fn health_generation(&self) -> u64 {
+        0
+    }
 
     /// Switches MIG mode on GPU `index`. On Ampere the change stays pending until a reset;
     /// on Hopper and later it applies at once, or fails with [`NvmlCode::InUse`] when MIG

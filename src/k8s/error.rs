@@ -61,6 +61,11 @@ pub enum Step {
         /// The claim.
         claim: Box<ClaimRef>,
     },
+    /// `PUT` of one ResourceClaim's status subresource (its `status.devices`).
+    UpdateClaimStatus {
+        /// The claim.
+        claim: Box<ClaimRef>,
+    },
 }
 
 impl fmt::Display for Step {
@@ -79,6 +84,9 @@ impl fmt::Display for Step {
             Step::UpdateSlice { name } => write!(f, "updating ResourceSlice {name}"),
             Step::DeleteSlice { name } => write!(f, "deleting ResourceSlice {name}"),
             Step::GetClaim { claim } => write!(f, "reading ResourceClaim {claim}"),
+            Step::UpdateClaimStatus { claim } => {
+                write!(f, "writing the status.devices of ResourceClaim {claim}")
+            }
         }
     }
 }

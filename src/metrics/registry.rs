@@ -155,6 +155,14 @@ impl Calls {
     }
 }
 
+/// GPUs per health state, tainted devices per effect, and health transitions.
+#[derive(Default)]
+struct HealthGauges {
+    gpus_by_state: BTreeMap<&'static str, u64>,
+    tainted_by_effect: BTreeMap<String, u64>,
+    transitions: BTreeMap<(&'static str, &'static str), u64>,
+}
+
 #[derive(Default)]
 struct Inner {
     prepare: Calls,
@@ -166,11 +174,13 @@ struct Inner {
     prepared_claims: AtomicU64,
     healthy_gpus: AtomicU64,
     unhealthy_gpus: AtomicU64,
+    health: Mutex<HealthGauges>,
     claim_device_seconds: Mutex<Vec<Sample>>,
     /// The `gpu_dra_device_*` families of the last telemetry sample, and their exposition
     /// rendered once per sample (shared, so a scrape takes a reference under the lock and
     /// copies the text outside it).
     device_telemetry: Mutex<Option<Arc<DeviceTelemetry>>>,
+    claim_status_writes: [AtomicU64; 2],
 }
 
 struct DeviceTelemetry {
@@ -255,6 +265,34 @@ impl Metrics {
         self.0.unhealthy_gpus.store(unhealthy, Ordering::Relaxed);
     }
 
+    /// GPUs per health-policy state (`healthy`, `degraded`, `failed`) and devices carrying a
+    /// health taint per effect (`NoSchedule`, `NoExecute`, `None`).
+    pub fn set_health_gauges(
+        &self,
+        gpus_by_state: BTreeMap<&'static str, u64>,
+        tainted_by_effect: BTreeMap<String, u64>,
+    ) {
+        let mut h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
+        h.gpus_by_state = gpus_by_state;
+        h.tainted_by_effect = tainted_by_effect;
+    }
+
+    /// Counts one change of a GPU's (or MIG instance's) health state.
+    pub fn record_health_transition(&self, from: &'static str, to: &'static str) {
+        let mut h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
+        *h.transitions.entry((from, to)).or_default() += 1;
+    }
+
+    /// Health transitions from `from` to `to` so far.
+    pub fn health_transitions(&self, from: &str, to: &str) -> u64 {
+        let h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
+        h.transitions
+            .iter()
+            .filter(|((f, t), _)| *f == from && *t == to)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
     /// Replaces the samples of `gpu_dra_claim_device_seconds_total`: device-seconds held
     /// by claims per label set (`namespace`, `class`, `profile`, `sharing`). The caller keeps
     /// each series non-decreasing.
@@ -289,6 +327,17 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Counts one try to write a claim's `status.devices`: `Success` when written, `Error`
+    /// when the try failed (it may be retried).
+    pub fn record_claim_status_write(&self, outcome: Outcome) {
+        self.0.claim_status_writes[outcome.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tries to write a claim's `status.devices` that ended with `outcome` so far.
+    pub fn claim_status_writes(&self, outcome: Outcome) -> u64 {
+        self.0.claim_status_writes[outcome.index()].load(Ordering::Relaxed)
     }
 
     /// Every family with its current samples.
@@ -367,15 +416,53 @@ impl Metrics {
             ),
             gauge(
                 "gpu_dra_healthy_gpus",
-                "GPUs the backend reports healthy.",
+                "GPUs the health policy judges healthy.",
                 &inner.healthy_gpus,
             ),
             gauge(
                 "gpu_dra_unhealthy_gpus",
-                "GPUs the backend reports unhealthy (e.g. after a fatal XID).",
+                "GPUs the health policy judges degraded or failed (e.g. after a critical XID).",
                 &inner.unhealthy_gpus,
             ),
         ]);
+        {
+            let h = inner.health.lock().unwrap_or_else(|p| p.into_inner());
+            families.push(Family {
+                name: "gpu_dra_gpus",
+                help: "GPUs on this node by health state under the health policy (healthy, degraded, failed).",
+                kind: Kind::Gauge,
+                samples: h
+                    .gpus_by_state
+                    .iter()
+                    .map(|(s, n)| Sample::new(vec![("state", (*s).to_string())], *n as f64))
+                    .collect(),
+            });
+            families.push(Family {
+                name: "gpu_dra_tainted_devices",
+                help: "Published devices carrying a health taint, by taint effect.",
+                kind: Kind::Gauge,
+                samples: h
+                    .tainted_by_effect
+                    .iter()
+                    .map(|(e, n)| Sample::new(vec![("effect", e.clone())], *n as f64))
+                    .collect(),
+            });
+            families.push(Family {
+                name: "gpu_dra_health_transitions_total",
+                help: "Changes of a GPU's or MIG instance's health state, by old and new state.",
+                kind: Kind::Counter,
+                samples: h
+                    .transitions
+                    .iter()
+                    .map(|((f, t), n)| {
+                        Sample::new(
+                            vec![("from", (*f).to_string()), ("to", (*t).to_string())],
+                            *n as f64,
+                        )
+                    })
+                    .collect(),
+            });
+        }
         families.push(Family {
             name: "gpu_dra_claim_device_seconds_total",
             help: "Device-seconds held by claims prepared on this node, from prepare to unprepare; a consumable-capacity share counts its part of the device. Kept across plugin restarts.",
@@ -385,6 +472,20 @@ impl Metrics {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+        });
+        families.push(Family {
+            name: "gpu_dra_claim_status_writes_total",
+            help: "Tries to write a prepared claim's status.devices, by result; a failed try is retried with backoff and never fails the prepare.",
+            kind: Kind::Counter,
+            samples: Outcome::ALL
+                .iter()
+                .map(|o| {
+                    Sample::new(
+                        vec![("result", o.label().to_string())],
+                        inner.claim_status_writes[o.index()].load(Ordering::Relaxed) as f64,
+                    )
+                })
+                .collect(),
         });
         families.push(Family {
             name: "gpu_dra_build_info",

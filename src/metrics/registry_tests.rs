@@ -68,6 +68,7 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
     let want = vec![
         "# TYPE gpu_dra_build_info gauge",
         "# TYPE gpu_dra_claim_device_seconds_total counter",
+        "# TYPE gpu_dra_claim_status_writes_total counter",
         "# TYPE gpu_dra_device_ecc_errors_total counter",
         "# TYPE gpu_dra_device_memory_total_bytes gauge",
         "# TYPE gpu_dra_device_memory_used_bytes gauge",
@@ -78,6 +79,8 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
         "# TYPE gpu_dra_device_temperature_celsius gauge",
         "# TYPE gpu_dra_device_xid_errors_total counter",
         "# TYPE gpu_dra_errors_total counter",
+        "# TYPE gpu_dra_gpus gauge",
+        "# TYPE gpu_dra_health_transitions_total counter",
         "# TYPE gpu_dra_healthy_gpus gauge",
         "# TYPE gpu_dra_mig_instances gauge",
         "# TYPE gpu_dra_mps_daemons gauge",
@@ -85,6 +88,7 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
         "# TYPE gpu_dra_prepare_requests_total counter",
         "# TYPE gpu_dra_prepared_claims gauge",
         "# TYPE gpu_dra_published_devices gauge",
+        "# TYPE gpu_dra_tainted_devices gauge",
         "# TYPE gpu_dra_unhealthy_gpus gauge",
         "# TYPE gpu_dra_unprepare_duration_seconds histogram",
         "# TYPE gpu_dra_unprepare_requests_total counter",
@@ -121,6 +125,8 @@ fn counters_and_gauges_show_what_was_recorded() {
         .filter(|l| !l.starts_with('#') && !l.contains("duration") && !l.contains("build"))
         .collect();
     let want = vec![
+        r#"gpu_dra_claim_status_writes_total{result="success"} 0"#,
+        r#"gpu_dra_claim_status_writes_total{result="error"} 0"#,
         r#"gpu_dra_errors_total{kind="busy"} 2"#,
         r#"gpu_dra_errors_total{kind="cdi"} 1"#,
         "gpu_dra_healthy_gpus 7",

@@ -71,6 +71,9 @@ pub struct PluginConfig {
     pub time_slicing: bool,
     /// Publish GPUs and MIG devices shareable (consumable capacity).
     pub shared_gpus: SharedGpus,
+    /// `--health-policy`: the health policy file (YAML or JSON); `None`: the built-in
+    /// defaults ([`crate::health::HealthPolicy::default`]).
+    pub health_policy: Option<PathBuf>,
     /// `host:port` serving `/metrics`, `/healthz` and `/readyz`; `None`: not served.
     pub metrics_addr: Option<String>,
 }

@@ -11,8 +11,10 @@
 //! start; `/readyz` turns ready once recovery finished, the slices were published once and
 //! the kubelet registered the plugin.
 
+pub mod claim_status;
 pub mod config;
 pub mod handler;
+pub mod inventory_watch;
 pub mod memory;
 mod observe;
 pub mod simhost;
@@ -21,7 +23,7 @@ pub mod telemetry;
 pub mod usage;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -29,11 +31,11 @@ use tracing::{info, warn};
 use crate::cdi::{self, CdiWriter, ClaimNaming, DriverOptions, HostLayout};
 use crate::claims::sharing::SharingSetup;
 use crate::claims::{ClaimsManager, HostFactsSource};
-use crate::devices::{self, DeviceModel, ModelOptions};
+use crate::devices::{DeviceModel, ModelOptions};
+use crate::hardware::GpuBackend;
 use crate::hardware::nvml::NvmlBackend;
 use crate::hardware::sim::SimBackend;
-use crate::hardware::{GpuBackend, NodeInventory};
-use crate::kubelet::{self, DeviceHealth, HealthStatus, PluginLock, PluginSockets};
+use crate::kubelet::{self, PluginLock, PluginSockets};
 use crate::metrics::{Health, Metrics};
 use crate::sharing::{MpsManager, MpsOptions, Tools};
 pub use config::{BackendChoice, PluginConfig};
@@ -71,6 +73,9 @@ pub enum PluginError {
     /// The metrics endpoint could not be served.
     #[error("serving metrics and health probes")]
     Metrics(#[source] crate::metrics::MetricsError),
+    /// The health policy file was refused.
+    #[error("loading the health policy")]
+    HealthPolicy(#[source] crate::health::PolicyError),
     /// Waiting for signals failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
@@ -80,6 +85,10 @@ pub enum PluginError {
 pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let metrics = Metrics::new();
     let health = Health::new();
+    let health_policy = match &config.health_policy {
+        Some(path) => crate::health::HealthPolicy::load(path).map_err(PluginError::HealthPolicy)?,
+        None => crate::health::HealthPolicy::default(),
+    };
     let _metrics_server = match &config.metrics_addr {
         Some(addr) => Some(
             crate::metrics::serve(addr, metrics.clone(), health.clone())
@@ -198,14 +207,23 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     );
 
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
-    let model = devices::build(&inventory, &model_options);
-    observe::record_inventory(&metrics, &inventory, &model);
+    let watcher = inventory_watch::Watcher {
+        backend: backend.clone(),
+        options: model_options,
+        policy: health_policy,
+        pool: config.node_name.clone(),
+        interval: config.inventory_interval,
+        state_dir: manager.state_dir.clone(),
+        boot_id: manager.boot_id.clone(),
+        metrics: metrics.clone(),
+    };
+    let (model, first_health) = watcher.first(&inventory);
     usage.set_model(&model);
     usage.reconcile(usage::read_checkpoint(&manager.state_dir, &manager.boot_id).as_ref());
     for w in &model.warnings {
         warn!(warning = %w, "device model");
     }
-    let (health_tx, health_rx) = watch::channel(health_of(&inventory, &model, &config.node_name));
+    let (health_tx, health_rx) = watch::channel(first_health);
     let (model_tx, model_rx) = watch::channel(model);
     let accounting = tokio::spawn(account_usage(
         Arc::clone(&usage),
@@ -222,6 +240,22 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         manager.boot_id.clone(),
         config.telemetry_interval,
     ));
+    let (status_queue, status_claims) = claim_status::StatusQueue::new();
+    let reporting_status = tokio::spawn(claim_status::run(
+        claim_status::StatusWorker {
+            writer: crate::k8s::ClaimStatusWriter::new(
+                client.clone(),
+                config.driver_name.clone(),
+                config.node_name.clone(),
+            ),
+            state_dir: manager.state_dir.clone(),
+            boot_id: manager.boot_id.clone(),
+            health: health_rx.clone(),
+            metrics: metrics.clone(),
+            backoff: claim_status::default_backoff(),
+        },
+        status_claims,
+    ));
     let publisher = crate::k8s::SlicePublisher::new(
         client,
         config.driver_name.clone(),
@@ -232,16 +266,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         health.clone(),
     ));
     let publishing = tokio::spawn(async move { publisher.run(model_rx).await });
-    let watching = tokio::spawn(watch_inventory(
-        inventory,
-        backend.clone(),
-        model_options,
-        config.node_name.clone(),
-        config.inventory_interval,
-        model_tx,
-        health_tx,
-        metrics.clone(),
-    ));
+    let watching = tokio::spawn(watcher.run(inventory, model_tx, health_tx));
 
     let supervising = tokio::spawn(supervise_mps(
         Arc::clone(&manager),
@@ -251,10 +276,13 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     ));
     let running = kubelet::serve(
         sockets,
-        Arc::new(handler::Handler {
-            manager,
-            metrics: metrics.clone(),
-            usage: Some(usage),
+        Arc::new(claim_status::Reporting {
+            inner: handler::Handler {
+                manager,
+                metrics: metrics.clone(),
+                usage: Some(usage),
+            },
+            queue: status_queue,
         }),
         Some(health_rx),
     )
@@ -281,6 +309,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     sampling.abort();
     supervising.abort();
     publishing.abort();
+    reporting_status.abort();
     running.shutdown().await.map_err(PluginError::Kubelet)
 }
 
@@ -425,102 +454,4 @@ async fn account_usage(
         })
         .await;
     }
-}
-
-/// Re-reads the inventory every `interval`; sends a changed model to the publisher and
-/// changed health to the kubelet. A tick that finds the inventory unchanged gives the heap
-/// freed since the last tick back to the kernel ([`memory::release_free_heap`]).
-#[allow(clippy::too_many_arguments)]
-async fn watch_inventory(
-    published: NodeInventory,
-    backend: Arc<dyn GpuBackend>,
-    options: ModelOptions,
-    pool: String,
-    interval: Duration,
-    models: watch::Sender<DeviceModel>,
-    health: watch::Sender<Vec<DeviceHealth>>,
-    metrics: Metrics,
-) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Model, health and gauges derive from the inventory alone: an unchanged inventory is
-    // skipped without building a model (about a megabyte of short-lived allocations on a
-    // large node, every tick, which would keep the heap's high-water mark up).
-    let mut last = Some(published);
-    loop {
-        ticker.tick().await;
-        let inventory = match backend.inventory() {
-            Ok(inv) => inv,
-            Err(e) => {
-                warn!(error = %crate::errors::error_chain(&e), "reading the GPU inventory");
-                continue;
-            }
-        };
-        if last.as_ref() == Some(&inventory) {
-            memory::release_free_heap();
-            continue;
-        }
-        let model = devices::build(&inventory, &options);
-        observe::record_inventory(&metrics, &inventory, &model);
-        let next_health = health_of(&inventory, &model, &pool);
-        health.send_if_modified(|current| {
-            let changed = strip_times(current) != strip_times(&next_health);
-            if changed {
-                *current = next_health;
-            }
-            changed
-        });
-        models.send_if_modified(|current| {
-            let changed = *current != model;
-            if changed {
-                info!(
-                    devices = model.devices.len(),
-                    "device model changed; re-publishing"
-                );
-                *current = model;
-            }
-            changed
-        });
-        last = Some(inventory);
-    }
-}
-
-fn strip_times(h: &[DeviceHealth]) -> Vec<(String, String, HealthStatus)> {
-    h.iter()
-        .map(|d| (d.pool_name.clone(), d.device_name.clone(), d.status))
-        .collect()
-}
-
-/// Health of every published device: a device is as healthy as its GPU.
-fn health_of(inventory: &NodeInventory, model: &DeviceModel, pool: &str) -> Vec<DeviceHealth> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    model
-        .devices
-        .iter()
-        .map(|d| {
-            let healthy = inventory
-                .gpus
-                .iter()
-                .find(|g| g.index == d.gpu_index)
-                .is_some_and(|g| g.healthy);
-            DeviceHealth {
-                pool_name: pool.to_string(),
-                device_name: d.name().to_string(),
-                status: if healthy {
-                    HealthStatus::Healthy
-                } else {
-                    HealthStatus::Unhealthy
-                },
-                message: if healthy {
-                    String::new()
-                } else {
-                    format!("GPU {} reported a fatal error", d.gpu_uuid)
-                },
-                last_updated_unix_seconds: now,
-                health_check_timeout_seconds: 30,
-            }
-        })
-        .collect()
 }

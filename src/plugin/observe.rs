@@ -3,21 +3,63 @@
 
 use tokio::sync::watch;
 
+use std::collections::BTreeMap;
+
 use crate::devices::DeviceModel;
 use crate::hardware::NodeInventory;
+use crate::health::{DeviceVerdict, HealthState};
 use crate::k8s::PublishStatus;
 use crate::kubelet::RegistrationState;
 use crate::metrics::{Health, Metrics};
 
-/// Sets the device, MIG and GPU-health gauges from one inventory reading.
-pub fn record_inventory(metrics: &Metrics, inventory: &NodeInventory, model: &DeviceModel) {
+/// Sets the device, MIG and health gauges from one inventory reading and the health
+/// policy's verdicts on its devices (a GPU is as healthy as its full-GPU device, or as the
+/// worst of its devices when it has none published).
+pub fn record_inventory(
+    metrics: &Metrics,
+    inventory: &NodeInventory,
+    model: &DeviceModel,
+    verdicts: &[DeviceVerdict],
+) {
     let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     metrics.set_published_devices(count(model.devices.len()));
     metrics.set_mig_instances(count(
         inventory.gpus.iter().map(|g| g.mig_devices.len()).sum(),
     ));
-    let healthy = inventory.gpus.iter().filter(|g| g.healthy).count();
-    metrics.set_gpu_health(count(healthy), count(inventory.gpus.len() - healthy));
+    let mut per_gpu: BTreeMap<&str, HealthState> = inventory
+        .gpus
+        .iter()
+        .map(|g| (g.uuid.as_str(), HealthState::Healthy))
+        .collect();
+    for v in verdicts {
+        if let Some(state) = per_gpu.get_mut(v.gpu_uuid.as_str()) {
+            *state = (*state).max(v.verdict.state);
+        }
+    }
+    let states: Vec<HealthState> = per_gpu.values().copied().collect();
+    let healthy = states
+        .iter()
+        .filter(|s| **s == HealthState::Healthy)
+        .count();
+    metrics.set_gpu_health(count(healthy), count(states.len() - healthy));
+    let mut gpus_by_state = BTreeMap::new();
+    for s in [
+        HealthState::Healthy,
+        HealthState::Degraded,
+        HealthState::Failed,
+    ] {
+        gpus_by_state.insert(
+            s.as_str(),
+            count(states.iter().filter(|x| **x == s).count()),
+        );
+    }
+    let mut tainted: BTreeMap<String, u64> = BTreeMap::new();
+    for d in &model.devices {
+        for t in d.device.taints.iter().flatten() {
+            *tainted.entry(t.effect.clone()).or_default() += 1;
+        }
+    }
+    metrics.set_health_gauges(gpus_by_state, tainted);
 }
 
 /// Marks `health` published at the publisher's first success; ends with the publisher.

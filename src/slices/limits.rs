@@ -22,6 +22,10 @@ pub const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
 pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 /// Length of a DNS label (device, counter-set and counter names).
 pub const MAX_DNS_LABEL_LEN: usize = 63;
+/// Taints per device.
+pub const MAX_TAINTS_PER_DEVICE: usize = 16;
+/// Length of a taint value (a label value).
+pub const MAX_TAINT_VALUE_LEN: usize = 63;
 
 /// Whether a device counts towards the lower per-slice limit.
 pub fn uses_counters_or_taints(d: &Device) -> bool {
@@ -124,6 +128,40 @@ fn check_device(d: &Device) -> Result<(), SliceError> {
         }
     }
     super::policy::check_device(d)?;
+    let taints = d.taints.as_deref().unwrap_or_default();
+    if taints.len() > MAX_TAINTS_PER_DEVICE {
+        return Err(limit(
+            name,
+            "taints",
+            format!(
+                "has {} entries; at most {MAX_TAINTS_PER_DEVICE} are allowed",
+                taints.len()
+            ),
+        ));
+    }
+    for t in taints {
+        if !matches!(t.effect.as_str(), "None" | "NoSchedule" | "NoExecute") {
+            return Err(limit(
+                name,
+                format!("taints[{}].effect", t.key),
+                format!("{:?} is not one of None, NoSchedule, NoExecute", t.effect),
+            ));
+        }
+        if let Some(v) = &t.value
+            && (v.len() > MAX_TAINT_VALUE_LEN
+                || !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        {
+            return Err(limit(
+                name,
+                format!("taints[{}].value", t.key),
+                format!(
+                    "{v:?} is not a label value (at most {MAX_TAINT_VALUE_LEN} alphanumerics, '-', '_', '.')"
+                ),
+            ));
+        }
+    }
     let consumptions = d.consumes_counters.as_deref().unwrap_or_default();
     if consumptions.len() > MAX_CONSUMPTIONS_PER_DEVICE {
         return Err(limit(

@@ -161,6 +161,11 @@ impl FakeApi {
             .collect()
     }
 
+    /// The stored object at `path`, if any.
+    pub fn object(&self, path: &str) -> Option<Value> {
+        self.state.lock().expect("state").objects.get(path).cloned()
+    }
+
     /// Deletes every stored ResourceSlice, as the kubelet does when it starts.
     pub fn remove_slices(&self) {
         let mut state = self.state.lock().expect("state");
@@ -220,6 +225,7 @@ impl State {
                 self.objects.insert(key, object.clone());
                 (201, object)
             }
+            "PUT" if path.ends_with("/status") => self.replace_status(r),
             "PUT" => {
                 let Some(current) = self.objects.get(path).cloned() else {
                     return not_found(path);
@@ -248,6 +254,23 @@ impl State {
             }
             _ => status(405, "MethodNotAllowed", "unsupported"),
         }
+    }
+
+    /// A status subresource `PUT`: guarded by resourceVersion, only `status` taken from the
+    /// body (the API server's status strategies keep spec and metadata).
+    fn replace_status(&mut self, r: &Recorded) -> (u16, Value) {
+        let path = r.path.trim_end_matches("/status");
+        let Some(mut current) = self.objects.get(path).cloned() else {
+            return not_found(path);
+        };
+        let body = r.body.clone().unwrap_or_default();
+        if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+            return status(409, "Conflict", "the object has been modified");
+        }
+        current["status"] = body["status"].clone();
+        self.stamp(&mut current);
+        self.objects.insert(path.to_string(), current.clone());
+        (200, current)
     }
 
     /// A list of stored objects under a collection path: `/apis/g/v/<plural>` lists every

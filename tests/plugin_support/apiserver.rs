@@ -4,8 +4,9 @@
 //! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
 //! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
 //! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
-//! table the test fills. Errors are `Status` objects. Every request is recorded. Faults
-//! (outages, error statuses, hang-ups, slow answers) are injected per request
+//! table the test fills (their status subresource takes a `PUT` of `status.devices`). Errors
+//! are `Status` objects. Every request is recorded. Faults (outages, error statuses, hang-ups,
+//! slow answers) are injected per request
 //! ([`FakeApiServer::inject`], [`FakeApiServer::set_down`]). A GET can be made to take a set
 //! time ([`FakeApiServer::set_get_latency`]), as a real API server's does.
 //!
@@ -148,6 +149,24 @@ impl FakeApiServer {
         store.claims.insert(key, claim);
     }
 
+    /// The stored ResourceClaim `namespace/name`, if any.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Value> {
+        let key = (namespace.to_string(), name.to_string());
+        self.lock().claims.get(&key).cloned()
+    }
+
+    /// Changes a stored claim behind the plugin's back (as another writer would), with a new
+    /// resourceVersion.
+    pub fn edit_claim(&self, namespace: &str, name: &str, edit: impl FnOnce(&mut Value)) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut store = self.lock();
+        store.next_version += 1;
+        let version = store.next_version.to_string();
+        let claim = store.claims.get_mut(&key).expect("claim to edit");
+        edit(claim);
+        claim["metadata"]["resourceVersion"] = json!(version);
+    }
+
     /// Stores (or replaces) a ResourceSlice as if a plugin had published it.
     pub fn put_slice(&self, slice: Value) {
         let name = slice["metadata"]["name"]
@@ -269,6 +288,19 @@ impl Store {
                 Some(claim) => (200, claim.clone()),
                 None => not_found("resourceclaims", n),
             },
+            (
+                "PUT",
+                [
+                    "apis",
+                    "resource.k8s.io",
+                    "v1",
+                    "namespaces",
+                    ns,
+                    "resourceclaims",
+                    n,
+                    "status",
+                ],
+            ) => self.update_claim_status(ns, n, r),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => (200, self.list(r)),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceclaims"]) => (
                 200,
@@ -373,11 +405,142 @@ impl Store {
         (200, removed)
     }
 
+    /// `PUT .../resourceclaims/<name>/status` as the API server's status strategy treats it:
+    /// guarded by resourceVersion and UID, the spec and metadata kept, `status.allocation` and
+    /// `status.reservedFor` unchangeable by a kubelet plugin (they need `resourceclaims/binding`,
+    /// which it does not have), and every `status.devices` entry validated against the
+    /// allocation (its driver/pool/device/shareID must be allocated, keys unique, at most 8
+    /// conditions, `data` at most 10 KiB).
+    fn update_claim_status(&mut self, ns: &str, name: &str, r: &Recorded) -> (u16, Value) {
+        let key = (ns.to_string(), name.to_string());
+        let Some(current) = self.claims.get(&key) else {
+            return not_found("resourceclaims", name);
+        };
+        let body = r.body.clone().unwrap_or_default();
+        let conflict = |why: &str| {
+            let message = format!(
+                "Operation cannot be fulfilled on resourceclaims.resource.k8s.io \"{name}\": {why}"
+            );
+            status(409, "Conflict", &message)
+        };
+        let sent_version = &body["metadata"]["resourceVersion"];
+        if !sent_version.is_null() && *sent_version != current["metadata"]["resourceVersion"] {
+            return conflict(
+                "the object has been modified; please apply your changes to the latest version",
+            );
+        }
+        let sent_uid = &body["metadata"]["uid"];
+        if !sent_uid.is_null() && *sent_uid != current["metadata"]["uid"] {
+            return conflict("Precondition failed: UID in precondition");
+        }
+        let new_status = body["status"].clone();
+        for field in ["allocation", "reservedFor"] {
+            if new_status[field] != current["status"][field] {
+                let message = format!(
+                    "ResourceClaim.resource.k8s.io \"{name}\" is invalid: status: Forbidden: \
+                     changing status.allocation or status.reservedFor requires \
+                     resource=\"resourceclaims/binding\", verb=\"update\" permission"
+                );
+                return status(422, "Invalid", &message);
+            }
+        }
+        if let Err(problem) = validate_device_statuses(&new_status) {
+            let message = format!("ResourceClaim.resource.k8s.io \"{name}\" is invalid: {problem}");
+            return status(422, "Invalid", &message);
+        }
+        let mut claim = current.clone();
+        match new_status {
+            Value::Null => claim["status"] = json!({}),
+            other => claim["status"] = other,
+        }
+        self.stamp(&mut claim);
+        self.claims.insert(key, claim.clone());
+        (200, claim)
+    }
+
     fn stamp(&mut self, object: &mut Value) {
         self.next_version += 1;
         object["metadata"]["resourceVersion"] = json!(self.next_version.to_string());
         object["metadata"]["creationTimestamp"] = json!("2026-07-01T00:00:00Z");
     }
+}
+
+fn validate_device_statuses(status: &Value) -> Result<(), String> {
+    let allocated: Vec<(Value, Value, Value, Value)> = status["allocation"]["devices"]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let share = r.get("shareID").cloned().unwrap_or(Value::Null);
+            (
+                r["driver"].clone(),
+                r["pool"].clone(),
+                r["device"].clone(),
+                share,
+            )
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for (i, d) in status["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let share = d.get("shareID").cloned().unwrap_or(Value::Null);
+        let key = (
+            d["driver"].clone(),
+            d["pool"].clone(),
+            d["device"].clone(),
+            share,
+        );
+        if !allocated.contains(&key) {
+            return Err(format!(
+                "status.devices[{i}]: Invalid value: {key:?}: must be an allocated device in the claim"
+            ));
+        }
+        if seen.contains(&key) {
+            return Err(format!("status.devices[{i}]: Duplicate value: {key:?}"));
+        }
+        seen.push(key);
+        let conditions = d["conditions"].as_array().cloned().unwrap_or_default();
+        if conditions.len() > 8 {
+            return Err(format!(
+                "status.devices[{i}].conditions: Too many: must have at most 8 items"
+            ));
+        }
+        // metav1 ValidateConditions: a known status, a reason and a transition time.
+        for (j, c) in conditions.iter().enumerate() {
+            let at = format!("status.devices[{i}].conditions[{j}]");
+            if !["True", "False", "Unknown"].contains(&c["status"].as_str().unwrap_or_default()) {
+                return Err(format!("{at}.status: Unsupported value: {}", c["status"]));
+            }
+            let reason = c["reason"].as_str().unwrap_or_default();
+            if !reason.starts_with(|ch: char| ch.is_ascii_alphabetic()) {
+                return Err(format!(
+                    "{at}.reason: Required value or invalid: {reason:?}"
+                ));
+            }
+            if c["lastTransitionTime"].as_str().is_none_or(str::is_empty) {
+                return Err(format!("{at}.lastTransitionTime: Required value"));
+            }
+            if c["message"].as_str().is_some_and(|m| m.len() > 32768) {
+                return Err(format!("{at}.message: Too long"));
+            }
+        }
+        if !d["data"].is_null() && !d["data"].is_object() {
+            return Err(format!(
+                "status.devices[{i}].data: Invalid value: must be a JSON object"
+            ));
+        }
+        let data = serde_json::to_vec(&d["data"]).unwrap_or_default().len();
+        if data > 10 * 1024 {
+            return Err(format!(
+                "status.devices[{i}].data: Too long: may not be more than 10240 bytes"
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {

@@ -2,14 +2,17 @@
 //!
 //! The thread registers every GPU for the events of [`crate::hardware::health`] (those the
 //! GPU supports), waits on the set with a bounded timeout so it notices a stop request within
-//! [`WAIT_MS`], and applies the shared health policy to each event. The plugin reads the
-//! result through `inventory()` (`GpuInfo::healthy`), the same path the simulator's health
-//! takes. It runs off the async runtime because `nvmlEventSetWait` blocks.
+//! [`WAIT_MS`], and records each event as a fault of its GPU (or of the MIG instance NVML
+//! attributes it to). The plugin reads the faults through `inventory()` (`GpuInfo::faults`,
+//! and the built-in verdict in `GpuInfo::healthy`), the same path the simulator's faults
+//! take, and judges them with its health policy. GPUs that appear later (a driver installed
+//! or a GPU added after start) are registered within [`RESCAN_EVERY`] waits. It runs off the
+//! async runtime because `nvmlEventSetWait` blocks.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -18,18 +21,33 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t};
 use tracing::{info, warn};
 
-use crate::hardware::health::{WATCHED_EVENTS, health_after};
+use crate::hardware::health::{
+    FaultKind, GpuFault, WATCHED_EVENTS, attributed_instance, health_after, is_recovery,
+    record_fault, unix_now,
+};
 
 /// Longest single wait on the event set: the bound on how long a stop request waits.
 pub const WAIT_MS: u32 = 100;
+/// Waits between looks for GPUs that appeared since the last look (about one second).
+pub const RESCAN_EVERY: u32 = 10;
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 const UUID_BUFFER: usize = 96;
 /// `NVML_ERROR_TIMEOUT`.
 const RAW_TIMEOUT: u32 = 10;
 
+/// What the thread learnt, per GPU UUID (which survives re-enumeration).
+#[derive(Default)]
+struct Findings {
+    /// GPUs the built-in verdict holds unhealthy.
+    unhealthy: BTreeSet<String>,
+    /// Faults since each GPU's last recovery.
+    faults: BTreeMap<String, Vec<GpuFault>>,
+}
+
 /// The health-watching thread and what it found.
 pub(super) struct HealthWatch {
-    unhealthy: Arc<Mutex<BTreeSet<String>>>,
+    findings: Arc<Mutex<Findings>>,
+    generation: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -39,31 +57,58 @@ impl HealthWatch {
     /// `NVML_ERROR_GPU_IS_LOST` starts unhealthy (events raised before this process started
     /// are not replayed by NVML, so nothing else is known about the past).
     pub(super) fn start(nvml: Arc<Nvml>) -> HealthWatch {
-        let unhealthy = Arc::new(Mutex::new(lost_gpus(&nvml)));
+        let mut findings = Findings::default();
+        let now = unix_now();
+        for uuid in lost_gpus(&nvml) {
+            record_fault(
+                findings.faults.entry(uuid.clone()).or_default(),
+                FaultKind::GpuLost,
+                None,
+                now,
+            );
+            findings.unhealthy.insert(uuid);
+        }
+        let findings = Arc::new(Mutex::new(findings));
+        let generation = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (unhealthy, stop) = (unhealthy.clone(), stop.clone());
+            let (findings, generation, stop) = (findings.clone(), generation.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("nvml-events".into())
-                .spawn(move || watch(&nvml, &unhealthy, &stop))
+                .spawn(move || watch(&nvml, &findings, &generation, &stop))
                 .map_err(|e| warn!(error = %e, "cannot start the NVML event thread; GPU health stays as last known"))
                 .ok()
         };
         HealthWatch {
-            unhealthy,
+            findings,
+            generation,
             stop,
             thread,
         }
     }
 
-    /// Whether the GPU with `uuid` is healthy: no event the policy judges fatal since the
-    /// last recovery. Keyed by UUID, which survives re-enumeration.
+    fn findings(&self) -> std::sync::MutexGuard<'_, Findings> {
+        self.findings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the GPU with `uuid` is healthy by the built-in verdict: no event it judges
+    /// fatal since the last recovery.
     pub(super) fn healthy(&self, uuid: &str) -> bool {
-        !self
-            .unhealthy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(uuid)
+        !self.findings().unhealthy.contains(uuid)
+    }
+
+    /// The faults GPU `uuid` raised since its last recovery, oldest first.
+    pub(super) fn faults(&self, uuid: &str) -> Vec<GpuFault> {
+        self.findings()
+            .faults
+            .get(uuid)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Changes with every event received and every GPU newly registered.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 }
 
@@ -96,7 +141,7 @@ fn lost_gpus(nvml: &Nvml) -> BTreeSet<String> {
     lost
 }
 
-fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<String>>, stop: &AtomicBool) {
+fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &AtomicU64, stop: &AtomicBool) {
     let lib = nvml.lib();
     let (Ok(create), Ok(register), Ok(supported), Ok(wait), Ok(free), Ok(uuid_of)) = (
         lib.nvmlEventSetCreate.as_ref(),
@@ -119,38 +164,55 @@ fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<String>>, stop: &AtomicBool) {
         );
         return;
     }
-    let count = nvml.device_count().unwrap_or(0);
-    for index in 0..count {
-        let Ok(dev) = nvml.device_by_index(index) else {
-            continue;
-        };
-        // SAFETY: the handle is used only below, while `nvml` (and so the library) lives.
-        let handle: nvmlDevice_t = unsafe { dev.handle() };
-        let mut types: u64 = 0;
-        // SAFETY: live device handle and a valid out-pointer.
-        let ret = unsafe { supported(handle, &mut types) };
-        let mask = if ret == 0 {
-            types & WATCHED_EVENTS
-        } else {
-            WATCHED_EVENTS
-        };
-        // SAFETY: live device handle and the set created above.
-        let ret = unsafe { register(handle, mask, set) };
-        if ret == 0 {
-            info!(
-                gpu = index,
-                mask = format!("{mask:#x}"),
-                "watching NVML events"
-            );
-        } else {
-            warn!(
-                gpu = index,
-                code = ret,
-                "nvmlDeviceRegisterEvents failed; this GPU's health is not watched"
-            );
+    // Registers every GPU not registered yet (all of them the first time; later, GPUs that
+    // appeared since). Keyed by UUID: indexes shift when GPUs come and go.
+    let mut registered = BTreeSet::new();
+    let register_new = |registered: &mut BTreeSet<String>| {
+        let mut added = 0u64;
+        for index in 0..nvml.device_count().unwrap_or(0) {
+            let Ok(dev) = nvml.device_by_index(index) else {
+                continue;
+            };
+            let Ok(uuid) = dev.uuid() else {
+                continue;
+            };
+            if registered.contains(&uuid) {
+                continue;
+            }
+            // SAFETY: the handle is used only below, while `nvml` (and so the library) lives.
+            let handle: nvmlDevice_t = unsafe { dev.handle() };
+            let mut types: u64 = 0;
+            // SAFETY: live device handle and a valid out-pointer.
+            let ret = unsafe { supported(handle, &mut types) };
+            let mask = if ret == 0 {
+                types & WATCHED_EVENTS
+            } else {
+                WATCHED_EVENTS
+            };
+            // SAFETY: live device handle and the set created above.
+            let ret = unsafe { register(handle, mask, set) };
+            if ret == 0 {
+                info!(gpu = index, %uuid, mask = format!("{mask:#x}"), "watching NVML events");
+                registered.insert(uuid);
+                added += 1;
+            } else {
+                warn!(
+                    gpu = index,
+                    %uuid,
+                    code = ret,
+                    "nvmlDeviceRegisterEvents failed; this GPU's health is not watched (retried)"
+                );
+            }
         }
-    }
+        added
+    };
+    register_new(&mut registered);
+    let mut waits = 0u32;
     while !stop.load(Ordering::Relaxed) {
+        waits += 1;
+        if waits.is_multiple_of(RESCAN_EVERY) && register_new(&mut registered) > 0 {
+            generation.fetch_add(1, Ordering::Relaxed);
+        }
         let mut data = MaybeUninit::<nvmlEventData_t>::zeroed();
         // SAFETY: the set is live until freed below; `data` is writable and sized for the
         // struct.
@@ -179,16 +241,25 @@ fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<String>>, stop: &AtomicBool) {
         let uuid = unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
             .into_owned();
-        let verdict = health_after(data.eventType, data.eventData);
-        let mut bad = unhealthy.lock().unwrap_or_else(|p| p.into_inner());
-        match verdict {
+        let mut found = findings.lock().unwrap_or_else(|p| p.into_inner());
+        match health_after(data.eventType, data.eventData) {
             Some(false) => {
-                bad.insert(uuid.clone());
+                found.unhealthy.insert(uuid.clone());
             }
             Some(true) => {
-                bad.remove(&uuid);
+                found.unhealthy.remove(&uuid);
             }
             None => {}
+        }
+        if is_recovery(data.eventType, data.eventData) {
+            found.faults.remove(&uuid);
+        } else if let Some(kind) = FaultKind::from_event(data.eventType, data.eventData) {
+            record_fault(
+                found.faults.entry(uuid.clone()).or_default(),
+                kind,
+                attributed_instance(data.gpuInstanceId),
+                unix_now(),
+            );
         }
         warn!(
             gpu = %uuid,
@@ -196,9 +267,11 @@ fn watch(nvml: &Nvml, unhealthy: &Mutex<BTreeSet<String>>, stop: &AtomicBool) {
             data = data.eventData,
             gpu_instance = data.gpuInstanceId,
             compute_instance = data.computeInstanceId,
-            healthy = !bad.contains(&uuid),
+            healthy = !found.unhealthy.contains(&uuid),
             "NVML event"
         );
+        drop(found);
+        generation.fetch_add(1, Ordering::Relaxed);
     }
     // SAFETY: the set is live and freed once.
     unsafe { free(set) };

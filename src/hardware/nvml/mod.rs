@@ -197,6 +197,7 @@ impl NvmlBackend {
         let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
         Ok(GpuInfo {
             healthy: self.health.healthy(&uuid),
+            faults: self.health.faults(&uuid),
             uuid,
             index,
             minor: dev
@@ -236,6 +237,11 @@ impl NvmlBackend {
 impl GpuBackend for NvmlBackend {
     fn name(&self) -> &'static str {
         "nvml"
+    }
+
+    /// Bumped by the event thread on every event and every GPU it newly registers.
+    fn health_generation(&self) -> u64 {
+        self.health.generation()
     }
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {

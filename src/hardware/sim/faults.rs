@@ -45,6 +45,10 @@ pub struct SimEvent {
     pub event_type: u64,
     /// `eventData`: the XID for XID events, the recovery action for recovery events.
     pub data: u64,
+    /// The GPU instance a MIG-scoped event is attributed to (`gpuInstanceId`); `None`
+    /// (`0xFFFFFFFF` on the wire) for the whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
 }
 
 /// A fault to inject (`gpu-dra sim-fault`).
@@ -54,6 +58,8 @@ pub enum Fault {
     Xid {
         /// The XID.
         code: u64,
+        /// The GPU instance NVML attributes it to (a MIG-scoped XID), if any.
+        gpu_instance: Option<u32>,
     },
     /// An ECC error; double-bit errors are uncorrectable.
     Ecc {
@@ -77,10 +83,15 @@ pub struct FaultState {
     pub ecc: EccCounters,
 }
 
-/// Applies `fault` to one GPU and returns the `(event type, data)` pairs it raises. Pure.
-fn apply(gpu: &mut GpuState, fault: Fault) -> Vec<(u64, u64)> {
+/// Applies `fault` to one GPU at `now` (Unix seconds) and returns the `(event type, data)`
+/// pairs it raises. Pure.
+fn apply(gpu: &mut GpuState, fault: Fault, now: i64) -> Vec<(u64, u64)> {
+    let gpu_instance = match fault {
+        Fault::Xid { gpu_instance, .. } => gpu_instance,
+        _ => None,
+    };
     let events = match fault {
-        Fault::Xid { code } => {
+        Fault::Xid { code, .. } => {
             if code == XID_FALLEN_OFF_BUS {
                 gpu.lost = true;
             }
@@ -125,6 +136,11 @@ fn apply(gpu: &mut GpuState, fault: Fault) -> Vec<(u64, u64)> {
         if let Some(healthy) = health::health_after(event_type, data) {
             gpu.healthy = healthy;
         }
+        if health::is_recovery(event_type, data) {
+            gpu.faults.clear();
+        } else if let Some(kind) = health::FaultKind::from_event(event_type, data) {
+            health::record_fault(&mut gpu.faults, kind, gpu_instance, now);
+        }
     }
     events
 }
@@ -134,8 +150,32 @@ impl SimBackend {
     /// raised. Fails when the GPU does not exist or the state cannot be read or written.
     pub fn inject(&self, index: u32, fault: Fault) -> Result<Vec<SimEvent>, HardwareError> {
         let i = self.check_index(index)?;
+        let now = health::unix_now();
         self.store.with(|s| {
-            let raised = apply(&mut s.gpus[i], fault);
+            if let Fault::Xid {
+                gpu_instance: Some(gi),
+                ..
+            } = fault
+                && !s.gpus[i].instances.iter().any(|x| x.gi_id == gi)
+            {
+                return Err(HardwareError::Sim(super::SimError::NodeFile {
+                    file: "sim-fault xid".into(),
+                    field: "--gpu-instance".into(),
+                    detail: format!(
+                        "GPU {index} has no GPU instance {gi} (it has {:?})",
+                        s.gpus[i]
+                            .instances
+                            .iter()
+                            .map(|x| x.gi_id)
+                            .collect::<Vec<_>>()
+                    ),
+                }));
+            }
+            let gpu_instance = match fault {
+                Fault::Xid { gpu_instance, .. } => gpu_instance,
+                _ => None,
+            };
+            let raised = apply(&mut s.gpus[i], fault, now);
             let mut out = Vec::new();
             for (event_type, data) in raised {
                 s.event_seq += 1;
@@ -144,6 +184,11 @@ impl SimBackend {
                     gpu: i as u32,
                     event_type,
                     data,
+                    gpu_instance: if event_type == health::EVENT_XID_CRITICAL {
+                        gpu_instance
+                    } else {
+                        None
+                    },
                 });
             }
             s.events.extend(out.iter().copied());
@@ -192,13 +237,14 @@ mod tests {
             ecc: EccCounters::default(),
             removed: false,
             added_model: None,
+            faults: Vec::new(),
         }
     }
 
     #[test]
     fn a_lost_gpu_is_unhealthy_until_a_reset_recovers_it() {
         let mut g = gpu();
-        let events = apply(&mut g, Fault::Lost);
+        let events = apply(&mut g, Fault::Lost, 1);
         assert_eq!(
             events,
             [
@@ -207,17 +253,26 @@ mod tests {
             ]
         );
         assert!(g.lost && !g.healthy);
-        apply(&mut g, Fault::Recover);
+        let kinds: Vec<_> = g.faults.iter().map(|f| f.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                health::FaultKind::Xid { code: 79 },
+                health::FaultKind::GpuLost
+            ]
+        );
+        apply(&mut g, Fault::Recover, 2);
         assert!(!g.lost && g.healthy);
+        assert!(g.faults.is_empty(), "a reset clears the recorded faults");
         assert!(g.mig_current, "the reset activated the pending MIG mode");
     }
 
     #[test]
     fn ecc_errors_count_and_only_double_bit_ones_make_the_gpu_unhealthy() {
         let mut g = gpu();
-        apply(&mut g, Fault::Ecc { double_bit: false });
+        apply(&mut g, Fault::Ecc { double_bit: false }, 1);
         assert!(g.healthy);
-        apply(&mut g, Fault::Ecc { double_bit: true });
+        apply(&mut g, Fault::Ecc { double_bit: true }, 1);
         assert!(!g.healthy);
         assert_eq!(
             g.ecc,
@@ -230,16 +285,30 @@ mod tests {
                 retired_double: 1,
             }
         );
-        apply(&mut g, Fault::Recover);
+        apply(&mut g, Fault::Recover, 2);
         assert_eq!((g.ecc.single_volatile, g.ecc.single_aggregate), (0, 1));
     }
 
     #[test]
     fn application_xids_leave_the_gpu_healthy() {
         let mut g = gpu();
-        apply(&mut g, Fault::Xid { code: 13 });
+        apply(
+            &mut g,
+            Fault::Xid {
+                code: 13,
+                gpu_instance: None,
+            },
+            1,
+        );
         assert!(g.healthy);
-        apply(&mut g, Fault::Xid { code: 94 });
+        apply(
+            &mut g,
+            Fault::Xid {
+                code: 94,
+                gpu_instance: None,
+            },
+            1,
+        );
         assert!(!g.healthy);
     }
 }

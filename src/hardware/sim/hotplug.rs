@@ -72,6 +72,7 @@ impl SimBackend {
                 mig_current: false,
                 mig_pending: false,
                 healthy: true,
+                faults: Vec::new(),
                 instances: Vec::new(),
                 lost: false,
                 ecc: Default::default(),

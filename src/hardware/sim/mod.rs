@@ -239,14 +239,18 @@ impl SimBackend {
         })
     }
 
-    /// Marks GPU `index` healthy or unhealthy, as an XID event would.
+    /// Marks GPU `index` unhealthy with a critical XID (94, a contained ECC error: the GPU
+    /// stays on the bus) or healthy again with a reset, as `sim-fault xid` / `recover` do.
     pub fn set_healthy(&self, index: u32, healthy: bool) -> Result<(), HardwareError> {
-        let i = self.check_index(index)?;
-        self.store.with(|s| {
-            let changed = s.gpus[i].healthy != healthy;
-            s.gpus[i].healthy = healthy;
-            Ok(((), changed))
-        })
+        let fault = if healthy {
+            faults::Fault::Recover
+        } else {
+            faults::Fault::Xid {
+                code: 94,
+                gpu_instance: None,
+            }
+        };
+        self.inject(index, fault).map(drop)
     }
 
     /// `nvmlDeviceCreateGpuInstanceWithPlacement`: creates a GPU instance of profile
@@ -391,6 +395,24 @@ fn nvml_err(operation: &str, index: u32, code: NvmlCode) -> HardwareError {
 impl GpuBackend for SimBackend {
     fn name(&self) -> &'static str {
         "sim"
+    }
+
+    /// The event sequence number and the GPU slots in use (another process — `sim-fault` —
+    /// may change either); 0 when the state cannot be read (the next inventory says why).
+    fn health_generation(&self) -> u64 {
+        self.store
+            .with(|s| {
+                let removed = s.gpus.iter().filter(|g| g.removed).count() as u64;
+                let slots = s.gpus.len() as u64;
+                Ok((
+                    s.event_seq
+                        .wrapping_mul(1 << 16)
+                        .wrapping_add(slots << 8)
+                        .wrapping_add(removed),
+                    false,
+                ))
+            })
+            .unwrap_or(0)
     }
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {

@@ -95,6 +95,7 @@ pub(super) fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState 
                 mig_current: gpu.mig_enabled,
                 mig_pending: gpu.mig_enabled,
                 healthy: true,
+                faults: Vec::new(),
                 instances,
                 lost: false,
                 ecc: Default::default(),
@@ -189,5 +190,6 @@ pub(super) fn gpu_info(
         mig_devices,
         empty_gpu_instances,
         healthy: gs.healthy,
+        faults: gs.faults.clone(),
     }
 }

@@ -61,6 +61,9 @@ pub struct GpuState {
     /// description's GPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub added_model: Option<String>,
+    /// Health-relevant events since the last recovery (see [`crate::hardware::health`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<crate::hardware::health::GpuFault>,
 }
 
 /// A GPU instance and its compute instances.

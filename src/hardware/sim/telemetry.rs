@@ -344,14 +344,35 @@ mod tests {
     fn xid_errors_are_counted_per_gpu_and_code_from_the_first_sample_on() {
         use crate::hardware::sim::faults::Fault;
         let sim = h100_node();
-        sim.inject(0, Fault::Xid { code: 13 }).unwrap();
+        sim.inject(
+            0,
+            Fault::Xid {
+                code: 13,
+                gpu_instance: None,
+            },
+        )
+        .unwrap();
         let before = sim.telemetry().unwrap();
         assert!(
             before.gpus[0].xid_errors.is_empty(),
             "events before the first sample"
         );
-        sim.inject(0, Fault::Xid { code: 13 }).unwrap();
-        sim.inject(0, Fault::Xid { code: 13 }).unwrap();
+        sim.inject(
+            0,
+            Fault::Xid {
+                code: 13,
+                gpu_instance: None,
+            },
+        )
+        .unwrap();
+        sim.inject(
+            0,
+            Fault::Xid {
+                code: 13,
+                gpu_instance: None,
+            },
+        )
+        .unwrap();
         sim.inject(1, Fault::Ecc { double_bit: true }).unwrap();
         let after = sim.telemetry().unwrap();
         assert_eq!(after.gpus[0].xid_errors, BTreeMap::from([(13, 2)]));

@@ -1,0 +1,362 @@
+//! The inventory watcher: re-reads the GPUs every `--inventory-interval`, and within a
+//! fraction of a second when the backend reports a health event or a GPU coming or going
+//! ([`GpuBackend::health_generation`]). Each round judges the GPUs' faults with the health
+//! policy, taints unhealthy devices, keeps prepared devices of vanished GPUs published
+//! (tainted), and sends a changed model to the publisher and changed health to the kubelet.
+//! GPU state transitions are logged and counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::memory;
+use super::observe;
+use crate::devices::{self, DeviceModel, ModelOptions};
+use crate::hardware::health::unix_now;
+use crate::hardware::{GpuBackend, NodeInventory};
+use crate::health::{self, DeviceVerdict, HealthPolicy, HealthState, PreparedDevice};
+use crate::kubelet::{DeviceHealth, HealthStatus};
+use crate::metrics::Metrics;
+
+/// How often the backend's health generation is polled.
+pub const HEALTH_POLL: Duration = Duration::from_millis(200);
+
+/// The model to publish for `inventory`: devices, health taints, and the prepared devices
+/// the inventory lacks (kept from `previous`, tainted); with the verdict on every device.
+pub fn publishable(
+    inventory: &NodeInventory,
+    options: &ModelOptions,
+    policy: &HealthPolicy,
+    prepared: &[PreparedDevice],
+    previous: &DeviceModel,
+    now: i64,
+) -> (DeviceModel, Vec<DeviceVerdict>) {
+    let mut model = devices::build(inventory, options);
+    let mut verdicts = health::judge(policy, inventory, &model, now);
+    health::apply_taints(&mut model, &verdicts, policy);
+    let kept = health::keep_prepared(&mut model, &mut verdicts, prepared, previous, policy, now);
+    if !kept.is_empty() {
+        warn!(
+            devices = ?kept,
+            "prepared devices whose GPU is gone stay published, tainted, until unprepared"
+        );
+    }
+    (model, verdicts)
+}
+
+/// The devices prepared claims hold, from the checkpoint in `state_dir` (read without
+/// opening the store); none when there is no checkpoint of this boot.
+pub fn prepared_devices(state_dir: &std::path::Path, boot_id: &str) -> Vec<PreparedDevice> {
+    let Some(checkpoint) = super::usage::read_checkpoint(state_dir, boot_id) else {
+        return Vec::new();
+    };
+    checkpoint
+        .claims
+        .values()
+        .flat_map(|c| &c.devices)
+        .map(|d| PreparedDevice {
+            device: d.device.clone(),
+            gpu_uuid: d.gpu_uuid.clone(),
+            mig_uuid: d.mig.as_ref().and_then(|m| m.uuid.clone()),
+        })
+        .collect()
+}
+
+/// The kubelet's health list: one entry per published device, `Unhealthy` for degraded and
+/// failed devices with the verdict as the message.
+pub fn health_list(
+    verdicts: &[DeviceVerdict],
+    pool: &str,
+    now: i64,
+    timeout_seconds: i64,
+) -> Vec<DeviceHealth> {
+    verdicts
+        .iter()
+        .map(|v| DeviceHealth {
+            pool_name: pool.to_string(),
+            device_name: v.device.clone(),
+            status: if v.verdict.state == HealthState::Healthy {
+                HealthStatus::Healthy
+            } else {
+                HealthStatus::Unhealthy
+            },
+            message: if v.verdict.state == HealthState::Healthy {
+                String::new()
+            } else {
+                format!("GPU {}: {}", v.gpu_uuid, v.verdict.describe())
+            },
+            last_updated_unix_seconds: now,
+            health_check_timeout_seconds: timeout_seconds,
+        })
+        .collect()
+}
+
+/// The verdict per GPU (by UUID) and per GPU instance: what transitions are logged for.
+type GpuStates = BTreeMap<String, (HealthState, Option<String>)>;
+
+fn gpu_states(
+    policy: &HealthPolicy,
+    inventory: &NodeInventory,
+    verdicts: &[DeviceVerdict],
+    now: i64,
+) -> GpuStates {
+    let mut out = GpuStates::new();
+    for g in &inventory.gpus {
+        let v = health::judge_gpu(policy, &g.faults, now);
+        out.insert(g.uuid.clone(), (v.gpu.state, v.gpu.cause.clone()));
+        for (gi, iv) in v.instances {
+            out.insert(format!("{}/gi-{gi}", g.uuid), (iv.state, iv.cause));
+        }
+    }
+    for v in verdicts {
+        if v.verdict.cause.as_deref() == Some(health::GONE_CAUSE) {
+            out.insert(
+                v.gpu_uuid.clone(),
+                (v.verdict.state, v.verdict.cause.clone()),
+            );
+        }
+    }
+    out
+}
+
+/// Logs and counts every change between `before` and `after`; a GPU that appears healthy
+/// or disappears while healthy is not a transition.
+fn record_transitions(metrics: &Metrics, before: &GpuStates, after: &GpuStates) {
+    let healthy = (HealthState::Healthy, None);
+    let keys: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    for key in keys {
+        let from = before.get(key).unwrap_or(&healthy);
+        let to = after.get(key).unwrap_or(&healthy);
+        if from == to {
+            continue;
+        }
+        metrics.record_health_transition(from.0.as_str(), to.0.as_str());
+        let cause = to.1.as_deref().or(from.1.as_deref()).unwrap_or("");
+        if to.0 == HealthState::Healthy {
+            info!(gpu = %key, from = from.0.as_str(), to = "healthy", cause, "GPU health changed");
+        } else {
+            warn!(gpu = %key, from = from.0.as_str(), to = to.0.as_str(), cause, "GPU health changed");
+        }
+    }
+}
+
+/// Everything the watcher needs, fixed for the plugin's life.
+pub struct Watcher {
+    /// The GPU backend.
+    pub backend: Arc<dyn GpuBackend>,
+    /// How devices are modelled.
+    pub options: ModelOptions,
+    /// How faults are judged.
+    pub policy: HealthPolicy,
+    /// The pool (node) name.
+    pub pool: String,
+    /// The regular re-read interval.
+    pub interval: Duration,
+    /// The checkpoint's directory and boot ID (prepared devices).
+    pub state_dir: PathBuf,
+    /// This boot's ID.
+    pub boot_id: String,
+    /// Gauges and counters.
+    pub metrics: Metrics,
+}
+
+impl Watcher {
+    /// How long the kubelet may trust a health report: three intervals, at least 30 s. The
+    /// list is re-sent every interval, so it never goes stale while the plugin runs.
+    pub fn health_timeout_seconds(&self) -> i64 {
+        i64::try_from(self.interval.as_secs().saturating_mul(3))
+            .unwrap_or(i64::MAX)
+            .max(30)
+    }
+
+    /// The first round, at start-up: the model and health list to start publishing with.
+    pub fn first(&self, inventory: &NodeInventory) -> (DeviceModel, Vec<DeviceHealth>) {
+        let now = unix_now();
+        let prepared = prepared_devices(&self.state_dir, &self.boot_id);
+        let (model, verdicts) = publishable(
+            inventory,
+            &self.options,
+            &self.policy,
+            &prepared,
+            &DeviceModel::default(),
+            now,
+        );
+        observe::record_inventory(&self.metrics, inventory, &model, &verdicts);
+        let states = gpu_states(&self.policy, inventory, &verdicts, now);
+        record_transitions(&self.metrics, &GpuStates::new(), &states);
+        (
+            model,
+            health_list(&verdicts, &self.pool, now, self.health_timeout_seconds()),
+        )
+    }
+
+    /// Runs until the task is aborted or both receivers are gone.
+    pub async fn run(
+        self,
+        published: NodeInventory,
+        models: watch::Sender<DeviceModel>,
+        health: watch::Sender<Vec<DeviceHealth>>,
+    ) {
+        let this = Arc::new(self);
+        let mut ticker = tokio::time::interval(this.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await; // the first round ran at start-up
+        let mut poll = tokio::time::interval(HEALTH_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let generation = |w: &Arc<Watcher>| {
+            let w = Arc::clone(w);
+            tokio::task::spawn_blocking(move || w.backend.health_generation())
+        };
+        let mut seen_generation = generation(&this).await.unwrap_or(0);
+        let now = unix_now();
+        let mut last_judged = gpu_states(&this.policy, &published, &[], now);
+        let mut last_states = {
+            let current = models.borrow();
+            let kept: Vec<DeviceVerdict> = current
+                .devices
+                .iter()
+                .filter(|d| is_ghost(&d.device))
+                .map(|d| DeviceVerdict {
+                    device: d.device.name.clone(),
+                    gpu_uuid: d.gpu_uuid.clone(),
+                    verdict: health::Verdict {
+                        state: HealthState::Failed,
+                        cause: Some(health::GONE_CAUSE.into()),
+                        since: now,
+                    },
+                })
+                .collect();
+            gpu_states(&this.policy, &published, &kept, now)
+        };
+        let mut last_inventory = Some(published);
+        let mut last_prepared = prepared_devices(&this.state_dir, &this.boot_id);
+        loop {
+            let regular = tokio::select! {
+                _ = ticker.tick() => true,
+                _ = poll.tick() => false,
+            };
+            if !regular {
+                let g = generation(&this).await.unwrap_or(seen_generation);
+                if g == seen_generation {
+                    continue;
+                }
+                seen_generation = g;
+            }
+            if models.is_closed() && health.is_closed() {
+                return;
+            }
+            let w = Arc::clone(&this);
+            let read = tokio::task::spawn_blocking(move || {
+                let inventory = w.backend.inventory();
+                let prepared = prepared_devices(&w.state_dir, &w.boot_id);
+                (inventory, prepared)
+            })
+            .await;
+            let Ok((inventory, prepared)) = read else {
+                continue;
+            };
+            let inventory = match inventory {
+                Ok(inv) => inv,
+                Err(e) => {
+                    warn!(error = %crate::errors::error_chain(&e), "reading the GPU inventory");
+                    continue;
+                }
+            };
+            let now = unix_now();
+            let judged = gpu_states(&this.policy, &inventory, &[], now);
+            // Model, health and gauges derive from the inventory, the verdicts (which change
+            // with time only when a hold-down ends) and, for devices kept published after
+            // their GPU went, the prepared devices. When none changed, no model is built
+            // (about a megabyte of short-lived allocations on a large node, every tick, which
+            // would keep the heap's high-water mark up).
+            let ghosts_matter = prepared != last_prepared && {
+                let current = models.borrow();
+                prepared.iter().any(|p| current.device(&p.device).is_none())
+                    || current.devices.iter().any(|d| is_ghost(&d.device))
+            };
+            let unchanged = last_inventory.as_ref() == Some(&inventory)
+                && judged == last_judged
+                && !ghosts_matter;
+            if unchanged {
+                if regular {
+                    // Re-send the health list with a fresh time so the kubelet never finds it
+                    // stale.
+                    health.send_modify(|list| {
+                        for d in list.iter_mut() {
+                            d.last_updated_unix_seconds = now;
+                        }
+                    });
+                }
+                memory::release_free_heap();
+                continue;
+            }
+            let previous = models.borrow().clone();
+            let (model, verdicts) = publishable(
+                &inventory,
+                &this.options,
+                &this.policy,
+                &prepared,
+                &previous,
+                now,
+            );
+            observe::record_inventory(&this.metrics, &inventory, &model, &verdicts);
+            let states = gpu_states(&this.policy, &inventory, &verdicts, now);
+            record_transitions(&this.metrics, &last_states, &states);
+            let next_health =
+                health_list(&verdicts, &this.pool, now, this.health_timeout_seconds());
+            health.send_if_modified(|current| {
+                let changed = strip_times(current) != strip_times(&next_health);
+                if changed || regular {
+                    *current = next_health;
+                }
+                changed || regular
+            });
+            models.send_if_modified(|current| {
+                let changed = *current != model;
+                if changed {
+                    info!(
+                        devices = model.devices.len(),
+                        tainted = model
+                            .devices
+                            .iter()
+                            .filter(|d| d.device.taints.is_some())
+                            .count(),
+                        "device model changed; re-publishing"
+                    );
+                    *current = model;
+                }
+                changed
+            });
+            last_states = states;
+            last_judged = judged;
+            last_inventory = Some(inventory);
+            last_prepared = prepared;
+        }
+    }
+}
+
+/// Whether `device` is kept published only for a prepared claim whose GPU is gone.
+fn is_ghost(device: &k8s_openapi::api::resource::v1::Device) -> bool {
+    device
+        .taints
+        .iter()
+        .flatten()
+        .any(|t| t.value.as_deref() == Some(health::GONE_CAUSE))
+}
+
+fn strip_times(h: &[DeviceHealth]) -> Vec<(&str, &str, HealthStatus, &str)> {
+    h.iter()
+        .map(|d| {
+            (
+                d.pool_name.as_str(),
+                d.device_name.as_str(),
+                d.status,
+                d.message.as_str(),
+            )
+        })
+        .collect()
+}
