@@ -97,21 +97,16 @@ struct Device {
 }
 
 #[derive(Deserialize)]
-struct Counter {
-    value: String,
-}
-
-#[derive(Deserialize)]
 struct CounterSet {
     name: String,
-    counters: BTreeMap<String, Counter>,
+    counters: BTreeMap<String, api::Counter>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Consumption {
     counter_set: String,
-    counters: BTreeMap<String, Counter>,
+    counters: BTreeMap<String, api::Counter>,
 }
 
 /// The kept attributes; every other one is skipped without being parsed.
@@ -146,19 +141,6 @@ impl<'de> Deserialize<'de> for Attributes {
     }
 }
 
-fn counters(c: BTreeMap<String, Counter>) -> BTreeMap<String, api::Counter> {
-    c.into_iter()
-        .map(|(k, v)| {
-            (
-                k,
-                api::Counter {
-                    value: Quantity(v.value),
-                },
-            )
-        })
-        .collect()
-}
-
 impl Slice {
     fn into_api(self) -> api::ResourceSlice {
         let spec = self.spec;
@@ -181,7 +163,7 @@ impl Slice {
                                 cs.into_iter()
                                     .map(|c| api::DeviceCounterConsumption {
                                         counter_set: c.counter_set,
-                                        counters: counters(c.counters),
+                                        counters: c.counters,
                                         ..api::DeviceCounterConsumption::default()
                                     })
                                     .collect()
@@ -194,7 +176,7 @@ impl Slice {
                     sets.into_iter()
                         .map(|s| api::CounterSet {
                             name: s.name,
-                            counters: counters(s.counters),
+                            counters: s.counters,
                         })
                         .collect()
                 }),
@@ -247,7 +229,7 @@ struct AllocResult {
     #[serde(default, rename = "shareID")]
     share_id: Option<String>,
     #[serde(default)]
-    consumed_capacity: Option<BTreeMap<String, String>>,
+    consumed_capacity: Option<BTreeMap<String, Quantity>>,
 }
 
 impl Claim {
@@ -264,9 +246,7 @@ impl Claim {
                     device: r.device,
                     admin_access: r.admin_access,
                     share_id: r.share_id,
-                    consumed_capacity: r
-                        .consumed_capacity
-                        .map(|c| c.into_iter().map(|(k, v)| (k, Quantity(v))).collect()),
+                    consumed_capacity: r.consumed_capacity,
                     ..api::DeviceRequestAllocationResult::default()
                 })
                 .collect()
