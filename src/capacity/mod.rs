@@ -16,6 +16,7 @@ mod book;
 mod fast_json;
 mod gpus;
 pub mod inputs;
+mod json_split;
 mod render;
 mod summary;
 
