@@ -168,6 +168,41 @@ enum FaultCommand {
         #[arg(long)]
         gpu: u32,
     },
+    /// Sets the load a GPU and its MIG devices report (power, SM activity, memory,
+    /// temperature) through both backends; figures not given follow the load model.
+    Load {
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+        /// SM activity of the GPU and each of its MIG devices, 0 to 1.
+        #[arg(long, value_parser = sm_ratio)]
+        sm: Option<f64>,
+        /// Board power draw, watts.
+        #[arg(long)]
+        power: Option<u32>,
+        /// Memory in use on a GPU with MIG off, MiB.
+        #[arg(long)]
+        memory_mib: Option<u64>,
+        /// Core temperature, °C.
+        #[arg(long)]
+        temperature: Option<u32>,
+        /// Forget the load set earlier: back to the model.
+        #[arg(long, conflicts_with_all = ["sm", "power", "memory_mib", "temperature"])]
+        clear: bool,
+    },
+}
+
+/// `--sm`: a ratio from 0 to 1.
+fn sm_ratio(value: &str) -> Result<f64, String> {
+    let ratio: f64 = value.parse().map_err(|_| {
+        format!("--sm {value:?} is not a number; give a ratio from 0 to 1, e.g. 0.8")
+    })?;
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(format!(
+            "--sm {value} is out of range; give a ratio from 0 to 1, e.g. 0.8"
+        ));
+    }
+    Ok(ratio)
 }
 
 #[derive(clap::Args, Debug)]
@@ -315,6 +350,10 @@ struct PluginArgs {
     /// events are acted on within a fraction of a second regardless.
     #[arg(long, env = "GPU_DRA_INVENTORY_INTERVAL", default_value_t = 10)]
     inventory_interval: u64,
+    /// Seconds between telemetry samples (power, SM activity, memory, ECC, XID per GPU and
+    /// MIG device); /metrics serves the last sample.
+    #[arg(long, env = "GPU_DRA_TELEMETRY_INTERVAL", default_value_t = 10)]
+    telemetry_interval: u64,
     /// Health policy file (YAML or JSON): which XIDs and errors degrade or fail a GPU, the
     /// taint key and effects, the hold-down (docs/health.md). Default: built-in policy.
     #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
@@ -508,6 +547,7 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         dev_root: args.dev_root,
         proc_root: args.proc_root,
         inventory_interval: std::time::Duration::from_secs(args.inventory_interval.max(1)),
+        telemetry_interval: std::time::Duration::from_secs(args.telemetry_interval.max(1)),
         health_policy: args.health_policy,
         mps: args.mps,
         time_slicing: args.time_slicing,
@@ -638,6 +678,28 @@ fn run_sim_fault(args: SimFaultArgs) -> anyhow::Result<ExitCode> {
         FaultCommand::RemoveGpu { gpu } => {
             sim.remove_gpu(gpu)?;
             emit(&format!("removed GPU {gpu}\n"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        FaultCommand::Load {
+            gpu,
+            sm,
+            power,
+            memory_mib,
+            temperature,
+            clear,
+        } => {
+            use gpu_dra::hardware::sim::telemetry::SimLoad;
+            let load = (!clear).then_some(SimLoad {
+                sm_active_percent: sm.map(|r| (r * 100.0).round() as u32),
+                power_watts: power,
+                memory_used_mib: memory_mib,
+                temperature_celsius: temperature,
+            });
+            sim.set_load(gpu, load)?;
+            emit(&match load {
+                Some(l) => format!("GPU {gpu}: load set to {l:?}\n"),
+                None => format!("GPU {gpu}: load cleared\n"),
+            })?;
             return Ok(ExitCode::SUCCESS);
         }
         FaultCommand::Xid {

@@ -37,6 +37,7 @@ impl Node {
                 consumed_capacity: Default::default(),
             }],
             config: Vec::new(),
+            pods: Vec::new(),
         };
         let mgr = manager_support::manager(
             &sim,

@@ -11,11 +11,8 @@ use std::fs;
 use deploy_support::{chart_dir, repo, run, tool, yaml_documents, yaml_file};
 use serde_json::{Value, json};
 
-/// Metrics the dashboard queries that the plugin does not export yet: the per-device
-/// telemetry of issue 14, which comes with the NVML telemetry work in src/hardware/. When a
-/// metric lands, `the_dashboard_queries_only_exported_metrics` fails until it is removed
-/// from this list; when the list is empty, delete it.
-const PENDING: [&str; 9] = [
+/// Issue 14's per-device telemetry: the dashboard must have panels for all of it.
+const DEVICE_TELEMETRY: [&str; 9] = [
     "gpu_dra_device_power_watts",
     "gpu_dra_device_power_limit_watts",
     "gpu_dra_device_sm_active_ratio",
@@ -86,22 +83,9 @@ fn the_dashboard_queries_only_exported_metrics() {
         .flat_map(|e| metric_names(e))
         .collect();
     let exported = exported();
-    let missing: Vec<&String> = queried
-        .iter()
-        .filter(|m| !exported.contains(*m) && !PENDING.contains(&m.as_str()))
-        .collect();
+    let missing: Vec<&String> = queried.iter().filter(|m| !exported.contains(*m)).collect();
     assert_eq!(missing, Vec::<&String>::new(), "queried but not exported");
-    let landed: Vec<&str> = PENDING
-        .iter()
-        .copied()
-        .filter(|m| exported.contains(*m))
-        .collect();
-    assert_eq!(
-        landed,
-        Vec::<&str>::new(),
-        "exported now: remove them from PENDING"
-    );
-    let unqueried: Vec<&str> = PENDING
+    let unqueried: Vec<&str> = DEVICE_TELEMETRY
         .iter()
         .copied()
         .filter(|m| !queried.contains(*m))
@@ -111,6 +95,85 @@ fn the_dashboard_queries_only_exported_metrics() {
         Vec::<&str>::new(),
         "issue 14's metrics need panels"
     );
+}
+
+/// Label names an expression matches on (`{name=...}`) or groups by (`by (a, b)`).
+fn label_names(expr: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let ident = |s: &str| -> String {
+        s.trim()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut rest = expr;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..].find('}').map_or(rest.len(), |c| open + c);
+        for matcher in rest[open + 1..close].split(',') {
+            let name = ident(matcher);
+            if !name.is_empty() {
+                names.insert(name);
+            }
+        }
+        rest = &rest[close..];
+    }
+    let mut rest = expr;
+    while let Some(at) = rest.find("by (") {
+        let list = &rest[at + 4..];
+        let close = list.find(')').unwrap_or(list.len());
+        names.extend(
+            list[..close]
+                .split(',')
+                .map(ident)
+                .filter(|n| !n.is_empty()),
+        );
+        rest = &list[close..];
+    }
+    names
+}
+
+#[test]
+fn the_device_panels_use_only_labels_the_plugin_exports() {
+    use gpu_dra::metrics::telemetry::{DeviceReadings, Holder, families};
+    let row = DeviceReadings {
+        power_watts: Some(1.0),
+        power_limit_watts: Some(1.0),
+        sm_active: Some(1.0),
+        memory_used_bytes: Some(1),
+        memory_total_bytes: Some(1),
+        temperature_celsius: Some(1.0),
+        ecc_errors: vec![("double_bit", "volatile", 0)],
+        xid_errors: vec![(48, 0)],
+        retired_pages: vec![("double_bit", 0)],
+        holders: vec![Holder {
+            namespace: "ns".into(),
+            claim: "c".into(),
+            pod: "p".into(),
+        }],
+        ..DeviceReadings::default()
+    };
+    let fams = families(&[row]);
+    for expr in expressions(&dashboard()) {
+        let device_families: Vec<_> = fams
+            .iter()
+            .filter(|f| metric_names(&expr).contains(f.name))
+            .collect();
+        if device_families.is_empty() {
+            continue;
+        }
+        // Prometheus adds `instance` (and `job`) to every series it scrapes.
+        let mut known: BTreeSet<String> = ["instance", "job"].map(String::from).into();
+        for family in &device_families {
+            for sample in &family.samples {
+                known.extend(sample.labels.iter().map(|(k, _)| k.to_string()));
+            }
+        }
+        let unknown: Vec<String> = label_names(&expr)
+            .into_iter()
+            .filter(|l| !known.contains(l))
+            .collect();
+        assert_eq!(unknown, Vec::<String>::new(), "{expr}");
+    }
 }
 
 #[test]

@@ -132,6 +132,7 @@ async fn this_drivers_devices_and_config_are_read_class_entries_first() {
             ),
         ],
         classes: BTreeMap::new(),
+        reserved_pods: Vec::new(),
     };
     assert_eq!(want, got);
     let lines: Vec<String> = fake.take_requests().iter().map(|r| r.line()).collect();

@@ -29,6 +29,7 @@ fn alloc(devices: &[&str]) -> ClaimAllocation {
             })
             .collect(),
         config: Vec::new(),
+        pods: Vec::new(),
     }
 }
 

@@ -32,6 +32,7 @@ fn alloc(device: &str) -> ClaimAllocation {
             consumed_capacity: Default::default(),
         }],
         config: Vec::new(),
+        pods: Vec::new(),
     }
 }
 

@@ -239,7 +239,16 @@ fn memory_mib(dev: &Dev<'_>) -> u64 {
     }
 }
 
-/// `nvmlDeviceGetMemoryInfo`: all memory free (no process runs on a simulated GPU).
+/// Memory in use (bytes) by the simulator's load model: of the GPU, or of one MIG device.
+fn memory_used(view: &crate::node::View, dev: &Dev<'_>) -> Result<u64, ffi::Ret> {
+    let r = crate::telemetry::model_readings(view, dev.gpu())?;
+    Ok(match dev {
+        Dev::Gpu(_) => r.memory_used_mib,
+        Dev::Mig(_, m) => r.mig.get(&m.gi_id).map_or(0, |(_, used)| *used),
+    } * MIB)
+}
+
+/// `nvmlDeviceGetMemoryInfo`: in use as the simulator's load model says.
 ///
 /// # Safety
 /// `memory` is null or valid for one write.
@@ -248,12 +257,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     memory: *mut sys::nvmlMemory_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, dev| {
+    with_device(device, |view, dev| {
         let total = memory_mib(&dev) * MIB;
+        let used = memory_used(view, &dev)?.min(total);
         let info = sys::nvmlMemory_t {
             total,
-            free: total,
-            used: 0,
+            free: total - used,
+            used,
         };
         // SAFETY: null or valid for one write (caller's contract).
         unsafe { put(memory, info) }
@@ -269,7 +279,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut sys::nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    with_device(device, |_, dev| {
+    with_device(device, |view, dev| {
         if memory.is_null() {
             return Err(ffi::INVALID_ARGUMENT);
         }
@@ -279,12 +289,13 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
             return Err(ffi::VERSION_MISMATCH);
         }
         let total = memory_mib(&dev) * MIB;
+        let used = memory_used(view, &dev)?.min(total);
         let info = sys::nvmlMemory_v2_t {
             version,
             total,
             reserved: 0,
-            free: total,
-            used: 0,
+            free: total - used,
+            used,
         };
         // SAFETY: valid for one write (caller's contract).
         unsafe { put(memory, info) }

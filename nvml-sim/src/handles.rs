@@ -1,5 +1,5 @@
 //! Opaque handles: what the library hands out as `nvmlDevice_t`, `nvmlGpuInstance_t`,
-//! `nvmlComputeInstance_t` and `nvmlEventSet_t`.
+//! `nvmlComputeInstance_t`, `nvmlEventSet_t` and `nvmlGpmSample_t`.
 //!
 //! A handle is a tagged integer in pointer form, never dereferenced by anyone (NVML's handles
 //! are opaque to callers too). Decoding checks the tag and the field ranges; the exported
@@ -38,6 +38,8 @@ pub enum Handle {
     },
     /// An event set by id.
     EventSet(u32),
+    /// A GPM sample by id.
+    GpmSample(u32),
 }
 
 const TAG_SHIFT: u32 = 56;
@@ -46,6 +48,7 @@ const TAG_MIG: usize = 0x6f;
 const TAG_GI: usize = 0x70;
 const TAG_CI: usize = 0x71;
 const TAG_EVENT_SET: usize = 0x72;
+const TAG_GPM_SAMPLE: usize = 0x73;
 
 impl Handle {
     /// The integer form.
@@ -59,6 +62,7 @@ impl Handle {
             Handle::GpuInstance { gpu, gi } => pack(TAG_GI, gpu, gi, 0),
             Handle::ComputeInstance { gpu, gi, ci } => pack(TAG_CI, gpu, gi, ci),
             Handle::EventSet(id) => pack(TAG_EVENT_SET, 0, 0, 0) | id as usize,
+            Handle::GpmSample(id) => pack(TAG_GPM_SAMPLE, 0, 0, 0) | id as usize,
         }
     }
 
@@ -74,6 +78,7 @@ impl Handle {
             TAG_GI if ci == 0 => Some(Handle::GpuInstance { gpu, gi }),
             TAG_CI => Some(Handle::ComputeInstance { gpu, gi, ci }),
             TAG_EVENT_SET if gpu == 0 => Some(Handle::EventSet((raw & 0xffff_ffff) as u32)),
+            TAG_GPM_SAMPLE if gpu == 0 => Some(Handle::GpmSample((raw & 0xffff_ffff) as u32)),
             _ => None,
         }
     }
@@ -110,6 +115,7 @@ mod tests {
                 ci: 2,
             },
             Handle::EventSet(42),
+            Handle::GpmSample(7),
         ];
         for h in all {
             assert_eq!(Handle::decode(h.encode()), Some(h));

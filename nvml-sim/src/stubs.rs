@@ -2664,52 +2664,6 @@ pub extern "C" fn nvmlGpuInstanceCreateComputeInstanceWithPlacement(
 
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlGpmMetricsGet(metricsGet: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlGpmSampleFree(gpmSample: nvmlGpmSample_t) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlGpmSampleAlloc(gpmSample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlGpmSampleGet(
-    device: nvmlDevice_t,
-    gpmSample: nvmlGpmSample_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlGpmMigSampleGet(
-    device: nvmlDevice_t,
-    gpuInstanceId: raw::c_uint,
-    gpmSample: nvmlGpmSample_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlGpmQueryDeviceSupport(
-    device: nvmlDevice_t,
-    gpmSupport: *mut nvmlGpmSupport_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
 pub extern "C" fn nvmlGpmQueryIfStreamingEnabled(
     device: nvmlDevice_t,
     state: *mut raw::c_uint,

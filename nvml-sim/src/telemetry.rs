@@ -1,7 +1,9 @@
 //! Telemetry of a simulated GPU: power, utilisation, clocks, temperature, ECC counters,
 //! retired pages and remapped rows, and compute mode.
 //!
-//! Readings are those of an idle GPU of the model (no workload is simulated); ECC counters,
+//! Power, utilisation and temperature follow the simulator's load model
+//! (`gpu_dra::hardware::sim::telemetry`: idle GPUs, a workload on every MIG device that
+//! exists, and the load `gpu-dra sim-fault load` sets), as the sim backend reports them; ECC counters,
 //! retired pages and remapped rows follow the faults injected with `gpu-dra sim-fault`, and a
 //! GPU that fell off the bus answers `NVML_ERROR_GPU_IS_LOST`. Compute mode is the one the
 //! simulated `nvidia-smi -c` keeps, so both tools see one setting.
@@ -9,6 +11,9 @@
 use std::ffi::{c_uint, c_ulonglong};
 
 use gpu_dra::hardware::sim::faults::EccCounters;
+use gpu_dra::hardware::sim::telemetry::{
+    SimReadings, ecc_capable, power_limit_mw, readings, remaps_rows,
+};
 use gpu_dra::hardware::{Architecture, GpuInfo};
 use gpu_dra::sharing::simtools;
 use nvml_wrapper_sys::bindings as sys;
@@ -16,27 +21,6 @@ use sys::{nvmlDevice_t, nvmlReturn_t};
 
 use crate::ffi::{self, Ret, guard, put};
 use crate::node::{self, View};
-
-/// Board power limit of the model, milliwatts (public specifications).
-fn power_limit_mw(gpu: &GpuInfo) -> u32 {
-    let name = &gpu.product_name;
-    let watts = if name.contains("A30") {
-        165
-    } else if name.contains("A100") {
-        400
-    } else if name.contains("B200") {
-        1000
-    } else if name.contains("H100") || name.contains("H200") || name.contains("H20") {
-        700
-    } else if name.contains("L4") {
-        72
-    } else if name.contains("4090") {
-        450
-    } else {
-        300
-    };
-    watts * 1000
-}
 
 /// Maximum SM clock of the architecture, MHz.
 fn sm_clock_mhz(gpu: &GpuInfo) -> u32 {
@@ -48,10 +32,6 @@ fn sm_clock_mhz(gpu: &GpuInfo) -> u32 {
         Architecture::AdaLovelace => 2520,
         _ => 1530,
     }
-}
-
-fn ecc_capable(gpu: &GpuInfo) -> bool {
-    gpu.brand != "GeForce"
 }
 
 /// Runs `body` on a physical GPU that is still on the bus, with its ECC counters.
@@ -74,7 +54,17 @@ fn on_live_gpu(
     })
 }
 
-/// `nvmlDeviceGetPowerUsage`, milliwatts: an idle board, plus a little per MIG device.
+/// The load model's readings of a live GPU.
+pub(crate) fn model_readings(view: &View, gpu: &GpuInfo) -> Result<SimReadings, Ret> {
+    let load = view
+        .node
+        .backend
+        .load(gpu.index)
+        .map_err(|e| ffi::code_of(&e))?;
+    Ok(readings(gpu, load.as_ref()))
+}
+
+/// `nvmlDeviceGetPowerUsage`, milliwatts: the load model's draw.
 ///
 /// # Safety
 /// `power` is null or valid for a write.
@@ -83,9 +73,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
     device: nvmlDevice_t,
     power: *mut c_uint,
 ) -> nvmlReturn_t {
-    on_live_gpu(device, |_, gpu, _| {
-        let idle = power_limit_mw(gpu) / 8;
-        let usage = idle + 5_000 * gpu.mig_devices.len() as u32;
+    on_live_gpu(device, |view, gpu, _| {
+        let usage = model_readings(view, gpu)?.power_mw;
         // SAFETY: null or valid for a write (caller's contract).
         unsafe { put(power, usage) }
     })
@@ -121,7 +110,8 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
     })
 }
 
-/// `nvmlDeviceGetUtilizationRates`: idle.
+/// `nvmlDeviceGetUtilizationRates`: the load model's activity (memory: the share of memory
+/// in use, as a stand-in for memory-controller activity).
 ///
 /// # Safety
 /// `utilization` is null or valid for a write.
@@ -130,13 +120,13 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
     utilization: *mut sys::nvmlUtilization_t,
 ) -> nvmlReturn_t {
-    on_live_gpu(device, |_, gpu, _| {
-        if gpu.mig.current {
-            // NVML does not report utilisation of a GPU in MIG mode.
-            return Err(ffi::NOT_SUPPORTED);
-        }
+    on_live_gpu(device, |view, gpu, _| {
+        let r = model_readings(view, gpu)?;
+        // NVML does not report utilisation of a GPU in MIG mode: the model says `None`.
+        let busy = r.utilization_percent.ok_or(ffi::NOT_SUPPORTED)?;
+        let memory = (r.memory_used_mib * 100 / gpu.memory_mib.max(1)) as c_uint;
         // SAFETY: null or valid for a write (caller's contract).
-        unsafe { put(utilization, sys::nvmlUtilization_t { gpu: 0, memory: 0 }) }
+        unsafe { put(utilization, sys::nvmlUtilization_t { gpu: busy, memory }) }
     })
 }
 
@@ -193,12 +183,13 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensorType: sys::nvmlTemperatureSensors_t,
     temp: *mut c_uint,
 ) -> nvmlReturn_t {
-    on_live_gpu(device, |_, gpu, _| {
+    on_live_gpu(device, |view, gpu, _| {
         if sensorType != sys::nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(ffi::INVALID_ARGUMENT);
         }
+        let celsius = model_readings(view, gpu)?.temperature_c;
         // SAFETY: null or valid for a write (caller's contract).
-        unsafe { put(temp, 31 + gpu.minor % 4) }
+        unsafe { put(temp, celsius) }
     })
 }
 
@@ -250,11 +241,6 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
         // SAFETY: null or valid for a write (caller's contract).
         unsafe { put(eccCounts, count) }
     })
-}
-
-/// Page retirement is how GPUs before Ampere handle bad memory; Ampere and later remap rows.
-fn remaps_rows(gpu: &GpuInfo) -> bool {
-    gpu.architecture >= Architecture::Ampere
 }
 
 /// `nvmlDeviceGetRetiredPages` (before Ampere; later GPUs remap rows instead).

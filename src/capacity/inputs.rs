@@ -32,7 +32,9 @@ pub enum InputError {
     },
 }
 
-/// Reads slices (required), claims and nodes from files.
+/// Reads slices (required), claims and nodes from files. A JSON `List` of `v1` slices or
+/// claims (`kubectl get … -o json`) takes a fast path that parses only the fields the view
+/// reads; every other form is read in full.
 ///
 /// Claims that are not allocated are skipped; a claims file without any is not an error.
 /// Fails naming the flag, the file and the document when a file cannot be read or parsed,
@@ -51,9 +53,15 @@ pub fn from_files(
         }
     };
     Ok(CapacityInput {
-        slices: explain::load_slices(slices).map_err(file("--slices", slices))?,
+        slices: match fast(slices, super::fast_json::slices) {
+            Some(fast) => fast,
+            None => explain::load_slices(slices).map_err(file("--slices", slices))?,
+        },
         claims: match claims {
-            Some(p) => explain::load_allocated(p).map_err(file("--claims", p))?,
+            Some(p) => match fast(p, super::fast_json::allocated_claims) {
+                Some(fast) => fast,
+                None => explain::load_allocated(p).map_err(file("--claims", p))?,
+            },
             None => Vec::new(),
         },
         nodes: match nodes {
@@ -61,6 +69,15 @@ pub fn from_files(
             None => Vec::new(),
         },
     })
+}
+
+/// A JSON `List` file read by the fast path; `None` (a directory, an unreadable file, another
+/// form) sends the caller to the general path, which reports what is wrong.
+fn fast<T>(path: &Path, parse: impl FnOnce(&[u8]) -> Option<Vec<T>>) -> Option<Vec<T>> {
+    if !path.is_file() {
+        return None;
+    }
+    parse(&std::fs::read(path).ok()?)
 }
 
 /// Lists the driver's ResourceSlices (of `node`, or all), every allocated ResourceClaim and,

@@ -13,8 +13,10 @@
 //! need the GPU's single OFA engine count as one.
 
 mod book;
+mod fast_json;
 mod gpus;
 pub mod inputs;
+mod json_split;
 mod render;
 mod summary;
 

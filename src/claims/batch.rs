@@ -60,6 +60,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             match store.checkpoint().claims.get(&id.uid) {
                 Some(rec) if rec.phase == ClaimPhase::PrepareCompleted => {
                     results[i] = Some(Ok(prepared(&rec.devices)));
+                    self.source.prepared_again(id);
                 }
                 Some(rec) => {
                     // Half done by an earlier call: undo, then start afresh.
@@ -148,7 +149,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
             match planned {
                 Ok(devices) => {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
-                    next.claims.insert(id.uid.clone(), intent(id, &devices));
+                    next.claims
+                        .insert(id.uid.clone(), intent(id, &allocation, &devices));
                     wave.push(Planned { index: i, devices });
                 }
                 Err(e) => results[i] = Some(Err(e)),
@@ -350,7 +352,7 @@ fn needs_undo(device: &PlannedDevice) -> bool {
 }
 
 /// The intent record of a planned claim.
-fn intent(id: &ClaimId, devices: &[PlannedDevice]) -> ClaimRecord {
+fn intent(id: &ClaimId, allocation: &ClaimAllocation, devices: &[PlannedDevice]) -> ClaimRecord {
     ClaimRecord {
         uid: id.uid.clone(),
         namespace: id.namespace.clone(),
@@ -358,6 +360,7 @@ fn intent(id: &ClaimId, devices: &[PlannedDevice]) -> ClaimRecord {
         phase: ClaimPhase::PrepareStarted,
         devices: devices.iter().map(|p| p.record.clone()).collect(),
         updated_unix: now_unix(),
+        pods: allocation.pods.clone(),
     }
 }
 

@@ -88,12 +88,19 @@ pub struct ClaimAllocation {
     pub devices: Vec<AllocatedDevice>,
     /// Opaque config entries (class first, then claim).
     pub config: Vec<ConfigEntry>,
+    /// The pods the claim is reserved for, kept in its record (telemetry labels).
+    pub pods: Vec<checkpoint::PodRef>,
 }
 
 /// Where allocations come from (the API server in production, a table in tests).
 pub trait ClaimSource: Send + Sync {
     /// Reads the claim and checks its UID; the error text names the claim and the cause.
     fn fetch(&self, id: &ClaimId) -> impl Future<Output = Result<ClaimAllocation, String>> + Send;
+
+    /// The kubelet asked to prepare claim `id` again while it is prepared: typically for
+    /// another pod of a shared claim. A source may re-read who the claim is reserved for, but
+    /// must not make the call wait for it. Default: nothing.
+    fn prepared_again(&self, _id: &ClaimId) {}
 }
 
 /// Where CDI edits for devices come from: the real host, or a simulated node's device nodes.

@@ -216,6 +216,7 @@ pub(super) fn prepare_all(
                 ClaimAllocation {
                     devices,
                     config: allocation_config(c),
+                    pods: Vec::new(),
                 },
             )
         })

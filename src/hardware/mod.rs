@@ -17,6 +17,7 @@ pub mod health;
 pub mod nvml;
 pub mod policy_flag;
 pub mod sim;
+pub mod telemetry;
 
 use serde::{Deserialize, Serialize};
 
@@ -441,4 +442,16 @@ pub trait GpuBackend: Send + Sync {
     /// Fails with [`NvmlCode::NotFound`] when the GPU instance does not exist (callers that
     /// clean up treat that as done) and [`NvmlCode::InUse`] when processes still run on it.
     fn destroy_mig_device(&self, index: u32, gi_id: u32, ci_id: u32) -> Result<(), HardwareError>;
+
+    /// One telemetry sample of every GPU and every MIG device that exists now (power, SM
+    /// activity, memory, temperature, ECC, XID counts, retired pages). Readings the hardware
+    /// does not offer, or that fail to read, are `None`; a GPU that fell off the bus is
+    /// listed as lost. May take
+    /// tens of milliseconds per GPU: call it off the request path.
+    ///
+    /// Fails only when the node cannot be enumerated at all. The default reports no GPUs
+    /// (a backend without telemetry exports none).
+    fn telemetry(&self) -> Result<telemetry::NodeTelemetry, HardwareError> {
+        Ok(telemetry::NodeTelemetry::default())
+    }
 }

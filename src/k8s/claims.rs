@@ -68,6 +68,18 @@ pub struct AllocatedClaim {
     /// The DeviceClass of each request of the claim's spec: `req` for `exactly`, and
     /// `req/subrequest` for each alternative of `firstAvailable` (as results name them).
     pub classes: BTreeMap<String, String>,
+    /// The pods the claim is reserved for now (`status.reservedFor` entries of resource
+    /// `pods` in the core group), in list order: who will use its devices.
+    pub reserved_pods: Vec<ReservedPod>,
+}
+
+/// A pod named in a claim's `status.reservedFor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservedPod {
+    /// Pod name (the claim's namespace).
+    pub name: String,
+    /// Pod UID.
+    pub uid: String,
 }
 
 /// Reads claims for one driver on one node.
@@ -216,7 +228,25 @@ pub fn allocated(
         devices,
         config,
         classes: request_classes(claim),
+        reserved_pods: reserved_pods(claim),
     })
+}
+
+/// The pods of `status.reservedFor`: entries of resource `pods` in the core API group
+/// (other consumers, e.g. a controller's custom resource, are not pods and are skipped).
+pub fn reserved_pods(claim: &ResourceClaim) -> Vec<ReservedPod> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| ReservedPod {
+            name: r.name.clone(),
+            uid: r.uid.clone(),
+        })
+        .collect()
 }
 
 /// The DeviceClass of each request (and `firstAvailable` alternative) of a claim's spec.

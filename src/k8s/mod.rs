@@ -18,7 +18,9 @@ pub mod publisher;
 
 pub use backoff::Backoff;
 pub use claim_status::{ClaimStatusWriter, ConditionStatus, DeviceStatus, Readiness, SyncOutcome};
-pub use claims::{AllocatedClaim, AllocatedDevice, ClaimReader, ConfigSource, OpaqueConfig};
+pub use claims::{
+    AllocatedClaim, AllocatedDevice, ClaimReader, ConfigSource, OpaqueConfig, ReservedPod,
+};
 pub use cluster::{ClusterFacts, ServerVersion};
 pub use connect::connect;
 pub use error::{ClaimRef, K8sError, Step};

@@ -4,11 +4,12 @@
 //! [`Metrics`] and [`Health`] are plain shared state with setters; the plugin updates them
 //! where it learns things (each claim call, the inventory watch, the publisher, the kubelet's
 //! registration) and [`serve`] exposes them. Nothing here knows about GPUs or claims: callers
-//! pass counts and error kinds.
+//! pass counts, error kinds and per-device readings ([`telemetry::DeviceReadings`]).
 
 mod health;
 mod registry;
 mod server;
+pub mod telemetry;
 pub mod text;
 
 pub use health::Health;

@@ -176,8 +176,20 @@ struct Inner {
     unhealthy_gpus: AtomicU64,
     health: Mutex<HealthGauges>,
     claim_device_seconds: Mutex<Vec<Sample>>,
+    /// The `gpu_dra_device_*` families of the last telemetry sample, and their exposition
+    /// rendered once per sample (shared, so a scrape takes a reference under the lock and
+    /// copies the text outside it).
+    device_telemetry: Mutex<Option<Arc<DeviceTelemetry>>>,
     claim_status_writes: [AtomicU64; 2],
 }
+
+struct DeviceTelemetry {
+    families: Vec<Family>,
+    text: String,
+}
+
+/// Every `gpu_dra_device_*` name sorts after this and before the next family.
+const DEVICE_PREFIX: &str = "gpu_dra_device_";
 
 /// The driver's metrics. Cheap to clone (one `Arc`); every clone updates the same values.
 /// Recording never fails and never waits on I/O.
@@ -296,6 +308,27 @@ impl Metrics {
             .unwrap_or_else(|p| p.into_inner()) = samples;
     }
 
+    /// Replaces the per-device telemetry (`gpu_dra_device_*`) with the last sample's
+    /// readings; the families are built here, once per sample, not per scrape.
+    pub fn set_device_telemetry(&self, rows: &[super::telemetry::DeviceReadings]) {
+        let families = super::telemetry::families(rows);
+        let text = text::render(&families);
+        *self
+            .0
+            .device_telemetry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            Some(Arc::new(DeviceTelemetry { families, text }));
+    }
+
+    fn device_telemetry(&self) -> Option<Arc<DeviceTelemetry>> {
+        self.0
+            .device_telemetry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Counts one try to write a claim's `status.devices`: `Success` when written, `Error`
     /// when the try failed (it may be retried).
     pub fn record_claim_status_write(&self, outcome: Outcome) {
@@ -309,6 +342,16 @@ impl Metrics {
 
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
+        let mut families = self.other_families();
+        match self.device_telemetry() {
+            Some(device) => families.extend(device.families.iter().cloned()),
+            None => families.extend(super::telemetry::families(&[])),
+        }
+        families
+    }
+
+    /// Every family but the per-device telemetry.
+    fn other_families(&self) -> Vec<Family> {
         let inner = &self.0;
         let mut families = Vec::new();
         families.extend(inner.prepare.families(
@@ -457,8 +500,30 @@ impl Metrics {
     }
 
     /// The text exposition (format 0.0.4) of every family, sorted by name.
+    ///
+    /// The per-device telemetry was rendered when it was sampled; a scrape copies that text
+    /// into its place in the name order.
     pub fn render(&self) -> String {
-        text::render(&self.families())
+        let (before, after): (Vec<Family>, Vec<Family>) = self
+            .other_families()
+            .into_iter()
+            .partition(|f| f.name < DEVICE_PREFIX);
+        let device = self.device_telemetry();
+        let empty;
+        let device_text = match &device {
+            Some(d) => d.text.as_str(),
+            None => {
+                empty = text::render(&super::telemetry::families(&[]));
+                empty.as_str()
+            }
+        };
+        let before = text::render(&before);
+        let after = text::render(&after);
+        let mut out = String::with_capacity(before.len() + device_text.len() + after.len());
+        out.push_str(&before);
+        out.push_str(device_text);
+        out.push_str(&after);
+        out
     }
 }
 

@@ -69,6 +69,15 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
         "# TYPE gpu_dra_build_info gauge",
         "# TYPE gpu_dra_claim_device_seconds_total counter",
         "# TYPE gpu_dra_claim_status_writes_total counter",
+        "# TYPE gpu_dra_device_ecc_errors_total counter",
+        "# TYPE gpu_dra_device_memory_total_bytes gauge",
+        "# TYPE gpu_dra_device_memory_used_bytes gauge",
+        "# TYPE gpu_dra_device_power_limit_watts gauge",
+        "# TYPE gpu_dra_device_power_watts gauge",
+        "# TYPE gpu_dra_device_retired_pages gauge",
+        "# TYPE gpu_dra_device_sm_active_ratio gauge",
+        "# TYPE gpu_dra_device_temperature_celsius gauge",
+        "# TYPE gpu_dra_device_xid_errors_total counter",
         "# TYPE gpu_dra_errors_total counter",
         "# TYPE gpu_dra_gpus gauge",
         "# TYPE gpu_dra_health_transitions_total counter",
@@ -162,5 +171,30 @@ fn device_seconds_render_one_series_per_label_set() {
             r#"gpu_dra_claim_device_seconds_total{namespace="a",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 90.5"#,
             r#"gpu_dra_claim_device_seconds_total{namespace="b",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 3600"#,
         ]
+    );
+}
+
+#[test]
+fn a_scrape_with_telemetry_is_the_sorted_exposition_of_every_family() {
+    use crate::metrics::telemetry::{DeviceReadings, Holder};
+    let m = Metrics::new();
+    m.record_error("busy");
+    m.set_device_telemetry(&[DeviceReadings {
+        gpu: 1,
+        uuid: "GPU-1".into(),
+        device: "gpu-1".into(),
+        power_watts: Some(300.0),
+        ecc_errors: vec![("single_bit", "aggregate", 3)],
+        holders: vec![Holder {
+            namespace: "ns".into(),
+            claim: "c".into(),
+            pod: "p".into(),
+        }],
+        ..DeviceReadings::default()
+    }]);
+    assert_eq!(m.render(), text::render(&m.families()));
+    assert_eq!(
+        Metrics::new().render(),
+        text::render(&Metrics::new().families())
     );
 }

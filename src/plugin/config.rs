@@ -63,6 +63,8 @@ pub struct PluginConfig {
     /// How often the inventory is re-read for health and model changes (and MPS daemons
     /// checked).
     pub inventory_interval: Duration,
+    /// How often telemetry is sampled for `/metrics` (`--telemetry-interval`).
+    pub telemetry_interval: Duration,
     /// MPS allowed (opaque config and consumable-capacity shares).
     pub mps: bool,
     /// Time-slicing allowed.

@@ -19,6 +19,7 @@ pub mod memory;
 mod observe;
 pub mod simhost;
 mod source;
+pub mod telemetry;
 pub mod usage;
 
 use std::sync::Arc;
@@ -153,6 +154,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         &config.state_dir,
         metrics.clone(),
     ));
+    let reservations = Arc::new(telemetry::Reservations::default());
     let manager = Arc::new(ClaimsManager {
         backend: backend.clone(),
         source: source::ApiClaims(
@@ -162,6 +164,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 config.node_name.clone(),
             ),
             Some(Arc::clone(&usage)),
+            Some(Arc::clone(&reservations)),
         ),
         host,
         cdi: CdiWriter::with_naming(config.cdi_root.clone(), naming.clone()),
@@ -254,6 +257,14 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         manager.boot_id.clone(),
         config.inventory_interval,
     ));
+    let sampling = tokio::spawn(telemetry::sample(
+        backend.clone(),
+        metrics.clone(),
+        reservations,
+        manager.state_dir.clone(),
+        manager.boot_id.clone(),
+        config.telemetry_interval,
+    ));
     let (status_queue, status_claims) = claim_status::StatusQueue::new();
     let reporting_status = tokio::spawn(claim_status::run(
         claim_status::StatusWorker {
@@ -320,6 +331,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     info!("shutting down");
     watching.abort();
     accounting.abort();
+    sampling.abort();
     supervising.abort();
     publishing.abort();
     reporting_status.abort();

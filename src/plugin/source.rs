@@ -2,17 +2,43 @@
 
 use std::sync::Arc;
 
+use crate::checkpoint::PodRef;
 use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
-use crate::k8s::{ClaimReader, ConfigSource};
+use crate::k8s::{ClaimReader, ConfigSource, ReservedPod};
 use crate::usage::HeldDevice;
 
+use super::telemetry::Reservations;
 use super::usage::UsageTracker;
+use tracing::debug;
 
 /// Reads allocations with a [`ClaimReader`]; tells the usage tracker, when there is one, each
-/// request's DeviceClass and each share's consumed capacity.
-pub struct ApiClaims(pub ClaimReader, pub Option<Arc<UsageTracker>>);
+/// request's DeviceClass and each share's consumed capacity; and, when a prepared claim is
+/// prepared again (another pod of a shared claim), re-reads its pods in the background for the
+/// telemetry's holder labels.
+pub struct ApiClaims(
+    pub ClaimReader,
+    pub Option<Arc<UsageTracker>>,
+    pub Option<Arc<Reservations>>,
+);
 
 impl ClaimSource for ApiClaims {
+    fn prepared_again(&self, id: &ClaimId) {
+        let Some(reservations) = &self.2 else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (reader, id, reservations) = (self.0.clone(), id.clone(), Arc::clone(reservations));
+        runtime.spawn(async move {
+            match reader.fetch(&id.namespace, &id.name, &id.uid).await {
+                Ok(claim) => reservations.set(&id.uid, pods_of(claim.reserved_pods)),
+                // Telemetry keeps the pods recorded at prepare; the next repeat tries again.
+                Err(e) => debug!(claim = %id, error = %crate::errors::error_chain(&e), "re-reading a prepared claim's pods"),
+            }
+        });
+    }
+
     async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
         let claim = self
             .0
@@ -55,6 +81,17 @@ impl ClaimSource for ApiClaims {
                     parameters: c.parameters,
                 })
                 .collect(),
+            pods: pods_of(claim.reserved_pods),
         })
     }
+}
+
+fn pods_of(reserved: Vec<ReservedPod>) -> Vec<PodRef> {
+    reserved
+        .into_iter()
+        .map(|p| PodRef {
+            name: p.name,
+            uid: p.uid,
+        })
+        .collect()
 }

@@ -11,6 +11,7 @@
 pub mod convert;
 mod events;
 mod mig;
+mod telemetry;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ pub struct NvmlBackend {
     nvml: Arc<Nvml>,
     /// Health from the NVML event set, kept by a dedicated thread; stopped on drop.
     health: events::HealthWatch,
+    /// XID counts and cached MIG profiles for telemetry.
+    telemetry: telemetry::Telemetry,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -129,7 +132,12 @@ impl NvmlBackend {
             },
         })?);
         let health = events::HealthWatch::start(nvml.clone());
-        Ok(NvmlBackend { nvml, health })
+        let telemetry = telemetry::Telemetry::new(nvml.clone());
+        Ok(NvmlBackend {
+            nvml,
+            health,
+            telemetry,
+        })
     }
 
     fn device(&self, index: u32) -> Result<nvml_wrapper::Device<'_>, HardwareError> {
@@ -301,6 +309,10 @@ impl GpuBackend for NvmlBackend {
 
     fn destroy_mig_device(&self, index: u32, gi_id: u32, ci_id: u32) -> Result<(), HardwareError> {
         self.destroy_mig(index, gi_id, ci_id)
+    }
+
+    fn telemetry(&self) -> Result<super::telemetry::NodeTelemetry, HardwareError> {
+        self.sample_telemetry()
     }
 }
 

@@ -15,6 +15,7 @@ pub mod node_file;
 mod power_on;
 pub mod presets;
 mod state;
+pub mod telemetry;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -124,6 +125,8 @@ pub struct SimBackend {
     plan: NodePlan,
     statics: Vec<StaticGpu>,
     store: Store,
+    /// XID counts for telemetry (`telemetry.rs`).
+    xids: telemetry::XidTally,
 }
 
 impl std::fmt::Debug for SimBackend {
@@ -178,6 +181,7 @@ impl SimBackend {
             plan,
             statics,
             store,
+            xids: Default::default(),
         }
     }
 
@@ -505,5 +509,9 @@ impl GpuBackend for SimBackend {
             Err(e) => return Err(e),
         }
         self.destroy_gpu_instance(index, gi_id)
+    }
+
+    fn telemetry(&self) -> Result<super::telemetry::NodeTelemetry, HardwareError> {
+        self.sim_telemetry()
     }
 }

@@ -109,6 +109,7 @@ pub(super) fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState 
         gpus,
         event_seq: 0,
         events: Vec::new(),
+        loads: Default::default(),
     }
 }
 

@@ -30,6 +30,9 @@ pub struct SimState {
     /// The most recent fault events, oldest first (bounded; see `faults`).
     #[serde(default)]
     pub events: Vec<super::faults::SimEvent>,
+    /// Loads set with `sim-fault load`, by GPU slot (`telemetry.rs`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub loads: std::collections::BTreeMap<u32, super::telemetry::SimLoad>,
 }
 
 /// Mutable state of one GPU.

@@ -1,0 +1,263 @@
+//! The real plugin exports per-device telemetry labelled with the claim and pod that hold
+//! each GPU and MIG device, follows a load set with `gpu-dra sim-fault load`, and counts an
+//! injected double-bit ECC error. Runs on both backends (`GPU_DRA_TEST_GPU_BACKEND=nvml`:
+//! the NVML backend over the simulated libnvidia-ml).
+
+mod plugin_support;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+
+use gpu_dra::kubelet::client::DraApi;
+use plugin_support::claims::{self, claim_ref};
+use plugin_support::{Node, eventually};
+
+fn logged_addr(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+    let start = line.find("127.0.0.1:")?;
+    let addr: String = line[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    addr.parse().ok()
+}
+
+fn scrape(addr: SocketAddr) -> Option<String> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    let request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).ok()?;
+    Some(raw.split_once("\r\n\r\n")?.1.to_string())
+}
+
+/// Every sample of `name`: its labels and value.
+fn series(metrics: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+            let (labels, value) = rest.rsplit_once("} ")?;
+            let labels = labels
+                .split("\",")
+                .filter_map(|pair| {
+                    let (k, v) = pair.split_once("=\"")?;
+                    Some((k.to_string(), v.trim_end_matches('"').to_string()))
+                })
+                .collect();
+            Some((labels, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The value of `name` for the series of `device` (held by `pod`), with `extra` labels.
+fn value(metrics: &str, name: &str, device: &str, extra: &[(&str, &str)]) -> Option<f64> {
+    series(metrics, name)
+        .into_iter()
+        .find(|(labels, _)| {
+            labels.get("device").map(String::as_str) == Some(device)
+                && extra
+                    .iter()
+                    .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, v)| v)
+}
+
+fn sim_fault(node: &Node, args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .arg("sim-fault")
+        .arg("--state-dir")
+        .arg(node.state_dir())
+        .args(args)
+        .output()
+        .expect("run gpu-dra sim-fault");
+    assert!(
+        out.status.success(),
+        "sim-fault {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const FULL: &str = "gpu-2";
+const MIG: &str = "gpu-0-mig-1g10gb-2";
+
+#[tokio::test]
+async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ecc_errors() {
+    let node = Node::new();
+    node.api
+        .put_claim(claims::on_node("training", "uid-full", &[FULL]));
+    node.api
+        .put_claim(claims::on_node("inference", "uid-mig", &[MIG]));
+    let plugin = node
+        .start_with(&[("GPU_DRA_TELEMETRY_INTERVAL", "1")])
+        .await;
+    let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let prepared = kubelet
+        .prepare(&[
+            claim_ref("training", "uid-full"),
+            claim_ref("inference", "uid-mig"),
+        ])
+        .await
+        .unwrap();
+    assert!(prepared.values().all(Result::is_ok), "{prepared:?}");
+    sim_fault(
+        &node,
+        &["load", "--gpu", "2", "--sm", "0.8", "--power", "550"],
+    );
+
+    let holder = |pod: &'static str, claim: &'static str| {
+        [
+            ("namespace", claims::NAMESPACE),
+            ("claim", claim),
+            ("pod", pod),
+        ]
+    };
+    let full = holder("pod-training", "training");
+    let mig = holder("pod-inference", "inference");
+    let metrics = eventually("the load and both holders on /metrics", || {
+        let m = scrape(addr)?;
+        let loaded = value(&m, "gpu_dra_device_power_watts", FULL, &full) == Some(550.0);
+        // The NVML backend's MIG figure (GPM) needs two samples of the instance.
+        let mig_seen = value(&m, "gpu_dra_device_sm_active_ratio", MIG, &mig).is_some();
+        (loaded && mig_seen).then_some(m)
+    })
+    .await;
+
+    let total = value(&metrics, "gpu_dra_device_memory_total_bytes", FULL, &full).unwrap();
+    // 80 % of the GPU's memory in use, in whole MiB as NVML counts it.
+    let mib = 1024.0 * 1024.0;
+    let busy_memory = ((total / mib) * 0.8).floor() * mib;
+    let got_full = [
+        value(&metrics, "gpu_dra_device_power_watts", FULL, &full),
+        value(&metrics, "gpu_dra_device_power_limit_watts", FULL, &full),
+        value(&metrics, "gpu_dra_device_sm_active_ratio", FULL, &full),
+        value(&metrics, "gpu_dra_device_memory_used_bytes", FULL, &full),
+    ];
+    assert_eq!(
+        got_full,
+        [Some(550.0), Some(700.0), Some(0.8), Some(busy_memory)],
+        "{metrics}"
+    );
+    let ecc = |m: &str, device, labels: &[(&str, &str)]| {
+        let mut want = labels.to_vec();
+        want.extend([("type", "double_bit"), ("scope", "volatile")]);
+        value(m, "gpu_dra_device_ecc_errors_total", device, &want)
+    };
+    assert_eq!(ecc(&metrics, FULL, &full), Some(0.0));
+
+    // The MIG device: its own memory and activity, its parent's power and ECC.
+    let mig_memory = value(&metrics, "gpu_dra_device_memory_total_bytes", MIG, &mig).unwrap();
+    assert!(
+        mig_memory > 9.0 * 1024.0 * 1024.0 * 1024.0 && mig_memory < total / 7.0,
+        "a 1g.10gb instance's memory, not the GPU's: {mig_memory}"
+    );
+    let used = value(&metrics, "gpu_dra_device_memory_used_bytes", MIG, &mig).unwrap();
+    assert!(used > 0.0, "a carved MIG device runs a workload: {used}");
+    let parent_power = value(&metrics, "gpu_dra_device_power_watts", "gpu-0", &[]);
+    assert_eq!(
+        value(&metrics, "gpu_dra_device_power_watts", MIG, &mig),
+        parent_power
+    );
+    assert!(parent_power.unwrap() > 700.0 / 8.0, "{metrics}");
+    // A carved instance runs the model's workload: 60 % (through GPM on the NVML backend).
+    let mig_sm = value(&metrics, "gpu_dra_device_sm_active_ratio", MIG, &mig);
+    assert_eq!(mig_sm, Some(0.6), "{metrics}");
+    // NVML has no utilisation for a GPU in MIG mode: no figure, no series.
+    assert_eq!(
+        value(&metrics, "gpu_dra_device_sm_active_ratio", "gpu-0", &[]),
+        None
+    );
+    assert_eq!(ecc(&metrics, MIG, &mig), Some(0.0));
+    let profile = series(&metrics, "gpu_dra_device_power_watts")
+        .into_iter()
+        .find(|(l, _)| l["device"] == MIG)
+        .map(|(l, _)| l["profile"].clone());
+    assert_eq!(profile.as_deref(), Some("1g.10gb"));
+
+    // Cardinality: the 8 GPUs and the one MIG device carved, not the node's hundreds of
+    // published (uncarved) dynamic-MIG placements.
+    let devices: std::collections::BTreeSet<String> =
+        series(&metrics, "gpu_dra_device_memory_total_bytes")
+            .into_iter()
+            .map(|(l, _)| l["device"].clone())
+            .collect();
+    assert_eq!(devices.len(), 9, "{devices:?}");
+    assert!(devices.contains(MIG));
+
+    // A free GPU: empty holder labels.
+    assert!(
+        value(
+            &metrics,
+            "gpu_dra_device_power_watts",
+            "gpu-5",
+            &[("namespace", ""), ("claim", ""), ("pod", "")]
+        )
+        .is_some(),
+        "{metrics}"
+    );
+
+    sim_fault(&node, &["ecc", "--gpu", "0", "--double-bit"]);
+    let after = eventually("the double-bit error counted", || {
+        let m = scrape(addr)?;
+        (ecc(&m, MIG, &mig) == Some(1.0)).then_some(m)
+    })
+    .await;
+    assert_eq!(ecc(&after, "gpu-0", &[]), Some(1.0));
+    let xid = value(
+        &after,
+        "gpu_dra_device_xid_errors_total",
+        MIG,
+        &[("xid", "48")],
+    );
+    assert_eq!(xid, Some(1.0), "{after}");
+}
+
+#[tokio::test]
+async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_it_for_that_pod() {
+    let node = Node::new();
+    let mut claim = claims::on_node("shared", "uid-shared", &[FULL]);
+    node.api.put_claim(claim.clone());
+    let plugin = node
+        .start_with(&[("GPU_DRA_TELEMETRY_INTERVAL", "1")])
+        .await;
+    let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let pods_on_metrics = |m: &str| -> Vec<String> {
+        let mut pods: Vec<String> = series(m, "gpu_dra_device_memory_total_bytes")
+            .into_iter()
+            .filter(|(l, _)| l["device"] == FULL)
+            .map(|(l, _)| l["pod"].clone())
+            .collect();
+        pods.sort();
+        pods
+    };
+    let shared = claim_ref("shared", "uid-shared");
+    let first = kubelet
+        .prepare(std::slice::from_ref(&shared))
+        .await
+        .unwrap();
+    assert!(first["uid-shared"].is_ok());
+    eventually("the first pod on /metrics", || {
+        (pods_on_metrics(&scrape(addr)?) == ["pod-shared"]).then_some(())
+    })
+    .await;
+
+    // The scheduler reserves the claim for a second pod; the kubelet prepares it for that pod.
+    claim["status"]["reservedFor"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"resource": "pods", "name": "pod-second", "uid": "pod-uid-2"}));
+    node.api.put_claim(claim);
+    let again = kubelet
+        .prepare(std::slice::from_ref(&shared))
+        .await
+        .unwrap();
+    assert!(again["uid-shared"].is_ok());
+    eventually("both pods on /metrics", || {
+        (pods_on_metrics(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())
+    })
+    .await;
+}
