@@ -201,6 +201,12 @@ async fn sigterm_ends_the_plugin_cleanly_and_removes_its_sockets() {
     let first = health.next().await.unwrap().unwrap();
     assert_eq!(8 * 26, first.len(), "one health entry per published device");
 
+    // Publishing runs beside registration: wait for it, so "slices stay" below means
+    // something on a loaded machine.
+    eventually("the slices to be published", || {
+        node.api.complete_pool().map(drop)
+    })
+    .await;
     plugin.signal(SIGTERM);
     let status = plugin.wait_exit().await;
     assert_eq!(Some(0), status.code(), "exit status\n{}", plugin.log());
