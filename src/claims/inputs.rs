@@ -1,0 +1,87 @@
+//! What the claim lifecycle is given: the claim the kubelet names, its allocation as the API
+//! server has it (through [`ClaimSource`]), and the host facts CDI specs need (through
+//! [`HostFactsSource`]).
+
+use std::fmt;
+
+use crate::cdi::{self, GpuDeviceRef, HostFacts};
+use crate::checkpoint;
+
+/// The claim the kubelet names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimId {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+impl fmt::Display for ClaimId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// One allocated device of this driver in this node's pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedDevice {
+    /// Request name (`<request>/<subrequest>` for firstAvailable).
+    pub request: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name.
+    pub device: String,
+    /// Admin access: may use a device others hold, never changes it.
+    pub admin_access: bool,
+    /// Share ID of a consumable-capacity allocation.
+    pub share_id: Option<String>,
+    /// Capacity the share consumes (name → quantity), for consumable-capacity allocations.
+    pub consumed_capacity: std::collections::BTreeMap<String, String>,
+}
+
+/// One opaque config entry of this driver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigEntry {
+    /// From the DeviceClass (lower precedence) rather than the claim.
+    pub from_class: bool,
+    /// Requests it applies to; empty = all.
+    pub requests: Vec<String>,
+    /// The raw parameters object.
+    pub parameters: serde_json::Value,
+}
+
+/// What the API server says about a claim, already filtered to this driver and node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimAllocation {
+    /// Allocated devices in allocation order.
+    pub devices: Vec<AllocatedDevice>,
+    /// Opaque config entries (class first, then claim).
+    pub config: Vec<ConfigEntry>,
+    /// The pods the claim is reserved for, kept in its record (telemetry labels).
+    pub pods: Vec<checkpoint::PodRef>,
+}
+
+/// Where allocations come from (the API server in production, a table in tests).
+pub trait ClaimSource: Send + Sync {
+    /// Reads the claim and checks its UID; the error text names the claim and the cause.
+    fn fetch(&self, id: &ClaimId) -> impl Future<Output = Result<ClaimAllocation, String>> + Send;
+
+    /// The kubelet asked to prepare claim `id` again while it is prepared: typically for
+    /// another pod of a shared claim. A source may re-read who the claim is reserved for, but
+    /// must not make the call wait for it. Default: nothing.
+    fn prepared_again(&self, _id: &ClaimId) {}
+}
+
+/// Where CDI edits for devices come from: the real host, or a simulated node's device nodes.
+pub trait HostFactsSource: Send + Sync {
+    /// Facts for these devices; the error text says what is missing.
+    fn facts(&self, gpus: &[GpuDeviceRef]) -> Result<HostFacts, String>;
+}
+
+impl HostFactsSource for cdi::HostMode {
+    fn facts(&self, gpus: &[GpuDeviceRef]) -> Result<HostFacts, String> {
+        cdi::HostMode::facts(self, gpus).map_err(|e| crate::errors::error_chain(&e))
+    }
+}

@@ -1,0 +1,235 @@
+//! Deciding every device's sharing before anything is touched: the claim's opaque config
+//! against what the node allows, and consumable-capacity shares turned into client limits.
+
+use std::str::FromStr;
+
+use crate::claims::plan::{Action, PlannedDevice};
+use crate::claims::{ClaimAllocation, ClaimError, ClaimId};
+use crate::devices::DeviceModel;
+use crate::opaque::{self, Sharing as Strategy, TargetKind};
+use crate::quantity::Quantity;
+
+use super::daemons::Member;
+use super::{DeviceSharing, SharingSetup, claim_daemon_id, config_error, share_daemon_id};
+
+fn capacity_bytes(device: &k8s_openapi::api::resource::v1::Device, name: &str) -> Option<u64> {
+    let value = device.capacity.as_ref()?.get(name)?;
+    let q = Quantity::from_str(&value.value.0).ok()?;
+    q.as_i64().ok().and_then(|v| u64::try_from(v).ok())
+}
+
+/// Decides every device's sharing before anything is touched: resolves the opaque config,
+/// checks it against what the node allows, turns consumable-capacity shares into client
+/// limits, and writes the decision into the devices' intent records.
+///
+/// # Errors
+/// [`ClaimError::Config`] naming the entry, field, value and valid choices.
+pub(in crate::claims) fn decide(
+    setup: Option<&SharingSetup>,
+    id: &ClaimId,
+    allocation: &ClaimAllocation,
+    model: &DeviceModel,
+    planned: &mut [PlannedDevice],
+) -> Result<(), ClaimError> {
+    let targets: Vec<opaque::Target> = planned
+        .iter()
+        .map(|p| {
+            let published = model.device(&p.allocated.device);
+            opaque::Target {
+                device: p.allocated.device.clone(),
+                request: p.allocated.request.clone(),
+                kind: match p.action {
+                    Action::FullGpu { .. } => TargetKind::FullGpu,
+                    _ => TargetKind::Mig,
+                },
+                uuid: match &p.action {
+                    Action::FullGpu { .. } => Some(p.record.gpu_uuid.clone()),
+                    Action::StaticMig { uuid, .. } => Some(uuid.clone()),
+                    Action::CarveMig { .. } => None,
+                },
+                memory_bytes: published
+                    .and_then(|d| capacity_bytes(&d.device, "memory"))
+                    .unwrap_or(0),
+            }
+        })
+        .collect();
+    let entries: Vec<opaque::Entry> = allocation
+        .config
+        .iter()
+        .map(|e| opaque::Entry {
+            from_class: e.from_class,
+            requests: e.requests.clone(),
+            parameters: e.parameters.clone(),
+        })
+        .collect();
+    let groups = opaque::resolve(&targets, &entries)
+        .map_err(|e| config_error(id, crate::errors::error_chain(&e)))?;
+    let mut decided: Vec<Option<DeviceSharing>> = vec![None; planned.len()];
+    for group in &groups {
+        // Admin access may use a device another claim holds, so it must never change it.
+        if let Some(&i) = group
+            .devices
+            .iter()
+            .find(|&&i| planned[i].allocated.admin_access)
+        {
+            return Err(config_error(
+                id,
+                format!(
+                    "device {} of request {} is allocated with admin access, which must not change the device; remove the sharing config for that request",
+                    planned[i].allocated.device, planned[i].allocated.request
+                ),
+            ));
+        }
+        if let Some(&i) = group
+            .devices
+            .iter()
+            .find(|&&i| planned[i].allocated.share_id.is_some())
+        {
+            return Err(config_error(
+                id,
+                format!(
+                    "device {} is a consumable-capacity share (shareID {}): its limits come from the claim's capacity requests; remove the sharing config for request {}",
+                    planned[i].allocated.device,
+                    planned[i].allocated.share_id.as_deref().unwrap_or(""),
+                    planned[i].allocated.request
+                ),
+            ));
+        }
+        match &group.sharing {
+            Strategy::TimeSlicing { interval } => {
+                let full: Vec<usize> = group
+                    .devices
+                    .iter()
+                    .copied()
+                    .filter(|&i| targets[i].kind == TargetKind::FullGpu)
+                    .collect();
+                if full.is_empty() {
+                    continue; // MIG devices: processes share them anyway
+                }
+                unavailable(setup, id, "TimeSlicing")?;
+                if !setup.is_some_and(|s| s.time_slicing_enabled) {
+                    return Err(config_error(
+                        id,
+                        format!(
+                            "sharing.strategy: TimeSlicing is disabled on this node (kubelet-plugin --time-slicing=false); devices {}",
+                            names(&targets, &full)
+                        ),
+                    ));
+                }
+                for i in full {
+                    decided[i] = Some(DeviceSharing::TimeSlicing {
+                        level: interval.level(),
+                    });
+                }
+            }
+            Strategy::Mps(limits) => {
+                unavailable(setup, id, "MPS")?;
+                if !setup.is_some_and(|s| s.mps_enabled) {
+                    return Err(config_error(
+                        id,
+                        format!(
+                            "sharing.strategy: MPS is disabled on this node (kubelet-plugin --mps=false); devices {}",
+                            names(&targets, &group.devices)
+                        ),
+                    ));
+                }
+                // Full GPUs of the group share one daemon; each MIG device gets its own, as
+                // MPS on MIG needs one daemon per MIG device (reference/mps.md §7).
+                let (gpus, migs): (Vec<Member>, Vec<Member>) = group
+                    .devices
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .partition(|(_, i)| targets[*i].kind == TargetKind::FullGpu);
+                let daemons = std::iter::once(gpus)
+                    .filter(|g| !g.is_empty())
+                    .chain(migs.into_iter().map(|m| vec![m]));
+                for members in daemons {
+                    let device_names: Vec<&str> = members
+                        .iter()
+                        .map(|&(_, i)| targets[i].device.as_str())
+                        .collect();
+                    let daemon = claim_daemon_id(&id.uid, &device_names);
+                    for (ordinal, &(in_group, i)) in members.iter().enumerate() {
+                        decided[i] = Some(DeviceSharing::Mps {
+                            daemon: daemon.clone(),
+                            ordinal,
+                            active_thread_percentage: limits.active_thread_percentage,
+                            pinned_memory_bytes: limits
+                                .pinned_memory_bytes
+                                .get(in_group)
+                                .copied()
+                                .flatten(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    for (i, p) in planned.iter().enumerate() {
+        if p.allocated.share_id.is_none() {
+            continue;
+        }
+        unavailable(setup, id, "MPS (consumable-capacity shares)")?;
+        if !setup.is_some_and(|s| s.mps_enabled) {
+            return Err(config_error(
+                id,
+                format!(
+                    "device {} is a consumable-capacity share; shares are enforced with MPS, which is disabled on this node (kubelet-plugin --mps=false)",
+                    p.allocated.device
+                ),
+            ));
+        }
+        let published =
+            model
+                .device(&p.allocated.device)
+                .ok_or_else(|| ClaimError::UnknownDevice {
+                    claim: id.to_string(),
+                    device: p.allocated.device.clone(),
+                })?;
+        let limits =
+            crate::devices::share_limits(&published.device, &p.allocated.consumed_capacity)
+                .map_err(|e| {
+                    config_error(
+                        id,
+                        format!(
+                            "device {} share {}: {}",
+                            p.allocated.device,
+                            p.allocated.share_id.as_deref().unwrap_or(""),
+                            crate::errors::error_chain(&e)
+                        ),
+                    )
+                })?;
+        decided[i] = Some(DeviceSharing::Share {
+            daemon: share_daemon_id(&p.allocated.device),
+            active_thread_percentage: limits.active_thread_percentage,
+            pinned_memory_bytes: limits.pinned_memory_bytes,
+        });
+    }
+    for (p, d) in planned.iter_mut().zip(decided) {
+        p.record.sharing = d
+            .map(|d| serde_json::to_value(d).map_err(|e| config_error(id, e.to_string())))
+            .transpose()?;
+    }
+    Ok(())
+}
+
+fn unavailable(setup: Option<&SharingSetup>, id: &ClaimId, what: &str) -> Result<(), ClaimError> {
+    match setup {
+        Some(_) => Ok(()),
+        None => Err(config_error(
+            id,
+            format!(
+                "sharing.strategy: {what} is unavailable on this node: the plugin found no nvidia-smi / nvidia-cuda-mps-control under its driver root (see its start-up log)"
+            ),
+        )),
+    }
+}
+
+fn names(targets: &[opaque::Target], indices: &[usize]) -> String {
+    indices
+        .iter()
+        .map(|&i| targets[i].device.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
