@@ -88,8 +88,6 @@ pub struct ClaimAllocation {
     pub devices: Vec<AllocatedDevice>,
     /// Opaque config entries (class first, then claim).
     pub config: Vec<ConfigEntry>,
-    /// The pods the claim is reserved for, kept in its record (telemetry labels).
-    pub pods: Vec<checkpoint::PodRef>,
 }
 
 /// Where allocations come from (the API server in production, a table in tests).
