@@ -93,7 +93,14 @@ async fn holders_stay_out_of_the_checkpoint_and_survive_a_restart_through_holder
     fields.sort();
     assert_eq!(
         fields,
-        ["devices", "name", "namespace", "phase", "uid", "updatedUnix"]
+        [
+            "devices",
+            "name",
+            "namespace",
+            "phase",
+            "uid",
+            "updatedUnix"
+        ]
     );
     let decoded = gpu_dra::checkpoint::decode(&bytes).unwrap();
     assert!(decoded.claims.contains_key(UID));

@@ -334,7 +334,8 @@ mod tests {
         let claims = ClaimPods::from([("c1".to_string(), vec![pod("a"), pod("b")])]);
         save(&path, &claims).unwrap();
         assert_eq!(load(&path).unwrap(), claims);
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(
             json,
             serde_json::json!({"version": "v1", "claims": {"c1": [
