@@ -71,7 +71,6 @@ fn record(uid: &str) -> ClaimRecord {
             sharing: None,
         }],
         updated_unix: 0,
-        pods: Vec::new(),
     }
 }
 

@@ -1,17 +1,18 @@
 //! Cost of per-device telemetry on a node with 8 GPUs × 7 MIG devices (64 devices, each
 //! held by a claim with one pod): one sample of the simulated backend, the join with the
-//! checkpoint's holders and the families built from it (once per `--telemetry-interval`),
-//! and one scrape (`/metrics` rendered with the last sample). Prints figures; asserts
+//! checkpoint's claims and their pods and the families built from it (once per
+//! `--telemetry-interval`), and one scrape (`/metrics` rendered with the last sample). Prints figures; asserts
 //! nothing. Run with `cargo bench --bench telemetry`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use gpu_dra::checkpoint::{Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, PodRef};
+use gpu_dra::checkpoint::{Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord};
 use gpu_dra::devices::mig_device_name;
 use gpu_dra::hardware::GpuBackend;
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::metrics::Metrics;
+use gpu_dra::plugin::holders::{ClaimPods, PodRef};
 use gpu_dra::plugin::telemetry::rows;
 
 fn time<R>(what: &str, iterations: u32, mut f: impl FnMut() -> R) {
@@ -24,11 +25,12 @@ fn time<R>(what: &str, iterations: u32, mut f: impl FnMut() -> R) {
 }
 
 /// A DGX H100 with seven 1g.10gb MIG devices carved on every GPU, and a checkpoint in which
-/// each MIG device is held by its own claim and pod.
-fn node() -> (SimBackend, Checkpoint) {
+/// each MIG device is held by its own claim, with one pod each.
+fn node() -> (SimBackend, Checkpoint, ClaimPods) {
     let sim = SimBackend::open("dgx-h100", None).expect("preset");
     let inventory = sim.inventory().expect("inventory");
     let mut checkpoint = Checkpoint::new("boot");
+    let mut pods = ClaimPods::new();
     for gpu in &inventory.gpus {
         let profile = gpu.profile_by_name("1g.10gb").expect("1g.10gb").clone();
         for &start in &profile.placement_starts {
@@ -54,24 +56,25 @@ fn node() -> (SimBackend, Checkpoint) {
                         sharing: None,
                     }],
                     updated_unix: 0,
-                    pods: vec![PodRef {
-                        name: format!("pod-{}-{}", gpu.index, mig.gi_id),
-                        uid: format!("pod-uid-{uid}"),
-                    }],
                 },
             );
+            let pod = PodRef {
+                name: format!("pod-{}-{}", gpu.index, mig.gi_id),
+                uid: format!("pod-uid-{uid}"),
+            };
+            pods.insert(uid, vec![pod]);
         }
     }
-    (sim, checkpoint)
+    (sim, checkpoint, pods)
 }
 
 fn main() {
     println!("gpu-dra per-device telemetry, 8 GPUs × 7 MIG devices");
-    let (sim, checkpoint) = node();
+    let (sim, checkpoint, pods) = node();
     let sample = sim.telemetry().expect("telemetry");
     let devices: usize = sample.gpus.iter().map(|g| 1 + g.mig.len()).sum();
     let metrics = Metrics::new();
-    metrics.set_device_telemetry(&rows(&sample, Some(&checkpoint)));
+    metrics.set_device_telemetry(&rows(&sample, Some(&checkpoint), &pods));
     let text = metrics.render();
     let series = text
         .lines()
@@ -86,10 +89,10 @@ fn main() {
         200,
         || sim.telemetry(),
     );
-    time("join: rows(sample, checkpoint)", 2_000, || {
-        rows(&sample, Some(&checkpoint))
+    time("join: rows(sample, checkpoint, pods)", 2_000, || {
+        rows(&sample, Some(&checkpoint), &pods)
     });
-    let joined = rows(&sample, Some(&checkpoint));
+    let joined = rows(&sample, Some(&checkpoint), &pods);
     time("publish: Metrics::set_device_telemetry", 2_000, || {
         metrics.set_device_telemetry(&joined)
     });

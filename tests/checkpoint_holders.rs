@@ -1,80 +1,184 @@
-//! Who holds a claim's devices: the pods of `status.reservedFor`, read from the claim and kept
-//! in its checkpoint record; records written before pods were kept still load.
+//! Who holds a claim's devices (the pods of `status.reservedFor`, for telemetry labels) is kept
+//! beside the checkpoint in `holders.json`, never in it: the checkpoint stays in the format
+//! released plugins decode (they refuse unknown fields, and a refused checkpoint would have
+//! their recovery destroy running pods' MIG devices). The holders survive a restart, and a
+//! corrupt holders file is moved aside without stopping the plugin.
 
-use gpu_dra::checkpoint::{
-    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, PodRef, decode, encode,
-};
+mod plugin_support;
+
+use std::net::SocketAddr;
+
 use gpu_dra::k8s::ReservedPod;
+use gpu_dra::kubelet::client::DraApi;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use plugin_support::claims::{self, claim_ref};
+use plugin_support::probe;
+use plugin_support::{Node, eventually};
 use serde_json::{Value, json};
 
-fn record(pods: Vec<PodRef>) -> Checkpoint {
-    let mut cp = Checkpoint::new("boot-1");
-    cp.claims.insert(
-        "uid-1".into(),
-        ClaimRecord {
-            uid: "uid-1".into(),
-            namespace: "team-a".into(),
-            name: "train".into(),
-            phase: ClaimPhase::PrepareCompleted,
-            devices: vec![DeviceRecord {
-                request_names: vec!["gpu".into()],
-                pool: "node".into(),
-                device: "gpu-0".into(),
-                share_id: None,
-                cdi_device_ids: vec!["k8s.gpu.nvidia.com/claim=uid-1-gpu-0".into()],
-                gpu_uuid: "GPU-0".into(),
-                mig: None,
-                sharing: None,
-            }],
-            updated_unix: 1,
-            pods,
-        },
-    );
-    cp
+const DEVICE: &str = "gpu-2";
+const UID: &str = "uid-training";
+const TELEMETRY: [(&str, &str); 1] = [("GPU_DRA_TELEMETRY_INTERVAL", "1")];
+
+/// The `pod` labels of `device`'s memory series on /metrics, sorted.
+fn pods_on_metrics(addr: SocketAddr, device: &str) -> Option<Vec<String>> {
+    let (status, body) = probe::get(addr, "/metrics")?;
+    if status != 200 {
+        return None;
+    }
+    let mut pods: Vec<String> = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("gpu_dra_device_memory_total_bytes{"))
+        .filter(|labels| labels.contains(&format!("device=\"{device}\"")))
+        .filter_map(|labels| {
+            let rest = &labels[labels.find("pod=\"")? + 5..];
+            Some(rest[..rest.find('"')?].to_string())
+        })
+        .collect();
+    pods.sort();
+    Some(pods)
 }
 
-#[test]
-fn the_pods_of_a_claim_survive_a_write_and_read_back() {
-    let pods = vec![
-        PodRef {
-            name: "p1".into(),
-            uid: "u1".into(),
-        },
-        PodRef {
-            name: "p2".into(),
-            uid: "u2".into(),
-        },
-    ];
-    let cp = record(pods);
-    let bytes = encode(&cp).unwrap();
-    assert_eq!(decode(&bytes).unwrap(), cp);
+/// Every object key anywhere in `value`.
+fn keys(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                out.push(k.clone());
+                keys(v, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| keys(v, out)),
+        _ => {}
+    }
+}
+
+fn holders_file(node: &Node) -> Option<Value> {
+    let bytes = std::fs::read(node.state_dir().join("holders.json")).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn want_holders() -> Value {
+    json!({"version": "v1", "claims": {UID: [
+        {"name": "pod-training", "uid": format!("pod-uid-{UID}")}]}})
+}
+
+#[tokio::test]
+async fn holders_stay_out_of_the_checkpoint_and_survive_a_restart_through_holders_json() {
+    let node = Node::new();
+    node.api
+        .put_claim(claims::on_node("training", UID, &[DEVICE]));
+    let mut plugin = node.start_with(&TELEMETRY).await;
+    let addr = eventually("the metrics address", || probe::metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let prepared = kubelet
+        .prepare(&[claim_ref("training", UID)])
+        .await
+        .unwrap();
+    assert!(prepared[UID].is_ok(), "{prepared:?}");
+    eventually("the pod on /metrics", || {
+        (pods_on_metrics(addr, DEVICE)? == ["pod-training"]).then_some(())
+    })
+    .await;
+
+    // (a) The checkpoint is in the released format: each claim record has exactly the
+    // fields of the first `v1` release, and no `pods` anywhere.
+    let bytes = std::fs::read(node.state_dir().join(gpu_dra::checkpoint::CHECKPOINT_FILE)).unwrap();
     let file: Value = serde_json::from_slice(&bytes).unwrap();
+    let mut all_keys = Vec::new();
+    keys(&file, &mut all_keys);
+    assert!(!all_keys.iter().any(|k| k == "pods"), "{file:#}");
+    let record = file["payload"]["claims"][UID].as_object().unwrap();
+    let mut fields: Vec<&str> = record.keys().map(String::as_str).collect();
+    fields.sort();
     assert_eq!(
-        file["payload"]["claims"]["uid-1"]["pods"],
-        json!([{"name": "p1", "uid": "u1"}, {"name": "p2", "uid": "u2"}])
+        fields,
+        [
+            "devices",
+            "name",
+            "namespace",
+            "phase",
+            "uid",
+            "updatedUnix"
+        ]
     );
+    let decoded = gpu_dra::checkpoint::decode(&bytes).unwrap();
+    assert!(decoded.claims.contains_key(UID));
+
+    // (b) The holders are in holders.json, written by the sampling task.
+    let written = eventually("holders.json with the pod", || {
+        holders_file(&node).filter(|h| *h == want_holders())
+    })
+    .await;
+    assert_eq!(written, want_holders());
+
+    // A crash, and the claim no longer names its pod in the API: after the restart only
+    // holders.json can say who holds the device.
+    plugin.kill().await;
+    node.api.edit_claim(claims::NAMESPACE, "training", |claim| {
+        claim["status"]["reservedFor"] = json!([]);
+    });
+    let plugin = node.start_with(&TELEMETRY).await;
+    let addr = eventually("the metrics address", || probe::metrics_addr(&plugin.log())).await;
+    eventually("the pod on /metrics after the restart", || {
+        (pods_on_metrics(addr, DEVICE)? == ["pod-training"]).then_some(())
+    })
+    .await;
+
+    // Unprepared: the claim leaves the checkpoint, then holders.json and /metrics.
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let unprepared = kubelet
+        .unprepare(&[claim_ref("training", UID)])
+        .await
+        .unwrap();
+    assert!(unprepared[UID].is_ok(), "{unprepared:?}");
+    eventually("holders.json without the claim", || {
+        let h = holders_file(&node)?;
+        (h == json!({"version": "v1", "claims": {}})).then_some(())
+    })
+    .await;
+    eventually("the free device on /metrics", || {
+        (pods_on_metrics(addr, DEVICE)? == [""]).then_some(())
+    })
+    .await;
 }
 
-#[test]
-fn a_record_without_pods_is_written_as_older_plugins_wrote_it_and_still_loads() {
-    let bytes = encode(&record(Vec::new())).unwrap();
-    let file: Value = serde_json::from_slice(&bytes).unwrap();
-    let claim = file["payload"]["claims"]["uid-1"].as_object().unwrap();
-    assert!(!claim.contains_key("pods"), "{claim:?}");
-    // The file an older plugin wrote (no `pods` key at all) decodes with no pods.
-    assert_eq!(decode(&bytes).unwrap().claims["uid-1"].pods, Vec::new());
-}
+#[tokio::test]
+async fn a_corrupt_holders_file_is_moved_aside_with_a_warning_and_the_plugin_runs() {
+    let node = Node::new();
+    std::fs::create_dir_all(node.state_dir()).unwrap();
+    let path = node.state_dir().join("holders.json");
+    std::fs::write(&path, b"{\"version\": \"v1\", \"claims\": [tor").unwrap();
+    node.api
+        .put_claim(claims::on_node("training", UID, &[DEVICE]));
+    let plugin = node.start_with(&TELEMETRY).await;
 
-#[test]
-fn a_pod_without_a_name_is_refused_naming_the_field() {
-    let cp = record(vec![PodRef {
-        name: String::new(),
-        uid: "u".into(),
-    }]);
-    let err = encode(&cp).unwrap_err();
-    let text = gpu_dra::errors::error_chain(&err);
-    assert!(text.contains("pods[].name"), "{text}");
+    let log = plugin.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("holder pods file unreadable"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains(&path.display().to_string()), "{warning}");
+    let aside = std::fs::read(node.state_dir().join("holders.json.bad")).unwrap();
+    assert_eq!(aside, b"{\"version\": \"v1\", \"claims\": [tor");
+
+    // The plugin prepares, labels and records holders as if it had started without a file.
+    let addr = eventually("the metrics address", || probe::metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let prepared = kubelet
+        .prepare(&[claim_ref("training", UID)])
+        .await
+        .unwrap();
+    assert!(prepared[UID].is_ok(), "{prepared:?}");
+    eventually("the pod on /metrics", || {
+        (pods_on_metrics(addr, DEVICE)? == ["pod-training"]).then_some(())
+    })
+    .await;
+    eventually("a new holders.json", || {
+        holders_file(&node).filter(|h| *h == want_holders())
+    })
+    .await;
 }
 
 #[test]

@@ -31,7 +31,6 @@ fn alloc(devices: &[&str]) -> ClaimAllocation {
             })
             .collect(),
         config: Vec::new(),
-        pods: Vec::new(),
     }
 }
 
@@ -191,7 +190,6 @@ async fn bad_allocations_fail_with_the_claim_and_the_cause() {
             consumed_capacity: Default::default(),
         }],
         config: vec![],
-        pods: Vec::new(),
     };
     let mut n = node(&[("ghost", &["gpu-0-mig-9g99gb-0"]), ("empty", &[])]);
     n.mgr.source.0.insert("elsewhere".into(), dir_alloc);

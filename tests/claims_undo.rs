@@ -37,7 +37,6 @@ impl Node {
                 consumed_capacity: Default::default(),
             }],
             config: Vec::new(),
-            pods: Vec::new(),
         };
         let mgr = manager_support::manager(
             &sim,

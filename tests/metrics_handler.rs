@@ -29,7 +29,6 @@ fn alloc(devices: &[&str]) -> ClaimAllocation {
             })
             .collect(),
         config: Vec::new(),
-        pods: Vec::new(),
     }
 }
 

@@ -32,7 +32,6 @@ fn alloc(device: &str) -> ClaimAllocation {
             consumed_capacity: Default::default(),
         }],
         config: Vec::new(),
-        pods: Vec::new(),
     }
 }
 

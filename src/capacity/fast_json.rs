@@ -283,18 +283,14 @@ pub(super) fn slices(bytes: &[u8]) -> Option<Vec<api::ResourceSlice>> {
     if !json_object(bytes) {
         return None;
     }
-    // Slices are most of a large cluster's bytes: their items are parsed on every core.
-    let (kind, items) = super::json_split::list(bytes)?;
-    if !kind.ends_with("List") || items.is_empty() {
-        return None;
-    }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    let parsed = super::json_split::parse_all(&items, threads, |item| {
-        let slice: Slice = serde_json::from_slice(item).ok()?;
-        (slice.kind == "ResourceSlice" && slice.api_version == API_VERSION)
-            .then(|| slice.into_api())
-    })?;
-    Some(parsed)
+    let list: List<Slice> = serde_json::from_slice(bytes).ok()?;
+    let fits = list.kind.ends_with("List")
+        && !list.items.is_empty()
+        && list
+            .items
+            .iter()
+            .all(|s| s.kind == "ResourceSlice" && s.api_version == API_VERSION);
+    fits.then(|| list.items.into_iter().map(Slice::into_api).collect())
 }
 
 /// The allocated ResourceClaims of a JSON `List` of `resource.k8s.io/v1` ResourceClaims;

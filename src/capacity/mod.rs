@@ -16,7 +16,6 @@ mod book;
 mod fast_json;
 mod gpus;
 pub mod inputs;
-mod json_split;
 mod render;
 mod summary;
 

@@ -11,8 +11,6 @@ mod store;
 mod wire;
 
 pub use boot::{BootIdError, boot_id};
-pub use model::{
-    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord, PodRef,
-};
+pub use model::{Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord};
 pub use store::{CHECKPOINT_FILE, CheckpointStore, LoadOutcome, StoreError};
 pub use wire::{CURRENT_VERSION, DecodeError, SUPPORTED_VERSIONS, checksum, decode, encode};

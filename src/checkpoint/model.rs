@@ -25,19 +25,6 @@ pub struct ClaimRecord {
     pub devices: Vec<DeviceRecord>,
     /// When the record last changed (seconds since the Unix epoch), for operators.
     pub updated_unix: i64,
-    /// The pods the claim was reserved for (`status.reservedFor`) when it was read for
-    /// prepare: who holds its devices, for telemetry labels. Empty in records written
-    /// before this was kept.
-    pub pods: Vec<PodRef>,
-}
-
-/// A pod a claim is reserved for.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PodRef {
-    /// Pod name (in the claim's namespace).
-    pub name: String,
-    /// Pod UID.
-    pub uid: String,
 }
 
 /// Where a claim is in its life on this node. Recorded *before* acting, so after a crash
@@ -127,9 +114,6 @@ impl Checkpoint {
             non_empty(&location, "uid", &claim.uid)?;
             non_empty(&location, "namespace", &claim.namespace)?;
             non_empty(&location, "name", &claim.name)?;
-            for pod in &claim.pods {
-                non_empty(&location, "pods[].name", &pod.name)?;
-            }
             for device in &claim.devices {
                 let location = format!("claim {key} device {}", device.device);
                 non_empty(&location, "device", &device.device)?;

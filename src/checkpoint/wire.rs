@@ -14,7 +14,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::model::{
-    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord, PodRef,
+    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord,
 };
 
 /// The format version this code writes.
@@ -74,17 +74,6 @@ struct ClaimV1 {
     phase: PhaseV1,
     devices: Vec<DeviceV1>,
     updated_unix: i64,
-    /// Added after the first release of `v1`: absent in older files, left out when empty,
-    /// so files without holders stay byte-for-byte what older plugins wrote.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pods: Vec<PodV1>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PodV1 {
-    name: String,
-    uid: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -257,14 +246,6 @@ fn to_wire(cp: &Checkpoint) -> PayloadV1 {
                 },
                 devices: c.devices.iter().map(device_to_wire).collect(),
                 updated_unix: c.updated_unix,
-                pods: c
-                    .pods
-                    .iter()
-                    .map(|p| PodV1 {
-                        name: p.name.clone(),
-                        uid: p.uid.clone(),
-                    })
-                    .collect(),
             };
             (uid.clone(), claim)
         })
@@ -313,14 +294,6 @@ fn from_wire(wire: PayloadV1) -> Checkpoint {
                 },
                 devices: c.devices.into_iter().map(device_from_wire).collect(),
                 updated_unix: c.updated_unix,
-                pods: c
-                    .pods
-                    .into_iter()
-                    .map(|p| PodRef {
-                        name: p.name,
-                        uid: p.uid,
-                    })
-                    .collect(),
             };
             (uid, claim)
         })

@@ -149,8 +149,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             match planned {
                 Ok(devices) => {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
-                    next.claims
-                        .insert(id.uid.clone(), intent(id, &allocation, &devices));
+                    next.claims.insert(id.uid.clone(), intent(id, &devices));
                     wave.push(Planned { index: i, devices });
                 }
                 Err(e) => results[i] = Some(Err(e)),
@@ -352,7 +351,7 @@ fn needs_undo(device: &PlannedDevice) -> bool {
 }
 
 /// The intent record of a planned claim.
-fn intent(id: &ClaimId, allocation: &ClaimAllocation, devices: &[PlannedDevice]) -> ClaimRecord {
+fn intent(id: &ClaimId, devices: &[PlannedDevice]) -> ClaimRecord {
     ClaimRecord {
         uid: id.uid.clone(),
         namespace: id.namespace.clone(),
@@ -360,7 +359,6 @@ fn intent(id: &ClaimId, allocation: &ClaimAllocation, devices: &[PlannedDevice])
         phase: ClaimPhase::PrepareStarted,
         devices: devices.iter().map(|p| p.record.clone()).collect(),
         updated_unix: now_unix(),
-        pods: allocation.pods.clone(),
     }
 }
 

@@ -5,7 +5,6 @@
 use std::fmt;
 
 use crate::cdi::{self, GpuDeviceRef, HostFacts};
-use crate::checkpoint;
 
 /// The claim the kubelet names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +58,6 @@ pub struct ClaimAllocation {
     pub devices: Vec<AllocatedDevice>,
     /// Opaque config entries (class first, then claim).
     pub config: Vec<ConfigEntry>,
-    /// The pods the claim is reserved for, kept in its record (telemetry labels).
-    pub pods: Vec<checkpoint::PodRef>,
 }
 
 /// Where allocations come from (the API server in production, a table in tests).

@@ -216,7 +216,6 @@ pub(super) fn prepare_all(
                 ClaimAllocation {
                     devices,
                     config: allocation_config(c),
-                    pods: Vec::new(),
                 },
             )
         })

@@ -14,6 +14,7 @@
 pub mod claim_status;
 pub mod config;
 pub mod handler;
+pub mod holders;
 pub mod inventory_watch;
 pub mod memory;
 mod observe;
@@ -154,7 +155,9 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         &config.state_dir,
         metrics.clone(),
     ));
-    let reservations = Arc::new(telemetry::Reservations::default());
+    // Before the first claim is read and the first telemetry sample: the pods of claims
+    // prepared by an earlier run.
+    let reservations = Arc::new(holders::Reservations::load(&config.state_dir));
     let manager = Arc::new(ClaimsManager {
         backend: backend.clone(),
         source: source::ApiClaims(

@@ -2,19 +2,19 @@
 
 use std::sync::Arc;
 
-use crate::checkpoint::PodRef;
 use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
 use crate::k8s::{ClaimReader, ConfigSource, ReservedPod};
 use crate::usage::HeldDevice;
 
-use super::telemetry::Reservations;
+use super::holders::{PodRef, Reservations};
 use super::usage::UsageTracker;
 use tracing::debug;
 
 /// Reads allocations with a [`ClaimReader`]; tells the usage tracker, when there is one, each
-/// request's DeviceClass and each share's consumed capacity; and, when a prepared claim is
-/// prepared again (another pod of a shared claim), re-reads its pods in the background for the
-/// telemetry's holder labels.
+/// request's DeviceClass and each share's consumed capacity; records, when there are
+/// [`Reservations`], the pods each claim read is reserved for (the telemetry's holder labels);
+/// and, when a prepared claim is prepared again (another pod of a shared claim), re-reads its
+/// pods in the background.
 pub struct ApiClaims(
     pub ClaimReader,
     pub Option<Arc<UsageTracker>>,
@@ -33,7 +33,7 @@ impl ClaimSource for ApiClaims {
         runtime.spawn(async move {
             match reader.fetch(&id.namespace, &id.name, &id.uid).await {
                 Ok(claim) => reservations.set(&id.uid, pods_of(claim.reserved_pods)),
-                // Telemetry keeps the pods recorded at prepare; the next repeat tries again.
+                // Telemetry keeps the pods read before; the next repeat tries again.
                 Err(e) => debug!(claim = %id, error = %crate::errors::error_chain(&e), "re-reading a prepared claim's pods"),
             }
         });
@@ -59,6 +59,9 @@ impl ClaimSource for ApiClaims {
                 .collect();
             usage.fetched(&id.uid, claim.classes.clone(), held);
         }
+        if let Some(reservations) = &self.2 {
+            reservations.set(&id.uid, pods_of(claim.reserved_pods));
+        }
         Ok(ClaimAllocation {
             devices: claim
                 .devices
@@ -81,7 +84,6 @@ impl ClaimSource for ApiClaims {
                     parameters: c.parameters,
                 })
                 .collect(),
-            pods: pods_of(claim.reserved_pods),
         })
     }
 }

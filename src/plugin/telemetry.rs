@@ -1,49 +1,25 @@
 //! Per-device telemetry in the running plugin: every `--telemetry-interval`, a blocking
 //! thread of the runtime's pool samples the backend, joins each GPU and MIG device with the
-//! claims and pods that hold it (from the checkpoint, read without opening the store and
-//! without the plugin lock) and replaces the `gpu_dra_device_*` families. Prepare and
+//! claims that hold it (from the checkpoint, read without opening the store and without the
+//! plugin lock) and their pods (from [`Reservations`]) and replaces the `gpu_dra_device_*`
+//! families. The same task keeps `holders.json` in step with the checkpoint. Prepare and
 //! unprepare never wait for it; `/metrics` serves the last sample.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use crate::checkpoint::{Checkpoint, PodRef};
+use crate::checkpoint::Checkpoint;
 use crate::devices::{gpu_device_name, mig_device_name};
 use crate::hardware::GpuBackend;
 use crate::hardware::telemetry::{GpuTelemetry, NodeTelemetry};
 use crate::metrics::Metrics;
 use crate::metrics::telemetry::{DeviceReadings, Holder};
 
-/// The pods of prepared claims as last re-read (when the kubelet prepared a claim again, e.g.
-/// for a second pod of a shared claim), over what their checkpoint records say. In memory:
-/// after a restart the records' pods hold until the next repeat prepare.
-#[derive(Debug, Default)]
-pub struct Reservations(Mutex<HashMap<String, Vec<PodRef>>>);
-
-impl Reservations {
-    /// Claim `uid` is reserved for `pods` now.
-    pub fn set(&self, uid: &str, pods: Vec<PodRef>) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(uid.to_string(), pods);
-    }
-
-    /// Puts the re-read pods into `checkpoint`'s records and forgets claims it no longer has.
-    pub fn apply(&self, checkpoint: &mut Checkpoint) {
-        let mut known = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        known.retain(|uid, _| checkpoint.claims.contains_key(uid));
-        for (uid, pods) in known.iter() {
-            if let Some(record) = checkpoint.claims.get_mut(uid) {
-                record.pods = pods.clone();
-            }
-        }
-    }
-}
+use super::holders::{ClaimPods, Reservations};
 
 /// Who holds which device, by device name and by MIG UUID.
 #[derive(Default)]
@@ -53,18 +29,18 @@ struct Holders {
 }
 
 impl Holders {
-    fn from_checkpoint(checkpoint: Option<&Checkpoint>) -> Holders {
+    fn from_checkpoint(checkpoint: Option<&Checkpoint>, pods: &ClaimPods) -> Holders {
         let mut out = Holders::default();
         for record in checkpoint.into_iter().flat_map(|c| c.claims.values()) {
-            let holders: Vec<Holder> = if record.pods.is_empty() {
+            let record_pods = pods.get(&record.uid).map_or(&[][..], Vec::as_slice);
+            let holders: Vec<Holder> = if record_pods.is_empty() {
                 vec![Holder {
                     namespace: record.namespace.clone(),
                     claim: record.name.clone(),
                     pod: String::new(),
                 }]
             } else {
-                record
-                    .pods
+                record_pods
                     .iter()
                     .map(|p| Holder {
                         namespace: record.namespace.clone(),
@@ -123,11 +99,17 @@ fn parent_figures(gpu: &GpuTelemetry, row: &mut DeviceReadings) {
         .collect();
 }
 
-/// One row per GPU and per MIG device that exists, labelled with its holders. Pure.
+/// One row per GPU and per MIG device that exists, labelled with its holders: each claim of
+/// `checkpoint` on it, with each of its `pods` (by claim UID), or with an empty pod when none
+/// are known. Pure.
 ///
 /// A lost GPU keeps its row (so its series do not vanish silently) with XID counts only.
-pub fn rows(telemetry: &NodeTelemetry, checkpoint: Option<&Checkpoint>) -> Vec<DeviceReadings> {
-    let holders = Holders::from_checkpoint(checkpoint);
+pub fn rows(
+    telemetry: &NodeTelemetry,
+    checkpoint: Option<&Checkpoint>,
+    pods: &ClaimPods,
+) -> Vec<DeviceReadings> {
+    let holders = Holders::from_checkpoint(checkpoint, pods);
     let mut out = Vec::new();
     for gpu in &telemetry.gpus {
         let device = gpu_device_name(gpu.minor);
@@ -165,6 +147,10 @@ pub fn rows(telemetry: &NodeTelemetry, checkpoint: Option<&Checkpoint>) -> Vec<D
 
 /// Samples telemetry every `interval` until aborted. A failed sample keeps the previous one
 /// on `/metrics` and is logged once until sampling works again.
+///
+/// Each round also drops from `reservations` the claims the checkpoint no longer has and
+/// rewrites `<state_dir>/holders.json` when they changed; a failed write is logged once
+/// until a write works and tried again next round.
 pub async fn sample(
     backend: Arc<dyn GpuBackend>,
     metrics: Metrics,
@@ -175,23 +161,40 @@ pub async fn sample(
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
+    let (mut failing, mut saving_fails) = (false, false);
     loop {
         ticker.tick().await;
         let (backend, metrics) = (Arc::clone(&backend), metrics.clone());
         let reservations = Arc::clone(&reservations);
         let (dir, boot) = (state_dir.clone(), boot_id.clone());
         let round = tokio::task::spawn_blocking(move || {
-            let telemetry = backend.telemetry()?;
-            let mut checkpoint = super::usage::read_checkpoint(&dir, &boot);
-            if let Some(cp) = checkpoint.as_mut() {
-                reservations.apply(cp);
+            let checkpoint = super::usage::read_checkpoint(&dir, &boot);
+            if let Some(cp) = &checkpoint {
+                reservations.prune(cp, Instant::now());
             }
-            let rows = rows(&telemetry, checkpoint.as_ref());
-            metrics.set_device_telemetry(&rows);
-            Ok::<usize, crate::hardware::HardwareError>(rows.len())
+            let saved = reservations.save_if_changed(&dir);
+            let sampled = backend.telemetry().map(|telemetry| {
+                let rows = rows(&telemetry, checkpoint.as_ref(), &reservations.pods());
+                metrics.set_device_telemetry(&rows);
+                rows.len()
+            });
+            (saved, sampled)
         })
         .await;
+        let round = round.map(|(saved, sampled)| {
+            match saved {
+                Ok(_) if saving_fails => {
+                    saving_fails = false;
+                    warn!("holder pods file written again");
+                }
+                Err(e) if !saving_fails => {
+                    saving_fails = true;
+                    warn!(error = %crate::errors::error_chain(&e), "writing the holder pods file; tried again next sample");
+                }
+                _ => {}
+            }
+            sampled
+        });
         match round {
             Ok(Ok(devices)) => {
                 if failing {
@@ -218,8 +221,9 @@ mod tests {
     use super::*;
     use crate::checkpoint::{ClaimPhase, ClaimRecord, DeviceRecord, MigRecord};
     use crate::hardware::telemetry::{EccTelemetry, MigTelemetry};
+    use crate::plugin::holders::PodRef;
 
-    fn record(name: &str, device: &str, mig_uuid: Option<&str>, pods: &[&str]) -> ClaimRecord {
+    fn record(name: &str, device: &str, mig_uuid: Option<&str>) -> ClaimRecord {
         ClaimRecord {
             uid: format!("uid-{name}"),
             namespace: "team-a".into(),
@@ -245,14 +249,18 @@ mod tests {
                 sharing: None,
             }],
             updated_unix: 0,
-            pods: pods
-                .iter()
-                .map(|p| PodRef {
-                    name: p.to_string(),
-                    uid: format!("uid-{p}"),
-                })
-                .collect(),
         }
+    }
+
+    fn pods(uid: &str, names: &[&str]) -> ClaimPods {
+        let pods = names
+            .iter()
+            .map(|p| PodRef {
+                name: p.to_string(),
+                uid: format!("uid-{p}"),
+            })
+            .collect();
+        ClaimPods::from([(uid.to_string(), pods)])
     }
 
     fn node() -> NodeTelemetry {
@@ -277,9 +285,10 @@ mod tests {
     #[test]
     fn each_device_is_labelled_with_the_pods_of_the_claim_that_holds_it() {
         let mut cp = Checkpoint::new("boot");
-        let rec = record("train", "gpu-1-mig-1g10gb-2", Some("MIG-a"), &["p1", "p2"]);
+        let rec = record("train", "gpu-1-mig-1g10gb-2", Some("MIG-a"));
+        let held_by = pods(&rec.uid, &["p2", "p1"]);
         cp.claims.insert(rec.uid.clone(), rec);
-        let got = rows(&node(), Some(&cp));
+        let got = rows(&node(), Some(&cp), &held_by);
         let summary: Vec<(String, String, Vec<String>)> = got
             .iter()
             .map(|r| {
@@ -308,11 +317,12 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_without_recorded_pods_still_names_its_namespace_and_claim() {
+    fn a_claim_without_known_pods_still_names_its_namespace_and_claim() {
         let mut cp = Checkpoint::new("boot");
-        let rec = record("old", "gpu-1", None, &[]);
+        let rec = record("old", "gpu-1", None);
         cp.claims.insert(rec.uid.clone(), rec);
-        let got = rows(&node(), Some(&cp));
+        // Pods of a claim the checkpoint no longer has label nothing.
+        let got = rows(&node(), Some(&cp), &pods("uid-gone", &["p9"]));
         assert_eq!(
             got[0].holders,
             vec![Holder {

@@ -35,7 +35,6 @@ fn record(phase: ClaimPhase, devices: Vec<DeviceRecord>) -> ClaimRecord {
         phase,
         devices,
         updated_unix: 0,
-        pods: Vec::new(),
     }
 }
 
