@@ -19,21 +19,6 @@ use plugin_support::Node;
 const ROUNDS: usize = 20;
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn sim_fault(node: &Node, args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .arg("sim-fault")
-        .arg("--state-dir")
-        .arg(node.state_dir())
-        .args(args)
-        .output()
-        .expect("sim-fault");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Whether the whole pool (one generation) shows GPU `gpu`'s full device tainted as `want`.
 fn pool_shows(node: &Node, gpu: usize, want: bool) -> bool {
     let Some(pool) = node.api.complete_pool() else {
@@ -120,11 +105,11 @@ fn main() {
         for round in 0..ROUNDS {
             let gpu = round % 8;
             let start = Instant::now();
-            sim_fault(&node, &["xid", "--gpu", &gpu.to_string(), "--code", "79"]);
+            node.sim_fault(&["xid", "--gpu", &gpu.to_string(), "--code", "79"]);
             until(&node, gpu, true).await;
             taint.push(start.elapsed());
             let start = Instant::now();
-            sim_fault(&node, &["recover", "--gpu", &gpu.to_string()]);
+            node.sim_fault(&["recover", "--gpu", &gpu.to_string()]);
             until(&node, gpu, false).await;
             clear.push(start.elapsed());
         }

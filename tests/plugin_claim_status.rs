@@ -6,8 +6,6 @@
 
 mod plugin_support;
 
-use std::process::Command;
-
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::apiserver::Fault;
 use plugin_support::claims::{self, DRIVER, NAMESPACE, NODE, claim_ref};
@@ -91,21 +89,6 @@ fn status_puts(node: &Node, name: &str) -> usize {
         .iter()
         .filter(|r| r.method == "PUT" && r.path.ends_with(&path))
         .count()
-}
-
-fn sim_fault(node: &Node, args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .arg("sim-fault")
-        .arg("--state-dir")
-        .arg(node.state_dir())
-        .args(args)
-        .output()
-        .expect("run gpu-dra sim-fault");
-    assert!(
-        out.status.success(),
-        "sim-fault {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[tokio::test]
@@ -261,7 +244,7 @@ async fn an_unhealthy_gpu_turns_its_entry_not_ready_and_a_recovery_ready_again()
     })
     .await;
 
-    sim_fault(&node, &["lost", "--gpu", "3"]);
+    node.sim_fault(&["lost", "--gpu", "3"]);
     let entry = eventually("Ready=False", || {
         let ours = ours(&node, "sick");
         (readiness(&node, "sick") == ready("gpu-3", "False", "Unhealthy")).then(|| ours[0].clone())
@@ -278,7 +261,7 @@ async fn an_unhealthy_gpu_turns_its_entry_not_ready_and_a_recovery_ready_again()
         plugin.log()
     );
 
-    sim_fault(&node, &["recover", "--gpu", "3"]);
+    node.sim_fault(&["recover", "--gpu", "3"]);
     eventually("Ready=True again", || {
         (readiness(&node, "sick") == ready("gpu-3", "True", "Prepared")).then_some(())
     })

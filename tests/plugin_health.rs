@@ -11,23 +11,6 @@ use gpu_dra::kubelet::HealthStatus;
 use gpu_dra::kubelet::client::{DraApi, HealthApi, HealthWatch, KubeletClient, KubeletVersions};
 use plugin_support::Node;
 
-/// Runs `gpu-dra sim-fault --state-dir <plugin state dir> <args>`.
-fn sim_fault(node: &Node, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .arg("sim-fault")
-        .arg("--state-dir")
-        .arg(node.state_dir())
-        .args(args)
-        .output()
-        .expect("run gpu-dra sim-fault");
-    assert!(
-        out.status.success(),
-        "sim-fault {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Reads the stream until `device` has `status`; returns the statuses of every device then.
 async fn until_status(
     watch: &mut HealthWatch,
@@ -69,7 +52,7 @@ async fn a_lost_gpu_turns_its_devices_unhealthy_and_a_reset_brings_them_back() {
     let mut watch = kubelet.watch_health().await.expect("NodeWatchResources");
     until_status(&mut watch, "gpu-0", HealthStatus::Healthy).await;
 
-    let printed = sim_fault(&node, &["lost", "--gpu", "0"]);
+    let printed = node.sim_fault(&["lost", "--gpu", "0"]);
     assert!(printed.contains("GPU 0 is unhealthy (lost)"), "{printed}");
     let list = until_status(&mut watch, "gpu-0", HealthStatus::Unhealthy).await;
     let gpu1 = list
@@ -87,7 +70,7 @@ async fn a_lost_gpu_turns_its_devices_unhealthy_and_a_reset_brings_them_back() {
         .expect("gpu-0");
     assert!(gpu0.2.ends_with(": failed: xid-79"), "{gpu0:?}");
 
-    let printed = sim_fault(&node, &["recover", "--gpu", "0"]);
+    let printed = node.sim_fault(&["recover", "--gpu", "0"]);
     assert!(printed.contains("GPU 0 is healthy"), "{printed}");
     until_status(&mut watch, "gpu-0", HealthStatus::Healthy).await;
 }
@@ -107,7 +90,7 @@ async fn a_double_bit_ecc_error_is_fatal_and_an_unknown_gpu_is_refused_with_the_
     let mut watch = kubelet.watch_health().await.expect("NodeWatchResources");
     until_status(&mut watch, "gpu-3", HealthStatus::Healthy).await;
 
-    let printed = sim_fault(&node, &["ecc", "--gpu", "3", "--double-bit"]);
+    let printed = node.sim_fault(&["ecc", "--gpu", "3", "--double-bit"]);
     assert!(printed.contains("double-bit ECC error"), "{printed}");
     until_status(&mut watch, "gpu-3", HealthStatus::Unhealthy).await;
 
@@ -131,7 +114,7 @@ async fn a_gpu_lost_before_the_plugin_starts_is_unhealthy_from_the_first_report(
     // The first run creates the simulator's state; the fault goes in while it is down.
     let mut first = node.start().await;
     first.kill().await;
-    sim_fault(&node, &["lost", "--gpu", "5"]);
+    node.sim_fault(&["lost", "--gpu", "5"]);
     let plugin = node.start().await;
     let versions = KubeletVersions {
         dra: vec![DraApi::V1],

@@ -17,23 +17,6 @@ use serde_json::Value;
 
 const KEY: &str = "gpu.nvidia.com/unhealthy";
 
-/// Runs `gpu-dra sim-fault --state-dir <plugin state dir> <args>`.
-fn sim_fault(node: &Node, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .arg("sim-fault")
-        .arg("--state-dir")
-        .arg(node.state_dir())
-        .args(args)
-        .output()
-        .expect("run gpu-dra sim-fault");
-    assert!(
-        out.status.success(),
-        "sim-fault {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Every published device by name, once the pool is complete and all its slices are of one
 /// generation (a change rewrites every slice with the next generation).
 fn devices(node: &Node) -> Option<BTreeMap<String, Value>> {
@@ -104,7 +87,7 @@ async fn a_critical_xid_taints_the_gpu_and_its_placements_at_once_and_a_reset_cl
     assert!(gpu2 > 1, "gpu-2 has MIG placements: {gpu2}");
 
     let started = Instant::now();
-    sim_fault(&node, &["xid", "--gpu", "2", "--code", "79"]);
+    node.sim_fault(&["xid", "--gpu", "2", "--code", "79"]);
     let tainted = eventually("gpu-2's taints", || {
         let t = taints(&devices(&node)?);
         (t.len() == gpu2).then_some(t)
@@ -209,7 +192,7 @@ async fn a_critical_xid_taints_the_gpu_and_its_placements_at_once_and_a_reset_cl
         String::from_utf8_lossy(&tolerated.stderr)
     );
 
-    sim_fault(&node, &["recover", "--gpu", "2"]);
+    node.sim_fault(&["recover", "--gpu", "2"]);
     eventually("the taints to go", || {
         taints(&devices(&node)?).is_empty().then_some(())
     })
@@ -236,7 +219,7 @@ async fn a_policy_file_sets_effects_and_a_degraded_gpu_clears_after_its_hold_dow
     plugin.wait_registrable().await;
     eventually("the first slices", || devices(&node)).await;
 
-    sim_fault(&node, &["xid", "--gpu", "4", "--code", "31"]);
+    node.sim_fault(&["xid", "--gpu", "4", "--code", "31"]);
     let t = eventually("a degraded taint", || {
         let t = taints(&devices(&node)?);
         (!t.is_empty()).then_some(t)
@@ -248,7 +231,7 @@ async fn a_policy_file_sets_effects_and_a_degraded_gpu_clears_after_its_hold_dow
     })
     .await;
 
-    sim_fault(&node, &["ecc", "--gpu", "5", "--double-bit"]);
+    node.sim_fault(&["ecc", "--gpu", "5", "--double-bit"]);
     let t = eventually("a failed taint", || {
         let t = taints(&devices(&node)?);
         (!t.is_empty()).then_some(t)
@@ -318,10 +301,7 @@ async fn a_mig_scoped_xid_taints_only_its_mig_device() {
         .as_ref()
         .expect("prepared");
     let gi = gi_at(&node, 0, 4).to_string();
-    sim_fault(
-        &node,
-        &["xid", "--gpu", "0", "--code", "94", "--gpu-instance", &gi],
-    );
+    node.sim_fault(&["xid", "--gpu", "0", "--code", "94", "--gpu-instance", &gi]);
     let t = eventually("the MIG device's taint", || {
         let t = taints(&devices(&node)?);
         (!t.is_empty()).then_some(t)
@@ -363,14 +343,14 @@ async fn gpus_added_at_run_time_appear_and_a_prepared_device_of_a_removed_gpu_st
         .expect("prepared");
     eventually("the first slices", || devices(&node)).await;
 
-    let printed = sim_fault(&node, &["add-gpu", "--model", "H100-SXM5-80GB"]);
+    let printed = node.sim_fault(&["add-gpu", "--model", "H100-SXM5-80GB"]);
     assert!(printed.contains("added GPU 8"), "{printed}");
     eventually("the added GPU", || {
         devices(&node)?.contains_key("gpu-8").then_some(())
     })
     .await;
 
-    sim_fault(&node, &["remove-gpu", "--gpu", "6"]);
+    node.sim_fault(&["remove-gpu", "--gpu", "6"]);
     let t = eventually("the held device, tainted", || {
         let d = devices(&node)?;
         let t = taints(&d);

@@ -8,7 +8,6 @@ mod plugin_support;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
 
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
@@ -65,21 +64,6 @@ fn value(metrics: &str, name: &str, device: &str, extra: &[(&str, &str)]) -> Opt
         .map(|(_, v)| v)
 }
 
-fn sim_fault(node: &Node, args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .arg("sim-fault")
-        .arg("--state-dir")
-        .arg(node.state_dir())
-        .args(args)
-        .output()
-        .expect("run gpu-dra sim-fault");
-    assert!(
-        out.status.success(),
-        "sim-fault {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 const FULL: &str = "gpu-2";
 const MIG: &str = "gpu-0-mig-1g10gb-2";
 
@@ -103,10 +87,7 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
         .await
         .unwrap();
     assert!(prepared.values().all(Result::is_ok), "{prepared:?}");
-    sim_fault(
-        &node,
-        &["load", "--gpu", "2", "--sm", "0.8", "--power", "550"],
-    );
+    node.sim_fault(&["load", "--gpu", "2", "--sm", "0.8", "--power", "550"]);
 
     let holder = |pod: &'static str, claim: &'static str| {
         [
@@ -199,7 +180,7 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
         "{metrics}"
     );
 
-    sim_fault(&node, &["ecc", "--gpu", "0", "--double-bit"]);
+    node.sim_fault(&["ecc", "--gpu", "0", "--double-bit"]);
     let after = eventually("the double-bit error counted", || {
         let m = scrape(addr)?;
         (ecc(&m, MIG, &mig) == Some(1.0)).then_some(m)

@@ -122,6 +122,25 @@ impl Node {
         self.plugin_dir().join("dra.sock")
     }
 
+    /// Runs `gpu-dra sim-fault --state-dir <this node's state dir> <args>` (a fault, a GPU
+    /// added or removed, a load) and returns what it printed; panics with its stderr when it
+    /// fails.
+    pub fn sim_fault(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+            .arg("sim-fault")
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .args(args)
+            .output()
+            .expect("run gpu-dra sim-fault");
+        assert!(
+            out.status.success(),
+            "sim-fault {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// What a prepare or unprepare may have changed.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot::read(&self.state_dir(), &self.cdi_root())
