@@ -115,27 +115,8 @@ fn take(view: &View, gpu: &GpuInfo, gi: Option<u32>, id: u32) -> Result<(), Ret>
     let r = crate::telemetry::model_readings(view, gpu)?;
     let sm = match gi {
         Some(gi) => r.mig.get(&gi).ok_or(ffi::NOT_FOUND)?.0,
-        None => r.utilization_percent.unwrap_or_else(|| {
-            // A GPU in MIG mode: its instances' activity weighted by their share of the GPU.
-            let slices = gpu
-                .mig_profiles
-                .iter()
-                .map(|p| p.compute_slices)
-                .max()
-                .unwrap_or(1)
-                .max(1);
-            let busy: u32 = gpu
-                .mig_devices
-                .iter()
-                .map(|d| {
-                    let share = gpu
-                        .profile_by_id(d.profile_id)
-                        .map_or(0, |p| p.compute_slices);
-                    share * r.mig.get(&d.gi_id).map_or(0, |m| m.0)
-                })
-                .sum();
-            (busy / slices).min(100)
-        }),
+        // A GPU in MIG mode: its instances' activity weighted by their share of the GPU.
+        None => r.utilization_percent.unwrap_or(r.mig_activity_percent),
     };
     let seq = {
         let mut next = NEXT_SEQ.lock().unwrap_or_else(|p| p.into_inner());

@@ -57,6 +57,9 @@ pub struct SimReadings {
     pub memory_used_mib: u64,
     /// Each MIG device by GPU instance id: (SM activity percent, memory in use MiB).
     pub mig: BTreeMap<u32, (u32, u64)>,
+    /// The MIG devices' SM activity weighted by their share of the GPU's compute slices,
+    /// percent: what GPM reports for a GPU in MIG mode.
+    pub mig_activity_percent: u32,
 }
 
 /// Board power limit of the model, milliwatts (public specifications).
@@ -117,9 +120,10 @@ pub fn readings(gpu: &GpuInfo, load: Option<&SimLoad>) -> SimReadings {
         mig_used += used;
         mig.insert(d.gi_id, (sm, used));
     }
+    let mig_activity_percent = (busy_slices / u64::from(slices_total)).min(100) as u32;
     let activity = match load.sm_active_percent {
         Some(sm) => sm.min(100),
-        None => (busy_slices / u64::from(slices_total)).min(100) as u32,
+        None => mig_activity_percent,
     };
     let idle = limit / 8;
     let power_mw = match load.power_watts {
@@ -142,6 +146,7 @@ pub fn readings(gpu: &GpuInfo, load: Option<&SimLoad>) -> SimReadings {
             .unwrap_or(31 + gpu.minor % 4 + activity * 45 / 100),
         memory_used_mib,
         mig,
+        mig_activity_percent,
     }
 }
 
