@@ -21,8 +21,8 @@ use std::pin::Pin;
 use std::task::Poll;
 
 use super::{
-    ClaimAllocation, ClaimError, ClaimId, ClaimSource, ClaimsManager, PreparedDevice, now_unix,
-    plan, prepared, sharing,
+    ClaimAllocation, ClaimError, ClaimId, ClaimSource, ClaimsManager, PreparedDevice, plan,
+    prepared, sharing,
 };
 use crate::checkpoint::{CheckpointStore, ClaimPhase, ClaimRecord};
 use plan::PlannedDevice;
@@ -192,7 +192,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         if done.is_empty() {
             return later;
         }
-        let now = now_unix();
+        let now = crate::hardware::health::unix_now();
         let completed = self.update(store, &ids[done[0].0].to_string(), |cp| {
             for (i, cdi_ids) in &done {
                 let uid = &ids[*i].uid;
@@ -358,7 +358,7 @@ fn intent(id: &ClaimId, devices: &[PlannedDevice]) -> ClaimRecord {
         name: id.name.clone(),
         phase: ClaimPhase::PrepareStarted,
         devices: devices.iter().map(|p| p.record.clone()).collect(),
-        updated_unix: now_unix(),
+        updated_unix: crate::hardware::health::unix_now(),
     }
 }
 

@@ -99,12 +99,6 @@ fn prepared(records: &[DeviceRecord]) -> Vec<PreparedDevice> {
         .collect()
 }
 
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
 impl<S: ClaimSource> ClaimsManager<S> {
     fn model(&self, claim: &str) -> Result<Arc<DeviceModel>, ClaimError> {
         let inventory = self

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint};
 
 use super::policy::{HealthPolicy, HealthState};
 use super::verdict::{DeviceVerdict, Verdict, taint};
@@ -22,6 +22,15 @@ pub struct PreparedDevice {
     pub gpu_uuid: String,
     /// The MIG device's UUID, for MIG devices.
     pub mig_uuid: Option<String>,
+}
+
+/// The `gpu-gone` taint of a device kept published for a prepared claim, if it is one.
+pub fn gone_taint<'d>(device: &'d Device, policy: &HealthPolicy) -> Option<&'d DeviceTaint> {
+    device
+        .taints
+        .iter()
+        .flatten()
+        .find(|t| t.key == policy.taint_key && t.value.as_deref() == Some(GONE_CAUSE))
 }
 
 /// Adds to `model` (and `verdicts`) every `prepared` device it lacks: the device as
@@ -66,12 +75,7 @@ pub fn keep_prepared(
                 },
             }
         });
-        let since = ghost
-            .device
-            .taints
-            .iter()
-            .flatten()
-            .find(|t| t.key == policy.taint_key && t.value.as_deref() == Some(GONE_CAUSE))
+        let since = gone_taint(&ghost.device, policy)
             .and_then(|t| t.time_added.as_ref())
             .map_or(now, |t| t.0.as_second());
         let verdict = Verdict {

@@ -16,7 +16,7 @@ mod ghosts;
 mod policy;
 mod verdict;
 
-pub use ghosts::{GONE_CAUSE, PreparedDevice, keep_prepared};
+pub use ghosts::{GONE_CAUSE, PreparedDevice, gone_taint, keep_prepared};
 pub use policy::{
     DEFAULT_FAILED_XIDS, DEFAULT_HOLD_DOWN_SECONDS, DEFAULT_IGNORED_XIDS, DEFAULT_TAINT_KEY,
     HealthPolicy, HealthState, PolicyError, TaintEffect,

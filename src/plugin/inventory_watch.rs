@@ -219,7 +219,7 @@ impl Watcher {
             let kept: Vec<DeviceVerdict> = current
                 .devices
                 .iter()
-                .filter(|d| is_ghost(&d.device))
+                .filter(|d| health::gone_taint(&d.device, &this.policy).is_some())
                 .map(|d| DeviceVerdict {
                     device: d.device.name.clone(),
                     gpu_uuid: d.gpu_uuid.clone(),
@@ -276,7 +276,10 @@ impl Watcher {
             let ghosts_matter = prepared != last_prepared && {
                 let current = models.borrow();
                 prepared.iter().any(|p| current.device(&p.device).is_none())
-                    || current.devices.iter().any(|d| is_ghost(&d.device))
+                    || current
+                        .devices
+                        .iter()
+                        .any(|d| health::gone_taint(&d.device, &this.policy).is_some())
             };
             let unchanged = last_inventory.as_ref() == Some(&inventory)
                 && judged == last_judged
@@ -337,15 +340,6 @@ impl Watcher {
             last_prepared = prepared;
         }
     }
-}
-
-/// Whether `device` is kept published only for a prepared claim whose GPU is gone.
-fn is_ghost(device: &k8s_openapi::api::resource::v1::Device) -> bool {
-    device
-        .taints
-        .iter()
-        .flatten()
-        .any(|t| t.value.as_deref() == Some(health::GONE_CAUSE))
 }
 
 fn strip_times(h: &[DeviceHealth]) -> Vec<(&str, &str, HealthStatus, &str)> {
