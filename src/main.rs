@@ -821,20 +821,25 @@ fn run_capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {}", chain(&e));
         Ok(ExitCode::from(2))
     };
-    let input = match &args.slices {
-        Some(slices) => match capacity::inputs::from_files(
-            slices,
-            args.claims.as_deref(),
-            args.nodes.as_deref(),
-        ) {
-            Ok(input) => input,
-            Err(e) => return bad_input(e.into()),
-        },
+    let options = CapacityOptions {
+        driver: args.driver_name.clone(),
+        pool_label: args.pool_label.clone(),
+        node: args.node.clone(),
+    };
+    let report = match &args.slices {
+        Some(slices) => capacity::build_from_files(
+            capacity::InputFiles {
+                slices,
+                claims: args.claims.as_deref(),
+                nodes: args.nodes.as_deref(),
+            },
+            &options,
+        ),
         None => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(async {
+            let input = runtime.block_on(async {
                 let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
                 let with_nodes = args.pool_label.is_some();
                 anyhow::Ok(
@@ -846,15 +851,11 @@ fn run_capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
                     )
                     .await?,
                 )
-            })?
+            })?;
+            capacity::build(&input, &options)
         }
     };
-    let options = CapacityOptions {
-        driver: args.driver_name,
-        pool_label: args.pool_label,
-        node: args.node,
-    };
-    let report = match capacity::build(&input, &options) {
+    let report = match report {
         Ok(report) => report,
         Err(e) => return bad_input(e.into()),
     };

@@ -2,8 +2,9 @@
 //! that parses only what the view needs: its report equals the one from the same objects read
 //! in full (as YAML, through the general path), holders, counters and warnings included.
 
-use gpu_dra::capacity::inputs::from_files;
-use gpu_dra::capacity::{CapacityOptions, build};
+use std::path::Path;
+
+use gpu_dra::capacity::{CapacityOptions, CapacityReport, InputFiles, build_from_files};
 use gpu_dra::explain_inputs::sim_slices;
 use serde_json::{Value, json};
 
@@ -63,22 +64,43 @@ fn json_lists_give_the_same_report_as_the_same_objects_read_in_full() {
     std::fs::write(&yaml_slices, yaml(slices())).unwrap();
     std::fs::write(&yaml_claims, yaml(claims())).unwrap();
 
-    let options = CapacityOptions {
-        driver: "gpu.nvidia.com".into(),
-        pool_label: None,
-        node: None,
+    // `kubectl get -o json` indents: the same lists pretty-printed take the fast path too.
+    let (pretty_slices, pretty_claims) = (dir.path().join("sp.json"), dir.path().join("cp.json"));
+    std::fs::write(
+        &pretty_slices,
+        serde_json::to_string_pretty(&list(slices())).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        &pretty_claims,
+        serde_json::to_string_pretty(&list(claims())).unwrap(),
+    )
+    .unwrap();
+
+    let report = |slices: &Path, claims: &Path| -> CapacityReport {
+        let options = CapacityOptions {
+            driver: "gpu.nvidia.com".into(),
+            pool_label: None,
+            node: None,
+        };
+        let files = InputFiles {
+            slices,
+            claims: Some(claims),
+            nodes: None,
+        };
+        build_from_files(files, &options).unwrap()
     };
-    let fast = build(
-        &from_files(&json_slices, Some(&json_claims), None).unwrap(),
-        &options,
-    )
-    .unwrap();
-    let full = build(
-        &from_files(&yaml_slices, Some(&yaml_claims), None).unwrap(),
-        &options,
-    )
-    .unwrap();
+    let fast = report(&json_slices, &json_claims);
+    let full = report(&yaml_slices, &yaml_claims);
     assert_eq!(fast, full);
+    assert_eq!(report(&pretty_slices, &pretty_claims), full);
+    // A string with an escape (Go's encoder writes `<`, `>` and `&` so) cannot be borrowed
+    // from the bytes: the file is read in full instead, to the same report.
+    let escaped = dir.path().join("escaped.json");
+    let text = list(slices()).to_string();
+    assert!(text.contains("\"NVIDIA H100 80GB HBM3\""));
+    std::fs::write(&escaped, text.replace("NVIDIA H100", "NVIDIA \\u0048100")).unwrap();
+    assert_eq!(report(&escaped, &json_claims), full);
     // mig, full, static (admin access holds nothing; the ghost device is not published).
     assert_eq!(fast.totals.allocated_devices, 3, "{:?}", fast.totals);
     assert_eq!(

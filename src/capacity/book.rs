@@ -9,25 +9,25 @@ pub(super) type Use = (usize, Quantity);
 
 /// The counters of the counter sets a GPU's devices consume.
 #[derive(Default)]
-pub(super) struct Book {
+pub(super) struct Book<'a> {
     /// (counter set, counter) per index.
-    pub(super) names: Vec<(String, String)>,
+    pub(super) names: Vec<(&'a str, &'a str)>,
     pub(super) totals: Vec<Quantity>,
     /// Index of `memory-slice-<n>` for each n, when the GPU has them.
     pub(super) memory_slices: Vec<Option<usize>>,
 }
 
-impl Book {
+impl<'a> Book<'a> {
     /// Index of a counter, adding it with `total` on first sight.
-    pub(super) fn index(&mut self, set: &str, counter: &str, total: Quantity) -> usize {
+    pub(super) fn index(&mut self, set: &'a str, counter: &'a str, total: Quantity) -> usize {
         if let Some(i) = self
             .names
             .iter()
-            .position(|(s, c)| s == set && c == counter)
+            .position(|(s, c)| *c == counter && *s == set)
         {
             return i;
         }
-        self.names.push((set.to_string(), counter.to_string()));
+        self.names.push((set, counter));
         self.totals.push(total);
         if let Some(n) = memory_slice(counter) {
             let n = n as usize;
@@ -73,7 +73,7 @@ pub(super) struct GpuEntry<'a> {
     pub(super) uuid: Option<&'a str>,
     pub(super) model: &'a str,
     pub(super) devices: Vec<Dev<'a>>,
-    pub(super) book: Book,
+    pub(super) book: Book<'a>,
 }
 
 /// Per-profile counts of one GPU, for the cluster and pool summaries.
@@ -226,8 +226,10 @@ mod tests {
     fn placements_sharing_one_engine_count_as_one_free_device() {
         let mut book = Book::default();
         let ofa = book.index("s", "ofa-engines", q(1));
-        let slices: Vec<usize> = (0..2)
-            .map(|n| book.index("s", &format!("memory-slice-{n}"), q(1)))
+        let names: Vec<String> = (0..2).map(|n| format!("memory-slice-{n}")).collect();
+        let slices: Vec<usize> = names
+            .iter()
+            .map(|name| book.index("s", name, q(1)))
             .collect();
         let gpu = GpuEntry {
             node: "n".into(),
@@ -258,8 +260,10 @@ mod tests {
             consumed: Default::default(),
         }];
         let mut book = Book::default();
-        let s: Vec<usize> = (0..4)
-            .map(|n| book.index("s", &format!("memory-slice-{n}"), q(1)))
+        let names: Vec<String> = (0..4).map(|n| format!("memory-slice-{n}")).collect();
+        let s: Vec<usize> = names
+            .iter()
+            .map(|name| book.index("s", name, q(1)))
             .collect();
         let all: Vec<Use> = s.iter().map(|&i| (i, q(1))).collect();
         let gpu = GpuEntry {

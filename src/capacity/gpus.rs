@@ -1,62 +1,41 @@
-//! Reading the driver's ResourceSlices into GPUs with their devices and counters, and the
+//! Reading the driver's slice records into GPUs with their devices and counters, and the
 //! allocated claims into who holds which device.
 
-use std::collections::{BTreeMap, HashMap};
-
-use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::book::{Book, Dev, GpuEntry, memory_slice};
+use super::records::{ClaimRecord, DeviceRecord, SliceRecord};
 use super::{CapacityError, CapacityOptions, FULL_GPU, Holder, Placement};
 use crate::quantity::Quantity;
 
 /// Holders per pool, then per device.
-pub(super) type Holders = HashMap<String, HashMap<String, Vec<Holder>>>;
+pub(super) type Holders<'a> = HashMap<&'a str, HashMap<&'a str, Vec<Holder>>>;
 
 /// Who holds which device of `driver`, from allocated claims' results and `reservedFor`.
 /// Admin-access results hold nothing, as in Kubernetes.
-pub(super) fn holders(claims: &[ResourceClaim], driver: &str) -> Holders {
+pub(super) fn holders<'a>(claims: &'a [ClaimRecord<'a>], driver: &str) -> Holders<'a> {
     let mut out: Holders = HashMap::new();
     for claim in claims {
-        let Some(status) = claim.status.as_ref() else {
-            continue;
-        };
-        let Some(results) = status
-            .allocation
-            .as_ref()
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref())
-        else {
-            continue;
-        };
-        let pods: Vec<String> = status
-            .reserved_for
-            .iter()
-            .flatten()
-            .map(|r| match (r.api_group.as_deref(), r.resource.as_str()) {
-                (None | Some(""), "pods") => r.name.clone(),
-                _ => format!("{}/{}", r.resource, r.name),
-            })
-            .collect();
-        for result in results {
+        for result in &claim.results {
             if result.driver != driver || result.admin_access == Some(true) {
                 continue;
             }
             let holder = Holder {
-                namespace: claim.metadata.namespace.clone().unwrap_or_default(),
-                claim: claim.metadata.name.clone().unwrap_or_default(),
-                pods: pods.clone(),
-                request: result.request.clone(),
-                share_id: result.share_id.clone(),
+                namespace: claim.namespace.to_string(),
+                claim: claim.name.to_string(),
+                pods: claim.pods.iter().map(|p| p.to_string()).collect(),
+                request: result.request.to_string(),
+                share_id: result.share_id.map(str::to_string),
                 consumed: result
                     .consumed_capacity
+                    .0
                     .iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
             };
-            out.entry(result.pool.clone())
+            out.entry(result.pool)
                 .or_default()
-                .entry(result.device.clone())
+                .entry(result.device)
                 .or_default()
                 .push(holder);
         }
@@ -64,28 +43,17 @@ pub(super) fn holders(claims: &[ResourceClaim], driver: &str) -> Holders {
     out
 }
 
-fn attribute<'a>(
-    device: &'a Device,
-    driver: &str,
-    name: &str,
-) -> Option<&'a k8s_openapi::api::resource::v1::DeviceAttribute> {
-    let attributes = device.attributes.as_ref()?;
-    attributes
-        .get(name)
-        .or_else(|| attributes.get(&format!("{driver}/{name}")))
+fn int(device: &DeviceRecord, driver: &str, name: &str) -> Option<i64> {
+    device.attribute(driver, name)?.int
 }
 
-fn int(device: &Device, driver: &str, name: &str) -> Option<i64> {
-    attribute(device, driver, name)?.int
-}
-
-fn string<'a>(device: &'a Device, driver: &str, name: &str) -> Option<&'a str> {
-    attribute(device, driver, name)?.string.as_deref()
+fn string<'a>(device: &'a DeviceRecord, driver: &str, name: &str) -> Option<&'a str> {
+    device.attribute(driver, name)?.string
 }
 
 /// The GPU (minor number) a device belongs to: its `minor` / `parentMinor`, else its
 /// `index` / `parentIndex`, else the `<n>` of a `gpu-<n>…` name.
-fn gpu_minor(device: &Device, driver: &str, mig: bool) -> Option<i64> {
+fn gpu_minor(device: &DeviceRecord, driver: &str, mig: bool) -> Option<i64> {
     let (minor, index) = if mig {
         ("parentMinor", "parentIndex")
     } else {
@@ -112,14 +80,14 @@ fn start_from_name(name: &str) -> Option<u32> {
 }
 
 struct PoolSlices<'a> {
-    slices: Vec<&'a ResourceSlice>,
+    slices: Vec<&'a SliceRecord<'a>>,
     generation: i64,
     expected: i64,
 }
 
-fn invalid(slice: &ResourceSlice, field: String, value: &str, problem: String) -> CapacityError {
+fn invalid(slice: &SliceRecord, field: String, value: &str, problem: String) -> CapacityError {
     CapacityError::InvalidSlice {
-        slice: slice.metadata.name.clone().unwrap_or_default(),
+        slice: slice.name.to_string(),
         field,
         value: value.to_string(),
         problem,
@@ -128,22 +96,18 @@ fn invalid(slice: &ResourceSlice, field: String, value: &str, problem: String) -
 
 /// The driver's slices at the newest generation of each pool, by pool name.
 fn pools<'a>(
-    slices: &'a [ResourceSlice],
+    slices: &'a [SliceRecord<'a>],
     options: &CapacityOptions,
     warnings: &mut Vec<String>,
 ) -> BTreeMap<&'a str, PoolSlices<'a>> {
     let mut pools: BTreeMap<&str, PoolSlices> = BTreeMap::new();
     for slice in slices.iter().filter(|s| s.spec.driver == options.driver) {
-        let node = slice
-            .spec
-            .node_name
-            .as_deref()
-            .unwrap_or(&slice.spec.pool.name);
+        let pool = &slice.spec.pool;
+        let node = slice.spec.node_name.unwrap_or(pool.name);
         if options.node.as_deref().is_some_and(|n| n != node) {
             continue;
         }
-        let pool = &slice.spec.pool;
-        let entry = pools.entry(pool.name.as_str()).or_insert(PoolSlices {
+        let entry = pools.entry(pool.name).or_insert(PoolSlices {
             slices: Vec::new(),
             generation: pool.generation,
             expected: pool.resource_slice_count,
@@ -170,13 +134,22 @@ fn pools<'a>(
     pools
 }
 
+/// A counter quantity. Most are small integers (`1`, `16`), read without the general parser.
+fn quantity(text: &str) -> Result<Quantity, crate::quantity::QuantityError> {
+    if !text.is_empty() && text.len() <= 9 && text.bytes().all(|b| b.is_ascii_digit()) {
+        let value = text.bytes().fold(0i64, |n, b| n * 10 + i64::from(b - b'0'));
+        return Ok(Quantity::from_i64(value));
+    }
+    text.parse()
+}
+
 /// The GPUs of the driver's slices (of `options.node` only, when set), each with its devices,
 /// their counter use and holders. Claims naming a device of a known pool that no slice
 /// publishes are reported in `warnings`.
 pub(super) fn collect<'a>(
-    slices: &'a [ResourceSlice],
+    slices: &'a [SliceRecord<'a>],
     options: &CapacityOptions,
-    holders: &'a Holders,
+    holders: &'a Holders<'a>,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<GpuEntry<'a>>, CapacityError> {
     let driver = options.driver.as_str();
@@ -185,33 +158,32 @@ pub(super) fn collect<'a>(
         let mut totals: HashMap<(&str, &str), Quantity> = HashMap::new();
         for &slice in &pool.slices {
             for set in slice.spec.shared_counters.iter().flatten() {
-                for (counter, value) in &set.counters {
-                    let q = Quantity::from_k8s(&value.value).map_err(|e| {
+                for (counter, value) in &set.counters.0 {
+                    let q = quantity(value.value).map_err(|e| {
                         invalid(
                             slice,
                             format!("spec.sharedCounters[{}].counters.{counter}.value", set.name),
-                            &value.value.0,
+                            value.value,
                             e.problem(),
                         )
                     })?;
-                    totals.insert((set.name.as_str(), counter.as_str()), q);
+                    totals.insert((set.name, counter), q);
                 }
             }
         }
         let pool_holders = holders.get(pool_name);
+        let mut matched: HashSet<&str> = HashSet::new();
         let mut by_minor: HashMap<i64, usize> = HashMap::new();
-        let mut published: Vec<&str> = Vec::new();
         for &slice in &pool.slices {
-            let node = slice.spec.node_name.as_deref().unwrap_or(pool_name);
+            let node = slice.spec.node_name.unwrap_or(pool_name);
             for (d, device) in slice.spec.devices.iter().flatten().enumerate() {
-                published.push(&device.name);
                 let profile = string(device, driver, "profile");
                 let mig = profile.is_some() || string(device, driver, "type") == Some("mig");
                 let Some(minor) = gpu_minor(device, driver, mig) else {
                     return Err(invalid(
                         slice,
                         format!("spec.devices[{d}].attributes"),
-                        &device.name,
+                        device.name,
                         "the device names no GPU: it has no minor, parentMinor, index or \
                          parentIndex attribute and its name is not gpu-<n>…"
                             .into(),
@@ -243,23 +215,22 @@ pub(super) fn collect<'a>(
                 let mut uses = Vec::new();
                 let (mut first, mut last, mut slices_used) = (u32::MAX, 0, 0);
                 for (c, consumed) in device.consumes_counters.iter().flatten().enumerate() {
-                    for (counter, value) in &consumed.counters {
+                    for (counter, value) in &consumed.counters.0 {
                         // Unknown sets and counters are ignored, as the scheduler does.
-                        let Some(total) = totals.get(&(consumed.counter_set.as_str(), counter))
-                        else {
+                        let Some(total) = totals.get(&(consumed.counter_set, &**counter)) else {
                             continue;
                         };
-                        let amount = Quantity::from_k8s(&value.value).map_err(|e| {
+                        let amount = quantity(value.value).map_err(|e| {
                             invalid(
                                 slice,
                                 format!(
                                     "spec.devices[{d}].consumesCounters[{c}].counters.{counter}.value"
                                 ),
-                                &value.value.0,
+                                value.value,
                                 e.problem(),
                             )
                         })?;
-                        let i = gpu.book.index(&consumed.counter_set, counter, *total);
+                        let i = gpu.book.index(consumed.counter_set, counter, *total);
                         uses.push((i, amount));
                         if let Some(n) = memory_slice(counter) {
                             first = first.min(n);
@@ -274,12 +245,18 @@ pub(super) fn collect<'a>(
                         size: Some(last - first + 1),
                     })
                 } else if mig {
-                    start_from_name(&device.name).map(|start| Placement { start, size: None })
+                    start_from_name(device.name).map(|start| Placement { start, size: None })
                 } else {
                     None
                 };
+                let held = pool_holders
+                    .and_then(|h| h.get(&*device.name))
+                    .map(Vec::as_slice);
+                if held.is_some() {
+                    matched.insert(device.name);
+                }
                 gpu.devices.push(Dev {
-                    name: &device.name,
+                    name: device.name,
                     profile: if mig {
                         profile.unwrap_or("unknown")
                     } else {
@@ -287,14 +264,20 @@ pub(super) fn collect<'a>(
                     },
                     placement,
                     uses,
-                    holders: pool_holders
-                        .and_then(|h| h.get(&device.name))
-                        .map(Vec::as_slice),
+                    holders: held,
                 });
             }
         }
-        for (device, held) in pool_holders.into_iter().flatten() {
-            if !published.contains(&device.as_str()) {
+        let Some(pool_holders) = pool_holders else {
+            continue;
+        };
+        if matched.len() < pool_holders.len() {
+            let mut ghosts: Vec<(&&str, &Vec<Holder>)> = pool_holders
+                .iter()
+                .filter(|(device, _)| !matched.contains(**device))
+                .collect();
+            ghosts.sort_by_key(|(device, _)| **device);
+            for (device, held) in ghosts {
                 let claims: Vec<String> = held
                     .iter()
                     .map(|h| format!("{}/{}", h.namespace, h.claim))

@@ -16,10 +16,13 @@ mod book;
 mod fast_json;
 mod gpus;
 pub mod inputs;
+mod json_list;
+mod records;
 mod render;
 mod summary;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -244,23 +247,102 @@ pub struct FreeProfile {
 ///
 /// Pools are read at their newest generation; a pool with fewer slices than it announces
 /// is counted with what is there and named in [`CapacityReport::warnings`]. Fails when a
-/// counter or capacity quantity in a slice does not parse (naming the slice, field and
-/// value), or when `options.node` publishes no devices of the driver.
+/// counter quantity in a slice does not parse (naming the slice, field and value), or when
+/// `options.node` publishes no devices of the driver.
 pub fn build(
     input: &CapacityInput,
     options: &CapacityOptions,
 ) -> Result<CapacityReport, CapacityError> {
+    let slices: Vec<records::SliceRecord> = input
+        .slices
+        .iter()
+        .map(records::SliceRecord::from_api)
+        .collect();
+    let claims: Vec<records::ClaimRecord> = input
+        .claims
+        .iter()
+        .filter_map(records::ClaimRecord::from_api)
+        .collect();
+    build_records(&slices, &claims, &input.nodes, options)
+}
+
+/// The files `gpu-dra capacity` reads offline.
+#[derive(Clone, Copy, Debug)]
+pub struct InputFiles<'p> {
+    /// ResourceSlices (`--slices`): a file or a directory of them.
+    pub slices: &'p Path,
+    /// ResourceClaims (`--claims`); the allocated ones hold devices.
+    pub claims: Option<&'p Path>,
+    /// Nodes (`--nodes`), for `pool_label`.
+    pub nodes: Option<&'p Path>,
+}
+
+/// Builds the capacity view from files, as [`build`] does from objects.
+///
+/// A JSON `List` of `resource.k8s.io/v1` slices or claims (`kubectl get … -o json`) is read
+/// by a fast path that parses only the fields the view reads, borrowing its strings from the
+/// file's bytes; every other form (YAML, single objects, directories, older API versions) is
+/// read in full, as `explain` reads it. Both give the same report.
+///
+/// Fails as [`build`] does, and with [`CapacityError::Input`] naming the flag, the file and
+/// the document when a file cannot be read or parsed, holds an object of an unsupported API
+/// version or none of the kind expected.
+pub fn build_from_files(
+    files: InputFiles<'_>,
+    options: &CapacityOptions,
+) -> Result<CapacityReport, CapacityError> {
+    let (slice_bytes, claim_bytes) = (
+        inputs::read_json(files.slices),
+        files.claims.and_then(inputs::read_json),
+    );
+    let (general_slices, general_claims);
+    let slices = match slice_bytes.as_deref().and_then(fast_json::slices) {
+        Some(records) => records,
+        None => {
+            general_slices = inputs::load_slices(files.slices)?;
+            general_slices
+                .iter()
+                .map(records::SliceRecord::from_api)
+                .collect()
+        }
+    };
+    let claims = match (
+        files.claims,
+        claim_bytes.as_deref().and_then(fast_json::allocated_claims),
+    ) {
+        (_, Some(records)) => records,
+        (None, None) => Vec::new(),
+        (Some(path), None) => {
+            general_claims = inputs::load_allocated(path)?;
+            general_claims
+                .iter()
+                .filter_map(records::ClaimRecord::from_api)
+                .collect()
+        }
+    };
+    let nodes = match files.nodes {
+        Some(path) => inputs::load_nodes(path)?,
+        None => Vec::new(),
+    };
+    build_records(&slices, &claims, &nodes, options)
+}
+
+fn build_records(
+    slices: &[records::SliceRecord],
+    claims: &[records::ClaimRecord],
+    nodes: &[Node],
+    options: &CapacityOptions,
+) -> Result<CapacityReport, CapacityError> {
     let mut warnings = Vec::new();
-    let holders = gpus::holders(&input.claims, &options.driver);
-    let gpus = gpus::collect(&input.slices, options, &holders, &mut warnings)?;
+    let holders = gpus::holders(claims, &options.driver);
+    let gpus = gpus::collect(slices, options, &holders, &mut warnings)?;
     if let Some(node) = &options.node
         && gpus.is_empty()
     {
-        let mut known: Vec<&str> = input
-            .slices
+        let mut known: Vec<&str> = slices
             .iter()
             .filter(|s| s.spec.driver == options.driver)
-            .filter_map(|s| s.spec.node_name.as_deref())
+            .filter_map(|s| s.spec.node_name)
             .collect();
         known.sort();
         known.dedup();
@@ -274,5 +356,5 @@ pub fn build(
             },
         });
     }
-    Ok(summary::assemble(gpus, input, options, warnings))
+    Ok(summary::assemble(gpus, nodes, options, warnings))
 }

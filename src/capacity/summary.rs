@@ -3,9 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::book::{GpuEntry, ProfileCount};
+use k8s_openapi::api::core::v1::Node;
+
 use super::{
-    CapacityInput, CapacityOptions, CapacityReport, FULL_GPU, NodeCapacity, PoolSummary,
-    ProfileSummary, Totals,
+    CapacityOptions, CapacityReport, FULL_GPU, NodeCapacity, PoolSummary, ProfileSummary, Totals,
 };
 
 /// Pool value of nodes without the label.
@@ -79,13 +80,12 @@ struct PoolSums {
 /// Evaluates every GPU and sums them up.
 pub(super) fn assemble(
     mut gpus: Vec<GpuEntry>,
-    input: &CapacityInput,
+    nodes: &[Node],
     options: &CapacityOptions,
     warnings: Vec<String>,
 ) -> CapacityReport {
     let labels: HashMap<&str, &str> = match &options.pool_label {
-        Some(label) => input
-            .nodes
+        Some(label) => nodes
             .iter()
             .filter_map(|n| {
                 let name = n.metadata.name.as_deref()?;
