@@ -1,5 +1,10 @@
 //! `gpu-dra inventory`: what a node has and the ResourceSlices it would publish, rendered as a
 //! table for people or as Kubernetes objects for `kubectl create -f -`.
+//!
+//! The GPUs' recorded faults are judged with a health policy exactly as the plugin judges
+//! them (`crate::health`), so the table shows each GPU's and device's verdict and the slices
+//! carry the taints the plugin would publish. Not included: the devices the plugin keeps
+//! published for prepared claims whose GPU is gone (that needs the plugin's checkpoint).
 
 use std::fmt::Write as _;
 
@@ -7,6 +12,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use crate::devices::{DeviceKind, DeviceModel, ModelOptions};
 use crate::hardware::{HardwareError, MigPolicy, NodeInventory};
+use crate::health::{self, DeviceVerdict, GpuVerdicts, HealthPolicy};
 use crate::slices::{self, PoolOptions, SliceError};
 
 /// Errors of the inventory verb.
@@ -39,20 +45,51 @@ pub struct NodeView {
     pub inventory: NodeInventory,
     /// MIG policy each GPU is published with.
     pub policies: Vec<MigPolicy>,
-    /// The device model.
+    /// The device model, unhealthy devices tainted.
     pub model: DeviceModel,
+    /// The verdict on each GPU of `inventory` (same order) and on its GPU instances.
+    pub gpu_health: Vec<GpuVerdicts>,
+    /// The verdict on each device of `model` (same order).
+    pub device_health: Vec<DeviceVerdict>,
     /// The pool's slices.
     pub slices: Vec<ResourceSlice>,
 }
 
-/// Reads the backend and computes the model and slices (generation 1).
+/// [`view_judged`] with the built-in health policy, now.
 pub fn view(
     backend: &dyn crate::hardware::GpuBackend,
     node_name: &str,
     options: &ModelOptions,
 ) -> Result<NodeView, InventoryError> {
+    view_judged(
+        backend,
+        node_name,
+        options,
+        &HealthPolicy::default(),
+        crate::hardware::health::unix_now(),
+    )
+}
+
+/// Reads the backend and computes the model and slices (generation 1), the GPUs' faults
+/// judged with `policy` at `now` (Unix seconds) as the plugin judges them: every device of
+/// a degraded or failed GPU or MIG instance carries the policy's taint. Fails when the
+/// backend cannot be read or the model breaks a ResourceSlice limit.
+pub fn view_judged(
+    backend: &dyn crate::hardware::GpuBackend,
+    node_name: &str,
+    options: &ModelOptions,
+    policy: &HealthPolicy,
+    now: i64,
+) -> Result<NodeView, InventoryError> {
     let inventory = backend.inventory().map_err(InventoryError::Hardware)?;
-    let model = crate::devices::build(&inventory, options);
+    let mut model = crate::devices::build(&inventory, options);
+    let device_health = health::judge(policy, &inventory, &model, now);
+    health::apply_taints(&mut model, &device_health, policy);
+    let gpu_health = inventory
+        .gpus
+        .iter()
+        .map(|g| health::judge_gpu(policy, &g.faults, now))
+        .collect();
     let slices = slices::build(
         &model,
         &PoolOptions {
@@ -73,8 +110,23 @@ pub fn view(
         inventory,
         policies,
         model,
+        gpu_health,
+        device_health,
         slices,
     })
+}
+
+/// The HEALTH column of a table of `rows` rows: each row's verdict (`-` where `verdict`
+/// knows none) and the column's width.
+fn health_column(rows: usize, verdict: impl Fn(usize) -> Option<String>) -> (Vec<String>, usize) {
+    let cells: Vec<String> = (0..rows)
+        .map(|i| verdict(i).unwrap_or_else(|| "-".into()))
+        .collect();
+    let width = cells
+        .iter()
+        .map(|c| c.chars().count())
+        .fold("HEALTH".len(), usize::max);
+    (cells, width)
 }
 
 /// Slices as multi-document YAML, each a complete object.
@@ -106,15 +158,19 @@ pub fn slices_json(slices: &[ResourceSlice]) -> Result<String, InventoryError> {
         })
 }
 
-/// The GPU table: one line per GPU.
+/// The GPU table: one line per GPU, with the health policy's verdict on the whole GPU
+/// (`failed: xid-79`; a fault of one MIG instance shows on that device in the device table).
 pub fn gpu_table(view: &NodeView) -> String {
+    let (health, hw) = health_column(view.inventory.gpus.len(), |i| {
+        view.gpu_health.get(i).map(|v| v.gpu.describe())
+    });
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} UUID",
-        "GPU", "PRODUCT", "MEMORY", "MIG", "POLICY", "DEVICES", "PCI", "NUMA"
+        "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {:<hw$} UUID",
+        "GPU", "PRODUCT", "MEMORY", "MIG", "POLICY", "DEVICES", "PCI", "NUMA", "HEALTH"
     );
-    for (gpu, policy) in view.inventory.gpus.iter().zip(&view.policies) {
+    for ((gpu, policy), health) in view.inventory.gpus.iter().zip(&view.policies).zip(&health) {
         let mig = match (gpu.mig.capable, gpu.mig.current, gpu.mig.pending) {
             (false, _, _) => "n/a",
             (true, true, true) => "on",
@@ -130,7 +186,7 @@ pub fn gpu_table(view: &NodeView) -> String {
             .count();
         let _ = writeln!(
             out,
-            "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {}",
+            "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {:<hw$} {}",
             gpu.index,
             gpu.product_name,
             format!("{}Mi", gpu.memory_mib),
@@ -141,21 +197,26 @@ pub fn gpu_table(view: &NodeView) -> String {
             gpu.numa_node
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
+            health,
             gpu.uuid
         );
     }
     out
 }
 
-/// The device table: one line per published device.
+/// The device table: one line per published device, with its verdict (its GPU's, or its MIG
+/// instance's when that is worse).
 pub fn device_table(view: &NodeView) -> String {
+    let (health, hw) = health_column(view.model.devices.len(), |i| {
+        view.device_health.get(i).map(|v| v.verdict.describe())
+    });
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<4} {:<11} {:<9} {:<10} {:<4} UUID",
-        "DEVICE", "TYPE", "PROFILE", "PLACEMENT", "MEMORY", "SMS"
+        "{:<24} {:<4} {:<11} {:<9} {:<10} {:<4} {:<hw$} UUID",
+        "DEVICE", "TYPE", "PROFILE", "PLACEMENT", "MEMORY", "SMS", "HEALTH"
     );
-    for d in &view.model.devices {
+    for (d, health) in view.model.devices.iter().zip(&health) {
         let cap = |k: &str| {
             d.device
                 .capacity
@@ -188,13 +249,14 @@ pub fn device_table(view: &NodeView) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<24} {:<4} {:<11} {:<9} {:<10} {:<4} {}",
+            "{:<24} {:<4} {:<11} {:<9} {:<10} {:<4} {:<hw$} {}",
             d.name(),
             kind,
             profile,
             placement,
             cap("memory"),
             cap("multiprocessors"),
+            health,
             uuid
         );
     }

@@ -98,6 +98,10 @@ struct InventoryArgs {
         value_name = "off|memory|N"
     )]
     shared_gpus: SharedGpus,
+    /// Health policy file (YAML or JSON) the GPUs' faults are judged with, as the plugin's
+    /// --health-policy (docs/health.md). Default: the built-in policy.
+    #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
+    health_policy: Option<PathBuf>,
     /// Output: a table for people, or ResourceSlice objects for `kubectl create -f -`.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
@@ -647,7 +651,12 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         .policies
         .extend(policy_flag::parse_gpu_policies(&args.gpu_mig_policies)?);
     let node_name = args.node_name.unwrap_or(default_node);
-    let view = inventory::view(backend.as_ref(), &node_name, &options)
+    let policy = match &args.health_policy {
+        Some(path) => gpu_dra::health::HealthPolicy::load(path)?,
+        None => gpu_dra::health::HealthPolicy::default(),
+    };
+    let now = gpu_dra::hardware::health::unix_now();
+    let view = inventory::view_judged(backend.as_ref(), &node_name, &options, &policy, now)
         .with_context(|| format!("inventory of node {node_name}"))?;
     match args.output {
         Output::Table => emit(&inventory::render_table(&view))?,

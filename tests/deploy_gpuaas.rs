@@ -4,6 +4,7 @@
 //! render to the objects the API server's quota evaluator counts (rendering needs helm).
 
 mod deploy_support;
+mod telemetry_support;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -134,25 +135,7 @@ fn label_names(expr: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_device_panels_use_only_labels_the_plugin_exports() {
-    use gpu_dra::metrics::telemetry::{DeviceReadings, Holder, families};
-    let row = DeviceReadings {
-        power_watts: Some(1.0),
-        power_limit_watts: Some(1.0),
-        sm_active: Some(1.0),
-        memory_used_bytes: Some(1),
-        memory_total_bytes: Some(1),
-        temperature_celsius: Some(1.0),
-        ecc_errors: vec![("double_bit", "volatile", 0)],
-        xid_errors: vec![(48, 0)],
-        retired_pages: vec![("double_bit", 0)],
-        holders: vec![Holder {
-            namespace: "ns".into(),
-            claim: "c".into(),
-            pod: "p".into(),
-        }],
-        ..DeviceReadings::default()
-    };
-    let fams = families(&[row]);
+    let fams = gpu_dra::metrics::telemetry::families(&[telemetry_support::every_reading()]);
     for expr in expressions(&dashboard()) {
         let device_families: Vec<_> = fams
             .iter()

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+mod telemetry_support;
+
 fn doc() -> String {
     std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -14,7 +16,6 @@ fn doc() -> String {
 /// Every family the plugin's registry exports, with the label names its samples carry once
 /// every kind of reading is present.
 fn exported() -> Vec<(String, BTreeSet<String>)> {
-    use gpu_dra::metrics::telemetry::{DeviceReadings, Holder};
     let metrics = gpu_dra::metrics::Metrics::new();
     metrics.record_error("fetch");
     metrics.set_claim_device_seconds(vec![(
@@ -26,23 +27,7 @@ fn exported() -> Vec<(String, BTreeSet<String>)> {
         ],
         1.0,
     )]);
-    metrics.set_device_telemetry(&[DeviceReadings {
-        power_watts: Some(1.0),
-        power_limit_watts: Some(1.0),
-        sm_active: Some(1.0),
-        memory_used_bytes: Some(1),
-        memory_total_bytes: Some(1),
-        temperature_celsius: Some(1.0),
-        ecc_errors: vec![("double_bit", "volatile", 0)],
-        xid_errors: vec![(48, 0)],
-        retired_pages: vec![("double_bit", 0)],
-        holders: vec![Holder {
-            namespace: "ns".into(),
-            claim: "c".into(),
-            pod: "p".into(),
-        }],
-        ..DeviceReadings::default()
-    }]);
+    metrics.set_device_telemetry(&[telemetry_support::every_reading()]);
     metrics
         .families()
         .into_iter()

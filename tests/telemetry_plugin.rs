@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
-use plugin_support::{Node, eventually};
+use plugin_support::{Node, Plugin, eventually};
 
 fn logged_addr(log: &str) -> Option<SocketAddr> {
     let line = log.lines().find(|l| l.contains("serving /metrics"))?;
@@ -67,26 +67,37 @@ fn value(metrics: &str, name: &str, device: &str, extra: &[(&str, &str)]) -> Opt
 const FULL: &str = "gpu-2";
 const MIG: &str = "gpu-0-mig-1g10gb-2";
 
-#[tokio::test]
-async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ecc_errors() {
-    let node = Node::new();
-    node.api
-        .put_claim(claims::on_node("training", "uid-full", &[FULL]));
-    node.api
-        .put_claim(claims::on_node("inference", "uid-mig", &[MIG]));
+/// Starts the plugin sampling every second, with each (claim, UID, device) of `held`
+/// allocated on the node and prepared; returns it with its `/metrics` address.
+async fn plugin_holding(node: &Node, held: &[(&str, &str, &str)]) -> (Plugin, SocketAddr) {
+    for (name, uid, device) in held {
+        node.api.put_claim(claims::on_node(name, uid, &[device]));
+    }
     let plugin = node
         .start_with(&[("GPU_DRA_TELEMETRY_INTERVAL", "1")])
         .await;
     let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    let prepared = kubelet
-        .prepare(&[
-            claim_ref("training", "uid-full"),
-            claim_ref("inference", "uid-mig"),
-        ])
-        .await
-        .unwrap();
+    let refs: Vec<_> = held
+        .iter()
+        .map(|(name, uid, _)| claim_ref(name, uid))
+        .collect();
+    let prepared = kubelet.prepare(&refs).await.unwrap();
     assert!(prepared.values().all(Result::is_ok), "{prepared:?}");
+    (plugin, addr)
+}
+
+#[tokio::test]
+async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ecc_errors() {
+    let node = Node::new();
+    let (_plugin, addr) = plugin_holding(
+        &node,
+        &[
+            ("training", "uid-full", FULL),
+            ("inference", "uid-mig", MIG),
+        ],
+    )
+    .await;
     node.sim_fault(&["load", "--gpu", "2", "--sm", "0.8", "--power", "550"]);
 
     let holder = |pod: &'static str, claim: &'static str| {
@@ -187,13 +198,77 @@ async fn prepared_devices_report_telemetry_labelled_with_their_pods_and_count_ec
     })
     .await;
     assert_eq!(ecc(&after, "gpu-0", &[]), Some(1.0));
-    let xid = value(
-        &after,
-        "gpu_dra_device_xid_errors_total",
-        MIG,
-        &[("xid", "48")],
+    // The XID 48 a double-bit error raises is the whole GPU's: the parent counts it, the
+    // MIG device (which counts its own instance's XIDs only) does not.
+    let xid48 = |device| value(&after, XID, device, &[("xid", "48")]);
+    assert_eq!((xid48("gpu-0"), xid48(MIG)), (Some(1.0), None), "{after}");
+}
+
+const XID: &str = "gpu_dra_device_xid_errors_total";
+
+/// The GPU instance id of the MIG device at `start` on GPU `gpu`, as the simulated node
+/// the plugin runs on (either backend) holds it.
+fn gpu_instance_at(node: &Node, gpu: u32, start: u32) -> u32 {
+    let sim = gpu_dra::hardware::sim::SimBackend::open_state_dir(&node.state_dir().join("sim"))
+        .expect("the simulated node's state");
+    let inventory = gpu_dra::hardware::GpuBackend::inventory(&sim).expect("inventory");
+    inventory
+        .gpus
+        .iter()
+        .find(|g| g.index == gpu)
+        .and_then(|g| g.mig_devices.iter().find(|d| d.placement.start == start))
+        .expect("the carved MIG device")
+        .gi_id
+}
+
+#[tokio::test]
+async fn a_mig_scoped_xid_counts_for_its_mig_device_and_the_parent_and_a_gpu_wide_one_for_the_parent_only()
+ {
+    const OTHER: &str = "gpu-0-mig-1g10gb-3";
+    let node = Node::new();
+    let (_plugin, addr) = plugin_holding(
+        &node,
+        &[("hit", "uid-hit", MIG), ("spared", "uid-spared", OTHER)],
+    )
+    .await;
+    // Counting starts with the plugin's first sample of the carved devices.
+    eventually("both MIG devices on /metrics", || {
+        let m = scrape(addr)?;
+        let rows =
+            [MIG, OTHER].map(|d| value(&m, "gpu_dra_device_memory_total_bytes", d, &[]).is_some());
+        (rows == [true, true]).then_some(())
+    })
+    .await;
+
+    let gi = gpu_instance_at(&node, 0, 2).to_string();
+    node.sim_fault(&["xid", "--gpu", "0", "--code", "31", "--gpu-instance", &gi]);
+    node.sim_fault(&["xid", "--gpu", "0", "--code", "43"]);
+    let metrics = eventually("both XIDs counted on the parent", || {
+        let m = scrape(addr)?;
+        let parent = ["31", "43"].map(|x| value(&m, XID, "gpu-0", &[("xid", x)]));
+        (parent == [Some(1.0), Some(1.0)]).then_some(m)
+    })
+    .await;
+    let xids = |device| -> Vec<(String, f64)> {
+        series(&metrics, XID)
+            .into_iter()
+            .filter(|(l, _)| l["device"] == device)
+            .map(|(l, v)| (l["xid"].clone(), v))
+            .collect()
+    };
+    assert_eq!(xids(MIG), [("31".to_string(), 1.0)], "{metrics}");
+    assert_eq!(xids(OTHER), [], "another instance of the same GPU");
+    assert_eq!(xids("gpu-1"), [], "another GPU");
+    // The MIG series carries its holder: the error is the pod's.
+    let holder = series(&metrics, XID)
+        .into_iter()
+        .find(|(l, _)| l["device"] == MIG)
+        .map(|(l, _)| (l["claim"].clone(), l["pod"].clone()));
+    assert_eq!(
+        holder,
+        Some(("hit".to_string(), "pod-hit".to_string())),
+        "{metrics}"
     );
-    assert_eq!(xid, Some(1.0), "{after}");
 }
 
 #[tokio::test]

@@ -42,7 +42,8 @@ pub struct GpuTelemetry {
     pub temperature_celsius: Option<f64>,
     /// ECC counters; `None` without ECC.
     pub ecc: Option<EccTelemetry>,
-    /// XID errors seen since the backend started watching, by XID.
+    /// XID errors seen since the backend started watching, by XID: every XID of the GPU,
+    /// those NVML attributed to one of its GPU instances included.
     pub xid_errors: BTreeMap<u64, u64>,
     /// Pages retired (before Ampere) or rows remapped (Ampere and later), by cause.
     pub retired_pages: BTreeMap<RetirementCause, u64>,
@@ -129,4 +130,128 @@ pub struct MigTelemetry {
     pub memory_used_bytes: Option<u64>,
     /// Memory of the instance, bytes.
     pub memory_total_bytes: Option<u64>,
+    /// XID errors NVML attributed to this GPU instance (`gpuInstanceId`), by XID, since the
+    /// backend started watching or the instance was created; XIDs of the whole GPU are not
+    /// here but only in its [`GpuTelemetry::xid_errors`].
+    pub xid_errors: BTreeMap<u64, u64>,
+}
+
+/// XID counts of MIG devices, kept from one sample to the next by both backends.
+///
+/// NVML names the GPU instance of a MIG-scoped XID by its id, which a later instance may
+/// reuse; counts are therefore kept per MIG device UUID (new for every instance created):
+/// each event is attributed to the instance that holds its GI id at the sample that takes
+/// it, so a new instance starts from zero.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MigXidCounts(BTreeMap<(String, String), BTreeMap<u64, u64>>);
+
+impl MigXidCounts {
+    /// Counts `events` — `(GI id, XID)` of the XIDs attributed to one of `gpu`'s GPU
+    /// instances since the previous call for `gpu` — against the MIG devices `gpu` lists,
+    /// sets each one's [`MigTelemetry::xid_errors`], and forgets the devices of `gpu` that
+    /// no longer exist. An event whose GI holds no MIG device (destroyed since) counts for
+    /// the GPU only. Call it only with a complete MIG list (not for a lost GPU, whose MIG
+    /// devices are unknown, not gone). Pure.
+    pub fn attribute(
+        &mut self,
+        gpu: &mut GpuTelemetry,
+        events: impl IntoIterator<Item = (u32, u64)>,
+    ) {
+        for (gi, xid) in events {
+            if let Some(mig) = gpu.mig.iter().find(|m| m.gi_id == gi) {
+                *self
+                    .0
+                    .entry((gpu.uuid.clone(), mig.uuid.clone()))
+                    .or_default()
+                    .entry(xid)
+                    .or_default() += 1;
+            }
+        }
+        self.0.retain(|(parent, mig), _| {
+            *parent != gpu.uuid || gpu.mig.iter().any(|m| m.uuid == *mig)
+        });
+        for mig in &mut gpu.mig {
+            mig.xid_errors = self
+                .0
+                .get(&(gpu.uuid.clone(), mig.uuid.clone()))
+                .cloned()
+                .unwrap_or_default();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu_with(migs: &[(u32, &str)]) -> GpuTelemetry {
+        let mut gpu = GpuTelemetry::new(0, 0, "GPU-0");
+        gpu.mig = migs
+            .iter()
+            .map(|(gi, uuid)| MigTelemetry {
+                uuid: (*uuid).into(),
+                profile: "1g.10gb".into(),
+                placement_start: 0,
+                gi_id: *gi,
+                sm_active: None,
+                memory_used_bytes: None,
+                memory_total_bytes: None,
+                xid_errors: BTreeMap::new(),
+            })
+            .collect();
+        gpu
+    }
+
+    fn xids(gpu: &GpuTelemetry) -> Vec<(String, Vec<(u64, u64)>)> {
+        gpu.mig
+            .iter()
+            .map(|m| {
+                (
+                    m.uuid.clone(),
+                    m.xid_errors.iter().map(|(x, n)| (*x, *n)).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_attributed_xid_counts_for_the_instance_holding_its_gi_and_accumulates() {
+        let mut counts = MigXidCounts::default();
+        let mut gpu = gpu_with(&[(1, "MIG-a"), (2, "MIG-b")]);
+        counts.attribute(&mut gpu, [(2, 31), (2, 31), (7, 43)]);
+        let mut gpu = gpu_with(&[(1, "MIG-a"), (2, "MIG-b")]);
+        counts.attribute(&mut gpu, [(1, 13), (2, 31)]);
+        assert_eq!(
+            xids(&gpu),
+            vec![
+                ("MIG-a".to_string(), vec![(13, 1)]),
+                ("MIG-b".to_string(), vec![(31, 3)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_new_instance_reusing_a_gi_id_starts_from_zero() {
+        let mut counts = MigXidCounts::default();
+        counts.attribute(&mut gpu_with(&[(2, "MIG-old")]), [(2, 31)]);
+        let mut gpu = gpu_with(&[(2, "MIG-new")]);
+        counts.attribute(&mut gpu, []);
+        assert_eq!(xids(&gpu), vec![("MIG-new".to_string(), vec![])]);
+        assert_eq!(
+            counts,
+            MigXidCounts::default(),
+            "the old instance is forgotten"
+        );
+    }
+
+    #[test]
+    fn another_gpus_instances_are_kept_when_one_gpu_is_counted() {
+        let mut counts = MigXidCounts::default();
+        counts.attribute(&mut gpu_with(&[(2, "MIG-a")]), [(2, 31)]);
+        let mut other = GpuTelemetry::new(1, 1, "GPU-1");
+        counts.attribute(&mut other, []);
+        let mut gpu = gpu_with(&[(2, "MIG-a")]);
+        counts.attribute(&mut gpu, []);
+        assert_eq!(xids(&gpu), vec![("MIG-a".to_string(), vec![(31, 1)])]);
+    }
 }

@@ -91,7 +91,7 @@ pub const FAMILIES: [(&str, &str, Kind); 9] = [
     ),
     (
         "gpu_dra_device_xid_errors_total",
-        "XID errors by code seen since the plugin started watching (NVML replays none). Counted per GPU; a MIG device reports its parent's.",
+        "XID errors by code seen since the plugin started watching (NVML replays none). A full GPU counts every XID of the GPU, those attributed to its MIG instances included; a MIG device counts only the XIDs NVML attributed to its GPU instance (gpuInstanceId).",
         Kind::Counter,
     ),
     (

@@ -78,7 +78,8 @@ impl Holders {
     }
 }
 
-/// The figures NVML has per GPU only, which a MIG device row repeats from its parent.
+/// The figures NVML has per GPU only, which a MIG device row repeats from its parent (XIDs
+/// are not among them: each row counts its own).
 fn parent_figures(gpu: &GpuTelemetry, row: &mut DeviceReadings) {
     row.power_watts = gpu.power_watts;
     row.power_limit_watts = gpu.power_limit_watts;
@@ -91,7 +92,6 @@ fn parent_figures(gpu: &GpuTelemetry, row: &mut DeviceReadings) {
             ("double_bit", "aggregate", ecc.double_bit_aggregate),
         ];
     }
-    row.xid_errors = gpu.xid_errors.iter().map(|(x, n)| (*x, *n)).collect();
     row.retired_pages = gpu
         .retired_pages
         .iter()
@@ -103,7 +103,9 @@ fn parent_figures(gpu: &GpuTelemetry, row: &mut DeviceReadings) {
 /// `checkpoint` on it, with each of its `pods` (by claim UID), or with an empty pod when none
 /// are known. Pure.
 ///
-/// A lost GPU keeps its row (so its series do not vanish silently) with XID counts only.
+/// A full GPU's row counts every XID of the GPU; a MIG device's only the XIDs NVML attributed
+/// to its GPU instance. A lost GPU keeps its row (so its series do not vanish silently) with
+/// XID counts only.
 pub fn rows(
     telemetry: &NodeTelemetry,
     checkpoint: Option<&Checkpoint>,
@@ -121,6 +123,7 @@ pub fn rows(
             sm_active: gpu.sm_active,
             memory_used_bytes: gpu.memory_used_bytes,
             memory_total_bytes: gpu.memory_total_bytes,
+            xid_errors: gpu.xid_errors.iter().map(|(x, n)| (*x, *n)).collect(),
             ..DeviceReadings::default()
         };
         parent_figures(gpu, &mut row);
@@ -136,6 +139,7 @@ pub fn rows(
                 sm_active: mig.sm_active,
                 memory_used_bytes: mig.memory_used_bytes,
                 memory_total_bytes: mig.memory_total_bytes,
+                xid_errors: mig.xid_errors.iter().map(|(x, n)| (*x, *n)).collect(),
                 ..DeviceReadings::default()
             };
             parent_figures(gpu, &mut row);
@@ -218,6 +222,8 @@ pub async fn sample(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::checkpoint::{ClaimPhase, ClaimRecord, DeviceRecord, MigRecord};
     use crate::hardware::telemetry::{EccTelemetry, MigTelemetry};
@@ -270,6 +276,7 @@ mod tests {
             double_bit_volatile: 2,
             ..EccTelemetry::default()
         });
+        gpu.xid_errors = BTreeMap::from([(31, 1), (79, 1)]);
         gpu.mig.push(MigTelemetry {
             uuid: "MIG-a".into(),
             profile: "1g.10gb".into(),
@@ -278,6 +285,7 @@ mod tests {
             sm_active: Some(0.6),
             memory_used_bytes: Some(10),
             memory_total_bytes: Some(20),
+            xid_errors: BTreeMap::from([(31, 1)]),
         });
         NodeTelemetry { gpus: vec![gpu] }
     }
@@ -314,6 +322,12 @@ mod tests {
         assert_eq!(mig.power_watts, Some(300.0), "the parent's power");
         assert_eq!(mig.sm_active, Some(0.6));
         assert!(mig.ecc_errors.contains(&("double_bit", "volatile", 2)));
+        assert_eq!(
+            got[0].xid_errors,
+            vec![(31, 1), (79, 1)],
+            "every XID of the GPU"
+        );
+        assert_eq!(mig.xid_errors, vec![(31, 1)], "its instance's XIDs only");
     }
 
     #[test]

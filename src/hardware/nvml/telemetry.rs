@@ -9,7 +9,8 @@
 //! instance has no figure yet. XID counts come from an
 //! event set of this module's own, registered for XID critical errors and drained without
 //! waiting at every sample, so nothing here blocks and no thread is added: NVML replays no
-//! past events, so counts start when the backend starts.
+//! past events, so counts start when the backend starts. An XID whose event names a GPU
+//! instance (`gpuInstanceId`) also counts for the MIG device of that instance.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::CStr;
@@ -28,9 +29,9 @@ use nvml_wrapper_sys::bindings::{
 };
 
 use super::{NvmlBackend, wrap};
-use crate::hardware::health::EVENT_XID_CRITICAL;
+use crate::hardware::health::{EVENT_XID_CRITICAL, attributed_instance};
 use crate::hardware::telemetry::{
-    EccTelemetry, GpuTelemetry, MigTelemetry, NodeTelemetry, RetirementCause,
+    EccTelemetry, GpuTelemetry, MigTelemetry, MigXidCounts, NodeTelemetry, RetirementCause,
 };
 use crate::hardware::{HardwareError, MigProfile, NvmlCode};
 
@@ -70,7 +71,12 @@ struct XidWatch {
     unavailable: bool,
     registered: BTreeSet<String>,
     counts: BTreeMap<(String, u64), u64>,
+    /// The XIDs attributed to a GPU instance, by MIG device.
+    mig: MigXidCounts,
 }
+
+/// An XID NVML attributed to a GPU instance: (GPU UUID, GI id, XID).
+type AttributedXid = (String, u32, u64);
 
 /// The NVML backend's telemetry state: the XID event set and counts, and each GPU's MIG
 /// profiles (fixed per GPU, so read once).
@@ -208,10 +214,12 @@ fn uuid_of(nvml: &Nvml, handle: nvmlDevice_t) -> Option<String> {
 
 impl XidWatch {
     /// Registers GPUs not seen before (hot-plugged ones too), takes every pending event
-    /// without waiting and returns the counts by (GPU UUID, XID).
-    fn drain(&mut self, nvml: &Nvml) -> BTreeMap<(String, u64), u64> {
+    /// without waiting, counts it in `counts` (by GPU UUID and XID) and returns the ones
+    /// NVML attributed to a GPU instance.
+    fn drain(&mut self, nvml: &Nvml) -> Vec<AttributedXid> {
+        let mut attributed = Vec::new();
         if self.unavailable {
-            return self.counts.clone();
+            return attributed;
         }
         let lib = nvml.lib();
         let (Ok(create), Ok(register), Ok(wait)) = (
@@ -220,19 +228,19 @@ impl XidWatch {
             lib.nvmlEventSetWait_v2.as_ref(),
         ) else {
             self.unavailable = true;
-            return self.counts.clone();
+            return attributed;
         };
         if self.set.is_none() {
             let mut set: nvmlEventSet_t = std::ptr::null_mut();
             // SAFETY: `set` is a valid out-pointer; NVML stores its handle there.
             if unsafe { create(&mut set) } != 0 {
                 self.unavailable = true;
-                return self.counts.clone();
+                return attributed;
             }
             self.set = Some(EventSet(set));
         }
         let Some(set) = self.set.as_ref().map(|s| s.0) else {
-            return self.counts.clone();
+            return attributed;
         };
         for index in 0..nvml.device_count().unwrap_or(0) {
             let Ok(dev) = nvml.device_by_index(index) else {
@@ -263,10 +271,13 @@ impl XidWatch {
                 continue;
             }
             if let Some(uuid) = uuid_of(nvml, data.device) {
+                if let Some(gi) = attributed_instance(data.gpuInstanceId) {
+                    attributed.push((uuid.clone(), gi, data.eventData));
+                }
                 *self.counts.entry((uuid, data.eventData)).or_default() += 1;
             }
         }
-        self.counts.clone()
+        attributed
     }
 }
 
@@ -286,12 +297,14 @@ impl NvmlBackend {
             .nvml
             .device_count()
             .map_err(wrap("nvmlDeviceGetCount_v2", 0))?;
-        let xids = self
+        // Held for the whole sample: the counts and the MIG devices they are attributed to
+        // belong to one round.
+        let mut xids = self
             .telemetry
             .xids
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(&self.nvml);
+            .unwrap_or_else(|p| p.into_inner());
+        let attributed = xids.drain(&self.nvml);
         let mut gpus = Vec::with_capacity(count as usize);
         for index in 0..count {
             // A GPU that vanished between the count and now is left out of this sample.
@@ -303,14 +316,24 @@ impl NvmlBackend {
             };
             let mut t = GpuTelemetry::new(index, minor, &uuid);
             t.xid_errors = xids
+                .counts
                 .iter()
                 .filter(|((u, _), _)| *u == uuid)
                 .map(|((_, xid), n)| (*xid, *n))
                 .collect();
             // A lost GPU answers nothing more; any other failure leaves the readings not
             // taken yet absent, as for a reading the GPU does not offer.
-            if let Err(NvmlError::GpuLost) = self.gpu_readings(&dev, index, &mut t) {
-                t.lost = true;
+            match self.gpu_readings(&dev, index, &mut t) {
+                Ok(()) => {
+                    // The MIG list is complete: attribute this round's instance XIDs.
+                    let events = attributed
+                        .iter()
+                        .filter(|(u, _, _)| *u == uuid)
+                        .map(|(_, gi, xid)| (*gi, *xid));
+                    xids.mig.attribute(&mut t, events);
+                }
+                Err(NvmlError::GpuLost) => t.lost = true,
+                Err(_) => {}
             }
             gpus.push(t);
         }
@@ -441,6 +464,7 @@ impl NvmlBackend {
                 sm_active: None,
                 memory_used_bytes: None,
                 memory_total_bytes: None,
+                xid_errors: BTreeMap::new(),
             })
             .collect();
         // Memory per MIG device: read on the MIG handle, matched by UUID.

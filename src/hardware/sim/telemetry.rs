@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::SimBackend;
 use crate::hardware::health::EVENT_XID_CRITICAL;
 use crate::hardware::telemetry::{
-    EccTelemetry, GpuTelemetry, MigTelemetry, NodeTelemetry, RetirementCause,
+    EccTelemetry, GpuTelemetry, MigTelemetry, MigXidCounts, NodeTelemetry, RetirementCause,
 };
 use crate::hardware::{Architecture, GpuBackend, GpuInfo, HardwareError};
 
@@ -155,8 +155,19 @@ pub fn readings(gpu: &GpuInfo, load: Option<&SimLoad>) -> SimReadings {
 #[derive(Debug, Default)]
 pub(super) struct XidTally(Mutex<Option<XidCounts>>);
 
-/// The last event sequence number counted, and the counts by (GPU slot, XID).
-type XidCounts = (u64, BTreeMap<(u32, u64), u64>);
+/// What the tally has counted so far.
+#[derive(Debug)]
+struct XidCounts {
+    /// The last event sequence number counted.
+    cursor: u64,
+    /// Every XID by (GPU slot, XID).
+    gpus: BTreeMap<(u32, u64), u64>,
+    /// The XIDs attributed to a GPU instance, by MIG device.
+    mig: MigXidCounts,
+}
+
+/// An XID event attributed to a GPU instance: (GPU slot, GI id, XID).
+type AttributedXid = (u32, u32, u64);
 
 impl SimBackend {
     /// The load set on GPU `index`, if any.
@@ -180,19 +191,30 @@ impl SimBackend {
         })
     }
 
-    fn xid_counts(&self) -> Result<BTreeMap<(u32, u64), u64>, HardwareError> {
-        let mut tally = self.xids.0.lock().unwrap_or_else(|p| p.into_inner());
-        let cursor = match tally.as_ref() {
-            Some((cursor, _)) => *cursor,
-            None => self.events_after(u64::MAX)?.1,
+    /// Counts the XID events raised since the previous call into `tally` and returns the
+    /// counts and the new events attributed to a GPU instance.
+    fn count_xids<'t>(
+        &self,
+        tally: &'t mut Option<XidCounts>,
+    ) -> Result<(&'t mut XidCounts, Vec<AttributedXid>), HardwareError> {
+        let counts = match tally {
+            Some(counts) => counts,
+            None => tally.insert(XidCounts {
+                cursor: self.events_after(u64::MAX)?.1,
+                gpus: BTreeMap::new(),
+                mig: MigXidCounts::default(),
+            }),
         };
-        let (events, last) = self.events_after(cursor)?;
-        let mut counts = tally.take().map(|(_, c)| c).unwrap_or_default();
+        let (events, last) = self.events_after(counts.cursor)?;
+        counts.cursor = last;
+        let mut attributed = Vec::new();
         for e in events.iter().filter(|e| e.event_type == EVENT_XID_CRITICAL) {
-            *counts.entry((e.gpu, e.data)).or_default() += 1;
+            *counts.gpus.entry((e.gpu, e.data)).or_default() += 1;
+            if let Some(gi) = e.gpu_instance {
+                attributed.push((e.gpu, gi, e.data));
+            }
         }
-        *tally = Some((last, counts.clone()));
-        Ok(counts)
+        Ok((counts, attributed))
     }
 
     pub(super) fn sim_telemetry(&self) -> Result<NodeTelemetry, HardwareError> {
@@ -201,11 +223,13 @@ impl SimBackend {
             let faults: Vec<_> = s.gpus.iter().map(|g| (g.lost, g.ecc)).collect();
             Ok(((s.loads.clone(), faults), false))
         })?;
-        let xids = self.xid_counts()?;
+        let mut tally = self.xids.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (xids, attributed) = self.count_xids(&mut tally)?;
         let mut gpus = Vec::with_capacity(inventory.gpus.len());
         for gpu in &inventory.gpus {
             let mut t = GpuTelemetry::new(gpu.index, gpu.minor, &gpu.uuid);
             t.xid_errors = xids
+                .gpus
                 .iter()
                 .filter(|((slot, _), _)| *slot == gpu.minor)
                 .map(|((_, xid), n)| (*xid, *n))
@@ -257,8 +281,15 @@ impl SimBackend {
                         .then(|| f64::from(sm) / 100.0),
                     memory_used_bytes: Some(used * MIB),
                     memory_total_bytes: Some(total * MIB),
+                    xid_errors: BTreeMap::new(),
                 });
             }
+            let slot = gpu.minor;
+            let events = attributed
+                .iter()
+                .filter(|(s, _, _)| *s == slot)
+                .map(|(_, gi, xid)| (*gi, *xid));
+            xids.mig.attribute(&mut t, events);
             gpus.push(t);
         }
         Ok(NodeTelemetry { gpus })
@@ -388,6 +419,56 @@ mod tests {
             after.gpus[1].retired_pages[&RetirementCause::RowRemapUncorrectable],
             1
         );
+    }
+
+    #[test]
+    fn a_mig_scoped_xid_counts_for_its_instance_and_the_gpu_and_a_gpu_wide_one_for_the_gpu_only() {
+        use crate::hardware::sim::faults::Fault;
+        let sim = h100_node();
+        let index = sim
+            .inventory()
+            .unwrap()
+            .gpus
+            .iter()
+            .find(|g| g.mig.current)
+            .expect("a MIG GPU")
+            .index;
+        let profile = sim.inventory().unwrap().gpus[index as usize]
+            .profile_by_name("1g.10gb")
+            .unwrap()
+            .id;
+        let carved: Vec<u32> = (0..8)
+            .filter(|s| sim.create_mig_device(index, profile, *s).is_ok())
+            .take(2)
+            .collect();
+        assert_eq!(carved.len(), 2, "two free 1g placements");
+        let gpu = sim.inventory().unwrap().gpus[index as usize].clone();
+        let gi = |start: u32| {
+            gpu.mig_devices
+                .iter()
+                .find(|d| d.placement.start == start)
+                .unwrap()
+                .gi_id
+        };
+        let (hit, spared) = (gi(carved[0]), gi(carved[1]));
+        sim.telemetry().unwrap(); // counting starts with the first sample
+        let xid = |code, gpu_instance| Fault::Xid { code, gpu_instance };
+        sim.inject(index, xid(31, Some(hit))).unwrap();
+        sim.inject(index, xid(31, Some(hit))).unwrap();
+        sim.inject(index, xid(43, None)).unwrap();
+        let t = sim.telemetry().unwrap();
+        let t = &t.gpus[index as usize];
+        assert_eq!(t.xid_errors, BTreeMap::from([(31, 2), (43, 1)]));
+        let mig_xids = |gi_id: u32| {
+            t.mig
+                .iter()
+                .find(|m| m.gi_id == gi_id)
+                .unwrap()
+                .xid_errors
+                .clone()
+        };
+        assert_eq!(mig_xids(hit), BTreeMap::from([(31, 2)]));
+        assert_eq!(mig_xids(spared), BTreeMap::new());
     }
 
     #[test]

@@ -1,0 +1,98 @@
+//! The chart's `telemetryInterval` as `helm template` renders it: it reaches every plugin
+//! DaemonSet as `GPU_DRA_TELEMETRY_INTERVAL` in a form the plugin's own flag parser takes,
+//! and the values schema refuses what that parser would not. Skipped with a notice when helm
+//! is absent; `.ci/run` installs it.
+
+mod deploy_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use deploy_support::{chart_dir, tool, yaml_documents};
+
+const ENV: &str = "GPU_DRA_TELEMETRY_INTERVAL";
+
+/// `helm template` of the chart with `extra` arguments: stdout, or stderr when it fails.
+fn template(helm: &Path, extra: &[&str]) -> Result<String, String> {
+    let chart = chart_dir();
+    let output = Command::new(helm)
+        .args(["template", "gpu-dra", chart.to_str().unwrap()])
+        .args(["--namespace", "gpu-dra"])
+        .args(extra)
+        .output()
+        .expect("run helm");
+    if output.status.success() {
+        Ok(String::from_utf8(output.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// The value of [`ENV`] in each rendered DaemonSet's plugin container.
+fn rendered_intervals(manifests: &str) -> Vec<Option<String>> {
+    yaml_documents(manifests)
+        .iter()
+        .filter(|o| o["kind"] == "DaemonSet")
+        .map(|ds| {
+            ds["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array()?
+                .iter()
+                .find(|e| e["name"] == ENV)
+                .and_then(|e| e["value"].as_str())
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// Whether the plugin binary's `--telemetry-interval` parser (the one `GPU_DRA_TELEMETRY_INTERVAL`
+/// feeds) takes `value`. `--help` after the flag stops before the plugin starts, but only
+/// once the value has been parsed.
+fn plugin_accepts(value: &str) -> bool {
+    let status = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(["kubelet-plugin", "--telemetry-interval", value, "--help"])
+        .output()
+        .expect("run gpu-dra")
+        .status;
+    status.success()
+}
+
+#[test]
+fn the_telemetry_interval_reaches_every_plugin_daemonset_as_seconds_the_plugin_parses() {
+    let Some(helm) = tool("helm", "the telemetry-interval chart checks") else {
+        return;
+    };
+    let sim_values = chart_dir().join("values-sim.yaml").display().to_string();
+    let cases: [(&[&str], &str); 5] = [
+        (&[], "10"),
+        (&["--set", "telemetryInterval=30s"], "30"),
+        (&["--set", "telemetryInterval=45"], "45"),
+        (&["--set-string", "telemetryInterval=5"], "5"),
+        (&["-f", &sim_values, "--set", "telemetryInterval=2s"], "2"),
+    ];
+    for (extra, want) in cases {
+        let manifests = template(&helm, extra).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        let got = rendered_intervals(&manifests);
+        assert!(!got.is_empty(), "{extra:?}: no DaemonSet rendered");
+        assert_eq!(got, vec![Some(want.to_string()); got.len()], "{extra:?}");
+        assert!(plugin_accepts(want), "the plugin refuses {want:?}");
+    }
+}
+
+#[test]
+fn the_values_schema_refuses_an_interval_the_plugin_cannot_parse_and_names_the_field() {
+    let Some(helm) = tool("helm", "the telemetry-interval chart checks") else {
+        return;
+    };
+    for bad in ["1m", "1.5s", "10ms", "0s", "ten"] {
+        assert!(!plugin_accepts(bad), "the plugin takes {bad:?} after all");
+        let err = template(&helm, &["--set", &format!("telemetryInterval={bad}")])
+            .expect_err(&format!("helm rendered telemetryInterval={bad}"));
+        assert!(
+            err.contains("/telemetryInterval") && err.contains(&format!("'{bad}'")),
+            "{bad}: {err}"
+        );
+    }
+    // Zero parses, but the plugin would silently sample every second instead.
+    let err = template(&helm, &["--set", "telemetryInterval=0"]).expect_err("interval 0");
+    assert!(err.contains("/telemetryInterval"), "{err}");
+}
