@@ -848,7 +848,7 @@ fn run_capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            let input = runtime.block_on(async {
+            let lists = runtime.block_on(async {
                 let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
                 let with_nodes = args.pool_label.is_some();
                 anyhow::Ok(
@@ -861,7 +861,7 @@ fn run_capacity(args: CapacityArgs) -> anyhow::Result<ExitCode> {
                     .await?,
                 )
             })?;
-            capacity::build(&input, &options)
+            capacity::build_from_cluster(&lists, &options)
         }
     };
     let report = match report {

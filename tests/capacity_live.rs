@@ -3,7 +3,9 @@
 
 mod k8s_support;
 
-use gpu_dra::capacity::{CapacityOptions, TableOptions, build, inputs, render_table};
+use gpu_dra::capacity::{
+    CapacityInput, CapacityOptions, TableOptions, build, build_from_cluster, inputs, render_table,
+};
 use gpu_dra::explain_inputs::sim_slices;
 use serde_json::{Value, json};
 
@@ -13,10 +15,13 @@ fn objects() -> Vec<(String, Value)> {
     let mut objects = Vec::new();
     for s in sim_slices("mixed", "gpu.nvidia.com", Default::default()).unwrap() {
         let name = s.metadata.name.clone().unwrap();
-        objects.push((
-            format!("{}/{name}", k8s_support::SLICES),
-            serde_json::to_value(&s).unwrap(),
-        ));
+        // As the API server lists them: a typed `ResourceSliceList` whose items carry no
+        // apiVersion or kind.
+        let mut value = serde_json::to_value(&s).unwrap();
+        let object = value.as_object_mut().unwrap();
+        object.remove("apiVersion");
+        object.remove("kind");
+        objects.push((format!("{}/{name}", k8s_support::SLICES), value));
     }
     objects.push((
         "/api/v1/nodes/mixed".into(),
@@ -44,7 +49,7 @@ fn objects() -> Vec<(String, Value)> {
 #[tokio::test]
 async fn a_live_cluster_shows_which_pod_holds_which_device() {
     let (api, client) = FakeApi::start(objects());
-    let input = inputs::from_cluster(client, "gpu.nvidia.com", Some("mixed"), true)
+    let lists = inputs::from_cluster(client, "gpu.nvidia.com", Some("mixed"), true)
         .await
         .unwrap();
     let requests = api.take_requests();
@@ -61,17 +66,32 @@ async fn a_live_cluster_shows_which_pod_holds_which_device() {
         requests[0].query.get("fieldSelector").map(String::as_str),
         Some("spec.driver=gpu.nvidia.com,spec.nodeName=mixed")
     );
-    assert_eq!(input.claims.len(), 1, "only allocated claims are kept");
-
-    let report = build(
-        &input,
-        &CapacityOptions {
-            driver: "gpu.nvidia.com".into(),
-            pool_label: Some("gpu-pool".into()),
-            node: Some("mixed".into()),
-        },
-    )
-    .unwrap();
+    let options = CapacityOptions {
+        driver: "gpu.nvidia.com".into(),
+        pool_label: Some("gpu-pool".into()),
+        node: Some("mixed".into()),
+    };
+    let report = build_from_cluster(&lists, &options).unwrap();
+    assert_eq!(
+        (report.totals.claims, report.totals.allocated_devices),
+        (1, 1),
+        "only the allocated claim holds a device"
+    );
+    // The same objects handed over as API objects give the same report.
+    let objects: Vec<serde_json::Value> = objects().into_iter().map(|(_, o)| o).collect();
+    let of_kind = |kind: &str| -> Vec<serde_json::Value> {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == kind || (kind == "ResourceSlice" && o["kind"].is_null()))
+            .cloned()
+            .collect()
+    };
+    let input = CapacityInput {
+        slices: serde_json::from_value(serde_json::Value::Array(of_kind("ResourceSlice"))).unwrap(),
+        claims: serde_json::from_value(serde_json::Value::Array(of_kind("ResourceClaim"))).unwrap(),
+        nodes: lists.nodes.clone(),
+    };
+    assert_eq!(build(&input, &options).unwrap(), report);
     assert_eq!(report.nodes[0].pool.as_deref(), Some("research"));
     let table = render_table(
         &report,
@@ -107,12 +127,12 @@ async fn a_live_cluster_shows_which_pod_holds_which_device() {
 #[tokio::test]
 async fn every_node_is_listed_for_pools_when_no_node_is_named() {
     let (api, client) = FakeApi::start(objects());
-    let input = inputs::from_cluster(client, "gpu.nvidia.com", None, true)
+    let lists = inputs::from_cluster(client, "gpu.nvidia.com", None, true)
         .await
         .unwrap();
     let lines: Vec<String> = api.take_requests().iter().map(|r| r.line()).collect();
     assert_eq!(lines[2], "GET /api/v1/nodes");
-    assert_eq!(input.nodes.len(), 1);
+    assert_eq!(lists.nodes.len(), 1);
 }
 
 #[tokio::test]
@@ -136,5 +156,57 @@ async fn a_failed_list_names_what_was_being_listed() {
             .unwrap()
             .to_string()
             .contains("claims are secret")
+    );
+}
+
+#[tokio::test]
+async fn claims_whose_list_the_fast_path_does_not_take_are_read_in_full() {
+    // The fake lists claims as a `v1` `List`; with items that carry no kind, only the full
+    // read knows what they are (the endpoint's), and the report is the same.
+    let mut stripped = objects();
+    for (path, object) in &mut stripped {
+        if path.contains("/resourceclaims/") {
+            let object = object.as_object_mut().unwrap();
+            object.remove("apiVersion");
+            object.remove("kind");
+        }
+    }
+    let options = CapacityOptions {
+        driver: "gpu.nvidia.com".into(),
+        pool_label: None,
+        node: None,
+    };
+    let report = |objects| async {
+        let (_api, client) = FakeApi::start(objects);
+        let lists = inputs::from_cluster(client, "gpu.nvidia.com", None, false)
+            .await
+            .unwrap();
+        build_from_cluster(&lists, &options).unwrap()
+    };
+    let full = report(stripped).await;
+    assert_eq!(full, report(objects()).await);
+    assert_eq!(full.totals.allocated_devices, 1);
+}
+
+#[tokio::test]
+async fn a_response_that_is_no_list_is_named() {
+    let (api, client) = FakeApi::start(objects());
+    api.fail(k8s_support::Fault::new(
+        "GET",
+        "resourceclaims",
+        k8s_support::Answer::Json(200, serde_json::json!({"kind": "Status", "items": "none"})),
+    ));
+    let lists = inputs::from_cluster(client, "gpu.nvidia.com", None, false)
+        .await
+        .unwrap();
+    let options = CapacityOptions {
+        driver: "gpu.nvidia.com".into(),
+        pool_label: None,
+        node: None,
+    };
+    let err = build_from_cluster(&lists, &options).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "reading the API server's list of ResourceClaims"
     );
 }

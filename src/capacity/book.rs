@@ -9,27 +9,29 @@ pub(super) type Use = (usize, Quantity);
 
 /// The counters of the counter sets a GPU's devices consume.
 #[derive(Default)]
-pub(super) struct Book<'a> {
-    /// (counter set, counter) per index.
-    pub(super) names: Vec<(&'a str, &'a str)>,
+pub(super) struct Book {
+    /// The pool's (counter set, counter) numbers per index.
+    pub(super) keys: Vec<(u32, u32)>,
     pub(super) totals: Vec<Quantity>,
     /// Index of `memory-slice-<n>` for each n, when the GPU has them.
     pub(super) memory_slices: Vec<Option<usize>>,
 }
 
-impl<'a> Book<'a> {
-    /// Index of a counter, adding it with `total` on first sight.
-    pub(super) fn index(&mut self, set: &'a str, counter: &'a str, total: Quantity) -> usize {
-        if let Some(i) = self
-            .names
-            .iter()
-            .position(|(s, c)| *c == counter && *s == set)
-        {
+impl Book {
+    /// Index of a counter (the pool's set and counter numbers), adding it with `total` on
+    /// first sight; `memory_slice` is its `n` when it is `memory-slice-<n>`.
+    pub(super) fn index(
+        &mut self,
+        key: (u32, u32),
+        total: Quantity,
+        memory_slice: Option<u32>,
+    ) -> usize {
+        if let Some(i) = self.keys.iter().position(|k| *k == key) {
             return i;
         }
-        self.names.push((set, counter));
+        self.keys.push(key);
         self.totals.push(total);
-        if let Some(n) = memory_slice(counter) {
+        if let Some(n) = memory_slice {
             let n = n as usize;
             if self.memory_slices.len() <= n {
                 self.memory_slices.resize(n + 1, None);
@@ -73,12 +75,12 @@ pub(super) struct GpuEntry<'a> {
     pub(super) uuid: Option<&'a str>,
     pub(super) model: &'a str,
     pub(super) devices: Vec<Dev<'a>>,
-    pub(super) book: Book<'a>,
+    pub(super) book: Book,
 }
 
 /// Per-profile counts of one GPU, for the cluster and pool summaries.
-pub(super) struct ProfileCount {
-    pub(super) profile: String,
+pub(super) struct ProfileCount<'a> {
+    pub(super) profile: &'a str,
     pub(super) capacity: usize,
     pub(super) allocated: usize,
     pub(super) free: usize,
@@ -101,7 +103,7 @@ fn greedy(devices: &[Dev], profile: &str, left: &mut [Quantity], skip_held: bool
     starts
 }
 
-impl GpuEntry<'_> {
+impl<'a> GpuEntry<'a> {
     fn mig_mode(&self) -> MigMode {
         let mig = self.devices.iter().any(|d| d.profile != FULL_GPU);
         let counters = self.devices.iter().any(|d| !d.uses.is_empty());
@@ -113,8 +115,9 @@ impl GpuEntry<'_> {
     }
 
     /// What claims hold on this GPU, what is free, and the per-profile counts.
-    pub(super) fn evaluate(mut self) -> (GpuCapacity, Vec<ProfileCount>) {
-        self.devices.sort_by(|a, b| {
+    pub(super) fn evaluate(mut self) -> (GpuCapacity, Vec<ProfileCount<'a>>) {
+        // Device names are unique in a pool, so an unstable sort orders them the same way.
+        self.devices.sort_unstable_by(|a, b| {
             (a.profile != FULL_GPU, a.placement, a.name).cmp(&(
                 b.profile != FULL_GPU,
                 b.placement,
@@ -151,16 +154,19 @@ impl GpuEntry<'_> {
         }
         let mut free = Vec::with_capacity(profiles.len());
         let mut counts = Vec::with_capacity(profiles.len());
+        let mut scratch = left.clone();
         for profile in profiles {
-            let starts = greedy(&self.devices, profile, &mut left.clone(), true);
-            let capacity = greedy(&self.devices, profile, &mut self.book.totals.clone(), false);
+            scratch.copy_from_slice(&left);
+            let starts = greedy(&self.devices, profile, &mut scratch, true);
+            scratch.copy_from_slice(&self.book.totals);
+            let capacity = greedy(&self.devices, profile, &mut scratch, false);
             let held = self
                 .devices
                 .iter()
                 .filter(|d| d.profile == profile && d.holders.is_some())
                 .count();
             counts.push(ProfileCount {
-                profile: profile.to_string(),
+                profile,
                 capacity: capacity.len(),
                 allocated: held,
                 free: starts.len(),
@@ -225,11 +231,9 @@ mod tests {
     #[test]
     fn placements_sharing_one_engine_count_as_one_free_device() {
         let mut book = Book::default();
-        let ofa = book.index("s", "ofa-engines", q(1));
-        let names: Vec<String> = (0..2).map(|n| format!("memory-slice-{n}")).collect();
-        let slices: Vec<usize> = names
-            .iter()
-            .map(|name| book.index("s", name, q(1)))
+        let ofa = book.index((0, 0), q(1), None);
+        let slices: Vec<usize> = (0..2)
+            .map(|n| book.index((0, n + 1), q(1), Some(n)))
             .collect();
         let gpu = GpuEntry {
             node: "n".into(),
@@ -260,11 +264,7 @@ mod tests {
             consumed: Default::default(),
         }];
         let mut book = Book::default();
-        let names: Vec<String> = (0..4).map(|n| format!("memory-slice-{n}")).collect();
-        let s: Vec<usize> = names
-            .iter()
-            .map(|name| book.index("s", name, q(1)))
-            .collect();
+        let s: Vec<usize> = (0..4).map(|n| book.index((0, n), q(1), Some(n))).collect();
         let all: Vec<Use> = s.iter().map(|&i| (i, q(1))).collect();
         let gpu = GpuEntry {
             node: "n".into(),

@@ -4,6 +4,10 @@
 //! does not read is skipped unparsed, which is what makes it fast: a slice's device carries a
 //! dozen attributes and a capacity map the view never looks at.
 //!
+//! The API server's own typed lists (`ResourceSliceList` of `resource.k8s.io/v1`, whose items
+//! carry no `apiVersion` or `kind`), as `gpu-dra capacity --kubeconfig` receives them, take
+//! the same path.
+//!
 //! Anything else (YAML, a single object, another kind or version, a field of the wrong
 //! shape) answers `None`, and the caller takes the general path, which reads every form and
 //! gives the detailed errors.
@@ -28,8 +32,10 @@ struct Meta<'a> {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Slice<'a> {
-    api_version: &'a str,
-    kind: &'a str,
+    #[serde(borrow, default)]
+    api_version: Option<&'a str>,
+    #[serde(borrow, default)]
+    kind: Option<&'a str>,
     #[serde(borrow)]
     metadata: Meta<'a>,
     #[serde(borrow)]
@@ -37,10 +43,6 @@ struct Slice<'a> {
 }
 
 impl<'a> Slice<'a> {
-    fn fits(&self) -> bool {
-        self.kind == "ResourceSlice" && self.api_version == API_VERSION
-    }
-
     fn into_record(self) -> SliceRecord<'a> {
         SliceRecord {
             name: self.metadata.name.unwrap_or_default(),
@@ -52,8 +54,10 @@ impl<'a> Slice<'a> {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Claim<'a> {
-    api_version: &'a str,
-    kind: &'a str,
+    #[serde(borrow, default)]
+    api_version: Option<&'a str>,
+    #[serde(borrow, default)]
+    kind: Option<&'a str>,
     #[serde(borrow)]
     metadata: Meta<'a>,
     #[serde(borrow, default)]
@@ -82,10 +86,6 @@ struct AllocatedDevices<'a> {
 }
 
 impl<'a> Claim<'a> {
-    fn fits(&self) -> bool {
-        self.kind == "ResourceClaim" && self.api_version == API_VERSION
-    }
-
     /// The claim as the model reads it; `None` when it is not allocated.
     fn into_record(self) -> Option<ClaimRecord<'a>> {
         let status = self.status?;
@@ -115,33 +115,61 @@ fn json_object(bytes: &[u8]) -> bool {
         .is_some_and(|b| *b == b'{')
 }
 
-/// The ResourceSlices of a JSON `List` of `resource.k8s.io/v1` ResourceSlices; `None` for
+/// Whether a list's items are `kind` objects of `resource.k8s.io/v1`: each says so itself
+/// (`kubectl get -o json` writes a `List` of whole objects), or the list is the API server's
+/// typed `<kind>List` of that version, whose items carry neither field.
+fn all_of_kind<'a>(
+    head: json_list::Head,
+    kind: &str,
+    mut items: impl Iterator<Item = (Option<&'a str>, Option<&'a str>)>,
+) -> bool {
+    let Some(list_kind) = head.kind.filter(|k| k.ends_with("List")) else {
+        return false;
+    };
+    let typed =
+        list_kind.strip_suffix("List") == Some(kind) && head.api_version == Some(API_VERSION);
+    items.all(|item| match item {
+        (Some(api_version), Some(item_kind)) => api_version == API_VERSION && item_kind == kind,
+        (None, None) => typed,
+        _ => false,
+    })
+}
+
+/// The ResourceSlices of a JSON list of `resource.k8s.io/v1` ResourceSlices; `None` for
 /// anything else (the general path decides).
 pub(super) fn slices(bytes: &[u8]) -> Option<Vec<SliceRecord<'_>>> {
     if !json_object(bytes) {
         return None;
     }
-    let (kind, items) = json_list::parse::<Slice>(bytes)?;
-    let fits = kind.is_some_and(|k| k.ends_with("List"))
-        && !items.is_empty()
-        && items.iter().all(Slice::fits);
+    let (head, items) = json_list::parse::<Slice>(bytes)?;
+    let fits = !items.is_empty()
+        && all_of_kind(
+            head,
+            "ResourceSlice",
+            items.iter().map(|s| (s.api_version, s.kind)),
+        );
     fits.then(|| items.into_iter().map(Slice::into_record).collect())
 }
 
-/// The allocated ResourceClaims of a JSON `List` of `resource.k8s.io/v1` ResourceClaims;
+/// The allocated ResourceClaims of a JSON list of `resource.k8s.io/v1` ResourceClaims;
 /// `None` for anything else.
 pub(super) fn allocated_claims(bytes: &[u8]) -> Option<Vec<ClaimRecord<'_>>> {
     if !json_object(bytes) {
         return None;
     }
-    let (kind, items) = json_list::parse::<Claim>(bytes)?;
-    let fits = kind.is_some_and(|k| k.ends_with("List")) && items.iter().all(Claim::fits);
+    let (head, items) = json_list::parse::<Claim>(bytes)?;
+    let fits = all_of_kind(
+        head,
+        "ResourceClaim",
+        items.iter().map(|c| (c.api_version, c.kind)),
+    );
     fits.then(|| items.into_iter().filter_map(Claim::into_record).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::records::Attr;
     use serde_json::json;
 
     fn slice_list() -> serde_json::Value {
@@ -176,21 +204,31 @@ mod tests {
         assert_eq!((slice.spec.pool.name, slice.spec.pool.generation), ("n", 2));
         let device = &slice.spec.devices.as_ref().unwrap()[0];
         assert_eq!(device.name, "gpu-0-mig-1g10gb-0");
-        let kept: Vec<&str> = device.attributes.0.iter().map(|(k, _)| &**k).collect();
+        let kept: Vec<(Attr, Option<&str>)> = device
+            .attributes
+            .0
+            .iter()
+            .map(|e| (e.attr, e.domain))
+            .collect();
         assert_eq!(
             kept,
-            ["gpu.nvidia.com/uuid", "parentMinor", "profile", "type"]
+            [
+                (Attr::Uuid, Some("gpu.nvidia.com")),
+                (Attr::ParentMinor, None),
+                (Attr::Profile, None),
+                (Attr::Type, None)
+            ]
         );
         let driver = "gpu.nvidia.com";
         assert_eq!(
-            device.attribute(driver, "parentMinor").unwrap().int,
+            device.attribute(driver, Attr::ParentMinor).unwrap().int,
             Some(0)
         );
         assert_eq!(
-            device.attribute(driver, "uuid").unwrap().string,
+            device.attribute(driver, Attr::Uuid).unwrap().string,
             Some("MIG-1")
         );
-        assert!(device.attribute("other.com", "uuid").is_none());
+        assert!(device.attribute("other.com", Attr::Uuid).is_none());
         let consumed = &device.consumes_counters.as_ref().unwrap()[0];
         assert_eq!(consumed.counter_set, "gpu-0");
         assert_eq!(consumed.counters.0[0].0, "memory-slice-0");
@@ -220,6 +258,28 @@ mod tests {
             assert!(slices(&serde_json::to_vec(&value).unwrap()).is_none());
         }
         assert!(slices(b"kind: List\nitems: []\n").is_none());
+    }
+
+    #[test]
+    fn the_api_servers_typed_list_is_taken_though_its_items_carry_no_kind() {
+        let mut typed = slice_list();
+        typed["kind"] = json!("ResourceSliceList");
+        typed["apiVersion"] = json!("resource.k8s.io/v1");
+        let item = typed["items"][0].as_object_mut().unwrap();
+        item.remove("kind");
+        item.remove("apiVersion");
+        let bytes = serde_json::to_vec(&typed).unwrap();
+        assert_eq!(slices(&bytes).unwrap()[0].name, "n-gpu");
+        // Without the typed list's header, items without a kind are not known to be v1.
+        for (kind, version) in [
+            ("List", "v1"),
+            ("ResourceSliceList", "resource.k8s.io/v1beta2"),
+        ] {
+            let mut other = typed.clone();
+            other["kind"] = json!(kind);
+            other["apiVersion"] = json!(version);
+            assert!(slices(&serde_json::to_vec(&other).unwrap()).is_none());
+        }
     }
 
     #[test]

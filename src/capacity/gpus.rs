@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::book::{Book, Dev, GpuEntry, memory_slice};
-use super::records::{ClaimRecord, DeviceRecord, SliceRecord};
+use super::records::{Attr, ClaimRecord, DeviceRecord, SliceRecord};
 use super::{CapacityError, CapacityOptions, FULL_GPU, Holder, Placement};
 use crate::quantity::Quantity;
 
@@ -43,21 +43,21 @@ pub(super) fn holders<'a>(claims: &'a [ClaimRecord<'a>], driver: &str) -> Holder
     out
 }
 
-fn int(device: &DeviceRecord, driver: &str, name: &str) -> Option<i64> {
-    device.attribute(driver, name)?.int
+fn int(device: &DeviceRecord, driver: &str, attr: Attr) -> Option<i64> {
+    device.attribute(driver, attr)?.int
 }
 
-fn string<'a>(device: &'a DeviceRecord, driver: &str, name: &str) -> Option<&'a str> {
-    device.attribute(driver, name)?.string
+fn string<'a>(device: &'a DeviceRecord, driver: &str, attr: Attr) -> Option<&'a str> {
+    device.attribute(driver, attr)?.string
 }
 
 /// The GPU (minor number) a device belongs to: its `minor` / `parentMinor`, else its
 /// `index` / `parentIndex`, else the `<n>` of a `gpu-<n>…` name.
 fn gpu_minor(device: &DeviceRecord, driver: &str, mig: bool) -> Option<i64> {
     let (minor, index) = if mig {
-        ("parentMinor", "parentIndex")
+        (Attr::ParentMinor, Attr::ParentIndex)
     } else {
-        ("minor", "index")
+        (Attr::Minor, Attr::Index)
     };
     int(device, driver, minor)
         .or_else(|| int(device, driver, index))
@@ -143,6 +143,77 @@ fn quantity(text: &str) -> Result<Quantity, crate::quantity::QuantityError> {
     text.parse()
 }
 
+/// A pool's shared counters: its counter sets in the order published, each counter with its
+/// total. Sets and counters are few (one set per GPU, a dozen or so counters), so they are
+/// found by walking; consumptions list counters in the same order as their set does (both
+/// sorted by name), which a hint makes a single step.
+#[derive(Default)]
+struct PoolCounters<'a> {
+    sets: Vec<SetCounters<'a>>,
+    /// The set found last: a GPU's devices follow one another.
+    last: std::cell::Cell<usize>,
+}
+
+struct SetCounters<'a> {
+    name: &'a str,
+    counters: Vec<KnownCounter<'a>>,
+}
+
+struct KnownCounter<'a> {
+    name: &'a str,
+    total: Quantity,
+    /// `n` of a `memory-slice-<n>` counter.
+    memory_slice: Option<u32>,
+}
+
+impl<'a> PoolCounters<'a> {
+    /// Records a counter's total; a counter published twice keeps the later total.
+    fn insert(&mut self, set: &'a str, counter: &'a str, total: Quantity) {
+        let at = match self.sets.iter().position(|s| s.name == set) {
+            Some(at) => at,
+            None => {
+                self.sets.push(SetCounters {
+                    name: set,
+                    counters: Vec::new(),
+                });
+                self.sets.len() - 1
+            }
+        };
+        let counters = &mut self.sets[at].counters;
+        match counters.iter_mut().find(|c| c.name == counter) {
+            Some(known) => known.total = total,
+            None => counters.push(KnownCounter {
+                name: counter,
+                total,
+                memory_slice: memory_slice(counter),
+            }),
+        }
+    }
+
+    /// The index of counter set `name`.
+    fn set(&self, name: &str) -> Option<usize> {
+        let last = self.last.get();
+        if self.sets.get(last).is_some_and(|s| s.name == name) {
+            return Some(last);
+        }
+        let at = self.sets.iter().position(|s| s.name == name)?;
+        self.last.set(at);
+        Some(at)
+    }
+
+    /// The index of `name` in set `set`, looked for from `hint` on first.
+    fn counter(&self, set: usize, name: &str, hint: usize) -> Option<usize> {
+        let counters = &self.sets[set].counters;
+        let hint = hint.min(counters.len());
+        let (before, after) = counters.split_at(hint);
+        after
+            .iter()
+            .position(|c| c.name == name)
+            .map(|i| hint + i)
+            .or_else(|| before.iter().position(|c| c.name == name))
+    }
+}
+
 /// The GPUs of the driver's slices (of `options.node` only, when set), each with its devices,
 /// their counter use and holders. Claims naming a device of a known pool that no slice
 /// publishes are reported in `warnings`.
@@ -155,7 +226,7 @@ pub(super) fn collect<'a>(
     let driver = options.driver.as_str();
     let mut gpus: Vec<GpuEntry<'a>> = Vec::new();
     for (pool_name, pool) in pools(slices, options, warnings) {
-        let mut totals: HashMap<(&str, &str), Quantity> = HashMap::new();
+        let mut counters = PoolCounters::default();
         for &slice in &pool.slices {
             for set in slice.spec.shared_counters.iter().flatten() {
                 for (counter, value) in &set.counters.0 {
@@ -167,7 +238,7 @@ pub(super) fn collect<'a>(
                             e.problem(),
                         )
                     })?;
-                    totals.insert((set.name, counter), q);
+                    counters.insert(set.name, counter, q);
                 }
             }
         }
@@ -177,8 +248,8 @@ pub(super) fn collect<'a>(
         for &slice in &pool.slices {
             let node = slice.spec.node_name.unwrap_or(pool_name);
             for (d, device) in slice.spec.devices.iter().flatten().enumerate() {
-                let profile = string(device, driver, "profile");
-                let mig = profile.is_some() || string(device, driver, "type") == Some("mig");
+                let profile = string(device, driver, Attr::Profile);
+                let mig = profile.is_some() || string(device, driver, Attr::Type) == Some("mig");
                 let Some(minor) = gpu_minor(device, driver, mig) else {
                     return Err(invalid(
                         slice,
@@ -203,23 +274,29 @@ pub(super) fn collect<'a>(
                 });
                 let gpu = &mut gpus[at];
                 if gpu.model.is_empty() {
-                    gpu.model = string(device, driver, "productName").unwrap_or("");
+                    gpu.model = string(device, driver, Attr::ProductName).unwrap_or("");
                 }
                 if gpu.uuid.is_none() {
                     gpu.uuid = if mig {
-                        string(device, driver, "parentUUID")
+                        string(device, driver, Attr::ParentUuid)
                     } else {
-                        string(device, driver, "uuid")
+                        string(device, driver, Attr::Uuid)
                     };
                 }
                 let mut uses = Vec::new();
                 let (mut first, mut last, mut slices_used) = (u32::MAX, 0, 0);
                 for (c, consumed) in device.consumes_counters.iter().flatten().enumerate() {
+                    // Unknown sets and counters are ignored, as the scheduler does.
+                    let Some(set) = counters.set(consumed.counter_set) else {
+                        continue;
+                    };
+                    uses.reserve(consumed.counters.0.len());
+                    let mut hint = 0;
                     for (counter, value) in &consumed.counters.0 {
-                        // Unknown sets and counters are ignored, as the scheduler does.
-                        let Some(total) = totals.get(&(consumed.counter_set, &**counter)) else {
+                        let Some(at) = counters.counter(set, counter, hint) else {
                             continue;
                         };
+                        hint = at + 1;
                         let amount = quantity(value.value).map_err(|e| {
                             invalid(
                                 slice,
@@ -230,9 +307,14 @@ pub(super) fn collect<'a>(
                                 e.problem(),
                             )
                         })?;
-                        let i = gpu.book.index(consumed.counter_set, counter, *total);
+                        let known = &counters.sets[set].counters[at];
+                        let i = gpu.book.index(
+                            (set as u32, at as u32),
+                            known.total,
+                            known.memory_slice,
+                        );
                         uses.push((i, amount));
-                        if let Some(n) = memory_slice(counter) {
+                        if let Some(n) = known.memory_slice {
                             first = first.min(n);
                             last = last.max(n);
                             slices_used += 1;

@@ -8,7 +8,6 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::ListParams;
 
-use super::CapacityInput;
 use crate::explain::{self, ExplainError};
 
 /// Reading or listing the inputs failed.
@@ -29,6 +28,13 @@ pub enum InputError {
         what: &'static str,
         #[source]
         source: Box<kube::Error>,
+    },
+    /// The API server's list response is not a list of the objects asked for.
+    #[error("reading the API server's list of {what}")]
+    ApiResponse {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
     },
 }
 
@@ -105,14 +111,27 @@ pub(super) fn load_nodes(path: &Path) -> Result<Vec<Node>, InputError> {
     explain::load_nodes(path).map_err(file_error("--nodes", path))
 }
 
-/// Lists the driver's ResourceSlices (of `node`, or all), every allocated ResourceClaim and,
-/// with `with_nodes`, the Nodes (`node` only, when given) from the cluster.
+/// What `gpu-dra capacity` read from a live cluster: the API server's list responses for
+/// slices and claims, kept as they came so the report's records borrow from them (a
+/// 1,000-node cluster's slices are some 200 MB of JSON), and the Nodes.
+#[derive(Clone, Debug)]
+pub struct ClusterLists {
+    pub(super) slices: String,
+    pub(super) claims: String,
+    /// The Nodes, with `with_nodes` (for `--pool-label`).
+    pub nodes: Vec<Node>,
+}
+
+/// Lists the driver's ResourceSlices (of `node`, or all), every ResourceClaim and, with
+/// `with_nodes`, the Nodes (`node` only, when given) from the cluster.
+///
+/// Fails with [`InputError::Api`] naming what was being listed when a request fails.
 pub async fn from_cluster(
     client: kube::Client,
     driver: &str,
     node: Option<&str>,
     with_nodes: bool,
-) -> Result<CapacityInput, InputError> {
+) -> Result<ClusterLists, InputError> {
     let api_err = |what| {
         move |e| InputError::Api {
             what,
@@ -123,19 +142,20 @@ pub async fn from_cluster(
     if let Some(node) = node {
         selector.push_str(&format!(",spec.nodeName={node}"));
     }
-    let slices = Api::<ResourceSlice>::all(client.clone())
-        .list(&ListParams::default().fields(&selector))
-        .await
-        .map_err(api_err("ResourceSlices"))?
-        .items;
-    let claims = Api::<ResourceClaim>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(api_err("ResourceClaims"))?
-        .items
-        .into_iter()
-        .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
-        .collect();
+    let slices = list_body(
+        &client,
+        Api::<ResourceSlice>::all(client.clone()).resource_url(),
+        &ListParams::default().fields(&selector),
+    )
+    .await
+    .map_err(api_err("ResourceSlices"))?;
+    let claims = list_body(
+        &client,
+        Api::<ResourceClaim>::all(client.clone()).resource_url(),
+        &ListParams::default(),
+    )
+    .await
+    .map_err(api_err("ResourceClaims"))?;
     let nodes = match (with_nodes, node) {
         (false, _) => Vec::new(),
         (true, Some(name)) => vec![
@@ -152,9 +172,32 @@ pub async fn from_cluster(
                 .items
         }
     };
-    Ok(CapacityInput {
+    Ok(ClusterLists {
         slices,
         claims,
         nodes,
     })
+}
+
+/// The body of a list request, as the API server sent it (the request `Api::list` makes).
+async fn list_body(
+    client: &kube::Client,
+    url: &str,
+    params: &ListParams,
+) -> Result<String, kube::Error> {
+    let mut request = kube::core::Request::new(url)
+        .list(params)
+        .map_err(kube::Error::BuildRequest)?;
+    request.extensions_mut().insert("list");
+    client.request_text(request).await
+}
+
+/// A list response the fast path did not take, read in full; fails naming what was listed.
+pub(super) fn decode_list<K: serde::de::DeserializeOwned + Clone>(
+    what: &'static str,
+    body: &str,
+) -> Result<Vec<K>, InputError> {
+    serde_json::from_str::<kube::core::ObjectList<K>>(body)
+        .map(|list| list.items)
+        .map_err(|source| InputError::ApiResponse { what, source })
 }

@@ -15,10 +15,36 @@ use serde::de::IgnoredAny;
 /// Below this size a list is parsed on one thread: a second one costs more than it saves.
 const SPLIT_MIN_BYTES: usize = 4 << 20;
 
-/// The `kind` and `items` of a JSON object; `None` when the bytes are not one JSON object
-/// with an `items` array whose elements all parse as `T`, or when a key or `kind` holds an
-/// escape (strings are borrowed from the bytes).
-pub(super) fn parse<'a, T>(bytes: &'a [u8]) -> Option<(Option<&'a str>, Vec<T>)>
+/// The top-level `kind` and `apiVersion` of a list, when present.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Head<'a> {
+    pub(super) kind: Option<&'a str>,
+    pub(super) api_version: Option<&'a str>,
+}
+
+impl<'a> Head<'a> {
+    fn or(self, other: Head<'a>) -> Head<'a> {
+        Head {
+            kind: self.kind.or(other.kind),
+            api_version: self.api_version.or(other.api_version),
+        }
+    }
+
+    /// Records a top-level `kind` or `apiVersion`; `false` for other keys.
+    fn take(&mut self, key: &str, walk: &mut Walk<'a>) -> Option<bool> {
+        match key {
+            "kind" => self.kind = Some(walk.value()?),
+            "apiVersion" => self.api_version = Some(walk.value()?),
+            _ => return Some(false),
+        }
+        Some(true)
+    }
+}
+
+/// The head and `items` of a JSON object; `None` when the bytes are not one JSON object
+/// with an `items` array whose elements all parse as `T`, or when a key, `kind` or
+/// `apiVersion` holds an escape (strings are borrowed from the bytes).
+pub(super) fn parse<'a, T>(bytes: &'a [u8]) -> Option<(Head<'a>, Vec<T>)>
 where
     T: Deserialize<'a> + Send,
 {
@@ -32,7 +58,7 @@ where
 pub(super) fn parse_split<'a, T>(
     bytes: &'a [u8],
     split: Option<usize>,
-) -> Option<(Option<&'a str>, Vec<T>)>
+) -> Option<(Head<'a>, Vec<T>)>
 where
     T: Deserialize<'a> + Send,
 {
@@ -46,8 +72,8 @@ where
                 let mut walk = Walk::new(bytes, None);
                 walk.pos = comma + 1;
                 let items = walk.items_after_first()?;
-                let kind = walk.rest_of_object()?;
-                Some((kind, items))
+                let head = walk.rest_of_object()?;
+                Some((head, items))
             });
         let Ok(worker) = worker else {
             // No second thread to be had: one does it all.
@@ -59,9 +85,9 @@ where
             // Everything after the comma is the worker's: the rest of the items and of the
             // object. Its error is the document's.
             result = match (result, worker.join().ok().flatten()) {
-                (Some((kind_before, mut items)), Some((kind_after, rest))) => {
+                (Some((head_before, mut items)), Some((head_after, rest))) => {
                     items.extend(rest);
-                    Some((kind_before.or(kind_after), items))
+                    Some((head_before.or(head_after), items))
                 }
                 _ => None,
             };
@@ -134,9 +160,9 @@ impl<'a> Walk<'a> {
     }
 
     /// The whole document: one object, then nothing but whitespace.
-    fn object<T: Deserialize<'a>>(&mut self) -> Option<(Option<&'a str>, Vec<T>)> {
+    fn object<T: Deserialize<'a>>(&mut self) -> Option<(Head<'a>, Vec<T>)> {
         self.expect(b'{')?;
-        let mut kind = None;
+        let mut head = Head::default();
         let mut items = None;
         self.skip_ws();
         if self.bytes.get(self.pos) == Some(&b'}') {
@@ -150,12 +176,13 @@ impl<'a> Walk<'a> {
                     "items" => {
                         items = Some(self.items()?);
                         if self.stopped_at_split {
-                            return Some((kind, items.unwrap_or_default()));
+                            return Some((head, items.unwrap_or_default()));
                         }
                     }
-                    "kind" => kind = Some(self.value::<&'a str>()?),
                     _ => {
-                        self.value::<IgnoredAny>()?;
+                        if !head.take(key, self)? {
+                            self.value::<IgnoredAny>()?;
+                        }
                     }
                 }
                 match self.next_byte()? {
@@ -166,7 +193,7 @@ impl<'a> Walk<'a> {
             }
         }
         self.skip_ws();
-        (self.pos == self.bytes.len()).then_some((kind, items?))
+        (self.pos == self.bytes.len()).then_some((head, items?))
     }
 
     /// An array of `T`, stopping early (with `stopped_at_split`) when an item ends right
@@ -210,9 +237,9 @@ impl<'a> Walk<'a> {
     }
 
     /// After the items' `]`: the object's remaining keys, its `}` and the end of the bytes.
-    /// Answers the `kind` when it comes after the items.
-    fn rest_of_object(&mut self) -> Option<Option<&'a str>> {
-        let mut kind = None;
+    /// Answers the `kind` and `apiVersion` that come after the items.
+    fn rest_of_object(&mut self) -> Option<Head<'a>> {
+        let mut head = Head::default();
         loop {
             match self.next_byte()? {
                 b'}' => break,
@@ -220,20 +247,19 @@ impl<'a> Walk<'a> {
                     self.skip_ws();
                     let key: &'a str = self.value()?;
                     self.expect(b':')?;
-                    match key {
-                        "kind" => kind = Some(self.value::<&'a str>()?),
-                        // A second `items` would make the worker's items not the last ones.
-                        "items" => return None,
-                        _ => {
-                            self.value::<IgnoredAny>()?;
-                        }
+                    // A second `items` would make the worker's items not the last ones.
+                    if key == "items" {
+                        return None;
+                    }
+                    if !head.take(key, self)? {
+                        self.value::<IgnoredAny>()?;
                     }
                 }
                 _ => return None,
             }
         }
         self.skip_ws();
-        (self.pos == self.bytes.len()).then_some(kind)
+        (self.pos == self.bytes.len()).then_some(head)
     }
 }
 
@@ -259,10 +285,10 @@ mod tests {
         }
     }
 
-    fn names(parsed: Option<(Option<&str>, Vec<Value>)>) -> (Option<String>, Vec<String>) {
-        let (kind, items) = parsed.expect("parses");
+    fn names(parsed: Option<(Head, Vec<Value>)>) -> (Head, Vec<String>) {
+        let (head, items) = parsed.expect("parses");
         (
-            kind.map(str::to_string),
+            head,
             items
                 .iter()
                 .map(|v| v["name"].as_str().unwrap().to_string())
@@ -277,7 +303,13 @@ mod tests {
             let bytes = text.as_bytes();
             let sequential = names(parse_split::<Value>(bytes, None));
             assert_eq!(sequential.1.len(), 40);
-            assert_eq!(sequential.0.as_deref(), Some("List"));
+            assert_eq!(
+                sequential.0,
+                Head {
+                    kind: Some("List"),
+                    api_version: Some("v1")
+                }
+            );
             // Every comma in the document, including those inside nested arrays and strings.
             let commas: Vec<usize> = (0..bytes.len()).filter(|&i| bytes[i] == b',').collect();
             assert!(commas.len() > 200);

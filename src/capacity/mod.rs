@@ -327,6 +327,39 @@ pub fn build_from_files(
     build_records(&slices, &claims, &nodes, options)
 }
 
+/// Builds the capacity view from a live cluster's lists ([`inputs::from_cluster`]).
+///
+/// The API server's typed lists take the same fast path as `kubectl get -o json` files;
+/// a response the fast path does not take is read in full. Fails as [`build`] does, and with
+/// [`inputs::InputError::ApiResponse`] when a response is not a list of the objects asked for.
+pub fn build_from_cluster(
+    lists: &inputs::ClusterLists,
+    options: &CapacityOptions,
+) -> Result<CapacityReport, CapacityError> {
+    let (general_slices, general_claims): (Vec<ResourceSlice>, Vec<ResourceClaim>);
+    let slices = match fast_json::slices(lists.slices.as_bytes()) {
+        Some(records) => records,
+        None => {
+            general_slices = inputs::decode_list("ResourceSlices", &lists.slices)?;
+            general_slices
+                .iter()
+                .map(records::SliceRecord::from_api)
+                .collect()
+        }
+    };
+    let claims = match fast_json::allocated_claims(lists.claims.as_bytes()) {
+        Some(records) => records,
+        None => {
+            general_claims = inputs::decode_list("ResourceClaims", &lists.claims)?;
+            general_claims
+                .iter()
+                .filter_map(records::ClaimRecord::from_api)
+                .collect()
+        }
+    };
+    build_records(&slices, &claims, &lists.nodes, options)
+}
+
 fn build_records(
     slices: &[records::SliceRecord],
     claims: &[records::ClaimRecord],

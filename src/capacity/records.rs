@@ -16,23 +16,47 @@ use k8s_openapi::api::resource::v1 as api;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
-/// The device attributes the capacity view reads (by bare name; a `<domain>/` prefix is
-/// kept as written and resolved by [`DeviceRecord::attribute`]).
-const KEPT_ATTRIBUTES: [&str; 9] = [
-    "type",
-    "profile",
-    "productName",
-    "uuid",
-    "parentUUID",
-    "minor",
-    "parentMinor",
-    "index",
-    "parentIndex",
-];
+/// A device attribute the capacity view reads; every other one is skipped unparsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Attr {
+    Type,
+    Profile,
+    ProductName,
+    Uuid,
+    ParentUuid,
+    Minor,
+    ParentMinor,
+    Index,
+    ParentIndex,
+}
 
-fn kept(key: &str) -> bool {
-    let bare = key.rsplit('/').next().unwrap_or(key);
-    KEPT_ATTRIBUTES.contains(&bare)
+impl Attr {
+    /// The attribute a key names (`<name>` or `<domain>/<name>`), with its domain when
+    /// qualified; `None` for attributes the view does not read.
+    fn of_key(key: &str) -> Option<(Attr, Option<&str>)> {
+        let slash = key.bytes().rposition(|b| b == b'/');
+        let bare = slash.map_or(key, |at| &key[at + 1..]);
+        let attr = match bare {
+            "type" => Attr::Type,
+            "profile" => Attr::Profile,
+            "productName" => Attr::ProductName,
+            "uuid" => Attr::Uuid,
+            "parentUUID" => Attr::ParentUuid,
+            "minor" => Attr::Minor,
+            "parentMinor" => Attr::ParentMinor,
+            "index" => Attr::Index,
+            "parentIndex" => Attr::ParentIndex,
+            _ => return None,
+        };
+        Some((attr, slash.map(|at| &key[..at])))
+    }
+}
+
+/// One kept attribute: which, its domain when the key is qualified, and its value.
+pub(super) struct AttributeEntry<'a> {
+    pub(super) attr: Attr,
+    pub(super) domain: Option<&'a str>,
+    pub(super) value: AttributeRecord<'a>,
 }
 
 /// A JSON object's entries in document order, keys borrowed: cheaper than a map for the
@@ -103,7 +127,7 @@ pub(super) struct AttributeRecord<'a> {
 
 /// The kept attributes of a device; every other one is skipped without being parsed.
 #[derive(Default)]
-pub(super) struct Attributes<'a>(pub(super) Vec<(&'a str, AttributeRecord<'a>)>);
+pub(super) struct Attributes<'a>(pub(super) Vec<AttributeEntry<'a>>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Attributes<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -119,10 +143,15 @@ impl<'de: 'a, 'a> Deserialize<'de> for Attributes<'a> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Attributes<'a>, A::Error> {
                 let mut attributes = Vec::with_capacity(8);
                 while let Some(key) = map.next_key::<&'de str>()? {
-                    if kept(key) {
-                        attributes.push((key, map.next_value()?));
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
+                    match Attr::of_key(key) {
+                        Some((attr, domain)) => attributes.push(AttributeEntry {
+                            attr,
+                            domain,
+                            value: map.next_value()?,
+                        }),
+                        None => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
                     }
                 }
                 Ok(Attributes(attributes))
@@ -144,20 +173,19 @@ pub(super) struct DeviceRecord<'a> {
 }
 
 impl DeviceRecord<'_> {
-    /// The attribute `name` as written bare, else qualified with the driver's domain
+    /// The attribute as written bare, else qualified with the driver's domain
     /// (`<driver>/<name>`), as the scheduler resolves it.
-    pub(super) fn attribute(&self, driver: &str, name: &str) -> Option<&AttributeRecord<'_>> {
-        let qualified = |key: &str| {
-            key.strip_prefix(driver)
-                .and_then(|rest| rest.strip_prefix('/'))
-                == Some(name)
-        };
+    pub(super) fn attribute(&self, driver: &str, attr: Attr) -> Option<&AttributeRecord<'_>> {
         let entries = &self.attributes.0;
         entries
             .iter()
-            .find(|(key, _)| *key == name)
-            .or_else(|| entries.iter().find(|(key, _)| qualified(key)))
-            .map(|(_, value)| value)
+            .find(|e| e.attr == attr && e.domain.is_none())
+            .or_else(|| {
+                entries
+                    .iter()
+                    .find(|e| e.attr == attr && e.domain == Some(driver))
+            })
+            .map(|e| &e.value)
     }
 }
 
@@ -219,15 +247,16 @@ impl<'a> SliceRecord<'a> {
                 d.attributes
                     .iter()
                     .flatten()
-                    .filter(|(key, _)| kept(key))
-                    .map(|(key, value)| {
-                        (
-                            key.as_str(),
-                            AttributeRecord {
+                    .filter_map(|(key, value)| {
+                        let (attr, domain) = Attr::of_key(key)?;
+                        Some(AttributeEntry {
+                            attr,
+                            domain,
+                            value: AttributeRecord {
                                 string: value.string.as_deref(),
                                 int: value.int,
                             },
-                        )
+                        })
                     })
                     .collect(),
             ),

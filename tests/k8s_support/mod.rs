@@ -39,6 +39,8 @@ pub enum Answer {
     Status(u16, &'static str, String),
     /// The connection fails (API server down).
     Disconnect,
+    /// This code and body, whatever was asked (a misbehaving server or proxy).
+    Json(u16, Value),
 }
 
 /// A fault: the first request with `method` about object `name` gets `answer`. A request is
@@ -194,6 +196,7 @@ impl FakeApi {
             return match i.answer {
                 Answer::Status(code, reason, message) => Some(status(code, reason, &message)),
                 Answer::Disconnect => None,
+                Answer::Json(code, body) => Some((code, body)),
             };
         }
         Some(state.answer(&request))
