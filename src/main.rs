@@ -209,6 +209,26 @@ fn sm_ratio(value: &str) -> Result<f64, String> {
     Ok(ratio)
 }
 
+/// An interval flag: whole seconds (`30` or `30s`) or minutes (`2m`), at least one second.
+fn interval_seconds(value: &str) -> Result<u64, String> {
+    let invalid =
+        || format!("{value:?} is not an interval; give whole seconds (30 or 30s) or minutes (2m)");
+    let (number, unit) = match value.trim() {
+        v if v.ends_with('s') => (&v[..v.len() - 1], 1),
+        v if v.ends_with('m') => (&v[..v.len() - 1], 60),
+        v => (v, 1),
+    };
+    let seconds = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(invalid)?;
+    if seconds == 0 {
+        return Err(format!("{value:?} is zero; give at least 1s"));
+    }
+    Ok(seconds)
+}
+
 #[derive(clap::Args, Debug)]
 struct ExplainArgs {
     /// A ResourceClaim, ResourceClaimTemplate or Pod manifest (with its claims and templates),
@@ -350,13 +370,14 @@ struct PluginArgs {
     /// Checkpoint and simulated-hardware state (default: the plugin directory).
     #[arg(long, env = "GPU_DRA_STATE_DIR")]
     state_dir: Option<PathBuf>,
-    /// Seconds between inventory checks (hot-plugged GPUs, MIG mode, hold-down ends); health
-    /// events are acted on within a fraction of a second regardless.
-    #[arg(long, env = "GPU_DRA_INVENTORY_INTERVAL", default_value_t = 10)]
+    /// Time between inventory checks (hot-plugged GPUs, MIG mode, hold-down ends), in seconds
+    /// (`10`, `10s`) or minutes (`1m`); health events are acted on within a fraction of a
+    /// second regardless.
+    #[arg(long, env = "GPU_DRA_INVENTORY_INTERVAL", default_value = "10", value_parser = interval_seconds)]
     inventory_interval: u64,
-    /// Seconds between telemetry samples (power, SM activity, memory, ECC, XID per GPU and
-    /// MIG device); /metrics serves the last sample.
-    #[arg(long, env = "GPU_DRA_TELEMETRY_INTERVAL", default_value_t = 10)]
+    /// Time between telemetry samples (power, SM activity, memory, ECC, XID per GPU and MIG
+    /// device), in seconds (`10`, `10s`) or minutes (`1m`); /metrics serves the last sample.
+    #[arg(long, env = "GPU_DRA_TELEMETRY_INTERVAL", default_value = "10", value_parser = interval_seconds)]
     telemetry_interval: u64,
     /// Health policy file (YAML or JSON): which XIDs and errors degrade or fail a GPU, the
     /// taint key and effects, the hold-down (docs/health.md). Default: built-in policy.

@@ -62,12 +62,13 @@ fn the_telemetry_interval_reaches_every_plugin_daemonset_as_seconds_the_plugin_p
         return;
     };
     let sim_values = chart_dir().join("values-sim.yaml").display().to_string();
-    let cases: [(&[&str], &str); 5] = [
-        (&[], "10"),
-        (&["--set", "telemetryInterval=30s"], "30"),
+    let cases: [(&[&str], &str); 6] = [
+        (&[], "10s"),
+        (&["--set", "telemetryInterval=30s"], "30s"),
         (&["--set", "telemetryInterval=45"], "45"),
         (&["--set-string", "telemetryInterval=5"], "5"),
-        (&["-f", &sim_values, "--set", "telemetryInterval=2s"], "2"),
+        (&["--set", "telemetryInterval=2m"], "2m"),
+        (&["-f", &sim_values, "--set", "telemetryInterval=2s"], "2s"),
     ];
     for (extra, want) in cases {
         let manifests = template(&helm, extra).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
@@ -83,7 +84,7 @@ fn the_values_schema_refuses_an_interval_the_plugin_cannot_parse_and_names_the_f
     let Some(helm) = tool("helm", "the telemetry-interval chart checks") else {
         return;
     };
-    for bad in ["1m", "1.5s", "10ms", "0s", "ten"] {
+    for bad in ["1h", "1.5s", "10ms", "0s", "ten"] {
         assert!(!plugin_accepts(bad), "the plugin takes {bad:?} after all");
         let err = template(&helm, &["--set", &format!("telemetryInterval={bad}")])
             .expect_err(&format!("helm rendered telemetryInterval={bad}"));
@@ -92,7 +93,36 @@ fn the_values_schema_refuses_an_interval_the_plugin_cannot_parse_and_names_the_f
             "{bad}: {err}"
         );
     }
-    // Zero parses, but the plugin would silently sample every second instead.
+    // Zero, as a number: the plugin refuses it too.
+    assert!(!plugin_accepts("0"));
     let err = template(&helm, &["--set", "telemetryInterval=0"]).expect_err("interval 0");
     assert!(err.contains("/telemetryInterval"), "{err}");
+}
+
+#[test]
+fn interval_flags_take_seconds_or_minutes_and_name_the_valid_forms_otherwise() {
+    for flag in ["--telemetry-interval", "--inventory-interval"] {
+        for good in ["10", "10s", "2m"] {
+            let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+                .args(["kubelet-plugin", flag, good, "--help"])
+                .output()
+                .expect("run gpu-dra");
+            assert!(out.status.success(), "{flag} {good}");
+        }
+        for (bad, why) in [
+            ("1.5m", "give whole seconds (30 or 30s) or minutes (2m)"),
+            ("0s", "is zero; give at least 1s"),
+        ] {
+            let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+                .args(["kubelet-plugin", flag, bad])
+                .output()
+                .expect("run gpu-dra");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flag} {bad}: {err}");
+            assert!(
+                err.contains(flag) && err.contains(&format!("\"{bad}\"")) && err.contains(why),
+                "{flag} {bad}: {err}"
+            );
+        }
+    }
 }
