@@ -178,28 +178,36 @@ fn main() {
     // read in full through a YAML value, as before the fast path) on 100 nodes, and the fast
     // path on the whole 1,000-node cluster.
     let dir = tempfile::tempdir().unwrap();
-    let write = |nodes: usize| {
+    let write = |nodes: usize, indent: bool| {
         let list =
             |items: serde_json::Value| json!({"apiVersion": "v1", "kind": "List", "items": items});
-        let slices_file = dir.path().join(format!("slices-{nodes}.json"));
-        let claims_file = dir.path().join(format!("claims-{nodes}.json"));
+        let text = |value: serde_json::Value| {
+            if indent {
+                serde_json::to_string_pretty(&value).unwrap()
+            } else {
+                value.to_string()
+            }
+        };
+        let form = if indent { "indented" } else { "compact" };
+        let slices_file = dir.path().join(format!("slices-{nodes}-{form}.json"));
+        let claims_file = dir.path().join(format!("claims-{nodes}-{form}.json"));
         let mut slices = serde_json::to_value(cluster(&template, nodes)).unwrap();
         for s in slices.as_array_mut().unwrap() {
             s["apiVersion"] = json!("resource.k8s.io/v1");
             s["kind"] = json!("ResourceSlice");
         }
-        std::fs::write(&slices_file, list(slices).to_string()).unwrap();
+        std::fs::write(&slices_file, text(list(slices))).unwrap();
         let mut claim_values = serde_json::to_value(claims(nodes)).unwrap();
         for c in claim_values.as_array_mut().unwrap() {
             c["apiVersion"] = json!("resource.k8s.io/v1");
             c["kind"] = json!("ResourceClaim");
         }
-        std::fs::write(&claims_file, list(claim_values).to_string()).unwrap();
+        std::fs::write(&claims_file, text(list(claim_values))).unwrap();
         (slices_file, claims_file)
     };
     let mb = |path: &std::path::Path| std::fs::metadata(path).unwrap().len() as f64 / 1e6;
     let few = 100;
-    let (slices_file, claims_file) = write(few);
+    let (slices_file, claims_file) = write(few, false);
     measure(
         &format!(
             "general path: load {few} nodes ({:.0} MB JSON) + build",
@@ -235,7 +243,7 @@ fn main() {
         files(&slices_file, &claims_file),
         |r| assert_eq!(r.totals.gpus, few * 8),
     );
-    let (slices_file, claims_file) = write(NODES);
+    let (slices_file, claims_file) = write(NODES, false);
     let load_and_build = files(&slices_file, &claims_file);
     measure(
         &format!(
@@ -251,19 +259,37 @@ fn main() {
         |len| assert!(*len > 0),
     );
     // What an operator waits for: the release binary, start to exit (its output discarded).
+    let process = |slices: &std::path::Path, claims: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+            .arg("capacity")
+            .arg("--slices")
+            .arg(slices)
+            .arg("--claims")
+            .arg(claims)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap()
+    };
     measure(
         &format!("gpu-dra capacity --slices --claims, {NODES} nodes (process)"),
-        || {
-            std::process::Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-                .arg("capacity")
-                .arg("--slices")
-                .arg(&slices_file)
-                .arg("--claims")
-                .arg(&claims_file)
-                .stdout(std::process::Stdio::null())
-                .status()
-                .unwrap()
-        },
+        || process(&slices_file, &claims_file),
+        |status| assert!(status.success()),
+    );
+    // `kubectl get -o json` indents by four spaces: the same objects, four times the bytes.
+    // (`kubectl get --raw /apis/resource.k8s.io/v1/resourceslices` gives the compact form.)
+    let (slices_file, claims_file) = write(NODES, true);
+    let indented = files(&slices_file, &claims_file);
+    measure(
+        &format!(
+            "indented: load {NODES} nodes ({:.0} MB JSON) + build + table",
+            mb(&slices_file)
+        ),
+        || render_table(&indented(), &TableOptions::default()).len(),
+        |len| assert!(*len > 0),
+    );
+    measure(
+        &format!("indented: gpu-dra capacity, {NODES} nodes (process)"),
+        || process(&slices_file, &claims_file),
         |status| assert!(status.success()),
     );
 }

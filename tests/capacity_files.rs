@@ -94,6 +94,22 @@ fn json_lists_give_the_same_report_as_the_same_objects_read_in_full() {
     let full = report(&yaml_slices, &yaml_claims);
     assert_eq!(fast, full);
     assert_eq!(report(&pretty_slices, &pretty_claims), full);
+    // `kubectl get --raw /apis/resource.k8s.io/v1/resourceslices`: the API server's typed
+    // list, compact, whose items carry no apiVersion or kind.
+    let raw = dir.path().join("raw.json");
+    let items: Vec<Value> = slices()
+        .into_iter()
+        .map(|mut v| {
+            let object = v.as_object_mut().unwrap();
+            object.remove("apiVersion");
+            object.remove("kind");
+            v
+        })
+        .collect();
+    let typed = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                       "metadata": {"resourceVersion": "7"}, "items": items});
+    std::fs::write(&raw, typed.to_string()).unwrap();
+    assert_eq!(report(&raw, &json_claims), full);
     // A string with an escape (Go's encoder writes `<`, `>` and `&` so) cannot be borrowed
     // from the bytes: the file is read in full instead, to the same report.
     let escaped = dir.path().join("escaped.json");

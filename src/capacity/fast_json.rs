@@ -261,6 +261,49 @@ mod tests {
     }
 
     #[test]
+    fn a_slice_list_splits_for_two_cores_between_two_slices_not_two_devices() {
+        let mut items = Vec::new();
+        for n in 0..4 {
+            let node = format!("node-{n}");
+            for slice in
+                crate::explain_inputs::sim_slices("dgx-h100", "gpu.nvidia.com", Default::default())
+                    .unwrap()
+            {
+                let mut value = serde_json::to_value(slice).unwrap();
+                value["apiVersion"] = json!(API_VERSION);
+                value["kind"] = json!("ResourceSlice");
+                value["spec"]["pool"]["name"] = json!(node);
+                items.push(value);
+            }
+        }
+        let text = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+        let bytes = text.as_bytes();
+        // From inside a devices array, where `},{` separates devices first.
+        let from = text.len() / 2 + text[text.len() / 2..].find(r#""devices":[{"#).unwrap() + 12;
+        let comma = json_list::split_point::<Slice>(bytes, from).unwrap();
+        assert!(
+            text[from..comma].contains("},{"),
+            "no device boundary was passed over"
+        );
+        assert!(
+            text[comma + 1..]
+                .starts_with(r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice""#),
+            "{}",
+            &text[comma..comma + 80]
+        );
+        let halves = json_list::parse_split::<Slice>(bytes, Some(comma)).unwrap();
+        let whole = json_list::parse_split::<Slice>(bytes, None).unwrap();
+        let names = |items: &[Slice]| -> Vec<String> {
+            items
+                .iter()
+                .map(|s| format!("{}/{:?}", s.spec.pool.name, s.metadata.name))
+                .collect()
+        };
+        assert_eq!(names(&halves.1), names(&whole.1));
+        assert_eq!(halves.1.len(), 20);
+    }
+
+    #[test]
     fn the_api_servers_typed_list_is_taken_though_its_items_carry_no_kind() {
         let mut typed = slice_list();
         typed["kind"] = json!("ResourceSliceList");

@@ -2,18 +2,23 @@
 //!
 //! The object is walked key by key and item by item, each item parsed by `serde_json`, so the
 //! result is exactly a sequential parse's. To use the second core, a worker starts at a
-//! likely boundary between two items in the middle of the bytes (a `,` between `}` and `{`)
-//! and parses from there to the end, while the caller's thread parses from the start. The
-//! boundary is only a guess (it may lie between two nested objects, or inside a string that
-//! happens to hold `},{`), so the worker's items are taken only when the caller's thread,
-//! parsing item after item, lands exactly on that comma after a whole item of the list.
-//! Otherwise the caller's thread parses the rest itself and the worker's result is dropped.
+//! likely boundary between two items in the middle of the bytes and parses from there to the
+//! end, while the caller's thread parses from the start. A boundary is a `,` between `}` and
+//! `{` where an item parses and is followed by `,` or `]`: most such commas in a slice list
+//! lie between two devices of one slice, which do not parse as a slice. The boundary is still
+//! only a guess (it may lie between nested objects that happen to parse, or inside a string
+//! that holds `},{`), so the worker's items are taken only when the caller's thread, parsing
+//! item after item, lands exactly on that comma after a whole item of the list. Otherwise the
+//! caller's thread parses the rest itself and the worker's result is dropped.
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
 /// Below this size a list is parsed on one thread: a second one costs more than it saves.
 const SPLIT_MIN_BYTES: usize = 4 << 20;
+
+/// How many commas [`split_point`] tries before parsing on one thread.
+const SPLIT_CANDIDATES: usize = 10_000;
 
 /// The top-level `kind` and `apiVersion` of a list, when present.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -49,9 +54,25 @@ where
     T: Deserialize<'a> + Send,
 {
     let split = (bytes.len() >= SPLIT_MIN_BYTES)
-        .then(|| boundary_after(bytes, bytes.len() / 2))
+        .then(|| split_point::<T>(bytes, bytes.len() / 2))
         .flatten();
     parse_split(bytes, split)
+}
+
+/// The first comma at or after `from` between a `}` and a `{` after which a `T` parses and is
+/// followed by `,` or `]`, as the next item of a list would be.
+pub(super) fn split_point<'a, T: Deserialize<'a>>(bytes: &'a [u8], from: usize) -> Option<usize> {
+    let mut from = from;
+    for _ in 0..SPLIT_CANDIDATES {
+        let comma = boundary_after(bytes, from)?;
+        let mut walk = Walk::new(bytes, None);
+        walk.pos = comma + 1;
+        if walk.value::<T>().is_some() && matches!(walk.next_byte(), Some(b',' | b']')) {
+            return Some(comma);
+        }
+        from = comma + 1;
+    }
+    None
 }
 
 /// [`parse`] with the worker starting after the comma at `split` (tests choose it).
@@ -321,6 +342,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Named<'a> {
+        name: &'a str,
+        text: &'a str,
+    }
+
+    #[test]
+    fn the_split_point_is_where_an_item_of_the_list_parses() {
+        let text = document(false);
+        let bytes = text.as_bytes();
+        // From an item's `nested` key, the first `},{` is inside its nested array...
+        let from = text.len() / 2 + text[text.len() / 2..].find(r#""nested""#).unwrap();
+        let naive = boundary_after(bytes, from).unwrap();
+        assert!(
+            text[naive + 1..].starts_with(r#"{"b""#),
+            "{}",
+            &text[naive..]
+        );
+        // ...the split point is the next item's start, and parsing from it agrees.
+        let comma = split_point::<Named>(bytes, from).unwrap();
+        assert!(
+            text[comma + 1..].starts_with(r#"{"name":"item-"#),
+            "{}",
+            &text[comma..]
+        );
+        assert_eq!(
+            parse_split::<Named>(bytes, Some(comma)).map(|(h, items)| (h, items.len())),
+            parse_split::<Named>(bytes, None).map(|(h, items)| (h, items.len()))
+        );
+        assert!(split_point::<Named>(b"[1,2,3]", 0).is_none());
     }
 
     #[test]
