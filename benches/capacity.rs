@@ -181,12 +181,16 @@ fn main() {
     let write = |nodes: usize, indent: bool| {
         let list =
             |items: serde_json::Value| json!({"apiVersion": "v1", "kind": "List", "items": items});
+        // kubectl's JSON printer indents by four spaces.
         let text = |value: serde_json::Value| {
-            if indent {
-                serde_json::to_string_pretty(&value).unwrap()
-            } else {
-                value.to_string()
+            if !indent {
+                return value.to_string();
             }
+            let mut out = Vec::new();
+            let format = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+            let mut serializer = serde_json::Serializer::with_formatter(&mut out, format);
+            serde::Serialize::serialize(&value, &mut serializer).unwrap();
+            String::from_utf8(out).unwrap()
         };
         let form = if indent { "indented" } else { "compact" };
         let slices_file = dir.path().join(format!("slices-{nodes}-{form}.json"));
