@@ -10,7 +10,7 @@ usage() {
 Usage: hack/e2e.sh [case...]
 
 Cases (default: all): dedicated shared-claim mig-parent time-slicing mps consumable-capacity
-                       quota health
+                       quota health capacity-report
 
 The cluster needs gpu-dra installed (hack/kind/install.sh, or the Helm chart on GPU nodes):
 full H100 GPUs and dynamic MIG on H100s (kind: the dgx-h100 worker), full A100s (dgx-a100),
@@ -18,7 +18,9 @@ and for consumable-capacity GPUs published with sharing.sharedGpus=memory (l4-x4
 whose devices no node publishes fails with the reason. The quota case creates (and deletes) a
 cluster-scoped DeviceClass, gpu-dra-e2e-mig-3g40gb, besides the namespace. The health case
 needs simulated GPUs: it injects an XID with `gpu-dra sim-fault` in the plugin pod of an H100
-node, checks the device taint and the scheduling around it, and resets the GPU.
+node, checks the device taint and the scheduling around it, and resets the GPU. The
+capacity-report case runs `gpu-dra capacity` on this machine against the same cluster
+(the kubeconfig kubectl uses), so it needs the gpu-dra binary here.
 
 Environment:
   E2E_NAMESPACE   namespace the suite creates and deletes (gpu-dra-e2e)
@@ -28,6 +30,7 @@ Environment:
   DRIVER_NAME     the driver's name (gpu.nvidia.com)
   CDI_ROOT        where the plugin writes CDI specs on the nodes (/var/run/cdi)
   PLUGIN_NAMESPACE  namespace of the gpu-dra plugin pods (gpu-dra)
+  GPU_DRA         the gpu-dra binary for the capacity-report case (gpu-dra on PATH)
 USAGE
 }
 
@@ -37,8 +40,10 @@ timeout="${E2E_TIMEOUT:-180}"
 driver="${DRIVER_NAME:-gpu.nvidia.com}"
 cdi_root="${CDI_ROOT:-/var/run/cdi}"
 plugin_namespace="${PLUGIN_NAMESPACE:-gpu-dra}"
+gpu_dra="${GPU_DRA:-gpu-dra}"
 taint_key=gpu.nvidia.com/unhealthy
-all_cases=(dedicated shared-claim mig-parent time-slicing mps consumable-capacity quota health)
+all_cases=(dedicated shared-claim mig-parent time-slicing mps consumable-capacity quota health
+  capacity-report)
 quota_class=gpu-dra-e2e-mig-3g40gb
 
 # shellcheck source=e2e-lib.sh
@@ -374,6 +379,33 @@ cleanup() {
   else
     kubectl delete namespace "${namespace}" --ignore-not-found --wait=false >/dev/null || true
   fi
+}
+
+# The operator's view, read live from this cluster: `gpu-dra capacity --node` shows the
+# namespace, pod and claim holding the MIG device the scheduler allocated to a pod.
+case_capacity_report() {
+  {
+    template capacity-report mig.nvidia.com "device.attributes['${driver}'].profile == '3g.40gb'"
+    echo "---"
+    pod_spec_head capacity-report
+    echo "  containers:"
+    container ctr gpu
+    echo "  resourceClaims: [{name: gpu, resourceClaimTemplateName: capacity-report}]"
+  } | k apply -f - >/dev/null
+  wait_ready capacity-report || return 1
+  local claim pool device report held
+  claim="$(claim_of capacity-report gpu)"
+  read -r pool device <<<"$(allocated "${claim}")"
+  expect_nonempty "the device allocated to ${claim}" "${device:-}" || return 1
+  if ! report="$("${gpu_dra}" capacity --driver-name "${driver}" --node "${pool}" 2>&1)"; then
+    fail "${gpu_dra} capacity --node ${pool} failed: ${report}"
+    return 1
+  fi
+  # Allocation rows: NODE GPU DEVICE PROFILE PLACEMENT NAMESPACE POD CLAIM.
+  held="$(awk -v device="${device}" '$3 == device {print $6, $7, $8}' <<<"${report}")"
+  expect_eq "namespace, pod and claim that gpu-dra capacity shows holding ${device}" \
+    "${namespace} capacity-report ${claim}" "${held}" || return 1
+  check_cleanup "${claim}" template capacity-report
 }
 
 main() {

@@ -24,6 +24,12 @@ fn run_suite(fault: &str, cases: &[&str]) -> Run {
         dir.path().join("kubectl"),
     )
     .unwrap();
+    // `gpu-dra capacity` against the fake cluster: the real binary, given its objects as files.
+    std::os::unix::fs::symlink(
+        repo().join("tests/deploy_support/fake-gpu-dra"),
+        dir.path().join("gpu-dra"),
+    )
+    .unwrap();
     // The real interpreter beside the fake: version-manager shims (pyenv) cost ~100 ms a call.
     let python = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
@@ -43,6 +49,7 @@ fn run_suite(fault: &str, cases: &[&str]) -> Run {
         .env("PATH", path)
         .env("FAKE_KUBECTL_LOG", &log)
         .env("FAKE_KUBECTL_FAULT", fault)
+        .env("FAKE_GPU_DRA_REAL", env!("CARGO_BIN_EXE_gpu-dra"))
         // Only the CDI-leak case waits, and it is meant to fail: keep that wait short.
         .env("E2E_TIMEOUT", "1")
         .output()
@@ -74,9 +81,15 @@ fn suite_passes_against_a_cluster_that_behaves_and_removes_its_namespace() {
         run.stdout.lines().last().unwrap_or_default().to_string(),
         run.calls.contains("delete namespace gpu-dra-e2e"),
     );
+    assert!(
+        run.calls
+            .contains("gpu-dra capacity --driver-name gpu.nvidia.com --node n1"),
+        "the capacity-report case asks gpu-dra about the pod's node:\n{}",
+        run.calls
+    );
     assert_eq!(
         got,
-        (Some(0), "PASSED: 8 cases".to_string(), true),
+        (Some(0), "PASSED: 9 cases".to_string(), true),
         "{}",
         run.stderr
     );
@@ -122,6 +135,11 @@ fn suite_fails_the_case_whose_check_breaks_and_says_why() {
             "taint",
             "FAIL: gpu-0 on n1: health taint '' 10s after the fault, want 'xid-79'",
             "FAILED: health (of 1)",
+        ),
+        (
+            "holder",
+            "FAIL: namespace, pod and claim that gpu-dra capacity shows holding gpu-0-mig-3g40gb-0: want 'gpu-dra-e2e capacity-report capacity-report-gpu', got 'gpu-dra-e2e capacity-report-other capacity-report-gpu'",
+            "FAILED: capacity-report (of 1)",
         ),
         (
             "toleration",
