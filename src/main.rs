@@ -379,6 +379,11 @@ struct PluginArgs {
     /// device), in seconds (`10`, `10s`) or minutes (`1m`); /metrics serves the last sample.
     #[arg(long, env = "GPU_DRA_TELEMETRY_INTERVAL", default_value = "10", value_parser = interval_seconds)]
     telemetry_interval: u64,
+    /// Time between re-reads of the pods of claims shared by several pods, in seconds (`30`,
+    /// `30s`) or minutes (`1m`): a pod that leaves a shared claim leaves its devices'
+    /// telemetry labels within this time (the kubelet does not tell the plugin).
+    #[arg(long, env = "GPU_DRA_HOLDERS_REFRESH_INTERVAL", default_value = "30", value_parser = interval_seconds)]
+    holders_refresh_interval: u64,
     /// Health policy file (YAML or JSON): which XIDs and errors degrade or fail a GPU, the
     /// taint key and effects, the hold-down (docs/health.md). Default: built-in policy.
     #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
@@ -573,6 +578,9 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         proc_root: args.proc_root,
         inventory_interval: std::time::Duration::from_secs(args.inventory_interval.max(1)),
         telemetry_interval: std::time::Duration::from_secs(args.telemetry_interval.max(1)),
+        holders_refresh_interval: std::time::Duration::from_secs(
+            args.holders_refresh_interval.max(1),
+        ),
         health_policy: args.health_policy,
         mps: args.mps,
         time_slicing: args.time_slicing,

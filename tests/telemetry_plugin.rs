@@ -317,3 +317,64 @@ async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_i
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_pod_that_leaves_a_shared_claim_leaves_the_labels_within_the_refresh_interval() {
+    let node = Node::new();
+    let mut claim = claims::on_node("shared", "uid-shared", &[FULL]);
+    claim["status"]["reservedFor"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"resource": "pods", "name": "pod-second", "uid": "pod-uid-2"}));
+    node.api.put_claim(claim.clone());
+    let plugin = node
+        .start_with(&[
+            ("GPU_DRA_TELEMETRY_INTERVAL", "1"),
+            ("GPU_DRA_HOLDERS_REFRESH_INTERVAL", "1s"),
+        ])
+        .await;
+    let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let pods_on_metrics = |m: &str| -> Vec<String> {
+        let mut pods: Vec<String> = series(m, "gpu_dra_device_power_watts")
+            .into_iter()
+            .filter(|(l, _)| l["device"] == FULL)
+            .map(|(l, _)| l["pod"].clone())
+            .collect();
+        pods.sort();
+        pods
+    };
+    let shared = claim_ref("shared", "uid-shared");
+    let prepared = kubelet
+        .prepare(std::slice::from_ref(&shared))
+        .await
+        .unwrap();
+    assert!(prepared["uid-shared"].is_ok());
+    eventually("both pods on /metrics", || {
+        (pods_on_metrics(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())
+    })
+    .await;
+
+    // The first pod ends: the controller drops it from reservedFor; the kubelet calls nothing.
+    claim["status"]["reservedFor"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|r| r["name"] != "pod-shared");
+    node.api.put_claim(claim);
+    eventually("only the remaining pod on /metrics", || {
+        (pods_on_metrics(&scrape(addr)?) == ["pod-second"]).then_some(())
+    })
+    .await;
+    // Nothing was unprepared: the device is still held by the claim.
+    let metrics = scrape(addr).unwrap();
+    assert!(
+        value(
+            &metrics,
+            "gpu_dra_device_power_watts",
+            FULL,
+            &[("claim", "shared"), ("pod", "pod-second")]
+        )
+        .is_some(),
+        "{metrics}"
+    );
+}

@@ -65,6 +65,9 @@ pub struct PluginConfig {
     pub inventory_interval: Duration,
     /// How often telemetry is sampled for `/metrics` (`--telemetry-interval`).
     pub telemetry_interval: Duration,
+    /// How often the pods of claims shared by several pods are re-read for the telemetry's
+    /// holder labels (`--holders-refresh-interval`).
+    pub holders_refresh_interval: Duration,
     /// MPS allowed (opaque config and consumable-capacity shares).
     pub mps: bool,
     /// Time-slicing allowed.

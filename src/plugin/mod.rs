@@ -267,6 +267,14 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         manager.state_dir.clone(),
         manager.boot_id.clone(),
         config.telemetry_interval,
+        Some(telemetry::HolderRefresh {
+            reader: crate::k8s::ClaimReader::new(
+                client.clone(),
+                config.driver_name.clone(),
+                config.node_name.clone(),
+            ),
+            every: config.holders_refresh_interval,
+        }),
     ));
     let (status_queue, status_claims) = claim_status::StatusQueue::new();
     let reporting_status = tokio::spawn(claim_status::run(

@@ -88,7 +88,8 @@ impl ClaimSource for ApiClaims {
     }
 }
 
-fn pods_of(reserved: Vec<ReservedPod>) -> Vec<PodRef> {
+/// The pods a claim is reserved for, as the holders keep them.
+pub(super) fn pods_of(reserved: Vec<ReservedPod>) -> Vec<PodRef> {
     reserved
         .into_iter()
         .map(|p| PodRef {

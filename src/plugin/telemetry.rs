@@ -2,8 +2,11 @@
 //! thread of the runtime's pool samples the backend, joins each GPU and MIG device with the
 //! claims that hold it (from the checkpoint, read without opening the store and without the
 //! plugin lock) and their pods (from [`Reservations`]) and replaces the `gpu_dra_device_*`
-//! families. The same task keeps `holders.json` in step with the checkpoint. Prepare and
-//! unprepare never wait for it; `/metrics` serves the last sample.
+//! families. The same task keeps `holders.json` in step with the checkpoint and, every
+//! `--holders-refresh-interval`, re-reads the pods of claims shared by several pods: a pod
+//! that leaves a shared claim is dropped from its `status.reservedFor`, and the kubelet
+//! does not tell the plugin. Prepare and unprepare never wait for it; `/metrics` serves the
+//! last sample.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,6 +23,51 @@ use crate::metrics::Metrics;
 use crate::metrics::telemetry::{DeviceReadings, Holder};
 
 use super::holders::{ClaimPods, Reservations};
+
+/// Re-reading the pods of shared claims (those reserved for more than one pod) from the API
+/// server, every `every` (rounded up to whole telemetry samples).
+pub struct HolderRefresh {
+    pub reader: crate::k8s::ClaimReader,
+    pub every: Duration,
+}
+
+/// The prepared claims reserved for more than one pod: (namespace, name, uid).
+fn shared_claims(checkpoint: &Checkpoint, pods: &ClaimPods) -> Vec<(String, String, String)> {
+    checkpoint
+        .claims
+        .values()
+        .filter(|record| pods.get(&record.uid).is_some_and(|p| p.len() > 1))
+        .map(|record| {
+            (
+                record.namespace.clone(),
+                record.name.clone(),
+                record.uid.clone(),
+            )
+        })
+        .collect()
+}
+
+/// Sets the pods of each claim to what the API server says now. A claim that cannot be
+/// read keeps the pods it had (it is being unprepared, or the server is away); a read that
+/// crosses a prepare of a new pod may set older pods, which the next refresh corrects.
+async fn refresh_pods(
+    reader: &crate::k8s::ClaimReader,
+    reservations: &Reservations,
+    claims: Vec<(String, String, String)>,
+) {
+    for (namespace, name, uid) in claims {
+        match reader.fetch(&namespace, &name, &uid).await {
+            Ok(claim) => {
+                let pods = super::source::pods_of(claim.reserved_pods);
+                debug!(claim = %format!("{namespace}/{name}"), pods = pods.len(), "re-read a shared claim's pods");
+                reservations.set(&uid, pods);
+            }
+            Err(e) => {
+                debug!(claim = %format!("{namespace}/{name}"), error = %crate::errors::error_chain(&e), "re-reading a shared claim's pods; kept the last ones");
+            }
+        }
+    }
+}
 
 /// Who holds which device, by device name and by MIG UUID.
 #[derive(Default)]
@@ -154,7 +202,8 @@ pub fn rows(
 ///
 /// Each round also drops from `reservations` the claims the checkpoint no longer has and
 /// rewrites `<state_dir>/holders.json` when they changed; a failed write is logged once
-/// until a write works and tried again next round.
+/// until a write works and tried again next round. With `refresh`, the pods of shared
+/// claims are re-read from the API server every `refresh.every`, after a round.
 pub async fn sample(
     backend: Arc<dyn GpuBackend>,
     metrics: Metrics,
@@ -162,12 +211,29 @@ pub async fn sample(
     state_dir: PathBuf,
     boot_id: String,
     interval: Duration,
+    refresh: Option<HolderRefresh>,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut failing, mut saving_fails) = (false, false);
+    let mut last_refresh = Instant::now();
     loop {
         ticker.tick().await;
+        if let Some(refresh) = &refresh
+            && last_refresh.elapsed() >= refresh.every
+        {
+            last_refresh = Instant::now();
+            let (dir, boot) = (state_dir.clone(), boot_id.clone());
+            let pods = reservations.pods();
+            let shared = tokio::task::spawn_blocking(move || {
+                super::usage::read_checkpoint(&dir, &boot)
+                    .map(|cp| shared_claims(&cp, &pods))
+                    .unwrap_or_default()
+            })
+            .await
+            .unwrap_or_default();
+            refresh_pods(&refresh.reader, &reservations, shared).await;
+        }
         let (backend, metrics) = (Arc::clone(&backend), metrics.clone());
         let reservations = Arc::clone(&reservations);
         let (dir, boot) = (state_dir.clone(), boot_id.clone());
