@@ -28,8 +28,8 @@ fn template(helm: &Path, extra: &[&str]) -> Result<String, String> {
     }
 }
 
-/// The value of [`ENV`] in each rendered DaemonSet's plugin container.
-fn rendered_intervals(manifests: &str) -> Vec<Option<String>> {
+/// The value of the variable `env` in each rendered DaemonSet's plugin container.
+fn rendered_intervals(manifests: &str, env: &str) -> Vec<Option<String>> {
     yaml_documents(manifests)
         .iter()
         .filter(|o| o["kind"] == "DaemonSet")
@@ -37,7 +37,7 @@ fn rendered_intervals(manifests: &str) -> Vec<Option<String>> {
             ds["spec"]["template"]["spec"]["containers"][0]["env"]
                 .as_array()?
                 .iter()
-                .find(|e| e["name"] == ENV)
+                .find(|e| e["name"] == env)
                 .and_then(|e| e["value"].as_str())
                 .map(str::to_string)
         })
@@ -72,10 +72,17 @@ fn the_telemetry_interval_reaches_every_plugin_daemonset_as_seconds_the_plugin_p
     ];
     for (extra, want) in cases {
         let manifests = template(&helm, extra).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
-        let got = rendered_intervals(&manifests);
+        let got = rendered_intervals(&manifests, ENV);
         assert!(!got.is_empty(), "{extra:?}: no DaemonSet rendered");
         assert_eq!(got, vec![Some(want.to_string()); got.len()], "{extra:?}");
         assert!(plugin_accepts(want), "the plugin refuses {want:?}");
+        // The shared-claim refresh keeps its own default, in a form the plugin takes.
+        let refresh = rendered_intervals(&manifests, "GPU_DRA_HOLDERS_REFRESH_INTERVAL");
+        assert_eq!(
+            refresh,
+            vec![Some("30s".to_string()); got.len()],
+            "{extra:?}"
+        );
     }
 }
 
