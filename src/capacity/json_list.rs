@@ -108,7 +108,7 @@ where
             result = match (result, worker.join().ok().flatten()) {
                 (Some((head_before, mut items)), Some((head_after, rest))) => {
                     items.extend(rest);
-                    Some((head_before.or(head_after), items))
+                    Some((head_after.or(head_before), items))
                 }
                 _ => None,
             };
@@ -408,6 +408,13 @@ mod tests {
         let comma = twice.find("}, {").unwrap() + 1;
         assert!(parse_split::<Value>(twice.as_bytes(), Some(comma)).is_none());
         assert!(parse_split::<u32>(br#"{"items": [1, "two"]}"#, None).is_none());
+        // A key given twice, before and after the items: the later wins, split or not.
+        let kinds = r#"{"kind": "A", "items": [{"a": 1}, {"a": 2}], "kind": "B"}"#;
+        let comma = kinds.find("}, {").unwrap() + 1;
+        for split in [None, Some(comma)] {
+            let (head, items) = parse_split::<Value>(kinds.as_bytes(), split).unwrap();
+            assert_eq!((head.kind, items.len()), (Some("B"), 2), "split {split:?}");
+        }
         assert_eq!(
             parse_split::<u32>(br#"{"items": []}"#, None).unwrap().1,
             Vec::<u32>::new()
