@@ -5,7 +5,7 @@
 //! the hardware (carves a dynamic MIG device at exactly the allocated placement, switches MIG
 //! mode where the architecture allows), writes one CDI spec, records completion and returns
 //! one CDI device ID per device. Unprepare reverses it. The claims of one kubelet call go
-//! through these steps together ([`batch`]): one inventory read, one intent write, one
+//! through these steps together (`batch`): one inventory read, one intent write, one
 //! completion write. Every durable step is followed by a [`crate::crashpoint`], and
 //! [`ClaimsManager::recover`] brings hardware, checkpoint and CDI directory back in line after
 //! a crash.

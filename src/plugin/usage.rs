@@ -74,8 +74,8 @@ pub fn device_facts(model: &DeviceModel) -> HashMap<String, DeviceFacts> {
         .collect()
 }
 
-/// The checkpoint in `state_dir` for boot `boot_id`, read without opening the store (as
-/// [`super::handler::prepared_claims`] does); `None` when missing, unreadable or stale.
+/// The checkpoint in `state_dir` for boot `boot_id`, read without opening the store or
+/// taking the plugin lock; `None` when missing, unreadable or stale.
 pub fn read_checkpoint(state_dir: &Path, boot_id: &str) -> Option<Checkpoint> {
     let bytes = std::fs::read(state_dir.join(checkpoint::CHECKPOINT_FILE)).ok()?;
     let checkpoint = checkpoint::decode(&bytes).ok()?;

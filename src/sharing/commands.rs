@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::SharingError;
 
-/// One process to run: program, argv (without argv[0]), extra env on top of the inherited
+/// One process to run: program, argv (without `argv[0]`), extra env on top of the inherited
 /// environment, and optional stdin text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandLine {

@@ -97,7 +97,7 @@ impl Tools {
     }
 
     /// The simulated tools: `<dir>/bin/nvidia-smi` and `<dir>/bin/nvidia-cuda-mps-control`
-    /// as symlinks to `exe` (the `gpu-dra` binary, which acts as the tool named by argv[0]),
+    /// as symlinks to `exe` (the `gpu-dra` binary, which acts as the tool named by `argv[0]`),
     /// logging every invocation to `<dir>/tools.log` (see [`super::simtools::read_log`]).
     ///
     /// # Errors

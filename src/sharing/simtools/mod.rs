@@ -49,7 +49,7 @@ impl Tool {
     }
 }
 
-/// The tool named by argv[0]'s file name, if it is one of the simulated tools.
+/// The tool named by `argv[0]`'s file name, if it is one of the simulated tools.
 pub fn personality(argv0: &OsStr) -> Option<Tool> {
     let name = Path::new(argv0).file_name()?;
     [Tool::NvidiaSmi, Tool::MpsControl]
@@ -57,7 +57,7 @@ pub fn personality(argv0: &OsStr) -> Option<Tool> {
         .find(|t| name == t.name())
 }
 
-/// Runs the simulated `tool` with `args` (argv without argv[0]) and returns its exit code;
+/// Runs the simulated `tool` with `args` (argv without `argv[0]`) and returns its exit code;
 /// prints what the real tool prints.
 pub fn run(tool: Tool, args: Vec<String>) -> ExitCode {
     match tool {
