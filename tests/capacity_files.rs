@@ -110,6 +110,13 @@ fn json_lists_give_the_same_report_as_the_same_objects_read_in_full() {
                        "metadata": {"resourceVersion": "7"}, "items": items});
     std::fs::write(&raw, typed.to_string()).unwrap();
     assert_eq!(report(&raw, &json_claims), full);
+    // The same with an escape: read in full, where the items take the list's kind too.
+    let raw_escaped = dir.path().join("raw-escaped.json");
+    let text = typed
+        .to_string()
+        .replace("NVIDIA H100", "NVIDIA \\u0048100");
+    std::fs::write(&raw_escaped, text).unwrap();
+    assert_eq!(report(&raw_escaped, &json_claims), full);
     // A string with an escape (Go's encoder writes `<`, `>` and `&` so) cannot be borrowed
     // from the bytes: the file is read in full instead, to the same report.
     let escaped = dir.path().join("escaped.json");

@@ -179,3 +179,31 @@ fn bad_files_are_refused_naming_the_file_and_the_problem() {
         .map_err(|e| e.to_string());
     assert_eq!(Err(format!("cannot read {d}/absent.yaml")), got);
 }
+
+#[test]
+fn the_api_servers_typed_lists_give_their_items_the_lists_kind_and_version() {
+    // `kubectl get --raw /apis/resource.k8s.io/v1/resourceslices`: items carry neither field.
+    let dir = tempfile::tempdir().unwrap();
+    let raw = write(
+        dir.path(),
+        "raw.json",
+        r#"{"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+            "metadata": {"resourceVersion": "9"},
+            "items": [{"metadata": {"name": "n-0"},
+                       "spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
+                                "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+                                "devices": [{"name": "gpu-0"}]}}]}"#,
+    );
+    let slices = load_slices(&raw).unwrap();
+    assert_eq!(slices[0].metadata.name.as_deref(), Some("n-0"));
+    // An older version's typed list is refused as that version, not as a missing kind.
+    let old = write(
+        dir.path(),
+        "old.json",
+        &std::fs::read_to_string(&raw)
+            .unwrap()
+            .replace("resource.k8s.io/v1\"", "resource.k8s.io/v1alpha3\""),
+    );
+    let err = load_slices(&old).unwrap_err().to_string();
+    assert!(err.contains("v1alpha3"), "{err}");
+}

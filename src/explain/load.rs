@@ -92,6 +92,30 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, ExplainError> {
     Ok(found)
 }
 
+/// The items of a list. The API server's typed lists (`ResourceSliceList` of
+/// `resource.k8s.io/v1`, as `kubectl get --raw` saves them) leave `kind` and `apiVersion` off
+/// their items; those are the list's, without `List`. A plain `List` names them per item.
+fn typed_items(list_kind: &str, api_version: Option<&Value>, items: Vec<Value>) -> Vec<Value> {
+    let item_kind = list_kind.strip_suffix("List").filter(|k| !k.is_empty());
+    let (Some(item_kind), Some(api_version)) = (item_kind, api_version) else {
+        return items;
+    };
+    items
+        .into_iter()
+        .map(|mut item| {
+            if let Some(map) = item.as_mapping_mut() {
+                if !map.contains_key("kind") {
+                    map.insert("kind".into(), Value::from(item_kind));
+                }
+                if !map.contains_key("apiVersion") {
+                    map.insert("apiVersion".into(), api_version.clone());
+                }
+            }
+            item
+        })
+        .collect()
+}
+
 fn documents(path: &Path) -> Result<Vec<Document>, ExplainError> {
     let mut out = Vec::new();
     for file in files(path)? {
@@ -106,12 +130,14 @@ fn documents(path: &Path) -> Result<Vec<Document>, ExplainError> {
                 source,
             })?;
             let items = value.get("items").and_then(Value::as_sequence).cloned();
-            let is_list = value
+            let list_kind = value
                 .get("kind")
                 .and_then(Value::as_str)
-                .is_some_and(|k| k.ends_with("List"));
-            let values = match (is_list, items) {
-                (true, Some(items)) => items,
+                .filter(|k| k.ends_with("List"));
+            let values = match (list_kind, items) {
+                (Some(list_kind), Some(items)) => {
+                    typed_items(list_kind, value.get("apiVersion"), items)
+                }
                 _ if value.is_null() => Vec::new(),
                 _ => vec![value],
             };
