@@ -6,6 +6,7 @@
 //! registration) and [`serve`] exposes them. Nothing here knows about GPUs or claims: callers
 //! pass counts, error kinds and per-device readings ([`telemetry::DeviceReadings`]).
 
+mod calls;
 mod health;
 mod registry;
 mod server;
@@ -13,7 +14,8 @@ pub mod telemetry;
 pub mod text;
 
 pub use health::Health;
-pub use registry::{DURATION_BUCKETS, Metrics, Operation, Outcome};
+pub use calls::{DURATION_BUCKETS, Operation, Outcome};
+pub use registry::Metrics;
 pub use server::{MetricsServer, respond, serve};
 
 /// Errors of the metrics endpoint.

@@ -6,154 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::calls::{ClaimCalls, Operation, Outcome};
 use super::text::{self, Family, Kind, Sample};
-
-/// Upper bounds (seconds) of the latency histograms: a prepare takes milliseconds when the
-/// hardware is left alone and seconds when MIG devices are carved or MPS daemons started.
-pub const DURATION_BUCKETS: [f64; 13] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// The kubelet call a measurement belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    /// NodePrepareResources, one claim.
-    Prepare,
-    /// NodeUnprepareResources, one claim.
-    Unprepare,
-}
-
-/// How a claim's call ended: the `result` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The claim was (un)prepared.
-    Success,
-    /// The claim failed; the kubelet got an error.
-    Error,
-}
-
-impl Outcome {
-    const ALL: [Outcome; 2] = [Outcome::Success, Outcome::Error];
-
-    /// The `result` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Success => "success",
-            Outcome::Error => "error",
-        }
-    }
-
-    fn index(self) -> usize {
-        match self {
-            Outcome::Success => 0,
-            Outcome::Error => 1,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Histogram {
-    /// Non-cumulative counts per bound, plus one for values above the last bound.
-    buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
-    sum_nanos: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        let slot = DURATION_BUCKETS
-            .iter()
-            .position(|bound| seconds <= *bound)
-            .unwrap_or(DURATION_BUCKETS.len());
-        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Buckets are read before the count, so a concurrent observation can only make the
-    /// count larger than `+Inf`, which is then raised to match: scrapers see consistent data.
-    fn samples(&self, result: &'static str, out: &mut Vec<Sample>) {
-        let labels = |le: f64| {
-            vec![
-                ("result", result.to_string()),
-                ("le", text::format_value(le)),
-            ]
-        };
-        let mut cumulative = 0u64;
-        for (i, bound) in DURATION_BUCKETS.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            out.push(bucket(labels(*bound), cumulative));
-        }
-        cumulative += self.buckets[DURATION_BUCKETS.len()].load(Ordering::Relaxed);
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let count = self.count.load(Ordering::Relaxed).max(cumulative);
-        out.push(bucket(labels(f64::INFINITY), count));
-        let plain = vec![("result", result.to_string())];
-        out.push(Sample {
-            suffix: "_sum",
-            labels: plain.clone(),
-            value: sum,
-        });
-        out.push(Sample {
-            suffix: "_count",
-            labels: plain,
-            value: count as f64,
-        });
-    }
-}
-
-fn bucket(labels: Vec<(&'static str, String)>, count: u64) -> Sample {
-    Sample {
-        suffix: "_bucket",
-        labels,
-        value: count as f64,
-    }
-}
-
-#[derive(Default)]
-struct Calls {
-    requests: [AtomicU64; 2],
-    durations: [Histogram; 2],
-}
-
-impl Calls {
-    /// The requests counter and the latency histogram, named `names.0` and `names.1`.
-    fn families(
-        &self,
-        names: (&'static str, &'static str),
-        help: (&'static str, &'static str),
-    ) -> [Family; 2] {
-        let requests = Outcome::ALL
-            .iter()
-            .map(|o| {
-                Sample::new(
-                    vec![("result", o.label().to_string())],
-                    self.requests[o.index()].load(Ordering::Relaxed) as f64,
-                )
-            })
-            .collect();
-        let mut durations = Vec::new();
-        for o in Outcome::ALL {
-            self.durations[o.index()].samples(o.label(), &mut durations);
-        }
-        [
-            Family {
-                name: names.0,
-                help: help.0,
-                kind: Kind::Counter,
-                samples: requests,
-            },
-            Family {
-                name: names.1,
-                help: help.1,
-                kind: Kind::Histogram,
-                samples: durations,
-            },
-        ]
-    }
-}
 
 /// GPUs per health state, tainted devices per effect, and health transitions.
 #[derive(Default)]
@@ -165,9 +19,7 @@ struct HealthGauges {
 
 #[derive(Default)]
 struct Inner {
-    prepare: Calls,
-    unprepare: Calls,
-    errors: Mutex<BTreeMap<&'static str, u64>>,
+    calls: ClaimCalls,
     published_devices: AtomicU64,
     mig_instances: AtomicU64,
     mps_daemons: AtomicU64,
@@ -208,35 +60,24 @@ impl Metrics {
         Metrics::default()
     }
 
-    fn calls(&self, op: Operation) -> &Calls {
-        match op {
-            Operation::Prepare => &self.0.prepare,
-            Operation::Unprepare => &self.0.unprepare,
-        }
-    }
-
     /// Counts one claim's call and its latency.
     pub fn record_call(&self, op: Operation, outcome: Outcome, elapsed: Duration) {
-        let calls = self.calls(op);
-        calls.requests[outcome.index()].fetch_add(1, Ordering::Relaxed);
-        calls.durations[outcome.index()].observe(elapsed);
+        self.0.calls.record_call(op, outcome, elapsed);
     }
 
     /// Counts one failure of kind `kind` (e.g. [`crate::claims::ClaimError::kind`]).
     pub fn record_error(&self, kind: &'static str) {
-        let mut errors = self.0.errors.lock().unwrap_or_else(|p| p.into_inner());
-        *errors.entry(kind).or_default() += 1;
+        self.0.calls.record_error(kind);
     }
 
     /// Calls of `op` that ended with `outcome` so far.
     pub fn requests(&self, op: Operation, outcome: Outcome) -> u64 {
-        self.calls(op).requests[outcome.index()].load(Ordering::Relaxed)
+        self.0.calls.requests(op, outcome)
     }
 
     /// Failures of kind `kind` so far.
     pub fn errors(&self, kind: &str) -> u64 {
-        let errors = self.0.errors.lock().unwrap_or_else(|p| p.into_inner());
-        errors.get(kind).copied().unwrap_or(0)
+        self.0.calls.errors(kind)
     }
 
     /// Devices in the ResourceSlices this node publishes.
@@ -353,40 +194,7 @@ impl Metrics {
     /// Every family but the per-device telemetry.
     fn other_families(&self) -> Vec<Family> {
         let inner = &self.0;
-        let mut families = Vec::new();
-        families.extend(inner.prepare.families(
-            (
-                "gpu_dra_prepare_requests_total",
-                "gpu_dra_prepare_duration_seconds",
-            ),
-            (
-                "Claims the kubelet asked to prepare, by result.",
-                "Seconds to prepare one claim, by result.",
-            ),
-        ));
-        families.extend(inner.unprepare.families(
-            (
-                "gpu_dra_unprepare_requests_total",
-                "gpu_dra_unprepare_duration_seconds",
-            ),
-            (
-                "Claims the kubelet asked to unprepare, by result.",
-                "Seconds to unprepare one claim, by result.",
-            ),
-        ));
-        let errors = {
-            let errors = inner.errors.lock().unwrap_or_else(|p| p.into_inner());
-            errors
-                .iter()
-                .map(|(kind, n)| Sample::new(vec![("kind", (*kind).to_string())], *n as f64))
-                .collect()
-        };
-        families.push(Family {
-            name: "gpu_dra_errors_total",
-            help: "Failed prepare/unprepare calls, by the kind of failure.",
-            kind: Kind::Counter,
-            samples: errors,
-        });
+        let mut families = inner.calls.families();
         let gauge = |name, help, value: &AtomicU64| Family {
             name,
             help,
