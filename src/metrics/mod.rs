@@ -8,13 +8,14 @@
 
 mod calls;
 mod health;
+mod node;
 mod registry;
 mod server;
 pub mod telemetry;
 pub mod text;
 
-pub use health::Health;
 pub use calls::{DURATION_BUCKETS, Operation, Outcome};
+pub use health::Health;
 pub use registry::Metrics;
 pub use server::{MetricsServer, respond, serve};
 

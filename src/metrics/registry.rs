@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::calls::{ClaimCalls, Operation, Outcome};
+use super::node::NodeGauges;
 use super::text::{self, Family, Kind, Sample};
 
 /// GPUs per health state, tainted devices per effect, and health transitions.
@@ -20,10 +21,7 @@ struct HealthGauges {
 #[derive(Default)]
 struct Inner {
     calls: ClaimCalls,
-    published_devices: AtomicU64,
-    mig_instances: AtomicU64,
-    mps_daemons: AtomicU64,
-    prepared_claims: AtomicU64,
+    node: NodeGauges,
     healthy_gpus: AtomicU64,
     unhealthy_gpus: AtomicU64,
     health: Mutex<HealthGauges>,
@@ -82,22 +80,22 @@ impl Metrics {
 
     /// Devices in the ResourceSlices this node publishes.
     pub fn set_published_devices(&self, n: u64) {
-        self.0.published_devices.store(n, Ordering::Relaxed);
+        self.0.node.set_published_devices(n);
     }
 
     /// MIG devices present on the node's GPUs (whoever created them).
     pub fn set_mig_instances(&self, n: u64) {
-        self.0.mig_instances.store(n, Ordering::Relaxed);
+        self.0.node.set_mig_instances(n);
     }
 
     /// MPS control daemons the plugin runs.
     pub fn set_mps_daemons(&self, n: u64) {
-        self.0.mps_daemons.store(n, Ordering::Relaxed);
+        self.0.node.set_mps_daemons(n);
     }
 
     /// Claims prepared on this node (completed in the checkpoint).
     pub fn set_prepared_claims(&self, n: u64) {
-        self.0.prepared_claims.store(n, Ordering::Relaxed);
+        self.0.node.set_prepared_claims(n);
     }
 
     /// GPUs by health as the backend reports it.
@@ -195,42 +193,17 @@ impl Metrics {
     fn other_families(&self) -> Vec<Family> {
         let inner = &self.0;
         let mut families = inner.calls.families();
-        let gauge = |name, help, value: &AtomicU64| Family {
-            name,
-            help,
-            kind: Kind::Gauge,
-            samples: vec![Sample::new(vec![], value.load(Ordering::Relaxed) as f64)],
-        };
+        families.extend(inner.node.families());
         families.extend([
-            gauge(
-                "gpu_dra_published_devices",
-                "Devices in this node's ResourceSlices.",
-                &inner.published_devices,
-            ),
-            gauge(
-                "gpu_dra_mig_instances",
-                "MIG devices present on this node's GPUs.",
-                &inner.mig_instances,
-            ),
-            gauge(
-                "gpu_dra_mps_daemons",
-                "MPS control daemons run by the plugin.",
-                &inner.mps_daemons,
-            ),
-            gauge(
-                "gpu_dra_prepared_claims",
-                "Claims prepared on this node.",
-                &inner.prepared_claims,
-            ),
-            gauge(
+            text::gauge(
                 "gpu_dra_healthy_gpus",
                 "GPUs the health policy judges healthy.",
-                &inner.healthy_gpus,
+                inner.healthy_gpus.load(Ordering::Relaxed) as f64,
             ),
-            gauge(
+            text::gauge(
                 "gpu_dra_unhealthy_gpus",
                 "GPUs the health policy judges degraded or failed (e.g. after a critical XID).",
-                &inner.unhealthy_gpus,
+                inner.unhealthy_gpus.load(Ordering::Relaxed) as f64,
             ),
         ]);
         {
