@@ -7,6 +7,7 @@
 //! pass counts, error kinds and per-device readings ([`telemetry::DeviceReadings`]).
 
 mod calls;
+mod gpu_health;
 mod health;
 mod node;
 mod registry;

@@ -7,24 +7,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::calls::{ClaimCalls, Operation, Outcome};
+use super::gpu_health::GpuHealth;
 use super::node::NodeGauges;
 use super::text::{self, Family, Kind, Sample};
-
-/// GPUs per health state, tainted devices per effect, and health transitions.
-#[derive(Default)]
-struct HealthGauges {
-    gpus_by_state: BTreeMap<&'static str, u64>,
-    tainted_by_effect: BTreeMap<String, u64>,
-    transitions: BTreeMap<(&'static str, &'static str), u64>,
-}
 
 #[derive(Default)]
 struct Inner {
     calls: ClaimCalls,
     node: NodeGauges,
-    healthy_gpus: AtomicU64,
-    unhealthy_gpus: AtomicU64,
-    health: Mutex<HealthGauges>,
+    health: GpuHealth,
     claim_device_seconds: Mutex<Vec<Sample>>,
     /// The `gpu_dra_device_*` families of the last telemetry sample, and their exposition
     /// rendered once per sample (shared, so a scrape takes a reference under the lock and
@@ -100,8 +91,7 @@ impl Metrics {
 
     /// GPUs by health as the backend reports it.
     pub fn set_gpu_health(&self, healthy: u64, unhealthy: u64) {
-        self.0.healthy_gpus.store(healthy, Ordering::Relaxed);
-        self.0.unhealthy_gpus.store(unhealthy, Ordering::Relaxed);
+        self.0.health.set_gpu_health(healthy, unhealthy);
     }
 
     /// GPUs per health-policy state (`healthy`, `degraded`, `failed`) and devices carrying a
@@ -111,25 +101,19 @@ impl Metrics {
         gpus_by_state: BTreeMap<&'static str, u64>,
         tainted_by_effect: BTreeMap<String, u64>,
     ) {
-        let mut h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
-        h.gpus_by_state = gpus_by_state;
-        h.tainted_by_effect = tainted_by_effect;
+        self.0
+            .health
+            .set_health_gauges(gpus_by_state, tainted_by_effect);
     }
 
     /// Counts one change of a GPU's (or MIG instance's) health state.
     pub fn record_health_transition(&self, from: &'static str, to: &'static str) {
-        let mut h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
-        *h.transitions.entry((from, to)).or_default() += 1;
+        self.0.health.record_transition(from, to);
     }
 
     /// Health transitions from `from` to `to` so far.
     pub fn health_transitions(&self, from: &str, to: &str) -> u64 {
-        let h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
-        h.transitions
-            .iter()
-            .filter(|((f, t), _)| *f == from && *t == to)
-            .map(|(_, n)| *n)
-            .sum()
+        self.0.health.transitions(from, to)
     }
 
     /// Replaces the samples of `gpu_dra_claim_device_seconds_total`: device-seconds held
@@ -194,56 +178,7 @@ impl Metrics {
         let inner = &self.0;
         let mut families = inner.calls.families();
         families.extend(inner.node.families());
-        families.extend([
-            text::gauge(
-                "gpu_dra_healthy_gpus",
-                "GPUs the health policy judges healthy.",
-                inner.healthy_gpus.load(Ordering::Relaxed) as f64,
-            ),
-            text::gauge(
-                "gpu_dra_unhealthy_gpus",
-                "GPUs the health policy judges degraded or failed (e.g. after a critical XID).",
-                inner.unhealthy_gpus.load(Ordering::Relaxed) as f64,
-            ),
-        ]);
-        {
-            let h = inner.health.lock().unwrap_or_else(|p| p.into_inner());
-            families.push(Family {
-                name: "gpu_dra_gpus",
-                help: "GPUs on this node by health state under the health policy (healthy, degraded, failed).",
-                kind: Kind::Gauge,
-                samples: h
-                    .gpus_by_state
-                    .iter()
-                    .map(|(s, n)| Sample::new(vec![("state", (*s).to_string())], *n as f64))
-                    .collect(),
-            });
-            families.push(Family {
-                name: "gpu_dra_tainted_devices",
-                help: "Published devices carrying a health taint, by taint effect.",
-                kind: Kind::Gauge,
-                samples: h
-                    .tainted_by_effect
-                    .iter()
-                    .map(|(e, n)| Sample::new(vec![("effect", e.clone())], *n as f64))
-                    .collect(),
-            });
-            families.push(Family {
-                name: "gpu_dra_health_transitions_total",
-                help: "Changes of a GPU's or MIG instance's health state, by old and new state.",
-                kind: Kind::Counter,
-                samples: h
-                    .transitions
-                    .iter()
-                    .map(|((f, t), n)| {
-                        Sample::new(
-                            vec![("from", (*f).to_string()), ("to", (*t).to_string())],
-                            *n as f64,
-                        )
-                    })
-                    .collect(),
-            });
-        }
+        families.extend(inner.health.families());
         families.push(Family {
             name: "gpu_dra_claim_device_seconds_total",
             help: "Device-seconds held by claims prepared on this node, from prepare to unprepare; a consumable-capacity share counts its part of the device. Kept across plugin restarts.",
