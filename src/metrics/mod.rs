@@ -7,6 +7,7 @@
 //! pass counts, error kinds and per-device readings ([`telemetry::DeviceReadings`]).
 
 mod calls;
+mod claim_status;
 mod gpu_health;
 mod health;
 mod node;
@@ -14,6 +15,7 @@ mod registry;
 mod server;
 pub mod telemetry;
 pub mod text;
+mod usage;
 
 pub use calls::{DURATION_BUCKETS, Operation, Outcome};
 pub use health::Health;

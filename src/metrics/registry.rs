@@ -2,26 +2,27 @@
 //! updated with atomics (error kinds under a short lock) so recording never blocks a call.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::calls::{ClaimCalls, Operation, Outcome};
+use super::claim_status::ClaimStatusWrites;
 use super::gpu_health::GpuHealth;
 use super::node::NodeGauges;
 use super::text::{self, Family, Kind, Sample};
+use super::usage::ClaimDeviceSeconds;
 
 #[derive(Default)]
 struct Inner {
     calls: ClaimCalls,
     node: NodeGauges,
     health: GpuHealth,
-    claim_device_seconds: Mutex<Vec<Sample>>,
+    usage: ClaimDeviceSeconds,
     /// The `gpu_dra_device_*` families of the last telemetry sample, and their exposition
     /// rendered once per sample (shared, so a scrape takes a reference under the lock and
     /// copies the text outside it).
     device_telemetry: Mutex<Option<Arc<DeviceTelemetry>>>,
-    claim_status_writes: [AtomicU64; 2],
+    claim_status_writes: ClaimStatusWrites,
 }
 
 struct DeviceTelemetry {
@@ -120,15 +121,7 @@ impl Metrics {
     /// by claims per label set (`namespace`, `class`, `profile`, `sharing`). The caller keeps
     /// each series non-decreasing.
     pub fn set_claim_device_seconds(&self, series: Vec<(Vec<(&'static str, String)>, f64)>) {
-        let samples = series
-            .into_iter()
-            .map(|(labels, value)| Sample::new(labels, value))
-            .collect();
-        *self
-            .0
-            .claim_device_seconds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = samples;
+        self.0.usage.set(series);
     }
 
     /// Replaces the per-device telemetry (`gpu_dra_device_*`) with the last sample's
@@ -155,12 +148,12 @@ impl Metrics {
     /// Counts one try to write a claim's `status.devices`: `Success` when written, `Error`
     /// when the try failed (it may be retried).
     pub fn record_claim_status_write(&self, outcome: Outcome) {
-        self.0.claim_status_writes[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        self.0.claim_status_writes.record(outcome);
     }
 
     /// Tries to write a claim's `status.devices` that ended with `outcome` so far.
     pub fn claim_status_writes(&self, outcome: Outcome) -> u64 {
-        self.0.claim_status_writes[outcome.index()].load(Ordering::Relaxed)
+        self.0.claim_status_writes.count(outcome)
     }
 
     /// Every family with its current samples.
@@ -179,30 +172,8 @@ impl Metrics {
         let mut families = inner.calls.families();
         families.extend(inner.node.families());
         families.extend(inner.health.families());
-        families.push(Family {
-            name: "gpu_dra_claim_device_seconds_total",
-            help: "Device-seconds held by claims prepared on this node, from prepare to unprepare; a consumable-capacity share counts its part of the device. Kept across plugin restarts.",
-            kind: Kind::Counter,
-            samples: inner
-                .claim_device_seconds
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        });
-        families.push(Family {
-            name: "gpu_dra_claim_status_writes_total",
-            help: "Tries to write a prepared claim's status.devices, by result; a failed try is retried with backoff and never fails the prepare.",
-            kind: Kind::Counter,
-            samples: Outcome::ALL
-                .iter()
-                .map(|o| {
-                    Sample::new(
-                        vec![("result", o.label().to_string())],
-                        inner.claim_status_writes[o.index()].load(Ordering::Relaxed) as f64,
-                    )
-                })
-                .collect(),
-        });
+        families.push(inner.usage.family());
+        families.push(inner.claim_status_writes.family());
         families.push(Family {
             name: "gpu_dra_build_info",
             help: "Always 1; the version label says which gpu-dra runs.",
