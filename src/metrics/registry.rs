@@ -1,14 +1,17 @@
-//! The driver's metrics: a fixed set of counters, histograms and gauges behind one `Arc`,
-//! updated with atomics (error kinds under a short lock) so recording never blocks a call.
+//! The driver's metrics: the [`Metrics`] handle, one `Arc` over each concern's state
+//! (claim calls, node gauges, GPU health, usage, claim-status writes, per-device telemetry).
+//! Each concern's module keeps its values (atomics, or a short lock) and builds its own
+//! families; the handle delegates the setters and concatenates the families for a scrape.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::calls::{ClaimCalls, Operation, Outcome};
 use super::claim_status::ClaimStatusWrites;
 use super::gpu_health::GpuHealth;
 use super::node::NodeGauges;
+use super::telemetry::{self, LastSample};
 use super::text::{self, Family, Kind, Sample};
 use super::usage::ClaimDeviceSeconds;
 
@@ -18,20 +21,9 @@ struct Inner {
     node: NodeGauges,
     health: GpuHealth,
     usage: ClaimDeviceSeconds,
-    /// The `gpu_dra_device_*` families of the last telemetry sample, and their exposition
-    /// rendered once per sample (shared, so a scrape takes a reference under the lock and
-    /// copies the text outside it).
-    device_telemetry: Mutex<Option<Arc<DeviceTelemetry>>>,
     claim_status_writes: ClaimStatusWrites,
+    device_telemetry: LastSample,
 }
-
-struct DeviceTelemetry {
-    families: Vec<Family>,
-    text: String,
-}
-
-/// Every `gpu_dra_device_*` name sorts after this and before the next family.
-const DEVICE_PREFIX: &str = "gpu_dra_device_";
 
 /// The driver's metrics. Cheap to clone (one `Arc`); every clone updates the same values.
 /// Recording never fails and never waits on I/O.
@@ -126,23 +118,8 @@ impl Metrics {
 
     /// Replaces the per-device telemetry (`gpu_dra_device_*`) with the last sample's
     /// readings; the families are built here, once per sample, not per scrape.
-    pub fn set_device_telemetry(&self, rows: &[super::telemetry::DeviceReadings]) {
-        let families = super::telemetry::families(rows);
-        let text = text::render(&families);
-        *self
-            .0
-            .device_telemetry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) =
-            Some(Arc::new(DeviceTelemetry { families, text }));
-    }
-
-    fn device_telemetry(&self) -> Option<Arc<DeviceTelemetry>> {
-        self.0
-            .device_telemetry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    pub fn set_device_telemetry(&self, rows: &[telemetry::DeviceReadings]) {
+        self.0.device_telemetry.set(rows);
     }
 
     /// Counts one try to write a claim's `status.devices`: `Success` when written, `Error`
@@ -159,9 +136,9 @@ impl Metrics {
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
         let mut families = self.other_families();
-        match self.device_telemetry() {
+        match self.0.device_telemetry.get() {
             Some(device) => families.extend(device.families.iter().cloned()),
-            None => families.extend(super::telemetry::families(&[])),
+            None => families.extend(telemetry::families(&[])),
         }
         families
     }
@@ -194,13 +171,13 @@ impl Metrics {
         let (before, after): (Vec<Family>, Vec<Family>) = self
             .other_families()
             .into_iter()
-            .partition(|f| f.name < DEVICE_PREFIX);
-        let device = self.device_telemetry();
+            .partition(|f| f.name < telemetry::PREFIX);
+        let device = self.0.device_telemetry.get();
         let empty;
         let device_text = match &device {
             Some(d) => d.text.as_str(),
             None => {
-                empty = text::render(&super::telemetry::families(&[]));
+                empty = text::render(&telemetry::families(&[]));
                 empty.as_str()
             }
         };
