@@ -239,3 +239,91 @@ impl ClaimCalls {
         families
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_with_inf_sum_and_count() {
+        let calls = ClaimCalls::default();
+        for ms in [3, 20, 20, 30_000] {
+            calls.record_call(
+                Operation::Prepare,
+                Outcome::Success,
+                Duration::from_millis(ms),
+            );
+        }
+        let text = text::render(&calls.families());
+        let want = vec![
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.001"} 0"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.0025"} 0"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.005"} 1"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.01"} 1"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.025"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.05"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.1"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.25"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.5"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="1"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="2.5"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="5"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="10"} 3"#,
+            r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="+Inf"} 4"#,
+            r#"gpu_dra_prepare_duration_seconds_sum{result="success"} 30.043"#,
+            r#"gpu_dra_prepare_duration_seconds_count{result="success"} 4"#,
+        ];
+        let got: Vec<&str> = lines_of(&text, "gpu_dra_prepare_duration_seconds")
+            .into_iter()
+            .filter(|l| l.contains(r#"result="success""#))
+            .collect();
+        assert_eq!(want, got);
+    }
+
+    #[test]
+    fn a_value_on_a_bound_falls_in_that_bucket() {
+        let calls = ClaimCalls::default();
+        calls.record_call(
+            Operation::Unprepare,
+            Outcome::Error,
+            Duration::from_millis(100),
+        );
+        let text = text::render(&calls.families());
+        let got = lines_of(
+            &text,
+            r#"gpu_dra_unprepare_duration_seconds_bucket{result="error",le="0.1"}"#,
+        );
+        assert_eq!(
+            vec![r#"gpu_dra_unprepare_duration_seconds_bucket{result="error",le="0.1"} 1"#],
+            got
+        );
+    }
+
+    #[test]
+    fn errors_are_counted_per_kind_and_written_in_kind_order() {
+        let calls = ClaimCalls::default();
+        for kind in ["hardware", "busy", "hardware"] {
+            calls.record_error(kind);
+        }
+        let text = text::render(&calls.families());
+        assert_eq!(
+            vec![
+                r#"gpu_dra_errors_total{kind="busy"} 1"#,
+                r#"gpu_dra_errors_total{kind="hardware"} 2"#,
+            ],
+            lines_of(&text, "gpu_dra_errors_total{")
+        );
+        assert_eq!(
+            (2, 1, 0),
+            (
+                calls.errors("hardware"),
+                calls.errors("busy"),
+                calls.errors("cdi")
+            )
+        );
+    }
+}

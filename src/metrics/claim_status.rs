@@ -39,3 +39,27 @@ impl ClaimStatusWrites {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_counted_per_outcome_success_first() {
+        let writes = ClaimStatusWrites::default();
+        writes.record(Outcome::Error);
+        writes.record(Outcome::Success);
+        writes.record(Outcome::Error);
+        let got: Vec<(String, f64)> = writes
+            .family()
+            .samples
+            .into_iter()
+            .map(|s| (s.labels[0].1.clone(), s.value))
+            .collect();
+        assert_eq!(
+            vec![("success".to_string(), 1.0), ("error".to_string(), 2.0)],
+            got
+        );
+        assert_eq!(2, writes.count(Outcome::Error));
+    }
+}

@@ -115,3 +115,62 @@ impl GpuHealth {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::text;
+
+    #[test]
+    fn transitions_are_counted_per_pair_and_written_in_state_order() {
+        let health = GpuHealth::default();
+        health.record_transition("healthy", "degraded");
+        health.record_transition("degraded", "failed");
+        health.record_transition("healthy", "degraded");
+        assert_eq!(
+            (2, 1, 0),
+            (
+                health.transitions("healthy", "degraded"),
+                health.transitions("degraded", "failed"),
+                health.transitions("failed", "healthy"),
+            )
+        );
+        let text = text::render(&health.families());
+        let got: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpu_dra_health_transitions_total{"))
+            .collect();
+        assert_eq!(
+            vec![
+                r#"gpu_dra_health_transitions_total{from="degraded",to="failed"} 1"#,
+                r#"gpu_dra_health_transitions_total{from="healthy",to="degraded"} 2"#,
+            ],
+            got
+        );
+    }
+
+    #[test]
+    fn setting_the_policy_gauges_replaces_states_and_effects() {
+        let health = GpuHealth::default();
+        health.set_health_gauges(
+            BTreeMap::from([("healthy", 7), ("failed", 1)]),
+            BTreeMap::from([("NoExecute".to_string(), 1)]),
+        );
+        health.set_health_gauges(
+            BTreeMap::from([("healthy", 8)]),
+            BTreeMap::from([("NoSchedule".to_string(), 2)]),
+        );
+        health.set_gpu_health(8, 0);
+        let text = text::render(&health.families());
+        let got: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            vec![
+                r#"gpu_dra_gpus{state="healthy"} 8"#,
+                "gpu_dra_healthy_gpus 8",
+                r#"gpu_dra_tainted_devices{effect="NoSchedule"} 2"#,
+                "gpu_dra_unhealthy_gpus 0",
+            ],
+            got
+        );
+    }
+}

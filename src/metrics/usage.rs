@@ -29,3 +29,44 @@ impl ClaimDeviceSeconds {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::text;
+
+    fn labels(ns: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("namespace", ns.to_string()),
+            ("class", "mig.nvidia.com".to_string()),
+            ("profile", "1g.10gb".to_string()),
+            ("sharing", "exclusive".to_string()),
+        ]
+    }
+
+    #[test]
+    fn device_seconds_render_one_series_per_label_set() {
+        let usage = ClaimDeviceSeconds::default();
+        usage.set(vec![(labels("a"), 90.5), (labels("b"), 3600.0)]);
+        let text = text::render(&[usage.family()]);
+        let got: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpu_dra_claim_device_seconds_total{"))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                r#"gpu_dra_claim_device_seconds_total{namespace="a",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 90.5"#,
+                r#"gpu_dra_claim_device_seconds_total{namespace="b",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 3600"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn setting_the_series_replaces_the_previous_set() {
+        let usage = ClaimDeviceSeconds::default();
+        usage.set(vec![(labels("a"), 1.0), (labels("b"), 2.0)]);
+        usage.set(vec![(labels("b"), 5.0)]);
+        assert_eq!(vec![Sample::new(labels("b"), 5.0)], usage.family().samples);
+    }
+}
