@@ -5,15 +5,28 @@
 //! where it learns things (each claim call, the inventory watch, the publisher, the kubelet's
 //! registration) and [`serve`] exposes them. Nothing here knows about GPUs or claims: callers
 //! pass counts, error kinds and per-device readings ([`telemetry::DeviceReadings`]).
+//!
+//! One file per concern: `calls.rs` (prepare/unprepare requests, latency, errors),
+//! `node.rs` (published devices, MIG instances, MPS daemons, prepared claims),
+//! `gpu_health.rs` (GPUs per health state, taints, transitions), `usage.rs`
+//! (device-seconds), `claim_status.rs` (status writes), `telemetry.rs` (per-device
+//! readings); `registry.rs` is the handle over them, `text.rs` the exposition format,
+//! `health.rs` the readiness behind `/readyz`, `server.rs` the HTTP endpoint.
 
+mod calls;
+mod claim_status;
+mod gpu_health;
 mod health;
+mod node;
 mod registry;
 mod server;
 pub mod telemetry;
 pub mod text;
+mod usage;
 
+pub use calls::{DURATION_BUCKETS, Operation, Outcome};
 pub use health::Health;
-pub use registry::{DURATION_BUCKETS, Metrics, Operation, Outcome};
+pub use registry::Metrics;
 pub use server::{MetricsServer, respond, serve};
 
 /// Errors of the metrics endpoint.

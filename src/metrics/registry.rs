@@ -1,195 +1,29 @@
-//! The driver's metrics: a fixed set of counters, histograms and gauges behind one `Arc`,
-//! updated with atomics (error kinds under a short lock) so recording never blocks a call.
+//! The driver's metrics: the [`Metrics`] handle, one `Arc` over each concern's state
+//! (claim calls, node gauges, GPU health, usage, claim-status writes, per-device telemetry).
+//! Each concern's module keeps its values (atomics, or a short lock) and builds its own
+//! families; the handle delegates the setters and concatenates the families for a scrape.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::calls::{ClaimCalls, Operation, Outcome};
+use super::claim_status::ClaimStatusWrites;
+use super::gpu_health::GpuHealth;
+use super::node::NodeGauges;
+use super::telemetry::{self, LastSample};
 use super::text::{self, Family, Kind, Sample};
-
-/// Upper bounds (seconds) of the latency histograms: a prepare takes milliseconds when the
-/// hardware is left alone and seconds when MIG devices are carved or MPS daemons started.
-pub const DURATION_BUCKETS: [f64; 13] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// The kubelet call a measurement belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    /// NodePrepareResources, one claim.
-    Prepare,
-    /// NodeUnprepareResources, one claim.
-    Unprepare,
-}
-
-/// How a claim's call ended: the `result` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The claim was (un)prepared.
-    Success,
-    /// The claim failed; the kubelet got an error.
-    Error,
-}
-
-impl Outcome {
-    const ALL: [Outcome; 2] = [Outcome::Success, Outcome::Error];
-
-    /// The `result` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Success => "success",
-            Outcome::Error => "error",
-        }
-    }
-
-    fn index(self) -> usize {
-        match self {
-            Outcome::Success => 0,
-            Outcome::Error => 1,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Histogram {
-    /// Non-cumulative counts per bound, plus one for values above the last bound.
-    buckets: [AtomicU64; DURATION_BUCKETS.len() + 1],
-    sum_nanos: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        let slot = DURATION_BUCKETS
-            .iter()
-            .position(|bound| seconds <= *bound)
-            .unwrap_or(DURATION_BUCKETS.len());
-        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Buckets are read before the count, so a concurrent observation can only make the
-    /// count larger than `+Inf`, which is then raised to match: scrapers see consistent data.
-    fn samples(&self, result: &'static str, out: &mut Vec<Sample>) {
-        let labels = |le: f64| {
-            vec![
-                ("result", result.to_string()),
-                ("le", text::format_value(le)),
-            ]
-        };
-        let mut cumulative = 0u64;
-        for (i, bound) in DURATION_BUCKETS.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            out.push(bucket(labels(*bound), cumulative));
-        }
-        cumulative += self.buckets[DURATION_BUCKETS.len()].load(Ordering::Relaxed);
-        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let count = self.count.load(Ordering::Relaxed).max(cumulative);
-        out.push(bucket(labels(f64::INFINITY), count));
-        let plain = vec![("result", result.to_string())];
-        out.push(Sample {
-            suffix: "_sum",
-            labels: plain.clone(),
-            value: sum,
-        });
-        out.push(Sample {
-            suffix: "_count",
-            labels: plain,
-            value: count as f64,
-        });
-    }
-}
-
-fn bucket(labels: Vec<(&'static str, String)>, count: u64) -> Sample {
-    Sample {
-        suffix: "_bucket",
-        labels,
-        value: count as f64,
-    }
-}
-
-#[derive(Default)]
-struct Calls {
-    requests: [AtomicU64; 2],
-    durations: [Histogram; 2],
-}
-
-impl Calls {
-    /// The requests counter and the latency histogram, named `names.0` and `names.1`.
-    fn families(
-        &self,
-        names: (&'static str, &'static str),
-        help: (&'static str, &'static str),
-    ) -> [Family; 2] {
-        let requests = Outcome::ALL
-            .iter()
-            .map(|o| {
-                Sample::new(
-                    vec![("result", o.label().to_string())],
-                    self.requests[o.index()].load(Ordering::Relaxed) as f64,
-                )
-            })
-            .collect();
-        let mut durations = Vec::new();
-        for o in Outcome::ALL {
-            self.durations[o.index()].samples(o.label(), &mut durations);
-        }
-        [
-            Family {
-                name: names.0,
-                help: help.0,
-                kind: Kind::Counter,
-                samples: requests,
-            },
-            Family {
-                name: names.1,
-                help: help.1,
-                kind: Kind::Histogram,
-                samples: durations,
-            },
-        ]
-    }
-}
-
-/// GPUs per health state, tainted devices per effect, and health transitions.
-#[derive(Default)]
-struct HealthGauges {
-    gpus_by_state: BTreeMap<&'static str, u64>,
-    tainted_by_effect: BTreeMap<String, u64>,
-    transitions: BTreeMap<(&'static str, &'static str), u64>,
-}
+use super::usage::ClaimDeviceSeconds;
 
 #[derive(Default)]
 struct Inner {
-    prepare: Calls,
-    unprepare: Calls,
-    errors: Mutex<BTreeMap<&'static str, u64>>,
-    published_devices: AtomicU64,
-    mig_instances: AtomicU64,
-    mps_daemons: AtomicU64,
-    prepared_claims: AtomicU64,
-    healthy_gpus: AtomicU64,
-    unhealthy_gpus: AtomicU64,
-    health: Mutex<HealthGauges>,
-    claim_device_seconds: Mutex<Vec<Sample>>,
-    /// The `gpu_dra_device_*` families of the last telemetry sample, and their exposition
-    /// rendered once per sample (shared, so a scrape takes a reference under the lock and
-    /// copies the text outside it).
-    device_telemetry: Mutex<Option<Arc<DeviceTelemetry>>>,
-    claim_status_writes: [AtomicU64; 2],
+    calls: ClaimCalls,
+    node: NodeGauges,
+    health: GpuHealth,
+    usage: ClaimDeviceSeconds,
+    claim_status_writes: ClaimStatusWrites,
+    device_telemetry: LastSample,
 }
-
-struct DeviceTelemetry {
-    families: Vec<Family>,
-    text: String,
-}
-
-/// Every `gpu_dra_device_*` name sorts after this and before the next family.
-const DEVICE_PREFIX: &str = "gpu_dra_device_";
 
 /// The driver's metrics. Cheap to clone (one `Arc`); every clone updates the same values.
 /// Recording never fails and never waits on I/O.
@@ -208,61 +42,49 @@ impl Metrics {
         Metrics::default()
     }
 
-    fn calls(&self, op: Operation) -> &Calls {
-        match op {
-            Operation::Prepare => &self.0.prepare,
-            Operation::Unprepare => &self.0.unprepare,
-        }
-    }
-
     /// Counts one claim's call and its latency.
     pub fn record_call(&self, op: Operation, outcome: Outcome, elapsed: Duration) {
-        let calls = self.calls(op);
-        calls.requests[outcome.index()].fetch_add(1, Ordering::Relaxed);
-        calls.durations[outcome.index()].observe(elapsed);
+        self.0.calls.record_call(op, outcome, elapsed);
     }
 
     /// Counts one failure of kind `kind` (e.g. [`crate::claims::ClaimError::kind`]).
     pub fn record_error(&self, kind: &'static str) {
-        let mut errors = self.0.errors.lock().unwrap_or_else(|p| p.into_inner());
-        *errors.entry(kind).or_default() += 1;
+        self.0.calls.record_error(kind);
     }
 
     /// Calls of `op` that ended with `outcome` so far.
     pub fn requests(&self, op: Operation, outcome: Outcome) -> u64 {
-        self.calls(op).requests[outcome.index()].load(Ordering::Relaxed)
+        self.0.calls.requests(op, outcome)
     }
 
     /// Failures of kind `kind` so far.
     pub fn errors(&self, kind: &str) -> u64 {
-        let errors = self.0.errors.lock().unwrap_or_else(|p| p.into_inner());
-        errors.get(kind).copied().unwrap_or(0)
+        self.0.calls.errors(kind)
     }
 
     /// Devices in the ResourceSlices this node publishes.
     pub fn set_published_devices(&self, n: u64) {
-        self.0.published_devices.store(n, Ordering::Relaxed);
+        self.0.node.set_published_devices(n);
     }
 
     /// MIG devices present on the node's GPUs (whoever created them).
     pub fn set_mig_instances(&self, n: u64) {
-        self.0.mig_instances.store(n, Ordering::Relaxed);
+        self.0.node.set_mig_instances(n);
     }
 
     /// MPS control daemons the plugin runs.
     pub fn set_mps_daemons(&self, n: u64) {
-        self.0.mps_daemons.store(n, Ordering::Relaxed);
+        self.0.node.set_mps_daemons(n);
     }
 
     /// Claims prepared on this node (completed in the checkpoint).
     pub fn set_prepared_claims(&self, n: u64) {
-        self.0.prepared_claims.store(n, Ordering::Relaxed);
+        self.0.node.set_prepared_claims(n);
     }
 
     /// GPUs by health as the backend reports it.
     pub fn set_gpu_health(&self, healthy: u64, unhealthy: u64) {
-        self.0.healthy_gpus.store(healthy, Ordering::Relaxed);
-        self.0.unhealthy_gpus.store(unhealthy, Ordering::Relaxed);
+        self.0.health.set_gpu_health(healthy, unhealthy);
     }
 
     /// GPUs per health-policy state (`healthy`, `degraded`, `failed`) and devices carrying a
@@ -272,80 +94,51 @@ impl Metrics {
         gpus_by_state: BTreeMap<&'static str, u64>,
         tainted_by_effect: BTreeMap<String, u64>,
     ) {
-        let mut h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
-        h.gpus_by_state = gpus_by_state;
-        h.tainted_by_effect = tainted_by_effect;
+        self.0
+            .health
+            .set_health_gauges(gpus_by_state, tainted_by_effect);
     }
 
     /// Counts one change of a GPU's (or MIG instance's) health state.
     pub fn record_health_transition(&self, from: &'static str, to: &'static str) {
-        let mut h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
-        *h.transitions.entry((from, to)).or_default() += 1;
+        self.0.health.record_transition(from, to);
     }
 
     /// Health transitions from `from` to `to` so far.
     pub fn health_transitions(&self, from: &str, to: &str) -> u64 {
-        let h = self.0.health.lock().unwrap_or_else(|p| p.into_inner());
-        h.transitions
-            .iter()
-            .filter(|((f, t), _)| *f == from && *t == to)
-            .map(|(_, n)| *n)
-            .sum()
+        self.0.health.transitions(from, to)
     }
 
     /// Replaces the samples of `gpu_dra_claim_device_seconds_total`: device-seconds held
     /// by claims per label set (`namespace`, `class`, `profile`, `sharing`). The caller keeps
     /// each series non-decreasing.
     pub fn set_claim_device_seconds(&self, series: Vec<(Vec<(&'static str, String)>, f64)>) {
-        let samples = series
-            .into_iter()
-            .map(|(labels, value)| Sample::new(labels, value))
-            .collect();
-        *self
-            .0
-            .claim_device_seconds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = samples;
+        self.0.usage.set(series);
     }
 
     /// Replaces the per-device telemetry (`gpu_dra_device_*`) with the last sample's
     /// readings; the families are built here, once per sample, not per scrape.
-    pub fn set_device_telemetry(&self, rows: &[super::telemetry::DeviceReadings]) {
-        let families = super::telemetry::families(rows);
-        let text = text::render(&families);
-        *self
-            .0
-            .device_telemetry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) =
-            Some(Arc::new(DeviceTelemetry { families, text }));
-    }
-
-    fn device_telemetry(&self) -> Option<Arc<DeviceTelemetry>> {
-        self.0
-            .device_telemetry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    pub fn set_device_telemetry(&self, rows: &[telemetry::DeviceReadings]) {
+        self.0.device_telemetry.set(rows);
     }
 
     /// Counts one try to write a claim's `status.devices`: `Success` when written, `Error`
     /// when the try failed (it may be retried).
     pub fn record_claim_status_write(&self, outcome: Outcome) {
-        self.0.claim_status_writes[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        self.0.claim_status_writes.record(outcome);
     }
 
     /// Tries to write a claim's `status.devices` that ended with `outcome` so far.
     pub fn claim_status_writes(&self, outcome: Outcome) -> u64 {
-        self.0.claim_status_writes[outcome.index()].load(Ordering::Relaxed)
+        self.0.claim_status_writes.count(outcome)
     }
 
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
         let mut families = self.other_families();
-        match self.device_telemetry() {
+        match self.0.device_telemetry.get() {
             Some(device) => families.extend(device.families.iter().cloned()),
-            None => families.extend(super::telemetry::families(&[])),
+            None => families.extend(telemetry::families(&[])),
         }
         families
     }
@@ -353,140 +146,11 @@ impl Metrics {
     /// Every family but the per-device telemetry.
     fn other_families(&self) -> Vec<Family> {
         let inner = &self.0;
-        let mut families = Vec::new();
-        families.extend(inner.prepare.families(
-            (
-                "gpu_dra_prepare_requests_total",
-                "gpu_dra_prepare_duration_seconds",
-            ),
-            (
-                "Claims the kubelet asked to prepare, by result.",
-                "Seconds to prepare one claim, by result.",
-            ),
-        ));
-        families.extend(inner.unprepare.families(
-            (
-                "gpu_dra_unprepare_requests_total",
-                "gpu_dra_unprepare_duration_seconds",
-            ),
-            (
-                "Claims the kubelet asked to unprepare, by result.",
-                "Seconds to unprepare one claim, by result.",
-            ),
-        ));
-        let errors = {
-            let errors = inner.errors.lock().unwrap_or_else(|p| p.into_inner());
-            errors
-                .iter()
-                .map(|(kind, n)| Sample::new(vec![("kind", (*kind).to_string())], *n as f64))
-                .collect()
-        };
-        families.push(Family {
-            name: "gpu_dra_errors_total",
-            help: "Failed prepare/unprepare calls, by the kind of failure.",
-            kind: Kind::Counter,
-            samples: errors,
-        });
-        let gauge = |name, help, value: &AtomicU64| Family {
-            name,
-            help,
-            kind: Kind::Gauge,
-            samples: vec![Sample::new(vec![], value.load(Ordering::Relaxed) as f64)],
-        };
-        families.extend([
-            gauge(
-                "gpu_dra_published_devices",
-                "Devices in this node's ResourceSlices.",
-                &inner.published_devices,
-            ),
-            gauge(
-                "gpu_dra_mig_instances",
-                "MIG devices present on this node's GPUs.",
-                &inner.mig_instances,
-            ),
-            gauge(
-                "gpu_dra_mps_daemons",
-                "MPS control daemons run by the plugin.",
-                &inner.mps_daemons,
-            ),
-            gauge(
-                "gpu_dra_prepared_claims",
-                "Claims prepared on this node.",
-                &inner.prepared_claims,
-            ),
-            gauge(
-                "gpu_dra_healthy_gpus",
-                "GPUs the health policy judges healthy.",
-                &inner.healthy_gpus,
-            ),
-            gauge(
-                "gpu_dra_unhealthy_gpus",
-                "GPUs the health policy judges degraded or failed (e.g. after a critical XID).",
-                &inner.unhealthy_gpus,
-            ),
-        ]);
-        {
-            let h = inner.health.lock().unwrap_or_else(|p| p.into_inner());
-            families.push(Family {
-                name: "gpu_dra_gpus",
-                help: "GPUs on this node by health state under the health policy (healthy, degraded, failed).",
-                kind: Kind::Gauge,
-                samples: h
-                    .gpus_by_state
-                    .iter()
-                    .map(|(s, n)| Sample::new(vec![("state", (*s).to_string())], *n as f64))
-                    .collect(),
-            });
-            families.push(Family {
-                name: "gpu_dra_tainted_devices",
-                help: "Published devices carrying a health taint, by taint effect.",
-                kind: Kind::Gauge,
-                samples: h
-                    .tainted_by_effect
-                    .iter()
-                    .map(|(e, n)| Sample::new(vec![("effect", e.clone())], *n as f64))
-                    .collect(),
-            });
-            families.push(Family {
-                name: "gpu_dra_health_transitions_total",
-                help: "Changes of a GPU's or MIG instance's health state, by old and new state.",
-                kind: Kind::Counter,
-                samples: h
-                    .transitions
-                    .iter()
-                    .map(|((f, t), n)| {
-                        Sample::new(
-                            vec![("from", (*f).to_string()), ("to", (*t).to_string())],
-                            *n as f64,
-                        )
-                    })
-                    .collect(),
-            });
-        }
-        families.push(Family {
-            name: "gpu_dra_claim_device_seconds_total",
-            help: "Device-seconds held by claims prepared on this node, from prepare to unprepare; a consumable-capacity share counts its part of the device. Kept across plugin restarts.",
-            kind: Kind::Counter,
-            samples: inner
-                .claim_device_seconds
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        });
-        families.push(Family {
-            name: "gpu_dra_claim_status_writes_total",
-            help: "Tries to write a prepared claim's status.devices, by result; a failed try is retried with backoff and never fails the prepare.",
-            kind: Kind::Counter,
-            samples: Outcome::ALL
-                .iter()
-                .map(|o| {
-                    Sample::new(
-                        vec![("result", o.label().to_string())],
-                        inner.claim_status_writes[o.index()].load(Ordering::Relaxed) as f64,
-                    )
-                })
-                .collect(),
-        });
+        let mut families = inner.calls.families();
+        families.extend(inner.node.families());
+        families.extend(inner.health.families());
+        families.push(inner.usage.family());
+        families.push(inner.claim_status_writes.family());
         families.push(Family {
             name: "gpu_dra_build_info",
             help: "Always 1; the version label says which gpu-dra runs.",
@@ -507,13 +171,13 @@ impl Metrics {
         let (before, after): (Vec<Family>, Vec<Family>) = self
             .other_families()
             .into_iter()
-            .partition(|f| f.name < DEVICE_PREFIX);
-        let device = self.device_telemetry();
+            .partition(|f| f.name < telemetry::PREFIX);
+        let device = self.0.device_telemetry.get();
         let empty;
         let device_text = match &device {
             Some(d) => d.text.as_str(),
             None => {
-                empty = text::render(&super::telemetry::families(&[]));
+                empty = text::render(&telemetry::families(&[]));
                 empty.as_str()
             }
         };

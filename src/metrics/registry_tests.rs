@@ -1,64 +1,11 @@
-//! Unit tests of the registry: what `render` shows after recording.
+//! Unit tests of the handle: what `render` shows after recording into every concern, and
+//! that the spliced scrape equals rendering every family. Each concern's own families are
+//! tested next to its module.
 
 use super::*;
 
 fn lines_of<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
     text.lines().filter(|l| l.starts_with(prefix)).collect()
-}
-
-#[test]
-fn histogram_buckets_are_cumulative_with_inf_sum_and_count() {
-    let m = Metrics::new();
-    for ms in [3, 20, 20, 30_000] {
-        m.record_call(
-            Operation::Prepare,
-            Outcome::Success,
-            Duration::from_millis(ms),
-        );
-    }
-    let text = m.render();
-    let want = vec![
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.001"} 0"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.0025"} 0"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.005"} 1"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.01"} 1"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.025"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.05"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.1"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.25"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="0.5"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="1"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="2.5"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="5"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="10"} 3"#,
-        r#"gpu_dra_prepare_duration_seconds_bucket{result="success",le="+Inf"} 4"#,
-        r#"gpu_dra_prepare_duration_seconds_sum{result="success"} 30.043"#,
-        r#"gpu_dra_prepare_duration_seconds_count{result="success"} 4"#,
-    ];
-    let got: Vec<&str> = lines_of(&text, "gpu_dra_prepare_duration_seconds")
-        .into_iter()
-        .filter(|l| l.contains(r#"result="success""#))
-        .collect();
-    assert_eq!(want, got);
-}
-
-#[test]
-fn a_value_on_a_bound_falls_in_that_bucket() {
-    let m = Metrics::new();
-    m.record_call(
-        Operation::Unprepare,
-        Outcome::Error,
-        Duration::from_millis(100),
-    );
-    let text = m.render();
-    let got = lines_of(
-        &text,
-        r#"gpu_dra_unprepare_duration_seconds_bucket{result="error",le="0.1"}"#,
-    );
-    assert_eq!(
-        vec![r#"gpu_dra_unprepare_duration_seconds_bucket{result="error",le="0.1"} 1"#],
-        got
-    );
 }
 
 #[test]
@@ -149,28 +96,6 @@ fn counters_and_gauges_show_what_was_recorded() {
             m.errors("busy"),
             m.errors("hardware"),
         )
-    );
-}
-
-#[test]
-fn device_seconds_render_one_series_per_label_set() {
-    let m = Metrics::new();
-    let labels = |ns: &str| {
-        vec![
-            ("namespace", ns.to_string()),
-            ("class", "mig.nvidia.com".to_string()),
-            ("profile", "1g.10gb".to_string()),
-            ("sharing", "exclusive".to_string()),
-        ]
-    };
-    m.set_claim_device_seconds(vec![(labels("a"), 90.5), (labels("b"), 3600.0)]);
-    let text = m.render();
-    assert_eq!(
-        lines_of(&text, "gpu_dra_claim_device_seconds_total{"),
-        vec![
-            r#"gpu_dra_claim_device_seconds_total{namespace="a",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 90.5"#,
-            r#"gpu_dra_claim_device_seconds_total{namespace="b",class="mig.nvidia.com",profile="1g.10gb",sharing="exclusive"} 3600"#,
-        ]
     );
 }
 

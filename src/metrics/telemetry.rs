@@ -6,7 +6,9 @@
 //! device shared by two claims, repeats the device's figures under each holder. Aggregations
 //! that must count each device once use `max by (uuid)` (or `by (gpu, device)`).
 
-use super::text::{Family, Kind, Sample};
+use std::sync::{Arc, Mutex};
+
+use super::text::{self, Family, Kind, Sample};
 
 /// Who holds a device: one claim and one of its pods (empty when unknown).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,6 +172,37 @@ pub fn families(rows: &[DeviceReadings]) -> Vec<Family> {
             samples,
         })
         .collect()
+}
+
+/// Every `gpu_dra_device_*` name sorts after this and before the next family.
+pub(super) const PREFIX: &str = "gpu_dra_device_";
+
+/// The families of one telemetry sample and their exposition, rendered once per sample.
+pub(super) struct Snapshot {
+    /// What [`families`] built from the sample's rows.
+    pub(super) families: Vec<Family>,
+    /// [`text::render`] of `families`.
+    pub(super) text: String,
+}
+
+/// The last sample's [`Snapshot`], shared so a scrape takes a reference under the lock and
+/// copies the text outside it.
+#[derive(Default)]
+pub(super) struct LastSample(Mutex<Option<Arc<Snapshot>>>);
+
+impl LastSample {
+    /// Builds and renders the families of `rows` and makes them the last sample.
+    pub(super) fn set(&self, rows: &[DeviceReadings]) {
+        let families = families(rows);
+        let text = text::render(&families);
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Arc::new(Snapshot { families, text }));
+    }
+
+    /// The last sample; `None` before the first.
+    pub(super) fn get(&self) -> Option<Arc<Snapshot>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 #[cfg(test)]

@@ -63,6 +63,16 @@ pub struct Family {
     pub samples: Vec<Sample>,
 }
 
+/// A gauge family with one unlabelled sample.
+pub(super) fn gauge(name: &'static str, help: &'static str, value: f64) -> Family {
+    Family {
+        name,
+        help,
+        kind: Kind::Gauge,
+        samples: vec![Sample::new(vec![], value)],
+    }
+}
+
 /// Writes `families` sorted by name, each with its `# HELP` and `# TYPE` lines; a family
 /// without samples still gets both lines so scrapers learn it exists.
 pub fn render(families: &[Family]) -> String {
