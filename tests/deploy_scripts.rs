@@ -109,7 +109,7 @@ fn e2e_rejects_an_unknown_case_naming_the_valid_ones() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let want = "error: unknown case 'dedicatd'; cases: dedicated shared-claim mig-parent time-slicing mps consumable-capacity quota health\n";
+    let want = "error: unknown case 'dedicatd'; cases: dedicated shared-claim mig-parent time-slicing mps consumable-capacity quota health capacity-report\n";
     assert_eq!((output.status.code(), stderr.as_ref()), (Some(2), want));
 }
 
