@@ -271,6 +271,17 @@ async fn a_mig_scoped_xid_counts_for_its_mig_device_and_the_parent_and_a_gpu_wid
     );
 }
 
+/// The pods labelling the full GPU's telemetry series, sorted.
+fn pods_of_full_gpu(metrics: &str) -> Vec<String> {
+    let mut pods: Vec<String> = series(metrics, "gpu_dra_device_power_watts")
+        .into_iter()
+        .filter(|(l, _)| l["device"] == FULL)
+        .map(|(l, _)| l["pod"].clone())
+        .collect();
+    pods.sort();
+    pods
+}
+
 #[tokio::test]
 async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_it_for_that_pod() {
     let node = Node::new();
@@ -281,15 +292,6 @@ async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_i
         .await;
     let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    let pods_on_metrics = |m: &str| -> Vec<String> {
-        let mut pods: Vec<String> = series(m, "gpu_dra_device_memory_total_bytes")
-            .into_iter()
-            .filter(|(l, _)| l["device"] == FULL)
-            .map(|(l, _)| l["pod"].clone())
-            .collect();
-        pods.sort();
-        pods
-    };
     let shared = claim_ref("shared", "uid-shared");
     let first = kubelet
         .prepare(std::slice::from_ref(&shared))
@@ -297,7 +299,7 @@ async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_i
         .unwrap();
     assert!(first["uid-shared"].is_ok());
     eventually("the first pod on /metrics", || {
-        (pods_on_metrics(&scrape(addr)?) == ["pod-shared"]).then_some(())
+        (pods_of_full_gpu(&scrape(addr)?) == ["pod-shared"]).then_some(())
     })
     .await;
 
@@ -313,7 +315,7 @@ async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_i
         .unwrap();
     assert!(again["uid-shared"].is_ok());
     eventually("both pods on /metrics", || {
-        (pods_on_metrics(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())
+        (pods_of_full_gpu(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())
     })
     .await;
 }
@@ -335,15 +337,6 @@ async fn a_pod_that_leaves_a_shared_claim_leaves_the_labels_within_the_refresh_i
         .await;
     let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    let pods_on_metrics = |m: &str| -> Vec<String> {
-        let mut pods: Vec<String> = series(m, "gpu_dra_device_power_watts")
-            .into_iter()
-            .filter(|(l, _)| l["device"] == FULL)
-            .map(|(l, _)| l["pod"].clone())
-            .collect();
-        pods.sort();
-        pods
-    };
     let shared = claim_ref("shared", "uid-shared");
     let prepared = kubelet
         .prepare(std::slice::from_ref(&shared))
@@ -351,7 +344,7 @@ async fn a_pod_that_leaves_a_shared_claim_leaves_the_labels_within_the_refresh_i
         .unwrap();
     assert!(prepared["uid-shared"].is_ok());
     eventually("both pods on /metrics", || {
-        (pods_on_metrics(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())
+        (pods_of_full_gpu(&scrape(addr)?) == ["pod-second", "pod-shared"]).then_some(())
     })
     .await;
 
@@ -362,7 +355,7 @@ async fn a_pod_that_leaves_a_shared_claim_leaves_the_labels_within_the_refresh_i
         .retain(|r| r["name"] != "pod-shared");
     node.api.put_claim(claim);
     eventually("only the remaining pod on /metrics", || {
-        (pods_on_metrics(&scrape(addr)?) == ["pod-second"]).then_some(())
+        (pods_of_full_gpu(&scrape(addr)?) == ["pod-second"]).then_some(())
     })
     .await;
     // Nothing was unprepared: the device is still held by the claim.
