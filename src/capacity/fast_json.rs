@@ -326,6 +326,26 @@ mod tests {
     }
 
     #[test]
+    fn the_api_servers_claim_list_is_taken_though_its_items_carry_no_kind() {
+        // GET /apis/resource.k8s.io/v1/resourceclaims, as the API server answers it.
+        let typed = json!({"kind": "ResourceClaimList", "apiVersion": "resource.k8s.io/v1",
+            "metadata": {"resourceVersion": "42"},
+            "items": [{"metadata": {"name": "a", "namespace": "t", "uid": "u1"},
+                       "spec": {"devices": {"requests": []}},
+                       "status": {"allocation": {"devices": {"results": [
+                           {"request": "r", "driver": "gpu.nvidia.com", "pool": "n",
+                            "device": "gpu-0"}]}},
+                                  "reservedFor": [{"resource": "pods", "name": "p", "uid": "x"}]}}]});
+        let bytes = serde_json::to_vec(&typed).unwrap();
+        let claims = allocated_claims(&bytes).unwrap();
+        assert_eq!(
+            (claims[0].name, claims[0].results[0].device),
+            ("a", "gpu-0")
+        );
+        assert_eq!(claims[0].pods, ["p"]);
+    }
+
+    #[test]
     fn only_allocated_claims_are_kept_with_results_and_reserved_pods() {
         let list = json!({"kind": "List", "items": [
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
