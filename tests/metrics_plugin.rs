@@ -3,35 +3,10 @@
 
 mod plugin_support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
+use plugin_support::probe::{get, metrics_addr};
 use plugin_support::{Node, eventually};
-
-/// The address the plugin logged when it bound `127.0.0.1:0`.
-fn logged_addr(log: &str) -> Option<SocketAddr> {
-    let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-    let start = line.find("127.0.0.1:")?;
-    let addr: String = line[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    addr.parse().ok()
-}
-
-/// Status and body of `GET path`, or `None` when the connection fails.
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
 
 fn sample(metrics: &str, series: &str) -> Option<String> {
     metrics
@@ -46,7 +21,7 @@ async fn the_plugin_serves_probes_and_metrics_that_follow_its_work() {
         .put_claim(claims::on_node("training", "uid-full", &["gpu-2"]));
     let plugin = node.start().await;
     let addr = eventually("the metrics address in the log", || {
-        logged_addr(&plugin.log())
+        metrics_addr(&plugin.log())
     })
     .await;
     assert_eq!(Some((200, "ok\n".to_string())), get(addr, "/healthz"));

@@ -6,30 +6,16 @@
 mod plugin_support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
+use plugin_support::probe::{self, metrics_addr};
 use plugin_support::{Node, Plugin, eventually};
 
-fn logged_addr(log: &str) -> Option<SocketAddr> {
-    let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-    let start = line.find("127.0.0.1:")?;
-    let addr: String = line[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    addr.parse().ok()
-}
-
+/// The body of `/metrics`, or `None` when it cannot be read.
 fn scrape(addr: SocketAddr) -> Option<String> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    let request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).ok()?;
-    Some(raw.split_once("\r\n\r\n")?.1.to_string())
+    probe::get(addr, "/metrics").map(|(_, body)| body)
 }
 
 /// Every sample of `name`: its labels and value.
@@ -76,7 +62,7 @@ async fn plugin_holding(node: &Node, held: &[(&str, &str, &str)]) -> (Plugin, So
     let plugin = node
         .start_with(&[("GPU_DRA_TELEMETRY_INTERVAL", "1")])
         .await;
-    let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
+    let addr = eventually("the metrics address", || metrics_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let refs: Vec<_> = held
         .iter()
@@ -290,7 +276,7 @@ async fn a_pod_that_joins_a_shared_claim_is_labelled_once_the_kubelet_prepares_i
     let plugin = node
         .start_with(&[("GPU_DRA_TELEMETRY_INTERVAL", "1")])
         .await;
-    let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
+    let addr = eventually("the metrics address", || metrics_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let shared = claim_ref("shared", "uid-shared");
     let first = kubelet
@@ -335,7 +321,7 @@ async fn a_pod_that_leaves_a_shared_claim_leaves_the_labels_within_the_refresh_i
             ("GPU_DRA_HOLDERS_REFRESH_INTERVAL", "1s"),
         ])
         .await;
-    let addr = eventually("the metrics address", || logged_addr(&plugin.log())).await;
+    let addr = eventually("the metrics address", || metrics_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let shared = claim_ref("shared", "uid-shared");
     let prepared = kubelet
