@@ -5,26 +5,12 @@
 
 mod deploy_support;
 
-use std::path::Path;
 use std::process::Command;
 
-use deploy_support::{chart_dir, run, tool, yaml_documents};
+use deploy_support::{chart_dir, render_chart, tool};
 use gpu_dra::hardware::health::FaultKind;
 use gpu_dra::health::{HealthPolicy, HealthState, TaintEffect};
 use serde_json::Value;
-
-fn render(helm: &Path, extra: &[&str]) -> Vec<Value> {
-    let chart = chart_dir();
-    let mut args = vec![
-        "template",
-        "gpu-dra",
-        chart.to_str().unwrap(),
-        "--namespace",
-        "gpu-dra",
-    ];
-    args.extend_from_slice(extra);
-    yaml_documents(&run(helm, &args))
-}
 
 fn plugin_container(objects: &[Value]) -> &Value {
     let ds = objects
@@ -47,7 +33,7 @@ fn a_health_policy_value_becomes_the_file_the_plugin_reads() {
     let Some(helm) = tool("helm", "the health-policy chart checks") else {
         return;
     };
-    let plain = render(&helm, &[]);
+    let plain = render_chart(&helm, &[]);
     assert!(
         !plain.iter().any(|o| o["kind"] == "ConfigMap"),
         "no policy, no ConfigMap"
@@ -55,7 +41,7 @@ fn a_health_policy_value_becomes_the_file_the_plugin_reads() {
     assert_eq!(env(plugin_container(&plain), "GPU_DRA_HEALTH_POLICY"), None);
 
     let values = r#"healthPolicy={"effects":{"failed":"NoSchedule"},"holdDown":"10m","xid":{"degraded":[31]}}"#;
-    let objects = render(&helm, &["--set-json", values]);
+    let objects = render_chart(&helm, &["--set-json", values]);
     let cm = objects
         .iter()
         .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "gpu-dra-health-policy")
@@ -96,7 +82,7 @@ fn a_health_policy_value_becomes_the_file_the_plugin_reads() {
         ds["spec"]["template"]["metadata"]["annotations"]["gpu-dra.dev/health-policy-checksum"]
             .clone();
     assert!(checksum.is_string(), "a policy change rolls the pods");
-    let other = render(&helm, &["--set-json", r#"healthPolicy={"holdDown":"5m"}"#]);
+    let other = render_chart(&helm, &["--set-json", r#"healthPolicy={"holdDown":"5m"}"#]);
     let ds2 = other.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
     assert_ne!(
         ds2["spec"]["template"]["metadata"]["annotations"]["gpu-dra.dev/health-policy-checksum"],

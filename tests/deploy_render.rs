@@ -5,23 +5,9 @@
 mod deploy_support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
-use deploy_support::{chart_dir, run, tool, yaml_documents, yaml_file};
+use deploy_support::{chart_dir, render_chart, tool, yaml_file};
 use serde_json::{Value, json};
-
-fn render(helm: &Path, extra: &[&str]) -> Vec<Value> {
-    let chart = chart_dir();
-    let mut args = vec![
-        "template",
-        "gpu-dra",
-        chart.to_str().unwrap(),
-        "--namespace",
-        "gpu-dra",
-    ];
-    args.extend_from_slice(extra);
-    yaml_documents(&run(helm, &args))
-}
 
 fn sim_values() -> String {
     chart_dir().join("values-sim.yaml").display().to_string()
@@ -95,7 +81,7 @@ fn default_values_render_the_plugin_rbac_policy_and_classes() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(&helm, &[]);
+    let objects = render_chart(&helm, &[]);
     let want = [
         "ClusterRole",
         "ClusterRoleBinding",
@@ -114,7 +100,7 @@ fn cluster_role_grants_exactly_what_the_plugin_calls() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(&helm, &[]);
+    let objects = render_chart(&helm, &[]);
     let role = of_kind(&objects, "ClusterRole")[0];
     let want = json!([
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
@@ -137,7 +123,7 @@ fn the_status_grant_names_the_charts_driver_and_nothing_else() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(&helm, &["--set", "driverName=gpu.example.com"]);
+    let objects = render_chart(&helm, &["--set", "driverName=gpu.example.com"]);
     let role = of_kind(&objects, "ClusterRole")[0];
     let named: Vec<&Value> = role["rules"]
         .as_array()
@@ -155,7 +141,7 @@ fn admission_policy_applies_to_the_plugin_service_account_only() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(&helm, &[]);
+    let objects = render_chart(&helm, &[]);
     let policy = of_kind(&objects, "ValidatingAdmissionPolicy")[0];
     let want = json!([{"name": "is-this-driver-plugin", "expression":
         "request.userInfo.username == \"system:serviceaccount:gpu-dra:gpu-dra\""}]);
@@ -170,7 +156,7 @@ fn real_gpu_plugin_is_privileged_with_host_mounts_probes_and_downward_env() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(&helm, &[]);
+    let objects = render_chart(&helm, &[]);
     let daemonset = of_kind(&objects, "DaemonSet")[0];
     let plugin_dir = "/var/lib/kubelet/plugins/gpu.nvidia.com";
     let mount = |path: &str, propagation: &str| (path.to_string(), propagation.to_string());
@@ -245,7 +231,7 @@ fn sim_values_run_one_unprivileged_daemonset_per_preset_label() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(&helm, &["-f", &sim_values()]);
+    let objects = render_chart(&helm, &["-f", &sim_values()]);
     let got: Vec<(Value, String, String, Value, usize)> = of_kind(&objects, "DaemonSet")
         .into_iter()
         .map(|ds| {
@@ -281,7 +267,7 @@ fn sim_values_with_the_nvml_library_run_the_nvml_backend_over_the_simulated_libr
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(
+    let objects = render_chart(
         &helm,
         &["-f", &sim_values(), "--set", "sim.nvmlLibrary=true"],
     );
@@ -329,7 +315,7 @@ fn rendered_device_classes_are_the_repository_classes_with_chart_labels() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(&helm, &[]);
+    let objects = render_chart(&helm, &[]);
     let got: Vec<(Value, Value)> = of_kind(&objects, "DeviceClass")
         .into_iter()
         .map(|c| (c["metadata"]["name"].clone(), c["spec"].clone()))
@@ -350,7 +336,7 @@ fn toggles_remove_the_policy_and_a_device_class() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    let objects = render(
+    let objects = render_chart(
         &helm,
         &[
             "--set",
@@ -436,7 +422,7 @@ fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
     };
     let sim = sim_values();
     for extra in [vec![], vec!["-f", sim.as_str()]] {
-        for object in render(&helm, &extra) {
+        for object in render_chart(&helm, &extra) {
             let got = match object["kind"].as_str().unwrap() {
                 "DaemonSet" => round_trip::<apps::DaemonSet>(&object),
                 "ServiceAccount" => round_trip::<core::ServiceAccount>(&object),

@@ -71,3 +71,18 @@ pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
         .filter(|doc| !doc.is_null())
         .collect()
 }
+
+/// The chart rendered by `helm template` (release `gpu-dra`, namespace `gpu-dra`) with
+/// `extra` arguments, as documents; panics with helm's stderr when it refuses.
+pub fn render_chart(helm: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        "gpu-dra",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "gpu-dra",
+    ];
+    args.extend_from_slice(extra);
+    yaml_documents(&run(helm, &args))
+}
