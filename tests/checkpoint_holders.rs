@@ -13,7 +13,7 @@ use gpu_dra::kubelet::client::DraApi;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::probe;
-use plugin_support::{Node, eventually};
+use plugin_support::{Node, Plugin, eventually};
 use serde_json::{Value, json};
 
 const DEVICE: &str = "gpu-2";
@@ -40,6 +40,22 @@ fn pods_on_metrics(addr: SocketAddr, device: &str) -> Option<Vec<String>> {
 }
 
 /// Every object key anywhere in `value`.
+/// Registers as the kubelet, prepares the training claim and waits until its pod labels the
+/// device on /metrics.
+async fn prepare_until_labelled(plugin: &Plugin) {
+    let addr = eventually("the metrics address", || probe::metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let prepared = kubelet
+        .prepare(&[claim_ref("training", UID)])
+        .await
+        .unwrap();
+    assert!(prepared[UID].is_ok(), "{prepared:?}");
+    eventually("the pod on /metrics", || {
+        (pods_on_metrics(addr, DEVICE)? == ["pod-training"]).then_some(())
+    })
+    .await;
+}
+
 fn keys(value: &Value, out: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
@@ -69,17 +85,7 @@ async fn holders_stay_out_of_the_checkpoint_and_survive_a_restart_through_holder
     node.api
         .put_claim(claims::on_node("training", UID, &[DEVICE]));
     let mut plugin = node.start_with(&TELEMETRY).await;
-    let addr = eventually("the metrics address", || probe::metrics_addr(&plugin.log())).await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
-    let prepared = kubelet
-        .prepare(&[claim_ref("training", UID)])
-        .await
-        .unwrap();
-    assert!(prepared[UID].is_ok(), "{prepared:?}");
-    eventually("the pod on /metrics", || {
-        (pods_on_metrics(addr, DEVICE)? == ["pod-training"]).then_some(())
-    })
-    .await;
+    prepare_until_labelled(&plugin).await;
 
     // (a) The checkpoint is in the released format: each claim record has exactly the
     // fields of the first `v1` release, and no `pods` anywhere.
@@ -164,17 +170,7 @@ async fn a_corrupt_holders_file_is_moved_aside_with_a_warning_and_the_plugin_run
     assert_eq!(aside, b"{\"version\": \"v1\", \"claims\": [tor");
 
     // The plugin prepares, labels and records holders as if it had started without a file.
-    let addr = eventually("the metrics address", || probe::metrics_addr(&plugin.log())).await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
-    let prepared = kubelet
-        .prepare(&[claim_ref("training", UID)])
-        .await
-        .unwrap();
-    assert!(prepared[UID].is_ok(), "{prepared:?}");
-    eventually("the pod on /metrics", || {
-        (pods_on_metrics(addr, DEVICE)? == ["pod-training"]).then_some(())
-    })
-    .await;
+    prepare_until_labelled(&plugin).await;
     eventually("a new holders.json", || {
         holders_file(&node).filter(|h| *h == want_holders())
     })

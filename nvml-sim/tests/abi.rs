@@ -7,20 +7,14 @@
 //! One test per process state: the library's node comes from the environment at `nvmlInit`.
 
 use std::mem::{MaybeUninit, size_of};
-use std::path::PathBuf;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::*;
 
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .iter()
-        .map(|d| d.join(gpu_dra_nvml_sim::LIBRARY_FILE))
-        .find(|p| p.is_file())
-        .expect("the cdylib is built next to the test binary")
-}
+// The library as gpu-dra's own tests find it: built next to the test binary.
+#[path = "../../tests/nvml_sim_support/mod.rs"]
+mod nvml_sim_support;
+use nvml_sim_support::library;
 
 /// `NVML_STRUCT_VERSION(T, v)` as nvml.h defines it.
 fn version<T>(v: u32) -> u32 {

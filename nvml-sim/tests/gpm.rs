@@ -5,23 +5,16 @@
 //!
 //! One test per process state: the library's node comes from the environment at `nvmlInit`.
 
-use std::path::PathBuf;
-
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::gpm_metrics_get;
 use nvml_wrapper_sys::bindings::nvmlDevice_t;
 
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .iter()
-        .map(|d| d.join(gpu_dra_nvml_sim::LIBRARY_FILE))
-        .find(|p| p.is_file())
-        .expect("the cdylib is built next to the test binary")
-}
+// The library as gpu-dra's own tests find it: built next to the test binary.
+#[path = "../../tests/nvml_sim_support/mod.rs"]
+mod nvml_sim_support;
+use nvml_sim_support::library;
 
 /// GPU instance id of MIG device `index` of `gpu`, as the NVML backend reads it.
 fn gi_of(nvml: &Nvml, gpu: &nvml_wrapper::Device<'_>, index: u32) -> u32 {

@@ -7,15 +7,10 @@ use gpu_dra::hardware::nvml::NvmlBackend;
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::hardware::{GpuBackend, HardwareError, MigModeChange, NvmlCode};
 
-fn library() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps.to_path_buf(), deps.parent().unwrap().to_path_buf()]
-        .iter()
-        .map(|d| d.join(gpu_dra_nvml_sim::LIBRARY_FILE))
-        .find(|p| p.is_file())
-        .expect("the cdylib is built next to the test binary")
-}
+// The library as gpu-dra's own tests find it: built next to the test binary.
+#[path = "../../tests/nvml_sim_support/mod.rs"]
+mod nvml_sim_support;
+use nvml_sim_support::library;
 
 /// The NVML call and code of a hardware error.
 fn nvml_failure(e: HardwareError) -> (String, NvmlCode) {
