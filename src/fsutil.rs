@@ -126,6 +126,7 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Resu
         std::process::id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
+    crate::cost::count(crate::cost::Cost::FileWrite);
     let result = write_then_rename(path, &temp, bytes, mode, durability);
     if result.is_err() {
         // Best effort: the original error is what the caller needs to see.
@@ -173,6 +174,7 @@ fn write_then_rename(
         .map_err(step("setting mode of"))?;
     file.write_all(bytes).map_err(step("writing"))?;
     if durability == Durability::PowerLoss {
+        crate::cost::count(crate::cost::Cost::Fsync);
         file.sync_all().map_err(step("syncing"))?;
     }
     drop(file);
@@ -184,6 +186,7 @@ fn write_then_rename(
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
+    crate::cost::count(crate::cost::Cost::Fsync);
     File::open(dir)?.sync_all()
 }
 
@@ -196,6 +199,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 /// read-only file system, or `path` is a directory). A file that does not exist is never an
 /// error, whatever `unlink` said.
 pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
+    crate::cost::count(crate::cost::Cost::FileRemove);
     match fs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),

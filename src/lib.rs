@@ -11,6 +11,7 @@ pub mod cdi;
 pub mod cel;
 pub mod checkpoint;
 pub mod claims;
+pub mod cost;
 pub mod crashpoint;
 pub mod demo;
 pub mod devices;

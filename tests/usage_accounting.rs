@@ -2,6 +2,9 @@
 //! `gpu_dra_claim_device_seconds_total` counts what prepared claims hold, labelled by
 //! namespace, DeviceClass, profile and sharing; an unprepared claim's seconds stay counted;
 //! the ledger survives a plugin restart, and claims prepared before accounting are adopted.
+//! The request path never writes the ledger: the background writer (or a graceful shutdown)
+//! does, and a crash before it costs the bill at most what it did since the last write,
+//! never a second count.
 
 mod manager_support;
 
@@ -116,6 +119,10 @@ async fn prepared_claims_are_counted_with_their_class_profile_and_sharing() {
     }
     let results = h.prepare(vec![claim("train"), claim("whole")]).await;
     assert!(results.values().all(Result::is_ok), "{results:?}");
+    assert!(
+        !dir.path().join("state/usage.json").exists(),
+        "the request path does not write the ledger"
+    );
     let got = series(&metrics);
     assert_eq!(got.keys().collect::<Vec<_>>(), [GPU, MIG]);
     assert_eq!(
@@ -154,6 +161,8 @@ async fn the_counter_survives_a_plugin_restart_and_adopts_claims_prepared_before
     assert!(h.prepare(vec![claim("whole")]).await["whole"].is_ok());
     let before = series(&metrics);
     let ledger = usage.ledger();
+    assert!(usage.flush(), "a graceful shutdown writes what changed");
+    assert!(!usage.flush(), "and nothing more when nothing changed");
 
     // A restarted plugin reads the same ledger and keeps counting from where it was.
     drop(h);
@@ -178,6 +187,49 @@ async fn the_counter_survives_a_plugin_restart_and_adopts_claims_prepared_before
     for (labels, value) in &after {
         assert!(ended[labels] >= *value, "{labels} went down");
     }
+}
+
+#[tokio::test]
+async fn a_crash_before_the_ledger_is_written_counts_an_ended_claim_once_and_the_counter_never_goes_down()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let metrics = Metrics::new();
+    let usage = Arc::new(UsageTracker::open(&state, metrics.clone()));
+    let h = handler(&dir, Some(Arc::clone(&usage)));
+    read(&usage, "whole");
+    assert!(h.prepare(vec![claim("whole")]).await["whole"].is_ok());
+    assert!(usage.flush());
+
+    // Unprepared, then the plugin is killed before the background writer runs: the file
+    // still says the claim is live. The last scrape saw its seconds up to the unprepare.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(h.unprepare(vec![claim("whole")]).await["whole"].is_ok());
+    let scraped = series(&metrics)[GPU];
+    drop(h);
+    drop(usage);
+
+    // The restarted plugin ends it at its start: never below what was published, once.
+    let metrics = Metrics::new();
+    let restarted = UsageTracker::open(&state, metrics.clone());
+    assert_eq!(
+        restarted.ledger().live.keys().collect::<Vec<_>>(),
+        ["whole"]
+    );
+    restarted.reconcile(read_checkpoint(&state, "boot-1").as_ref());
+    let ended = series(&metrics)[GPU];
+    assert!(restarted.ledger().live.is_empty());
+    assert!(
+        ended >= scraped,
+        "the counter went down: {ended} < {scraped}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    restarted.reconcile(read_checkpoint(&state, "boot-1").as_ref());
+    assert_eq!(
+        series(&metrics)[GPU],
+        ended,
+        "an ended claim is never counted again"
+    );
 }
 
 #[test]

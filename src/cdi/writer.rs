@@ -128,6 +128,7 @@ impl CdiWriter {
             source,
         })?;
         bytes.push(b'\n');
+        crate::cost::count(crate::cost::Cost::CdiSpecWrite);
         fsutil::replace_atomic(&path, &bytes, SPEC_MODE).map_err(|source| WriterError::File {
             step: "writing",
             claim_uid: claim_uid.to_string(),

@@ -145,6 +145,7 @@ pub fn encode(cp: &Checkpoint) -> Result<Vec<u8>, DecodeError> {
 /// # Errors
 /// [`DecodeError`] saying which check failed.
 pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
+    crate::cost::count(crate::cost::Cost::CheckpointParse);
     let envelope: Value =
         serde_json::from_slice(bytes).map_err(|source| DecodeError::NotJson { source })?;
     let field = |name: &'static str| envelope.get(name);

@@ -74,6 +74,20 @@ impl<S: ClaimSource> ClaimsManager<S> {
             })
     }
 
+    /// The records of `uids` in the checkpoint as this instance last read or wrote it, from
+    /// memory (no file is read): for what a call just did, e.g. usage accounting after a
+    /// prepare. `None` for a claim the checkpoint does not hold, or when no call has run yet.
+    pub fn recorded(&self, uids: &[&str]) -> Vec<Option<crate::checkpoint::ClaimRecord>> {
+        let cache = self
+            .checkpoint_cache
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        uids.iter()
+            .map(|uid| cache.as_ref()?.checkpoint().claims.get(*uid).cloned())
+            .collect()
+    }
+
     /// Keeps `store` for the next call. Always safe: a store's content equals the file it
     /// last read or wrote, and the next call checks the file is still that one.
     pub(super) fn check_in(&self, store: CheckpointStore) {

@@ -12,7 +12,7 @@ use crate::errors::error_chain;
 use crate::kubelet::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
 use crate::metrics::{Metrics, Operation, Outcome};
 
-use super::usage::{UsageTracker, read_checkpoint};
+use super::usage::UsageTracker;
 
 /// Adapts [`ClaimsManager`] to [`DraHandler`].
 pub struct Handler<S> {
@@ -55,19 +55,20 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
         let started = Instant::now();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let results = self.manager.prepare_batch(&ids).await;
-        // Usage accounting reads the checkpoint once per call, not once per claim.
-        let checkpoint = match &self.usage {
-            Some(_) if results.iter().any(Result::is_ok) => {
-                read_checkpoint(&self.manager.state_dir, &self.manager.boot_id)
+        // Usage accounting takes the records the lifecycle just wrote from memory.
+        let records = match &self.usage {
+            Some(_) => {
+                let uids: Vec<&str> = ids.iter().map(|id| id.uid.as_str()).collect();
+                self.manager.recorded(&uids)
             }
-            _ => None,
+            None => Vec::new(),
         };
         let mut out = PrepareResults::new();
-        for (c, result) in claims.into_iter().zip(results) {
+        for (i, (c, result)) in claims.into_iter().zip(results).enumerate() {
             let _span = claim_span("prepare", &c).entered();
             self.record(Operation::Prepare, started, &result);
             if let (Ok(_), Some(usage)) = (&result, &self.usage) {
-                usage.prepared(&c.uid, checkpoint.as_ref());
+                usage.prepared(&c.uid, records.get(i).and_then(Option::as_ref));
             }
             let answer = match result {
                 Ok(devices) => {

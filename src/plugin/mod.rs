@@ -260,6 +260,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         manager.boot_id.clone(),
         config.inventory_interval,
     ));
+    let persisting = tokio::spawn(Arc::clone(&usage).persist());
     let sampling = tokio::spawn(telemetry::sample(
         backend.clone(),
         metrics.clone(),
@@ -316,7 +317,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
             inner: handler::Handler {
                 manager,
                 metrics: metrics.clone(),
-                usage: Some(usage),
+                usage: Some(Arc::clone(&usage)),
             },
             queue: status_queue,
         }),
@@ -342,11 +343,15 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     info!("shutting down");
     watching.abort();
     accounting.abort();
+    persisting.abort();
     sampling.abort();
     supervising.abort();
     publishing.abort();
     reporting_status.abort();
-    running.shutdown().await.map_err(PluginError::Kubelet)
+    let stopped = running.shutdown().await.map_err(PluginError::Kubelet);
+    // In-flight calls are done: what they changed in the ledger is written before exit.
+    let _ = tokio::task::spawn_blocking(move || usage.flush()).await;
+    stopped
 }
 
 /// The sharing tools: simulated ones with the sim backend and the default driver root (so a

@@ -5,15 +5,24 @@
 //!
 //! Labels come from three places: the claim as read for prepare (each request's DeviceClass,
 //! each share's consumed capacity), the published devices (profile, memory), and the
-//! checkpoint (the sharing strategy set up). The ledger is rewritten only when a claim starts
-//! or ends, next to the checkpoint.
+//! checkpoint record the lifecycle just wrote (the sharing strategy set up, and when the
+//! claim was completed — the start of its hold).
+//!
+//! Nothing here touches the disk on the kubelet's request path: a prepare or unprepare
+//! changes the ledger in memory and wakes [`UsageTracker::persist`], a background task that
+//! writes `usage.json` (fsynced) [`FLUSH_DELAY`] after a change, coalescing every change in
+//! between, and a graceful shutdown writes what is left. What a crash or
+//! a power loss can cost the bill, and why nothing is counted twice: `docs/architecture.md`,
+//! "Usage accounting and crashes".
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tracing::warn;
+use tokio::sync::Notify;
+use tracing::{debug, warn};
 
 use crate::checkpoint::{self, Checkpoint, ClaimPhase, ClaimRecord};
 use crate::devices::{DeviceKind, DeviceModel};
@@ -34,11 +43,19 @@ struct Fetched {
     devices: Vec<HeldDevice>,
 }
 
+/// How long [`UsageTracker::persist`] waits after a change before writing, so that every
+/// change of a burst of calls lands in one write.
+pub const FLUSH_DELAY: Duration = Duration::from_secs(1);
+
 /// The plugin's usage ledger and the facts that label it. Shared by the claim source, the
-/// kubelet handler and the periodic pass.
+/// kubelet handler, the periodic pass and the background writer.
 pub struct UsageTracker {
     path: PathBuf,
     ledger: Mutex<Ledger>,
+    /// The ledger changed since it was last written.
+    dirty: AtomicBool,
+    /// Wakes the background writer.
+    changed: Notify,
     fetched: Mutex<HashMap<String, Fetched>>,
     facts: Mutex<HashMap<String, DeviceFacts>>,
     metrics: Metrics,
@@ -104,6 +121,8 @@ impl UsageTracker {
         UsageTracker {
             path,
             ledger: Mutex::new(ledger),
+            dirty: AtomicBool::new(false),
+            changed: Notify::new(),
             fetched: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
             metrics,
@@ -159,16 +178,60 @@ impl UsageTracker {
         )
     }
 
-    fn save(&self, ledger: &Ledger) {
-        if let Err(e) = store::save(&self.path, ledger) {
-            warn!(error = %crate::kubelet::error_chain(&e), "writing the usage ledger");
+    /// Asks the background writer to write the ledger soon; never waits.
+    fn mark_changed(&self) {
+        self.dirty.store(true, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    /// Writes the ledger now if it changed since it was last written (fsynced: a totals file
+    /// that a power loss rolled back would under-bill every claim that ended since). For the
+    /// background writer and a graceful shutdown; never on the kubelet's request path.
+    /// Returns whether the file was written; a failed write is logged and left for the next
+    /// flush.
+    pub fn flush(&self) -> bool {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        self.write()
+    }
+
+    fn write(&self) -> bool {
+        let snapshot = lock(&self.ledger).clone();
+        match store::save(&self.path, &snapshot) {
+            Ok(()) => true,
+            Err(e) => {
+                self.dirty.store(true, Ordering::Release);
+                warn!(error = %crate::kubelet::error_chain(&e), "writing the usage ledger; trying again later");
+                false
+            }
         }
     }
 
-    /// Claim `uid` was prepared (the kubelet got its devices): it holds them from now, as
-    /// `checkpoint` records them. A claim already counted keeps its start.
-    pub fn prepared(&self, uid: &str, checkpoint: Option<&Checkpoint>) {
-        let Some(record) = checkpoint.and_then(|c| c.claims.get(uid)) else {
+    /// The background writer: writes the ledger [`FLUSH_DELAY`] after a change; every change
+    /// meanwhile goes into the same write. Runs until aborted; the blocking write runs off
+    /// the async threads. A write that failed is tried again [`FLUSH_DELAY`] later.
+    pub async fn persist(self: std::sync::Arc<Self>) {
+        loop {
+            if !self.dirty.load(Ordering::Acquire) {
+                self.changed.notified().await;
+            }
+            tokio::time::sleep(FLUSH_DELAY).await;
+            let tracker = std::sync::Arc::clone(&self);
+            let wrote = tokio::task::spawn_blocking(move || tracker.flush())
+                .await
+                .unwrap_or(false);
+            debug!(wrote, "usage ledger");
+        }
+    }
+
+    /// Claim `uid` was prepared (the kubelet got its devices) as `record` (the lifecycle's
+    /// record of it, completed just now): it holds them from now. A claim already counted
+    /// keeps its start; one whose start the ledger lost (a crash before the write) is
+    /// adopted by the next reconcile from the record's completion time. Memory only: the
+    /// write happens in the background ([`UsageTracker::persist`]).
+    pub fn prepared(&self, uid: &str, record: Option<&ClaimRecord>) {
+        let Some(record) = record.filter(|r| r.uid == uid) else {
             return;
         };
         let holdings = self.holdings_of(record, true);
@@ -183,24 +246,32 @@ impl UsageTracker {
             Some(_) => false,
             None => ledger.start(uid, now_unix(), holdings),
         };
-        if changed {
-            self.save(&ledger);
-        }
         self.publish_locked(&ledger);
+        drop(ledger);
+        if changed {
+            self.mark_changed();
+        }
     }
 
-    /// Claim `uid` was unprepared: its device-seconds move into the totals.
+    /// Claim `uid` was unprepared: its device-seconds move into the totals. Memory only, as
+    /// [`UsageTracker::prepared`].
     pub fn unprepared(&self, uid: &str) {
         lock(&self.fetched).remove(uid);
         let mut ledger = lock(&self.ledger);
-        if ledger.stop(uid, now_unix()) {
-            self.save(&ledger);
-        }
+        let changed = ledger.stop(uid, now_unix());
         self.publish_locked(&ledger);
+        drop(ledger);
+        if changed {
+            self.mark_changed();
+        }
     }
 
     /// Makes the ledger agree with `checkpoint` (claims prepared now; `None`: none, e.g.
-    /// after a reboot) and refreshes the counter.
+    /// after a reboot) and refreshes the counter. Claims the ledger holds live but the
+    /// checkpoint no longer does end now — never earlier, even after a restart whose ledger
+    /// missed their unprepare: the previous process may have published their seconds up to
+    /// its last scrape, and a counter that went down would read as a reset to PromQL's
+    /// `increase()`, which would then count the whole total again.
     pub fn reconcile(&self, checkpoint: Option<&Checkpoint>) {
         let mut ledger = lock(&self.ledger);
         // A claim found prepared but not counted (prepared before accounting began, or its
@@ -222,10 +293,12 @@ impl UsageTracker {
                 (r.uid.clone(), live)
             })
             .collect();
-        if ledger.reconcile(&prepared, now_unix()) {
-            self.save(&ledger);
-        }
+        let changed = ledger.reconcile(&prepared, now_unix());
         self.publish_locked(&ledger);
+        drop(ledger);
+        if changed {
+            self.mark_changed();
+        }
     }
 
     fn publish_locked(&self, ledger: &Ledger) {

@@ -200,9 +200,9 @@ impl SimBackend {
 
     /// Events after sequence number `seq`, and the last sequence number (pass it next time).
     pub fn events_after(&self, seq: u64) -> Result<(Vec<SimEvent>, u64), HardwareError> {
-        self.store.with(|s| {
+        self.store.read(|s| {
             let events = s.events.iter().filter(|e| e.seq > seq).copied().collect();
-            Ok(((events, s.event_seq), false))
+            Ok((events, s.event_seq))
         })
     }
 

@@ -174,6 +174,7 @@ impl SimBackend {
                 fingerprint: fingerprint(&plan),
                 node: plan.spec.clone(),
                 initial,
+                seen: Mutex::new(None),
             },
             None => Store::Memory(Mutex::new(initial)),
         };
@@ -401,22 +402,19 @@ impl GpuBackend for SimBackend {
     /// may change either); 0 when the state cannot be read (the next inventory says why).
     fn health_generation(&self) -> u64 {
         self.store
-            .with(|s| {
+            .read(|s| {
                 let removed = s.gpus.iter().filter(|g| g.removed).count() as u64;
                 let slots = s.gpus.len() as u64;
-                Ok((
-                    s.event_seq
-                        .wrapping_mul(1 << 16)
-                        .wrapping_add(slots << 8)
-                        .wrapping_add(removed),
-                    false,
-                ))
+                Ok(s.event_seq
+                    .wrapping_mul(1 << 16)
+                    .wrapping_add(slots << 8)
+                    .wrapping_add(removed))
             })
             .unwrap_or(0)
     }
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
-        let state = self.store.with(|s| Ok((s.clone(), false)))?;
+        let state = self.store.read(|s| Ok(s.clone()))?;
         let mut gpus = Vec::new();
         for (i, gs) in state.gpus.iter().enumerate() {
             if gs.removed {

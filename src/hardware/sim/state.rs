@@ -98,13 +98,38 @@ struct StateFileV1 {
 pub(super) enum Store {
     /// Process-local; gone when the process ends.
     Memory(Mutex<SimState>),
-    /// A JSON file guarded by a lock file, re-read on every operation.
+    /// A JSON file guarded by a lock file, re-read on every operation that may change it;
+    /// reads ([`Store::read`]) reuse the state last seen while the file is still that version.
     File {
         dir: PathBuf,
         fingerprint: String,
         node: super::NodeSpec,
         initial: SimState,
+        /// The state as last read or written under the lock, with the file's version then.
+        seen: Mutex<Option<(FileStamp, SimState)>>,
     },
+}
+
+/// One version of the state file. Every writer (this process, `sim-fault`, the simulated
+/// NVML library) replaces it under the lock by renaming a new file over it, which gives it a
+/// new inode; size and change time catch a reused inode number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: (i64, i64),
+}
+
+fn stamp_of(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(FileStamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
 }
 
 impl Store {
@@ -129,18 +154,51 @@ impl Store {
                 fingerprint,
                 node,
                 initial,
+                seen,
             } => {
                 let lock = lock_dir(dir)?;
                 let mut state = read_state(dir, fingerprint)?.unwrap_or_else(|| initial.clone());
                 let (value, changed) = op(&mut state)?;
-                if changed || !dir.join(STATE_FILE).exists() {
+                let path = dir.join(STATE_FILE);
+                if changed || !path.exists() {
                     write_state(dir, fingerprint, node, &state)?;
                 }
+                // Under the lock: no writer can replace the file between the read (or write)
+                // and this stamp.
+                *lock_seen(seen) = stamp_of(&path).map(|stamp| (stamp, state));
                 drop(lock);
                 Ok(value)
             }
         }
     }
+
+    /// Runs `op` on the current state without changing it. From a state file, one `stat`
+    /// when the file is still the version last read or written here (no lock, no read:
+    /// the rename that replaces it is atomic, so an unchanged version is unchanged content);
+    /// otherwise as [`Store::with`].
+    pub(super) fn read<T>(
+        &self,
+        op: impl FnOnce(&SimState) -> Result<T, crate::hardware::HardwareError>,
+    ) -> Result<T, crate::hardware::HardwareError> {
+        if let Store::File { dir, seen, .. } = self
+            && let Some(stamp) = stamp_of(&dir.join(STATE_FILE))
+        {
+            let cached = lock_seen(seen);
+            if let Some((at, state)) = cached.as_ref()
+                && *at == stamp
+            {
+                return op(state);
+            }
+        }
+        let state = self.with(|s| Ok((s.clone(), false)))?;
+        op(&state)
+    }
+}
+
+fn lock_seen(
+    seen: &Mutex<Option<(FileStamp, SimState)>>,
+) -> std::sync::MutexGuard<'_, Option<(FileStamp, SimState)>> {
+    seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn io_err<'a>(path: &'a Path, step: &'static str) -> impl FnOnce(std::io::Error) -> SimError + 'a {
@@ -192,6 +250,7 @@ pub(super) fn stored(dir: &Path) -> Result<Option<(super::NodeSpec, SimState)>, 
 /// A file that does not parse is an error: hardware state is never silently reset.
 fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<SimState>, SimError> {
     let path = dir.join(STATE_FILE);
+    crate::cost::count(crate::cost::Cost::HardwareStateRead);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

@@ -173,7 +173,7 @@ impl SimBackend {
     /// The load set on GPU `index`, if any.
     pub fn load(&self, index: u32) -> Result<Option<SimLoad>, HardwareError> {
         let i = self.check_index(index)? as u32;
-        self.store.with(|s| Ok((s.loads.get(&i).copied(), false)))
+        self.store.read(|s| Ok(s.loads.get(&i).copied()))
     }
 
     /// Sets (or with `None` clears) the load of GPU `index`; every process sharing the
@@ -219,9 +219,9 @@ impl SimBackend {
 
     pub(super) fn sim_telemetry(&self) -> Result<NodeTelemetry, HardwareError> {
         let inventory = self.inventory()?;
-        let (loads, faults) = self.store.with(|s| {
+        let (loads, faults) = self.store.read(|s| {
             let faults: Vec<_> = s.gpus.iter().map(|g| (g.lost, g.ecc)).collect();
-            Ok(((s.loads.clone(), faults), false))
+            Ok((s.loads.clone(), faults))
         })?;
         let mut tally = self.xids.0.lock().unwrap_or_else(|p| p.into_inner());
         let (xids, attributed) = self.count_xids(&mut tally)?;

@@ -1,0 +1,134 @@
+//! What one kubelet call costs on the request path, counted rather than timed.
+//!
+//! The low-level places that do something costly call [`count`]: [`crate::fsutil`] for every
+//! file replaced, removed or fsynced, the checkpoint decoder for every full parse, the CDI
+//! writer for every spec written, the simulator for every read of its state file. A count
+//! lands only when the caller runs inside [`measure`] (a Tokio task-local scope around one
+//! call's work), so background tasks — the usage ledger's writer, telemetry, the claim-status
+//! worker — never show up in a call's tally.
+//!
+//! The plugin exports the tallies as `gpu_dra_request_path_costs_total{operation,cost}`, and
+//! the test suite asserts them exactly for 1- and 10-claim calls: a change that puts an fsync,
+//! a re-read or an extra write on the kubelet's path fails CI naming the cost it added. Counts
+//! do not flake on a busy machine the way timings do.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One kind of cost on the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cost {
+    /// An `fsync` of a file or a directory.
+    Fsync,
+    /// A file replaced atomically (temp file and rename): checkpoint, CDI spec, ledger, …
+    FileWrite,
+    /// A file removed.
+    FileRemove,
+    /// A CDI spec written (also counted as a [`Cost::FileWrite`]).
+    CdiSpecWrite,
+    /// The checkpoint file read and fully parsed and verified.
+    CheckpointParse,
+    /// The simulated hardware's state file read and parsed.
+    HardwareStateRead,
+}
+
+impl Cost {
+    /// Every cost, in the order tallies list them.
+    pub const ALL: [Cost; 6] = [
+        Cost::Fsync,
+        Cost::FileWrite,
+        Cost::FileRemove,
+        Cost::CdiSpecWrite,
+        Cost::CheckpointParse,
+        Cost::HardwareStateRead,
+    ];
+
+    /// The `cost` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Cost::Fsync => "fsync",
+            Cost::FileWrite => "file_write",
+            Cost::FileRemove => "file_remove",
+            Cost::CdiSpecWrite => "cdi_spec_write",
+            Cost::CheckpointParse => "checkpoint_parse",
+            Cost::HardwareStateRead => "hardware_state_read",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Costs counted in one scope, one slot per [`Cost`].
+#[derive(Debug, Default)]
+pub struct Tally([AtomicU64; Cost::ALL.len()]);
+
+impl Tally {
+    /// How many of `cost` were counted.
+    pub fn get(&self, cost: Cost) -> u64 {
+        self.0[cost.index()].load(Ordering::Relaxed)
+    }
+
+    /// Every cost with its count, in [`Cost::ALL`] order.
+    pub fn counts(&self) -> [(Cost, u64); Cost::ALL.len()] {
+        Cost::ALL.map(|c| (c, self.get(c)))
+    }
+
+    fn add(&self, cost: Cost) {
+        self.0[cost.index()].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+tokio::task_local! {
+    static SCOPE: Arc<Tally>;
+}
+
+/// Counts one `cost` in the enclosing [`measure`] scope; outside any scope it does nothing
+/// (and costs one thread-local lookup).
+pub fn count(cost: Cost) {
+    let _ = SCOPE.try_with(|tally| tally.add(cost));
+}
+
+/// Runs `work` and returns its output with every cost it counted while it ran on this task.
+///
+/// Work that `work` hands to other tasks or blocking threads is not counted: the request
+/// path is what the call itself waits on while it runs on its task, which is where the
+/// lifecycle does its file and hardware I/O.
+pub async fn measure<F: Future>(work: F) -> (F::Output, Arc<Tally>) {
+    let tally = Arc::new(Tally::default());
+    let output = SCOPE.scope(Arc::clone(&tally), work).await;
+    (output, tally)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn costs_count_inside_the_scope_only_and_not_in_spawned_tasks() {
+        count(Cost::Fsync);
+        let ((), tally) = measure(async {
+            count(Cost::Fsync);
+            count(Cost::FileWrite);
+            count(Cost::FileWrite);
+            tokio::spawn(async { count(Cost::CheckpointParse) })
+                .await
+                .unwrap();
+        })
+        .await;
+        let got: Vec<(Cost, u64)> = tally.counts().into_iter().filter(|(_, n)| *n > 0).collect();
+        assert_eq!(got, [(Cost::Fsync, 1), (Cost::FileWrite, 2)]);
+    }
+
+    #[test]
+    fn every_cost_has_a_distinct_label_and_slot() {
+        let labels: std::collections::BTreeSet<_> = Cost::ALL.iter().map(|c| c.label()).collect();
+        let slots: Vec<usize> = Cost::ALL.iter().map(|c| c.index()).collect();
+        assert_eq!(
+            (labels.len(), slots),
+            (Cost::ALL.len(), (0..Cost::ALL.len()).collect::<Vec<_>>())
+        );
+    }
+}
