@@ -2,7 +2,8 @@
 //!
 //! The low-level places that do something costly call [`count`]: [`crate::fsutil`] for every
 //! file replaced, removed or fsynced, the checkpoint decoder for every full parse, the CDI
-//! writer for every spec written, the simulator for every read of its state file. A count
+//! writer for every spec written, the simulator for every read of its state file, the claim
+//! source for every request to the API server. A count
 //! lands only when the caller runs inside [`measure`] (a Tokio task-local scope around one
 //! call's work), so background tasks — the usage ledger's writer, telemetry, the claim-status
 //! worker — never show up in a call's tally.
@@ -31,17 +32,20 @@ pub enum Cost {
     CheckpointParse,
     /// The simulated hardware's state file read and parsed.
     HardwareStateRead,
+    /// A request to the API server (reading a claim).
+    ApiRequest,
 }
 
 impl Cost {
     /// Every cost, in the order tallies list them.
-    pub const ALL: [Cost; 6] = [
+    pub const ALL: [Cost; 7] = [
         Cost::Fsync,
         Cost::FileWrite,
         Cost::FileRemove,
         Cost::CdiSpecWrite,
         Cost::CheckpointParse,
         Cost::HardwareStateRead,
+        Cost::ApiRequest,
     ];
 
     /// The `cost` label value.
@@ -53,6 +57,7 @@ impl Cost {
             Cost::CdiSpecWrite => "cdi_spec_write",
             Cost::CheckpointParse => "checkpoint_parse",
             Cost::HardwareStateRead => "hardware_state_read",
+            Cost::ApiRequest => "api_request",
         }
     }
 

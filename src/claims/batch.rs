@@ -275,14 +275,29 @@ impl<S: ClaimSource> ClaimsManager<S> {
             self.check_in(store);
             return results;
         };
-        // A claim of whole GPUs without sharing left nothing but its CDI spec: its record
-        // goes first, in the same write, and its spec after (a crash in between leaves a
-        // spec no record names, which start-up recovery removes). The others are marked and
-        // undone step by step.
+        // A claim of whole GPUs or existing (static) MIG devices without sharing left
+        // nothing but its CDI spec: its record goes first, in the same write, and its spec
+        // after (a crash in between leaves a spec no record names, which start-up recovery
+        // removes). The others are marked and undone step by step. Which MIG devices are
+        // static the current model says (the inventory read is one `stat` on the simulator);
+        // without it, every MIG device is undone step by step.
+        let model = known
+            .iter()
+            .any(|(_, rec)| rec.devices.iter().any(|d| d.mig.is_some()))
+            .then(|| self.model(&ids[first_known].to_string()).ok())
+            .flatten();
+        let static_mig = |device: &str| {
+            model.as_ref().is_some_and(|m| {
+                matches!(
+                    m.device(device).map(|p| &p.kind),
+                    Some(crate::devices::DeviceKind::MigStatic { .. })
+                )
+            })
+        };
         let (spec_only, known): (Vec<_>, Vec<_>) = known.into_iter().partition(|(_, rec)| {
             rec.devices
                 .iter()
-                .all(|d| d.mig.is_none() && d.sharing.is_none())
+                .all(|d| d.sharing.is_none() && (d.mig.is_none() || static_mig(&d.device)))
         });
         let marked = self.update(&mut store, &ids[first_known].to_string(), |cp| {
             for (_, rec) in &spec_only {

@@ -19,6 +19,7 @@ mod gpu_health;
 mod health;
 mod node;
 mod registry;
+mod request_path;
 mod server;
 pub mod telemetry;
 pub mod text;

@@ -11,6 +11,7 @@ use super::calls::{ClaimCalls, Operation, Outcome};
 use super::claim_status::ClaimStatusWrites;
 use super::gpu_health::GpuHealth;
 use super::node::NodeGauges;
+use super::request_path::RequestPathCosts;
 use super::telemetry::{self, LastSample};
 use super::text::{self, Family, Kind, Sample};
 use super::usage::ClaimDeviceSeconds;
@@ -22,6 +23,7 @@ struct Inner {
     health: GpuHealth,
     usage: ClaimDeviceSeconds,
     claim_status_writes: ClaimStatusWrites,
+    request_path: RequestPathCosts,
     device_telemetry: LastSample,
 }
 
@@ -133,6 +135,22 @@ impl Metrics {
         self.0.claim_status_writes.count(outcome)
     }
 
+    /// Adds what one handler call of `op` cost on the request path ([`crate::cost`]).
+    pub fn record_request_path(&self, op: Operation, tally: &crate::cost::Tally) {
+        self.0.request_path.record(op, tally);
+    }
+
+    /// Adds request-path costs of `op` done outside a handler call (reading claims ahead of
+    /// the plugin lock) without counting a call.
+    pub fn add_request_path_costs(&self, op: Operation, tally: &crate::cost::Tally) {
+        self.0.request_path.add(op, tally);
+    }
+
+    /// `cost` counted over every handler call of `op` so far.
+    pub fn request_path_cost(&self, op: Operation, cost: crate::cost::Cost) -> u64 {
+        self.0.request_path.cost(op, cost)
+    }
+
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
         let mut families = self.other_families();
@@ -151,6 +169,7 @@ impl Metrics {
         families.extend(inner.health.families());
         families.push(inner.usage.family());
         families.push(inner.claim_status_writes.family());
+        families.extend(inner.request_path.families());
         families.push(Family {
             name: "gpu_dra_build_info",
             help: "Always 1; the version label says which gpu-dra runs.",

@@ -35,6 +35,8 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
         "# TYPE gpu_dra_prepare_requests_total counter",
         "# TYPE gpu_dra_prepared_claims gauge",
         "# TYPE gpu_dra_published_devices gauge",
+        "# TYPE gpu_dra_request_path_calls_total counter",
+        "# TYPE gpu_dra_request_path_costs_total counter",
         "# TYPE gpu_dra_tainted_devices gauge",
         "# TYPE gpu_dra_unhealthy_gpus gauge",
         "# TYPE gpu_dra_unprepare_duration_seconds histogram",
@@ -69,7 +71,12 @@ fn counters_and_gauges_show_what_was_recorded() {
     let text = m.render();
     let got: Vec<&str> = text
         .lines()
-        .filter(|l| !l.starts_with('#') && !l.contains("duration") && !l.contains("build"))
+        .filter(|l| {
+            !l.starts_with('#')
+                && !l.contains("duration")
+                && !l.contains("build")
+                && !l.contains("request_path")
+        })
         .collect();
     let want = vec![
         r#"gpu_dra_claim_status_writes_total{result="success"} 0"#,

@@ -1,0 +1,156 @@
+//! The guard of the kubelet's request path, by counting (house rule 15): the real plugin
+//! process, as the chart runs it (usage accounting, claim status, telemetry and holders on),
+//! prepares and unprepares 1 and 10 claims per call, and what each call cost — fsyncs, file
+//! writes and removals, CDI specs, full checkpoint parses, simulator state reads, API
+//! requests — is read from its `gpu_dra_request_path_costs_total` and compared with the exact
+//! budget. A change that adds any of them to the path fails here, naming the cost.
+//!
+//! The node is the `prepare` bench's: 8 A100-80GB with 7 static 1g.10gb MIG devices each and
+//! 8 L4, so a prepare is the plugin's own work (no MIG device is carved).
+
+mod plugin_support;
+
+use std::collections::BTreeMap;
+
+use gpu_dra::kubelet::ClaimRef;
+use gpu_dra::kubelet::client::{DraApi, KubeletClient};
+use plugin_support::claims::{self, claim_ref};
+use plugin_support::probe::{get, metrics_addr};
+use plugin_support::{Node, Plugin, eventually};
+
+const NODE_FILE: &str = "\
+nodeName: dgx-h100
+gpus:
+  - model: A100-SXM4-80GB
+    count: 8
+    mig: static
+    migDevices: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]
+  - model: L4
+    count: 8
+";
+
+/// A cost's counter, for one operation.
+type Costs = BTreeMap<String, u64>;
+
+fn costs(plugin: &Plugin, operation: &str) -> (u64, Costs) {
+    let addr = metrics_addr(&plugin.log()).expect("metrics address in the log");
+    let (_, text) = get(addr, "/metrics").expect("scrape");
+    let calls_prefix = format!("gpu_dra_request_path_calls_total{{operation=\"{operation}\"}} ");
+    let calls = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&calls_prefix))
+        .and_then(|v| v.parse().ok())
+        .expect("calls series");
+    let prefix = format!("gpu_dra_request_path_costs_total{{operation=\"{operation}\",cost=\"");
+    let costs = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (cost, value) = rest.split_once("\"} ")?;
+            Some((cost.to_string(), value.parse().ok()?))
+        })
+        .collect();
+    (calls, costs)
+}
+
+/// What one call of `operation` cost: the difference of the counters around `call`.
+async fn measured<F: Future<Output = ()>>(
+    plugin: &Plugin,
+    operation: &str,
+    call: F,
+) -> (u64, Costs) {
+    let (calls_before, before) = costs(plugin, operation);
+    call.await;
+    let (calls_after, after) = costs(plugin, operation);
+    let diff = after
+        .iter()
+        .map(|(cost, n)| (cost.clone(), n - before.get(cost).copied().unwrap_or(0)))
+        .collect();
+    (calls_after - calls_before, diff)
+}
+
+fn budget(pairs: &[(&str, u64)]) -> Costs {
+    let mut all: Costs = [
+        "fsync",
+        "file_write",
+        "file_remove",
+        "cdi_spec_write",
+        "checkpoint_parse",
+        "hardware_state_read",
+        "api_request",
+    ]
+    .into_iter()
+    .map(|c| (c.to_string(), 0))
+    .collect();
+    for (cost, n) in pairs {
+        all.insert(cost.to_string(), *n);
+    }
+    all
+}
+
+async fn prepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
+    let got = kubelet.prepare(refs).await.expect("prepare");
+    assert!(
+        got.values().all(Result::is_ok) && got.len() == refs.len(),
+        "{got:?}"
+    );
+}
+
+async fn unprepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
+    let got = kubelet.unprepare(refs).await.expect("unprepare");
+    assert!(
+        got.values().all(Result::is_ok) && got.len() == refs.len(),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_claim_and_one_checkpoint_write_per_call()
+ {
+    let node = Node::new();
+    let node_file = node.root().join("bench-node.yaml");
+    std::fs::write(&node_file, NODE_FILE).unwrap();
+    let devices: Vec<String> = (0..7)
+        .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
+        .chain((8..12).map(|g| format!("gpu-{g}")))
+        .collect();
+    let refs: Vec<ClaimRef> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let (name, uid) = (format!("claim-{i}"), format!("uid-claim-{i}"));
+            node.api.put_claim(claims::on_node(&name, &uid, &[device]));
+            claim_ref(&name, &uid)
+        })
+        .collect();
+    let mut plugin = node.spawn_command(node.command_on(node_file.to_str().unwrap()), &[]);
+    plugin.wait_registrable().await;
+    eventually("slices", || node.api.complete_pool()).await;
+    eventually("the metrics address", || metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+
+    for n in [1, 10] {
+        let call = &refs[..n];
+        let n = n as u64;
+        let got = measured(&plugin, "prepare", prepare(&mut kubelet, call)).await;
+        let want = budget(&[
+            ("file_write", n + 1),
+            ("cdi_spec_write", n),
+            ("api_request", n),
+        ]);
+        assert_eq!(got, (1, want), "prepare of {n} claim(s): calls and costs");
+
+        let got = measured(&plugin, "prepare", prepare(&mut kubelet, call)).await;
+        assert_eq!(
+            got,
+            (1, budget(&[])),
+            "a repeated prepare of {n} prepared claim(s) costs nothing"
+        );
+
+        let got = measured(&plugin, "unprepare", unprepare(&mut kubelet, call)).await;
+        // One checkpoint write forgets them all; each claim's spec goes, and a `.yaml` spec
+        // of NVIDIA's driver for the same claim is looked for.
+        let want = budget(&[("file_write", 1), ("file_remove", 2 * n)]);
+        assert_eq!(got, (1, want), "unprepare of {n} claim(s): calls and costs");
+    }
+}
