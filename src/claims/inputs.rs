@@ -69,6 +69,19 @@ pub trait ClaimSource: Send + Sync {
     /// another pod of a shared claim. A source may re-read who the claim is reserved for, but
     /// must not make the call wait for it. Default: nothing.
     fn prepared_again(&self, _id: &ClaimId) {}
+
+    /// Reads `ids` ahead of their prepare, before the call waits for the plugin lock, so a
+    /// slow API server holds up only the calls that wait for it; the next [`fetch`] of each
+    /// answers with what was read. Default: nothing (every fetch reads).
+    ///
+    /// [`fetch`]: ClaimSource::fetch
+    fn prefetch(&self, _ids: &[ClaimId]) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
+    /// Drops what [`ClaimSource::prefetch`] read for `ids` and no fetch used (the claim
+    /// turned out prepared already). Default: nothing.
+    fn forget_prefetched(&self, _ids: &[ClaimId]) {}
 }
 
 /// Where CDI edits for devices come from: the real host, or a simulated node's device nodes.

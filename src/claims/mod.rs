@@ -34,6 +34,7 @@ use crate::cdi::{self, CdiWriter};
 use crate::checkpoint::{self, CheckpointStore, ClaimPhase, DeviceRecord};
 use crate::devices::{DeviceModel, ModelOptions};
 use crate::hardware::GpuBackend;
+pub use batch::{FETCH_CONCURRENCY, join_bounded};
 pub use cache::{CheckpointCache, ModelCache};
 pub use error::ClaimError;
 pub use inputs::{

@@ -7,72 +7,116 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
+use super::combine::{Answers, Queue};
 use super::handler::{complete_results, validate_claims};
 use super::proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use super::{ClaimRef, DraHandler, PluginLock, PreparedDevice};
 
-/// Shared by both wire versions: validation, the plugin lock, the handler call and the
-/// per-claim log lines.
+/// Shared by both wire versions: validation, reading ahead, the plugin lock with group
+/// commit of concurrent calls ([`super::combine`]), the handler call and the per-claim log
+/// lines.
 pub(crate) struct DraCore<H> {
     handler: Arc<H>,
     lock: PluginLock,
+    prepares: Queue<Vec<PreparedDevice>>,
+    unprepares: Queue<()>,
 }
 
 impl<H: DraHandler> DraCore<H> {
     pub(crate) fn new(handler: Arc<H>, lock: PluginLock) -> Self {
-        Self { handler, lock }
+        Self {
+            handler,
+            lock,
+            prepares: Queue::default(),
+            unprepares: Queue::default(),
+        }
     }
 
     async fn prepare(
         &self,
         api: &'static str,
         claims: Vec<ClaimRef>,
-    ) -> Result<BTreeMap<String, Result<Vec<PreparedDevice>, String>>, Status> {
+    ) -> Result<Answers<Vec<PreparedDevice>>, Status> {
         let run = |handler: Arc<H>, claims| async move { handler.prepare(claims).await };
-        self.call("NodePrepareResources", api, claims, run).await
+        let call = Call {
+            method: "NodePrepareResources",
+            api,
+            read_ahead: true,
+        };
+        self.call(call, claims, &self.prepares, run).await
     }
 
     async fn unprepare(
         &self,
         api: &'static str,
         claims: Vec<ClaimRef>,
-    ) -> Result<BTreeMap<String, Result<(), String>>, Status> {
+    ) -> Result<Answers<()>, Status> {
         let run = |handler: Arc<H>, claims| async move { handler.unprepare(claims).await };
-        self.call("NodeUnprepareResources", api, claims, run).await
+        let call = Call {
+            method: "NodeUnprepareResources",
+            api,
+            read_ahead: false,
+        };
+        self.call(call, claims, &self.unprepares, run).await
     }
 
-    /// Validates, then runs the handler under the plugin lock in its own task: a kubelet that
-    /// hangs up (its 45 s timeout) does not cut the work short, so a retry finds it done
-    /// rather than half done, and a panicking handler costs its claims, not the connection.
+    /// Validates, reads a prepare's claims ahead ([`DraHandler::prefetch`], outside the
+    /// lock), queues the call, then either waits for a batch that serves it or, taking the
+    /// plugin lock first, serves every call queued by then as one batch in its own task: a
+    /// kubelet that hangs up (its 45 s timeout) does not cut the work short, so a retry finds
+    /// it done rather than half done, and a panicking handler costs its batch's claims, not
+    /// the connection.
     async fn call<T, F, Fut>(
         &self,
-        method: &'static str,
-        api: &'static str,
+        call: Call,
         claims: Vec<ClaimRef>,
+        queue: &Queue<T>,
         run: F,
-    ) -> Result<BTreeMap<String, Result<T, String>>, Status>
+    ) -> Result<Answers<T>, Status>
     where
-        T: Send + 'static,
+        T: Clone + Send + 'static,
         F: FnOnce(Arc<H>, Vec<ClaimRef>) -> Fut,
-        Fut: Future<Output = BTreeMap<String, Result<T, String>>> + Send + 'static,
+        Fut: Future<Output = Answers<T>> + Send + 'static,
     {
-        let span = info_span!("dra_call", call = method, api, claims = claims.len());
+        let span = info_span!(
+            "dra_call",
+            call = call.method,
+            api = call.api,
+            claims = claims.len()
+        );
         async {
             let (valid, invalid) = validate_claims(claims);
             let mut results = BTreeMap::new();
             if !valid.is_empty() {
-                let guard = self.lock.acquire().await.map_err(lock_failed)?;
-                let work = run(Arc::clone(&self.handler), valid.clone());
-                let task = tokio::spawn(
-                    async move {
-                        let answered = work.await;
-                        drop(guard);
-                        answered
+                if call.read_ahead {
+                    self.handler.prefetch(&valid).await;
+                }
+                let (_place, mut answers) = queue.join(valid.clone());
+                let answered = tokio::select! {
+                    biased;
+                    answered = &mut answers => answered.ok(),
+                    guard = self.lock.acquire() => {
+                        let guard = guard.map_err(lock_failed)?;
+                        let batch = queue.take_all();
+                        if batch.is_empty() {
+                            // Served by the batch that held the lock before.
+                            drop(guard);
+                        } else {
+                            let work = run(Arc::clone(&self.handler), batch.claims());
+                            tokio::spawn(
+                                async move {
+                                    let answered = work.await;
+                                    drop(guard);
+                                    batch.answer(&answered);
+                                }
+                                .in_current_span(),
+                            );
+                        }
+                        answers.await.ok()
                     }
-                    .in_current_span(),
-                );
-                let answered = task.await.unwrap_or_else(|failure| {
-                    let reason = format!("the driver failed internally ({failure})");
+                };
+                let answered = answered.unwrap_or_else(|| {
+                    let reason = "the driver failed internally (its batch panicked)".to_string();
                     valid
                         .iter()
                         .map(|claim| (claim.uid.clone(), Err(reason.clone())))
@@ -94,6 +138,16 @@ impl<H: DraHandler> DraCore<H> {
         .instrument(span)
         .await
     }
+}
+
+/// What kind of kubelet call [`DraCore::call`] serves.
+struct Call {
+    /// The gRPC method, for the span.
+    method: &'static str,
+    /// The wire version, for the span.
+    api: &'static str,
+    /// Whether the handler reads the claims ahead ([`DraHandler::prefetch`]).
+    read_ahead: bool,
 }
 
 fn claim_span(claim: &ClaimRef) -> tracing::Span {

@@ -46,6 +46,8 @@ pub type UnprepareResults = BTreeMap<String, Result<(), String>>;
 ///   plugin directory (the `plugin.lock` file lock), so implementations may read and write
 ///   shared state on disk without further locking, and must not keep state in memory between
 ///   calls (the next call may reach the other instance during a rolling update);
+/// - concurrent kubelet calls of one operation may reach it as one call holding all their
+///   claims (group commit), each UID once; each kubelet call gets its own claims' answers;
 /// - a started call runs to completion even if the kubelet hangs up (it gives up after 45 s),
 ///   so a retry finds the work done rather than half done;
 /// - a panic fails the claims of that call, not the server.
@@ -55,6 +57,14 @@ pub type UnprepareResults = BTreeMap<String, Result<(), String>>;
 /// failure naming that claim. Both calls must be idempotent; unpreparing an unknown claim
 /// succeeds.
 pub trait DraHandler: Send + Sync + 'static {
+    /// Work for a prepare of `claims` that needs no lock and is worth doing before the call
+    /// waits for it, e.g. reading the claims from the API server, so a slow read holds up
+    /// only this call. Runs concurrently with other calls' work; whatever it keeps must be
+    /// re-checked under the lock. Default: nothing.
+    fn prefetch(&self, _claims: &[ClaimRef]) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
     /// Makes the devices allocated to `claims` usable on this node.
     fn prepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = PrepareResults> + Send;
 

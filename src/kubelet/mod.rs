@@ -7,6 +7,7 @@
 
 pub mod authority;
 pub mod client;
+mod combine;
 mod dra;
 mod error;
 mod handler;

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tracing::{info, info_span, warn};
 
+use crate::checkpoint::ClaimPhase;
 use crate::claims::{ClaimError, ClaimId, ClaimSource, ClaimsManager};
 use crate::errors::error_chain;
 use crate::kubelet::{ClaimRef, DraHandler, PrepareResults, PreparedDevice, UnprepareResults};
@@ -48,13 +49,39 @@ impl<S: ClaimSource + 'static> Handler<S> {
 }
 
 impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
+    /// Reads the claims this instance has not prepared yet (as its checkpoint in memory
+    /// says) from the API server before the call waits for the plugin lock; the GETs count
+    /// as request-path costs of `prepare`.
+    async fn prefetch(&self, claims: &[ClaimRef]) {
+        let uids: Vec<&str> = claims.iter().map(|c| c.uid.as_str()).collect();
+        let known = self.manager.recorded(&uids);
+        let unprepared: Vec<ClaimId> = claims
+            .iter()
+            .zip(known)
+            .filter(|(_, record)| {
+                !record
+                    .as_ref()
+                    .is_some_and(|r| r.phase == ClaimPhase::PrepareCompleted)
+            })
+            .map(|(c, _)| id(c))
+            .collect();
+        if unprepared.is_empty() {
+            return;
+        }
+        let ((), cost) = crate::cost::measure(self.manager.source.prefetch(&unprepared)).await;
+        self.metrics
+            .add_request_path_costs(Operation::Prepare, &cost);
+    }
+
     /// The call's claims go to the lifecycle as one batch; each claim is then counted, timed
     /// (the call's duration: its devices were ready when the call returned) and logged in its
     /// own span.
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
         let started = Instant::now();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
-        let results = self.manager.prepare_batch(&ids).await;
+        let (results, cost) = crate::cost::measure(self.manager.prepare_batch(&ids)).await;
+        self.manager.source.forget_prefetched(&ids);
+        self.metrics.record_request_path(Operation::Prepare, &cost);
         // Usage accounting takes the records the lifecycle just wrote from memory.
         let records = match &self.usage {
             Some(_) => {
@@ -102,7 +129,9 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
         let started = Instant::now();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
-        let results = self.manager.unprepare_batch(&ids).await;
+        let (results, cost) = crate::cost::measure(self.manager.unprepare_batch(&ids)).await;
+        self.metrics
+            .record_request_path(Operation::Unprepare, &cost);
         let mut out = UnprepareResults::new();
         for (c, result) in claims.into_iter().zip(results) {
             let _span = claim_span("unprepare", &c).entered();

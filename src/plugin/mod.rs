@@ -160,7 +160,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let reservations = Arc::new(holders::Reservations::load(&config.state_dir));
     let manager = Arc::new(ClaimsManager {
         backend: backend.clone(),
-        source: source::ApiClaims(
+        source: source::ApiClaims::new(
             crate::k8s::ClaimReader::new(
                 client.clone(),
                 config.driver_name.clone(),

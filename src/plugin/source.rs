@@ -1,6 +1,7 @@
 //! Claims from the API server, in the claim lifecycle's terms.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
 use crate::k8s::{ClaimReader, ConfigSource, ReservedPod};
@@ -10,42 +11,55 @@ use super::holders::{PodRef, Reservations};
 use super::usage::UsageTracker;
 use tracing::debug;
 
-/// Reads allocations with a [`ClaimReader`]; tells the usage tracker, when there is one, each
-/// request's DeviceClass and each share's consumed capacity; records, when there are
-/// [`Reservations`], the pods each claim read is reserved for (the telemetry's holder labels);
-/// and, when a prepared claim is prepared again (another pod of a shared claim), re-reads its
-/// pods in the background.
-pub struct ApiClaims(
-    pub ClaimReader,
-    pub Option<Arc<UsageTracker>>,
-    pub Option<Arc<Reservations>>,
-);
+/// Reads allocations with a [`ClaimReader`] (one GET per claim, counted as a request-path
+/// cost); tells the usage tracker, when there is one, each request's DeviceClass and each
+/// share's consumed capacity; records, when there are [`Reservations`], the pods each claim
+/// read is reserved for (the telemetry's holder labels); and, when a prepared claim is
+/// prepared again (another pod of a shared claim), re-reads its pods in the background.
+/// Claims read ahead of the plugin lock ([`ClaimSource::prefetch`]) wait in memory for their
+/// prepare.
+pub struct ApiClaims {
+    /// The API server's claims.
+    pub reader: ClaimReader,
+    /// Usage accounting.
+    pub usage: Option<Arc<UsageTracker>>,
+    /// The pods each claim is reserved for.
+    pub reservations: Option<Arc<Reservations>>,
+    /// Claims read ahead, by UID.
+    pub prefetched: Mutex<HashMap<String, Result<ClaimAllocation, String>>>,
+}
 
-impl ClaimSource for ApiClaims {
-    fn prepared_again(&self, id: &ClaimId) {
-        let Some(reservations) = &self.2 else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (reader, id, reservations) = (self.0.clone(), id.clone(), Arc::clone(reservations));
-        runtime.spawn(async move {
-            match reader.fetch(&id.namespace, &id.name, &id.uid).await {
-                Ok(claim) => reservations.set(&id.uid, pods_of(claim.reserved_pods)),
-                // Telemetry keeps the pods read before; the next repeat tries again.
-                Err(e) => debug!(claim = %id, error = %crate::errors::error_chain(&e), "re-reading a prepared claim's pods"),
-            }
-        });
+impl ApiClaims {
+    /// A source with nothing read ahead.
+    pub fn new(
+        reader: ClaimReader,
+        usage: Option<Arc<UsageTracker>>,
+        reservations: Option<Arc<Reservations>>,
+    ) -> ApiClaims {
+        ApiClaims {
+            reader,
+            usage,
+            reservations,
+            prefetched: Mutex::new(HashMap::new()),
+        }
     }
 
-    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
+    fn prefetched(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Result<ClaimAllocation, String>>> {
+        self.prefetched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn read(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
+        crate::cost::count(crate::cost::Cost::ApiRequest);
         let claim = self
-            .0
+            .reader
             .fetch(&id.namespace, &id.name, &id.uid)
             .await
             .map_err(|e| crate::errors::error_chain(&e))?;
-        if let Some(usage) = &self.1 {
+        if let Some(usage) = &self.usage {
             let held = claim
                 .devices
                 .iter()
@@ -59,7 +73,7 @@ impl ClaimSource for ApiClaims {
                 .collect();
             usage.fetched(&id.uid, claim.classes.clone(), held);
         }
-        if let Some(reservations) = &self.2 {
+        if let Some(reservations) = &self.reservations {
             reservations.set(&id.uid, pods_of(claim.reserved_pods));
         }
         Ok(ClaimAllocation {
@@ -85,6 +99,51 @@ impl ClaimSource for ApiClaims {
                 })
                 .collect(),
         })
+    }
+}
+
+impl ClaimSource for ApiClaims {
+    fn prepared_again(&self, id: &ClaimId) {
+        let Some(reservations) = &self.reservations else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (reader, id, reservations) =
+            (self.reader.clone(), id.clone(), Arc::clone(reservations));
+        runtime.spawn(async move {
+            match reader.fetch(&id.namespace, &id.name, &id.uid).await {
+                Ok(claim) => reservations.set(&id.uid, pods_of(claim.reserved_pods)),
+                // Telemetry keeps the pods read before; the next repeat tries again.
+                Err(e) => debug!(claim = %id, error = %crate::errors::error_chain(&e), "re-reading a prepared claim's pods"),
+            }
+        });
+    }
+
+    async fn fetch(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
+        if let Some(read) = self.prefetched().remove(&id.uid) {
+            return read;
+        }
+        self.read(id).await
+    }
+
+    /// Reads the claims concurrently (at most [`crate::claims::FETCH_CONCURRENCY`] GETs at
+    /// once) and keeps each answer, success or error, for its fetch.
+    async fn prefetch(&self, ids: &[ClaimId]) {
+        let reads = ids.iter().map(|id| self.read(id)).collect();
+        let answers = crate::claims::join_bounded(reads, crate::claims::FETCH_CONCURRENCY).await;
+        let mut prefetched = self.prefetched();
+        for (id, answer) in ids.iter().zip(answers) {
+            prefetched.insert(id.uid.clone(), answer);
+        }
+    }
+
+    fn forget_prefetched(&self, ids: &[ClaimId]) {
+        let mut prefetched = self.prefetched();
+        for id in ids {
+            prefetched.remove(&id.uid);
+        }
     }
 }
 

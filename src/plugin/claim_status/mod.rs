@@ -78,6 +78,10 @@ fn to_k8s(c: &kubelet::ClaimRef) -> ClaimRef {
 }
 
 impl<H: DraHandler> DraHandler for Reporting<H> {
+    async fn prefetch(&self, claims: &[kubelet::ClaimRef]) {
+        self.inner.prefetch(claims).await;
+    }
+
     async fn prepare(&self, claims: Vec<kubelet::ClaimRef>) -> PrepareResults {
         let refs: Vec<ClaimRef> = claims.iter().map(to_k8s).collect();
         let results = self.inner.prepare(claims).await;
