@@ -71,27 +71,7 @@ fn main() {
         let node = Node::new();
         // The plugin as the chart runs it: the default inventory interval (the harness sets
         // 1 s for tests), so what is measured is the event path, not the interval.
-        let base = node.command();
-        let mut command = Command::new(base.get_program());
-        let mut skip = false;
-        for arg in base.get_args() {
-            if skip {
-                skip = false;
-                continue;
-            }
-            if arg == "--inventory-interval" {
-                skip = true;
-                continue;
-            }
-            command.arg(arg);
-        }
-        for (key, value) in base.get_envs() {
-            match value {
-                Some(v) => command.env(key, v),
-                None => command.env_remove(key),
-            };
-        }
-        command.args(["--inventory-interval", "10"]);
+        let command = node.chart_command_on(plugin_support::PRESET);
         let mut plugin = node.spawn_command(command, &[]);
         plugin.wait_registrable().await;
         let backend = if plugin_support::nvml_backend() {

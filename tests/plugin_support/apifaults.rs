@@ -2,7 +2,7 @@
 //! outage closes the port and cuts open connections), error statuses with `Retry-After`,
 //! hang-ups mid-request (a list or get cut off), and slow answers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::apiserver::{GetsInFlight, Recorded, Store, query_pairs, status};
+use super::apiserver::{GetsInFlight, Latency, Recorded, Store, query_pairs, status};
 
 /// What happens to a request a [`Rule`] matches.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,8 +65,9 @@ type Answer = Result<Response<Full<Bytes>>, std::io::Error>;
 
 pub(super) async fn serve(
     listener: std::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     store: Arc<Mutex<Store>>,
-    get_latency_ns: Arc<AtomicU64>,
+    latency: Arc<Latency>,
     gets: Arc<GetsInFlight>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     mut down: watch::Receiver<bool>,
@@ -100,34 +101,52 @@ pub(super) async fn serve(
             _ = &mut stopped => return,
         };
         let store = store.clone();
-        let (latency, in_flight) = (get_latency_ns.clone(), gets.clone());
-        let mut cut = down.clone();
+        let (latency, in_flight) = (latency.clone(), gets.clone());
+        let cut = down.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                answer(
-                    store.clone(),
-                    latency.load(Ordering::Relaxed),
-                    in_flight.clone(),
-                    req,
-                )
+                answer(store.clone(), latency.clone(), in_flight.clone(), req)
             });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            // An outage cuts open connections too; a client that hangs up mid-request is not
-            // the server's problem.
-            tokio::select! {
-                _ = connection => {}
-                _ = cut.wait_for(|down| *down) => {}
+            match tls {
+                None => connection(stream, service, cut).await,
+                // A client without a certificate the CA signed fails the handshake.
+                Some(tls) => {
+                    if let Ok(stream) = tls.accept(stream).await {
+                        connection(stream, service, cut).await;
+                    }
+                }
             }
         });
     }
 }
 
-/// Answers one request: GETs are counted while in flight and take at least
-/// `get_latency_ns` (the fake's stand-in for an API server's read latency).
+/// Serves one connection until it ends or an outage cuts it; a client that hangs up
+/// mid-request is not the server's problem.
+async fn connection<S, F>(stream: S, service: F, mut cut: watch::Receiver<bool>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<Full<Bytes>>,
+            Error = std::io::Error,
+        >,
+    F::Future: Send + 'static,
+{
+    let connection =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        _ = connection => {}
+        _ = cut.wait_for(|down| *down) => {}
+    }
+}
+
+/// Answers one request: GETs are counted while in flight and take at least the GET latency,
+/// writes at least the write latency (the fake's stand-ins for an API server's read and
+/// etcd's write latency).
 async fn answer(
     store: Arc<Mutex<Store>>,
-    get_latency_ns: u64,
+    latency: Arc<Latency>,
     gets: Arc<GetsInFlight>,
     request: Request<Incoming>,
 ) -> Answer {
@@ -138,8 +157,13 @@ async fn answer(
         gets.peak.fetch_max(now, Ordering::SeqCst);
     }
     let answer = answer_faulted(store, request).await;
-    if is_get && get_latency_ns > 0 {
-        let until = arrived + Duration::from_nanos(get_latency_ns);
+    let wait_ns = if is_get {
+        latency.get_ns.load(Ordering::Relaxed)
+    } else {
+        latency.write_ns.load(Ordering::Relaxed)
+    };
+    if wait_ns > 0 {
+        let until = arrived + Duration::from_nanos(wait_ns);
         // A blocking sleep: tokio's timer rounds up to whole milliseconds.
         let _ = tokio::task::spawn_blocking(move || {
             std::thread::sleep(until.saturating_duration_since(Instant::now()));

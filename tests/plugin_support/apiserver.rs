@@ -1,14 +1,17 @@
 //! A fake kube-apiserver on a real TCP port, for a plugin running as a separate process.
 //!
-//! It speaks HTTP/1.1 (hyper) on 127.0.0.1 and answers with the JSON the API server would:
+//! It speaks HTTP/1.1 (hyper) on 127.0.0.1 — plain, or with [`FakeApiServer::start_tls`] over
+//! TLS with client-certificate authentication as kube-apiserver does — and answers with the
+//! JSON the API server would:
 //! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
 //! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
 //! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
 //! table the test fills (their status subresource takes a `PUT` of `status.devices`). Errors
 //! are `Status` objects. Every request is recorded. Faults (outages, error statuses, hang-ups,
 //! slow answers) are injected per request
-//! ([`FakeApiServer::inject`], [`FakeApiServer::set_down`]). A GET can be made to take a set
-//! time ([`FakeApiServer::set_get_latency`]), as a real API server's does.
+//! ([`FakeApiServer::inject`], [`FakeApiServer::set_down`]). A GET and a write can be made to
+//! take a set time ([`FakeApiServer::set_get_latency`], [`FakeApiServer::set_write_latency`]:
+//! a read from the watch cache or etcd, an etcd write), as a real API server's do.
 //!
 //! The server runs on its own thread and runtime, so it outlives the test's runtime and works
 //! from synchronous benchmarks too; dropping the handle stops it.
@@ -55,10 +58,25 @@ pub(super) struct Store {
 pub struct FakeApiServer {
     addr: SocketAddr,
     store: Arc<Mutex<Store>>,
-    get_latency_ns: Arc<AtomicU64>,
+    latency: Arc<Latency>,
     gets: Arc<GetsInFlight>,
+    tls: Option<TlsClient>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     down: tokio::sync::watch::Sender<bool>,
+}
+
+/// How long answers take at least, in nanoseconds.
+#[derive(Default)]
+pub(super) struct Latency {
+    pub(super) get_ns: AtomicU64,
+    pub(super) write_ns: AtomicU64,
+}
+
+/// What a client needs to reach a TLS server: PEM texts for its kubeconfig.
+struct TlsClient {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
 }
 
 /// GETs being answered now, and the most there ever were at once.
@@ -69,8 +87,18 @@ pub(super) struct GetsInFlight {
 }
 
 impl FakeApiServer {
-    /// Starts a server that knows Node `node` and nothing else.
+    /// Starts a server that knows Node `node` and nothing else, on plain HTTP.
     pub fn start(node: &str) -> FakeApiServer {
+        Self::start_with(node, None)
+    }
+
+    /// [`FakeApiServer::start`] over TLS, requiring a client certificate its CA signed (the
+    /// kubeconfig it writes carries the CA and the client's certificate and key).
+    pub fn start_tls(node: &str) -> FakeApiServer {
+        Self::start_with(node, Some(super::tls::Tls::generate(node)))
+    }
+
+    fn start_with(node: &str, tls: Option<super::tls::Tls>) -> FakeApiServer {
         let store = Arc::new(Mutex::new(Store {
             node: node.to_string(),
             slices: BTreeMap::new(),
@@ -85,23 +113,30 @@ impl FakeApiServer {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (down, down_rx) = tokio::sync::watch::channel(false);
         let shared = store.clone();
-        let get_latency_ns = Arc::new(AtomicU64::new(0));
+        let latency = Arc::new(Latency::default());
         let gets = Arc::new(GetsInFlight::default());
-        let (latency, in_flight) = (get_latency_ns.clone(), gets.clone());
+        let (times, in_flight) = (latency.clone(), gets.clone());
+        let client = tls.as_ref().map(|t| TlsClient {
+            ca_pem: t.ca_pem.clone(),
+            cert_pem: t.client_cert_pem.clone(),
+            key_pem: t.client_key_pem.clone(),
+        });
+        let acceptor = tls.map(|t| t.acceptor);
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("runtime");
             runtime.block_on(serve(
-                listener, shared, latency, in_flight, stopped, down_rx,
+                listener, acceptor, shared, times, in_flight, stopped, down_rx,
             ));
         });
         FakeApiServer {
             addr,
             store,
-            get_latency_ns,
+            latency,
             gets,
+            tls: client,
             stop: Some(stop),
             down,
         }
@@ -118,20 +153,42 @@ impl FakeApiServer {
     /// runtime's millisecond timer.
     pub fn set_get_latency(&self, latency: Duration) {
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.get_latency_ns.store(ns, Ordering::Relaxed);
+        self.latency.get_ns.store(ns, Ordering::Relaxed);
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// Every write (POST, PUT, PATCH, DELETE) from now on is answered `latency` after it
+    /// arrived, as [`FakeApiServer::set_get_latency`] does for GETs.
+    pub fn set_write_latency(&self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.latency.write_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// `http://127.0.0.1:<port>`, or `https://` over TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
-    /// Writes a kubeconfig pointing at this server (plain HTTP, no credentials).
+    /// Writes a kubeconfig pointing at this server: plain HTTP without credentials, or over
+    /// TLS with the server's CA and a client certificate and key.
     pub fn write_kubeconfig(&self, path: &Path) {
+        use base64::Engine as _;
+        let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+        let (cluster_tls, user) = match &self.tls {
+            None => (String::new(), "{}".to_string()),
+            Some(t) => (
+                format!("\n    certificate-authority-data: {}", b64(&t.ca_pem)),
+                format!(
+                    "\n    client-certificate-data: {}\n    client-key-data: {}",
+                    b64(&t.cert_pem),
+                    b64(&t.key_pem)
+                ),
+            ),
+        };
         let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}{cluster_tls}\n\
              contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+             current-context: fake\nusers:\n- name: fake\n  user: {user}\n",
             self.url()
         );
         std::fs::write(path, text).expect("write kubeconfig");

@@ -12,6 +12,7 @@ pub mod nvml_sim;
 pub mod probe;
 pub mod sharing;
 pub mod state;
+pub mod tls;
 
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
@@ -82,8 +83,17 @@ impl Node {
 
     /// [`Node::new`] with the directories under `parent` (another file system).
     pub fn new_in(parent: &Path) -> Node {
+        Node::with_api(parent, FakeApiServer::start(claims::NODE))
+    }
+
+    /// [`Node::new_in`] with its API server speaking TLS with client certificates, as a
+    /// real kube-apiserver does.
+    pub fn new_tls_in(parent: &Path) -> Node {
+        Node::with_api(parent, FakeApiServer::start_tls(claims::NODE))
+    }
+
+    fn with_api(parent: &Path, api: FakeApiServer) -> Node {
         let dir = tempfile::tempdir_in(parent).expect("temp dir");
-        let api = FakeApiServer::start(claims::NODE);
         api.write_kubeconfig(&dir.path().join("kubeconfig"));
         Node {
             dir,
@@ -160,6 +170,16 @@ impl Node {
     /// [`Node::command`] on another simulated node (a preset name or a node file) whose
     /// node name is still `dgx-h100`.
     pub fn command_on(&self, sim_node: &str) -> Command {
+        let mut command = self.chart_command_on(sim_node);
+        // Tests want the inventory watcher and supervision to react within a second.
+        command.args(["--inventory-interval", "1"]);
+        command
+    }
+
+    /// [`Node::command_on`] with the intervals the Helm chart sets (inventory every 10 s,
+    /// telemetry every 10 s, holders every 30 s: the flags' defaults), as a benchmark of what
+    /// the chart deploys wants it.
+    pub fn chart_command_on(&self, sim_node: &str) -> Command {
         // A bench may measure another build of the same binary (e.g. the image's dist build).
         let binary = std::env::var_os("GPU_DRA_PLUGIN_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_gpu-dra").into());
@@ -177,7 +197,6 @@ impl Node {
             .arg(self.cdi_root())
             .arg("--state-dir")
             .arg(self.state_dir())
-            .args(["--inventory-interval", "1"])
             // Tests run side by side: each plugin takes a free port (the log says which).
             .args(["--metrics-addr", "127.0.0.1:0"])
             .env_remove(gpu_dra::crashpoint::ENV)

@@ -90,8 +90,10 @@ pub fn daemon_pid(node: &Node, id: &str) -> Option<u32> {
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
-/// Live processes whose MPS pipe directory is under `root`: the daemons a node's plugins
-/// started and did not stop (zombies count as gone).
+/// Live MPS control daemons whose pipe directory is under `root` (the simulated daemon runs
+/// detached as `nvidia-cuda-mps-control -f`): the daemons a node's plugins started and did
+/// not stop (zombies count as gone; a control client the plugin's supervision runs at that
+/// moment is not a daemon).
 pub fn live_daemons(root: &Path) -> Vec<u32> {
     let prefix = format!("CUDA_MPS_PIPE_DIRECTORY={}", root.display());
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -106,7 +108,10 @@ pub fn live_daemons(root: &Path) -> Vec<u32> {
             let zombie = stat
                 .rsplit_once(')')
                 .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let daemon = cmdline.split(|b| *b == 0).any(|arg| arg == b"-f");
             !zombie
+                && daemon
                 && environ
                     .split(|b| *b == 0)
                     .any(|var| var.starts_with(prefix.as_bytes()))
