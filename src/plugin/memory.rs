@@ -1,4 +1,5 @@
-//! Giving the heap memory a burst of work freed back to the kernel once the plugin is idle.
+//! Giving memory back to the kernel once the plugin is idle: the heap a burst of work freed,
+//! and the code pages only start-up ran.
 //!
 //! Building a device model, publishing slices or handling a batch of claims allocates a few
 //! megabytes of short-lived objects on a large node. glibc's malloc keeps freed chunks in its
@@ -24,9 +25,94 @@ pub fn release_free_heap() {
     }
 }
 
+/// Releases what start-up alone needed: free heap ([`release_free_heap`]) and the pages of
+/// the executable's read-only mappings (code and constants).
+///
+/// Start-up runs much code once — flag parsing, recovery, the first device model and slice
+/// publish, the API client's set-up — and the kernel maps executable pages in 64 KiB
+/// fault-around blocks, so most of the binary's code stays resident in the idle plugin
+/// although it never runs again (about 10 MiB of a 15 MiB resident set on a 64-device
+/// node). `MADV_PAGEOUT` (Linux 5.4+) drops those clean, file-backed pages from this process
+/// (and from the page cache charged to its cgroup, when no one else maps them); the few the
+/// plugin runs again are read back on first use, from the page cache or the image. On older
+/// kernels, or other platforms, only the heap is released. Call once, when idle.
+pub fn release_startup() {
+    release_free_heap();
+    #[cfg(target_os = "linux")]
+    page_out_executable();
+}
+
+#[cfg(target_os = "linux")]
+fn page_out_executable() {
+    const MADV_PAGEOUT: std::ffi::c_int = 21;
+    unsafe extern "C" {
+        fn madvise(
+            addr: *mut std::ffi::c_void,
+            len: usize,
+            advice: std::ffi::c_int,
+        ) -> std::ffi::c_int;
+    }
+    let (Ok(exe), Ok(maps)) = (
+        std::fs::read_link("/proc/self/exe"),
+        std::fs::read_to_string("/proc/self/maps"),
+    ) else {
+        return;
+    };
+    for (start, end) in read_only_mappings_of(&maps, &exe) {
+        // SAFETY: the range is one whole mapping of this process's own executable, read-only
+        // and file-backed, as /proc/self/maps lists it; the executable stays mapped for the
+        // life of the process. MADV_PAGEOUT only drops clean pages, which the kernel reads
+        // back from the file on the next access, so no memory the program uses changes; an
+        // unsupported advice fails with EINVAL and changes nothing.
+        unsafe {
+            madvise(start as *mut std::ffi::c_void, end - start, MADV_PAGEOUT);
+        }
+    }
+}
+
+/// The address ranges of `exe`'s mappings in `maps` (the format of `/proc/self/maps`) that
+/// are not writable: code and read-only data, never data the program writes.
+pub fn read_only_mappings_of(maps: &str, exe: &std::path::Path) -> Vec<(usize, usize)> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let range = fields.next()?;
+            let perms = fields.next()?;
+            let path = fields.nth(3)?;
+            if std::path::Path::new(path) != exe || perms.as_bytes().get(1) != Some(&b'-') {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            let start = usize::from_str_radix(start, 16).ok()?;
+            let end = usize::from_str_radix(end, 16).ok()?;
+            (end > start).then_some((start, end))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_executables_read_only_mappings_are_paged_out() {
+        let maps = "\
+55d0a000-55d0b000 r--p 00000000 fd:01 123 /usr/bin/gpu-dra
+55d0b000-55d1b000 r-xp 00001000 fd:01 123 /usr/bin/gpu-dra
+55d1b000-55d1c000 rw-p 00011000 fd:01 123 /usr/bin/gpu-dra
+55d1c000-55d1d000 r-xp 00000000 fd:01 456 /usr/lib/libc.so.6
+7ffd0000-7ffd1000 rw-p 00000000 00:00 0 [stack]
+";
+        let got = read_only_mappings_of(maps, std::path::Path::new("/usr/bin/gpu-dra"));
+        assert_eq!(got, [(0x55d0a000, 0x55d0b000), (0x55d0b000, 0x55d1b000)]);
+    }
+
+    #[test]
+    fn paging_out_this_test_binary_keeps_it_running() {
+        release_startup();
+        let sum: u64 = (1..=100u64).sum();
+        assert_eq!(sum, 5050);
+    }
 
     #[test]
     fn releasing_free_heap_keeps_live_memory_intact() {

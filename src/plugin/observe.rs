@@ -62,11 +62,14 @@ pub fn record_inventory(
     metrics.set_health_gauges(gpus_by_state, tainted);
 }
 
-/// Marks `health` published at the publisher's first success; ends with the publisher.
+/// Marks `health` published at the publisher's first success, and then — start-up being
+/// done — gives back the memory only start-up used ([`super::memory::release_startup`]);
+/// ends with the publisher.
 pub async fn follow_publisher(mut status: watch::Receiver<PublishStatus>, health: Health) {
     loop {
         if matches!(*status.borrow_and_update(), PublishStatus::Published(_)) {
             health.set_published();
+            let _ = tokio::task::spawn_blocking(super::memory::release_startup).await;
             return;
         }
         if status.changed().await.is_err() {
