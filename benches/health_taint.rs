@@ -11,7 +11,6 @@
 #[path = "../tests/plugin_support/mod.rs"]
 mod plugin_support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use plugin_support::Node;

@@ -106,7 +106,7 @@ pub(super) enum Store {
         node: super::NodeSpec,
         initial: SimState,
         /// The state as last read or written under the lock, with the file's version then.
-        seen: Mutex<Option<(FileStamp, SimState)>>,
+        seen: Mutex<Option<Box<(FileStamp, SimState)>>>,
     },
 }
 
@@ -165,7 +165,7 @@ impl Store {
                 }
                 // Under the lock: no writer can replace the file between the read (or write)
                 // and this stamp.
-                *lock_seen(seen) = stamp_of(&path).map(|stamp| (stamp, state));
+                *lock_seen(seen) = stamp_of(&path).map(|stamp| Box::new((stamp, state)));
                 drop(lock);
                 Ok(value)
             }
@@ -184,7 +184,7 @@ impl Store {
             && let Some(stamp) = stamp_of(&dir.join(STATE_FILE))
         {
             let cached = lock_seen(seen);
-            if let Some((at, state)) = cached.as_ref()
+            if let Some((at, state)) = cached.as_deref()
                 && *at == stamp
             {
                 return op(state);
@@ -195,9 +195,9 @@ impl Store {
     }
 }
 
-fn lock_seen(
-    seen: &Mutex<Option<(FileStamp, SimState)>>,
-) -> std::sync::MutexGuard<'_, Option<(FileStamp, SimState)>> {
+type Seen = Option<Box<(FileStamp, SimState)>>;
+
+fn lock_seen(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
     seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
