@@ -32,18 +32,7 @@ use std::time::{Duration, Instant};
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::{DraApi, KubeletClient};
 use plugin_support::claims::{self, claim_ref};
-use plugin_support::{Node, Plugin, eventually};
-
-const NODE_FILE: &str = "\
-nodeName: dgx-h100
-gpus:
-  - model: A100-SXM4-80GB
-    count: 8
-    mig: static
-    migDevices: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]
-  - model: L4
-    count: 8
-";
+use plugin_support::{Node, Plugin, eventually, prepare_all, unprepare_all};
 
 const LATENCY_CYCLES: usize = 300;
 const BATCH_CYCLES: usize = 100;
@@ -155,7 +144,7 @@ impl Bench {
     async fn start(root: &Path, latency: Latency, env: &[(&str, &str)]) -> Bench {
         let node = Node::new_tls_in(root);
         let node_file = node.root().join("bench-node.yaml");
-        std::fs::write(&node_file, NODE_FILE).expect("node file");
+        std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).expect("node file");
         node.api.set_get_latency(latency.get);
         node.api.set_write_latency(latency.write);
         let refs = device_names()
@@ -183,22 +172,6 @@ impl Bench {
     }
 }
 
-async fn prepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
-    let got = kubelet.prepare(refs).await.expect("prepare");
-    assert!(
-        got.len() == refs.len() && got.values().all(Result::is_ok),
-        "{got:?}"
-    );
-}
-
-async fn unprepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
-    let got = kubelet.unprepare(refs).await.expect("unprepare");
-    assert!(
-        got.len() == refs.len() && got.values().all(Result::is_ok),
-        "{got:?}"
-    );
-}
-
 /// Per-call latency of prepare and unprepare of `refs`, `cycles` times.
 async fn latencies(
     b: &Bench,
@@ -210,10 +183,10 @@ async fn latencies(
     let (mut prep, mut unprep) = (Vec::new(), Vec::new());
     for _ in 0..cycles {
         let t = Instant::now();
-        prepare(&mut kubelet, refs).await;
+        prepare_all(&mut kubelet, refs).await;
         prep.push(t.elapsed());
         let t = Instant::now();
-        unprepare(&mut kubelet, refs).await;
+        unprepare_all(&mut kubelet, refs).await;
         unprep.push(t.elapsed());
     }
     (
@@ -264,7 +237,7 @@ async fn throughput(b: &Bench, groups: &[&[ClaimRef]]) -> Rate {
         let calls = kubelets
             .iter_mut()
             .zip(groups)
-            .map(|(k, refs)| prepare(k, refs));
+            .map(|(k, refs)| prepare_all(k, refs));
         futures_join(calls).await;
         rate.prepare_time += t.elapsed();
         rate.prepare_cpu_ns += cpu_ns(b.pid()).saturating_sub(cpu);
@@ -272,7 +245,7 @@ async fn throughput(b: &Bench, groups: &[&[ClaimRef]]) -> Rate {
         let calls = kubelets
             .iter_mut()
             .zip(groups)
-            .map(|(k, refs)| unprepare(k, refs));
+            .map(|(k, refs)| unprepare_all(k, refs));
         futures_join(calls).await;
         rate.unprepare_time += t.elapsed();
         rate.unprepare_cpu_ns += cpu_ns(b.pid()).saturating_sub(cpu);

@@ -1,15 +1,19 @@
-//! The DRA calls as a kubelet makes them, over real Unix sockets, against a recording handler.
+//! The DRA calls as a kubelet makes them, over real Unix sockets, against a recording handler
+//! (and, for group commit, a handler that holds its first call).
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use gpu_dra::kubelet::client::{DraApi, KubeletClient, KubeletVersions, connect_unix};
 use gpu_dra::kubelet::proto::dra_v1;
 use gpu_dra::kubelet::recording::{HandlerCall, RecordingHandler};
 use gpu_dra::kubelet::{
-    ClaimRef, PluginSockets, PreparedDevice, RegistrationState, RunningPlugin, serve,
+    ClaimRef, DraHandler, PluginSockets, PrepareResults, PreparedDevice, RegistrationState,
+    RunningPlugin, UnprepareResults, serve,
 };
+use tokio::sync::Semaphore;
 
 fn claim(namespace: &str, name: &str, uid: &str) -> ClaimRef {
     ClaimRef {
@@ -304,4 +308,133 @@ async fn a_v1beta1_answer_carries_no_share_id_on_the_wire() {
         .map(|device| device.share_id.clone())
         .collect();
     assert_eq!(got, vec![None]);
+}
+
+// Group commit: kubelet calls that arrive while another holds the plugin lock are served
+// together as one handler call, each kubelet call gets exactly its own claims' answers, and a
+// prepare's claims are read ahead (`prefetch`) before the call waits for the lock.
+
+fn one(uid: &str) -> ClaimRef {
+    claim("team", &format!("claim-{uid}"), uid)
+}
+
+fn device(uid: &str) -> PreparedDevice {
+    PreparedDevice {
+        device_name: format!("dev-{uid}"),
+        ..PreparedDevice::default()
+    }
+}
+
+/// Records what it is asked; its prepares wait for a permit the test hands out.
+struct Gate {
+    prefetched: Mutex<Vec<Vec<String>>>,
+    prepared: Mutex<Vec<Vec<String>>>,
+    permits: Semaphore,
+}
+
+fn uids(claims: &[ClaimRef]) -> Vec<String> {
+    claims.iter().map(|c| c.uid.clone()).collect()
+}
+
+impl DraHandler for Gate {
+    async fn prefetch(&self, claims: &[ClaimRef]) {
+        self.prefetched.lock().unwrap().push(uids(claims));
+    }
+
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        self.prepared.lock().unwrap().push(uids(&claims));
+        self.permits.acquire().await.unwrap().forget();
+        claims
+            .iter()
+            .map(|c| (c.uid.clone(), Ok(vec![device(&c.uid)])))
+            .collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        claims.iter().map(|c| (c.uid.clone(), Ok(()))).collect()
+    }
+}
+
+async fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if ready() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_arrive_while_one_holds_the_lock_are_served_as_one_batch_with_their_own_answers()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate {
+        prefetched: Mutex::default(),
+        prepared: Mutex::default(),
+        permits: Semaphore::new(0),
+    });
+    let plugin = serve(sockets(dir.path()), Arc::clone(&gate), None)
+        .await
+        .unwrap();
+    let versions = KubeletVersions {
+        dra: vec![DraApi::V1],
+        health: vec![],
+    };
+    let mut kubelets = Vec::new();
+    for _ in 0..4 {
+        let kubelet = KubeletClient::register(plugin.registration_socket(), &versions)
+            .await
+            .unwrap();
+        kubelets.push(kubelet);
+    }
+    let calls: Vec<Vec<ClaimRef>> = vec![
+        vec![one("first")],
+        vec![one("a"), one("shared")],
+        vec![one("b")],
+        vec![one("shared"), one("c")],
+    ];
+
+    let mut tasks = Vec::new();
+    for (i, (mut kubelet, claims)) in kubelets.into_iter().zip(calls.clone()).enumerate() {
+        tasks.push(tokio::spawn(async move {
+            kubelet.prepare(&claims).await.unwrap()
+        }));
+        if i == 0 {
+            // The first call holds the lock, waiting in the handler.
+            until("the first call in the handler", || {
+                gate.prepared.lock().unwrap().len() == 1
+            })
+            .await;
+        }
+    }
+    // Every call read its claims ahead, then queued behind the first.
+    until("every call read ahead", || {
+        gate.prefetched.lock().unwrap().len() == 4
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gate.permits.add_permits(2);
+
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    for (claims, answer) in calls.iter().zip(&answers) {
+        let want: PrepareResults = claims
+            .iter()
+            .map(|c| (c.uid.clone(), Ok(vec![device(&c.uid)])))
+            .collect();
+        assert_eq!(*answer, want, "each call gets its own claims' answers");
+    }
+    let batches = gate.prepared.lock().unwrap().clone();
+    assert_eq!(batches.len(), 2, "{batches:?}");
+    assert_eq!(batches[0], ["first"]);
+    let mut second = batches[1].clone();
+    second.sort();
+    assert_eq!(
+        second,
+        ["a", "b", "c", "shared"],
+        "each UID once in the batch"
+    );
 }

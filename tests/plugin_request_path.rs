@@ -5,29 +5,18 @@
 //! requests — is read from its `gpu_dra_request_path_costs_total` and compared with the exact
 //! budget. A change that adds any of them to the path fails here, naming the cost.
 //!
-//! The node is the `prepare` bench's: 8 A100-80GB with 7 static 1g.10gb MIG devices each and
-//! 8 L4, so a prepare is the plugin's own work (no MIG device is carved).
+//! The node is the `prepare` bench's ([`plugin_support::STATIC_MIG_NODE`]): 8 A100-80GB with 7
+//! static 1g.10gb MIG devices each and 8 L4, so no MIG device is carved.
 
 mod plugin_support;
 
 use std::collections::BTreeMap;
 
 use gpu_dra::kubelet::ClaimRef;
-use gpu_dra::kubelet::client::{DraApi, KubeletClient};
+use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::probe::{get, metrics_addr};
-use plugin_support::{Node, Plugin, eventually};
-
-const NODE_FILE: &str = "\
-nodeName: dgx-h100
-gpus:
-  - model: A100-SXM4-80GB
-    count: 8
-    mig: static
-    migDevices: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]
-  - model: L4
-    count: 8
-";
+use plugin_support::{Node, Plugin, eventually, prepare_all, unprepare_all};
 
 /// A cost's counter, for one operation.
 type Costs = BTreeMap<String, u64>;
@@ -88,28 +77,12 @@ fn budget(pairs: &[(&str, u64)]) -> Costs {
     all
 }
 
-async fn prepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
-    let got = kubelet.prepare(refs).await.expect("prepare");
-    assert!(
-        got.values().all(Result::is_ok) && got.len() == refs.len(),
-        "{got:?}"
-    );
-}
-
-async fn unprepare(kubelet: &mut KubeletClient, refs: &[ClaimRef]) {
-    let got = kubelet.unprepare(refs).await.expect("unprepare");
-    assert!(
-        got.values().all(Result::is_ok) && got.len() == refs.len(),
-        "{got:?}"
-    );
-}
-
 #[tokio::test]
 async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_claim_and_one_checkpoint_write_per_call()
  {
     let node = Node::new();
     let node_file = node.root().join("bench-node.yaml");
-    std::fs::write(&node_file, NODE_FILE).unwrap();
+    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
     let devices: Vec<String> = (0..7)
         .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
         .chain((8..12).map(|g| format!("gpu-{g}")))
@@ -132,7 +105,7 @@ async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_cla
     for n in [1, 10] {
         let call = &refs[..n];
         let n = n as u64;
-        let got = measured(&plugin, "prepare", prepare(&mut kubelet, call)).await;
+        let got = measured(&plugin, "prepare", prepare_all(&mut kubelet, call)).await;
         let want = budget(&[
             ("file_write", n + 1),
             ("cdi_spec_write", n),
@@ -140,14 +113,14 @@ async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_cla
         ]);
         assert_eq!(got, (1, want), "prepare of {n} claim(s): calls and costs");
 
-        let got = measured(&plugin, "prepare", prepare(&mut kubelet, call)).await;
+        let got = measured(&plugin, "prepare", prepare_all(&mut kubelet, call)).await;
         assert_eq!(
             got,
             (1, budget(&[])),
             "a repeated prepare of {n} prepared claim(s) costs nothing"
         );
 
-        let got = measured(&plugin, "unprepare", unprepare(&mut kubelet, call)).await;
+        let got = measured(&plugin, "unprepare", unprepare_all(&mut kubelet, call)).await;
         // One checkpoint write forgets them all; each claim's spec goes, and a `.yaml` spec
         // of NVIDIA's driver for the same claim is looked for.
         let want = budget(&[("file_write", 1), ("file_remove", 2 * n)]);

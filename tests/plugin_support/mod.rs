@@ -38,6 +38,38 @@ pub const BACKEND_ENV: &str = "GPU_DRA_TEST_GPU_BACKEND";
 /// The simulated node every plugin test runs on.
 pub const PRESET: &str = "dgx-h100";
 
+/// The `prepare` bench's node (64 devices, as in the reference driver's side-by-side
+/// harness): 8 A100-80GB with 7 static 1g.10gb MIG devices each and 8 L4, so a prepare is the
+/// plugin's own work (no MIG device is carved). Its node name is [`claims::NODE`].
+pub const STATIC_MIG_NODE: &str = "\
+nodeName: dgx-h100
+gpus:
+  - model: A100-SXM4-80GB
+    count: 8
+    mig: static
+    migDevices: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]
+  - model: L4
+    count: 8
+";
+
+/// Prepares `refs` in one call; every claim must succeed.
+pub async fn prepare_all(kubelet: &mut KubeletClient, refs: &[gpu_dra::kubelet::ClaimRef]) {
+    let got = kubelet.prepare(refs).await.expect("prepare");
+    assert!(
+        got.len() == refs.len() && got.values().all(Result::is_ok),
+        "{got:?}"
+    );
+}
+
+/// Unprepares `refs` in one call; every claim must succeed.
+pub async fn unprepare_all(kubelet: &mut KubeletClient, refs: &[gpu_dra::kubelet::ClaimRef]) {
+    let got = kubelet.unprepare(refs).await.expect("unprepare");
+    assert!(
+        got.len() == refs.len() && got.values().all(Result::is_ok),
+        "{got:?}"
+    );
+}
+
 /// Whether this run drives the plugin through the NVML backend.
 pub fn nvml_backend() -> bool {
     match std::env::var(BACKEND_ENV).as_deref() {
