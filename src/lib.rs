@@ -14,6 +14,7 @@ pub mod claims;
 pub mod crashpoint;
 pub mod demo;
 pub mod devices;
+pub mod doctor;
 pub mod errors;
 pub mod explain;
 pub mod explain_inputs;
