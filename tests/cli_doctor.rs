@@ -132,6 +132,8 @@ fn doctor(node: &Node, extra: &[&str]) -> Run {
 async fn healthy_node() -> (Node, plugin_support::Plugin) {
     let node = Node::new();
     install_chart_objects(&node);
+    // The kubelet creates its registry directory; the chart creates the CDI directory.
+    std::fs::create_dir_all(node.registry_dir()).unwrap();
     std::fs::create_dir_all(node.cdi_root()).unwrap();
     let plugin = node.start().await;
     eventually("the node's slices", || node.api.complete_pool()).await;
@@ -140,7 +142,7 @@ async fn healthy_node() -> (Node, plugin_support::Plugin) {
 
 #[tokio::test]
 async fn a_correctly_set_up_simulated_node_passes_every_check_with_exit_code_0() {
-    let (node, _plugin) = healthy_node().await;
+    let (node, plugin) = healthy_node().await;
     let run = doctor(&node, &[]);
     assert_eq!((run.code, run.not_ok()), (0, vec![]), "{:#?}", run.checks);
     let names: Vec<&str> = run
@@ -180,6 +182,14 @@ async fn a_correctly_set_up_simulated_node_passes_every_check_with_exit_code_0()
             .unwrap()
             .contains("agree with NVML")
     );
+    // The plugin logged the quick checks at start: nothing failed (the runtime's config is not
+    // where the default paths point, so that one warns).
+    let log = plugin.log();
+    let summary = log
+        .lines()
+        .find(|l| l.contains("doctor --quick at start"))
+        .unwrap_or_else(|| panic!("no start-up doctor line in:\n{log}"));
+    assert!(summary.contains("fail=0"), "{log}");
     // The feature-gate probes were dry runs: nothing was stored.
     let stored: Vec<String> = node.api.slices().into_keys().collect();
     assert!(

@@ -66,7 +66,7 @@ fn check_gpu(gpu: &GpuInfo) -> Check {
                 gpu.index,
                 u8::from(gpu.mig.current)
             ),
-            "gpu-mig-mode",
+            "gpu-index",
         );
     }
     if !gpu.healthy {
@@ -74,7 +74,7 @@ fn check_gpu(gpu: &GpuInfo) -> Check {
             name,
             format!("{found}, unhealthy"),
             "See the GPU's XID and ECC events (gpu-dra inventory shows them); a recovery or reset clears them",
-            "gpu-mig-mode",
+            "gpu-index",
         );
     }
     Check::ok(name, found)
@@ -108,7 +108,7 @@ mod tests {
         let got = &checks[index];
         assert_eq!(got.status, Status::Warn);
         assert!(got.found.contains("reset needed"), "{}", got.found);
-        assert!(got.fix.as_deref().unwrap().ends_with("#gpu-mig-mode)"));
+        assert!(got.fix.as_deref().unwrap().ends_with("#gpu-index)"));
         let others = checks.iter().filter(|c| c.name != got.name);
         assert!(others.map(|c| c.status).all(|s| s == Status::Ok));
     }

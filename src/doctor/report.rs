@@ -43,6 +43,30 @@ pub struct Check {
 /// Where the fixes link to: the troubleshooting guide, by section anchor.
 pub const DOCS: &str = "docs/troubleshooting.md";
 
+/// Every section of [`DOCS`] a fix links to: one per check (`gpu-index` for the `gpu-<index>`
+/// checks). A test keeps them in step with the guide's headings.
+pub const ANCHORS: [&str; 19] = [
+    "nvml",
+    "gpus",
+    "gpu-index",
+    "driver-root",
+    "device-nodes",
+    "cdi-root",
+    "container-runtime",
+    "plugin-dir",
+    "registry-dir",
+    "tools",
+    "plugin-socket",
+    "nvidia-smi",
+    "cluster",
+    "resource-api",
+    "feature-gates",
+    "resource-slices",
+    "device-classes",
+    "admission-policy",
+    "rbac",
+];
+
 impl Check {
     /// A passing check.
     pub fn ok(name: impl Into<String>, found: impl Into<String>) -> Check {
@@ -81,6 +105,10 @@ impl Check {
         fix: &str,
         anchor: &str,
     ) -> Check {
+        debug_assert!(
+            ANCHORS.contains(&anchor),
+            "fix anchor {anchor:?} is not in ANCHORS"
+        );
         Check {
             name: name.into(),
             status,
@@ -206,18 +234,52 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// GitHub's heading anchors: lower case, punctuation other than `-` dropped, spaces to `-`.
+    fn anchor(heading: &str) -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == '-' || *c == ' ')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect()
+    }
+
+    #[test]
+    fn every_fix_anchor_is_a_section_of_the_troubleshooting_guide_which_starts_with_doctor() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DOCS);
+        let guide = std::fs::read_to_string(path).unwrap();
+        let headings: Vec<&str> = guide
+            .lines()
+            .filter_map(|l| l.strip_prefix('#'))
+            .map(|l| l.trim_start_matches('#'))
+            .collect();
+        let anchors: Vec<String> = headings.iter().map(|h| anchor(h)).collect();
+        let missing: Vec<&str> = ANCHORS
+            .iter()
+            .copied()
+            .filter(|a| !anchors.iter().any(|h| h == a))
+            .collect();
+        assert_eq!(missing, Vec::<&str>::new(), "sections: {anchors:?}");
+        assert!(
+            headings[1].contains("gpu-dra doctor"),
+            "first section: {}",
+            headings[1]
+        );
+    }
+
     #[test]
     fn table_puts_the_fix_under_its_check_and_counts_statuses() {
         let r = Report {
             checks: vec![
                 Check::ok("nvml", "driver 580"),
-                Check::warn("gpu-0", "MIG pending", "Reset the GPU.", "gpu-mig-mode"),
+                Check::warn("gpu-0", "MIG pending", "Reset the GPU.", "gpu-index"),
             ],
         };
         let want = "STATUS CHECK  FOUND\n\
                     ok     nvml   driver 580\n\
                     warn   gpu-0  MIG pending\n\
-                    \x20      \x20      fix: Reset the GPU. (docs/troubleshooting.md#gpu-mig-mode)\n\
+                    \x20      \x20      fix: Reset the GPU. (docs/troubleshooting.md#gpu-index)\n\
                     \n1 ok, 1 warn, 0 fail\n";
         assert_eq!(r.render_table(), want);
     }
