@@ -420,3 +420,23 @@ fn the_table_prints_one_line_per_check_with_the_fix_under_a_failure() {
     );
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_cdi_directory_without_write_permission_fails_even_for_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new();
+    for dir in [node.cdi_root(), node.plugin_dir(), node.registry_dir()] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::set_permissions(node.cdi_root(), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let run = doctor(&node, &["--quick"]);
+    assert_eq!(
+        (run.code, run.not_ok()),
+        (2, vec![("cdi-root".into(), "fail".into())])
+    );
+    let want = format!(
+        "{}: not writable (mode 0555 has no write permission)",
+        node.cdi_root().display()
+    );
+    assert_eq!(run.check("cdi-root")["found"], want);
+}

@@ -25,9 +25,16 @@ pub enum DirState {
 /// Looks at `dir`: creates and removes a dot file to prove it is writable (a read-only mount
 /// shows as EROFS even to root, which mode bits do not).
 pub fn probe_dir(dir: &Path) -> DirState {
+    use std::os::unix::fs::PermissionsExt;
     match std::fs::metadata(dir) {
         Err(_) => return DirState::Missing,
         Ok(m) if !m.is_dir() => return DirState::NotADirectory,
+        // Root writes through missing write bits, but an admin who took them away meant the
+        // directory to be read-only, and a plugin not running as root could not write.
+        Ok(m) if m.permissions().readonly() => {
+            let mode = m.permissions().mode() & 0o7777;
+            return DirState::ReadOnly(format!("mode {mode:04o} has no write permission"));
+        }
         Ok(_) => {}
     }
     let probe = dir.join(format!(".gpu-dra-doctor-{}", std::process::id()));
@@ -285,6 +292,14 @@ mod tests {
             std::fs::read_dir(tmp.path()).unwrap().count(),
             1,
             "the probe file is removed"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let locked = tmp.path().join("locked");
+        std::fs::create_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+        assert_eq!(
+            probe_dir(&locked),
+            DirState::ReadOnly("mode 0555 has no write permission".into())
         );
     }
 
