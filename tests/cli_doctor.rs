@@ -30,6 +30,18 @@ impl Run {
             .unwrap_or_else(|| panic!("no check {name} in {:#?}", self.checks))
     }
 
+    /// Asserts that `name` is the one check not ok, with `status`, and the exit code `code`;
+    /// returns what it found.
+    fn only_bad(&self, name: &str, status: &str, code: i32) -> String {
+        assert_eq!(
+            (self.code, self.not_ok()),
+            (code, vec![(name.to_string(), status.to_string())]),
+            "{:#?}",
+            self.checks
+        );
+        self.check(name)["found"].as_str().unwrap().to_string()
+    }
+
     /// `(name, status)` of every check that is not ok.
     fn not_ok(&self) -> Vec<(String, String)> {
         self.checks
@@ -69,9 +81,9 @@ fn install_chart_objects(node: &Node) {
     );
 }
 
-/// `gpu-dra doctor -o json` with the flags the node's plugin runs with (`sim_node`: preset or
-/// node file; the backend as the plugin suites choose it), plus `extra`.
-fn doctor_on(node: &Node, sim_node: &str, extra: &[&str]) -> Run {
+/// `gpu-dra doctor` with the flags the node's plugin runs with (`sim_node`: preset or node
+/// file; the backend as the plugin suites choose it).
+fn doctor_command(node: &Node, sim_node: &str) -> Command {
     let root = node.root();
     let containerd = root.join("containerd.toml");
     if !containerd.exists() {
@@ -95,7 +107,6 @@ fn doctor_on(node: &Node, sim_node: &str, extra: &[&str]) -> Run {
         .arg(&containerd)
         .arg("--crio-config")
         .arg(root.join("no-crio.conf"))
-        .args(["-o", "json"])
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("GPU_DRA_SIM_STATE_DIR")
         .env_remove("GPU_DRA_SIM_NODE");
@@ -109,6 +120,13 @@ fn doctor_on(node: &Node, sim_node: &str, extra: &[&str]) -> Run {
     } else {
         command.args(["--gpu-backend", "sim", "--sim-node", sim_node]);
     }
+    command
+}
+
+/// `gpu-dra doctor -o json` as [`doctor_command`] runs it, plus `extra`.
+fn doctor_on(node: &Node, sim_node: &str, extra: &[&str]) -> Run {
+    let mut command = doctor_command(node, sim_node);
+    command.args(["-o", "json"]);
     let out = command.args(extra).output().expect("run gpu-dra doctor");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
@@ -126,6 +144,15 @@ fn doctor_on(node: &Node, sim_node: &str, extra: &[&str]) -> Run {
 
 fn doctor(node: &Node, extra: &[&str]) -> Run {
     doctor_on(node, PRESET, extra)
+}
+
+/// A node without a plugin: the directories the kubelet and the chart create, nothing else.
+fn bare_node() -> Node {
+    let node = Node::new();
+    for dir in [node.cdi_root(), node.plugin_dir(), node.registry_dir()] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    node
 }
 
 /// A node whose plugin runs and has published its slices, with the chart's objects installed.
@@ -203,15 +230,10 @@ async fn a_deleted_device_class_fails_the_device_classes_check_with_exit_code_2(
     let (node, _plugin) = healthy_node().await;
     assert!(node.api.delete_object(DEVICE_CLASSES, "mig.nvidia.com"));
     let run = doctor(&node, &[]);
-    assert_eq!(run.code, 2);
-    assert_eq!(
-        run.not_ok(),
-        vec![("device-classes".to_string(), "fail".to_string())]
-    );
-    let check = run.check("device-classes");
-    assert_eq!(check["found"], "missing DeviceClass mig.nvidia.com");
+    let found = run.only_bad("device-classes", "fail", 2);
+    assert_eq!(found, "missing DeviceClass mig.nvidia.com");
     assert!(
-        check["fix"]
+        run.check("device-classes")["fix"]
             .as_str()
             .unwrap()
             .ends_with("(docs/troubleshooting.md#device-classes)")
@@ -224,25 +246,16 @@ async fn a_stopped_plugin_fails_the_plugin_socket_check_with_exit_code_2() {
     plugin.signal(plugin_support::SIGKILL);
     plugin.wait_exit().await;
     let killed = doctor(&node, &[]);
-    assert_eq!(
-        (killed.code, killed.not_ok()),
-        (2, vec![("plugin-socket".into(), "fail".into())])
-    );
-    let found = killed.check("plugin-socket")["found"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let found = killed.only_bad("plugin-socket", "fail", 2);
     assert!(found.contains("gpu.nvidia.com-reg.sock"), "{found}");
     // Stopped gracefully, it removes its sockets: none to call at all.
     let mut again = node.start().await;
     again.signal(plugin_support::SIGTERM);
     again.wait_exit().await;
     let stopped = doctor(&node, &[]);
-    assert_eq!(stopped.code, 2);
     assert!(
-        stopped.check("plugin-socket")["found"]
-            .as_str()
-            .unwrap()
+        stopped
+            .only_bad("plugin-socket", "fail", 2)
             .starts_with("no gpu.nvidia.com-*reg.sock")
     );
 }
@@ -255,11 +268,7 @@ async fn a_read_only_cdi_directory_fails_the_cdi_root_check_with_exit_code_2() {
     };
     tmpfs.set_read_only(true);
     let run = doctor(&node, &[]);
-    assert_eq!(
-        (run.code, run.not_ok()),
-        (2, vec![("cdi-root".into(), "fail".into())])
-    );
-    let found = run.check("cdi-root")["found"].as_str().unwrap().to_string();
+    let found = run.only_bad("cdi-root", "fail", 2);
     assert!(
         found.contains("not writable") && found.contains("Read-only file system"),
         "{found}"
@@ -271,11 +280,7 @@ async fn a_denied_plugin_verb_fails_the_rbac_check_naming_it() {
     let (node, _plugin) = healthy_node().await;
     node.api.deny_access("resourceclaims/status", "update");
     let run = doctor(&node, &[]);
-    assert_eq!(
-        (run.code, run.not_ok()),
-        (2, vec![("rbac".into(), "fail".into())])
-    );
-    let found = run.check("rbac")["found"].as_str().unwrap().to_string();
+    let found = run.only_bad("rbac", "fail", 2);
     assert!(
         found.starts_with("update resource.k8s.io/resourceclaims/status denied"),
         "{found}"
@@ -284,10 +289,7 @@ async fn a_denied_plugin_verb_fails_the_rbac_check_naming_it() {
 
 #[test]
 fn a_runtime_config_without_cdi_fails_and_an_unset_containerd_1_7_one_warns() {
-    let node = Node::new();
-    std::fs::create_dir_all(node.cdi_root()).unwrap();
-    std::fs::create_dir_all(node.plugin_dir()).unwrap();
-    std::fs::create_dir_all(node.registry_dir()).unwrap();
+    let node = bare_node();
     let config = node.root().join("containerd.toml");
     std::fs::write(
         &config,
@@ -295,10 +297,7 @@ fn a_runtime_config_without_cdi_fails_and_an_unset_containerd_1_7_one_warns() {
     )
     .unwrap();
     let off = doctor(&node, &["--quick"]);
-    assert_eq!(
-        (off.code, off.not_ok()),
-        (2, vec![("container-runtime".into(), "fail".into())])
-    );
+    off.only_bad("container-runtime", "fail", 2);
     assert!(
         off.check("container-runtime")["found"]
             .as_str()
@@ -311,10 +310,7 @@ fn a_runtime_config_without_cdi_fails_and_an_unset_containerd_1_7_one_warns() {
     )
     .unwrap();
     let unset = doctor(&node, &["--quick"]);
-    assert_eq!(
-        (unset.code, unset.not_ok()),
-        (1, vec![("container-runtime".into(), "warn".into())])
-    );
+    unset.only_bad("container-runtime", "warn", 1);
 }
 
 #[test]
@@ -323,10 +319,7 @@ fn a_missing_registry_directory_fails_with_exit_code_2() {
     std::fs::create_dir_all(node.cdi_root()).unwrap();
     std::fs::create_dir_all(node.plugin_dir()).unwrap();
     let run = doctor(&node, &["--quick"]);
-    assert_eq!(
-        (run.code, run.not_ok()),
-        (2, vec![("registry-dir".into(), "fail".into())])
-    );
+    run.only_bad("registry-dir", "fail", 2);
     let want = format!(
         "{}: missing (the kubelet watches it for plugins)",
         node.registry_dir().display()
@@ -336,10 +329,7 @@ fn a_missing_registry_directory_fails_with_exit_code_2() {
 
 #[test]
 fn a_pending_mig_mode_change_warns_on_its_gpu_with_exit_code_1() {
-    let node = Node::new();
-    for dir in [node.cdi_root(), node.plugin_dir(), node.registry_dir()] {
-        std::fs::create_dir_all(dir).unwrap();
-    }
+    let node = bare_node();
     let file: PathBuf = node.root().join("a100.yaml");
     std::fs::write(
         &file,
@@ -352,11 +342,7 @@ fn a_pending_mig_mode_change_warns_on_its_gpu_with_exit_code_1() {
     use gpu_dra::hardware::GpuBackend;
     backend.set_mig_mode(0, true).unwrap();
     let run = doctor_on(&node, file.to_str().unwrap(), &["--quick"]);
-    assert_eq!(
-        (run.code, run.not_ok()),
-        (1, vec![("gpu-0".into(), "warn".into())])
-    );
-    let found = run.check("gpu-0")["found"].as_str().unwrap().to_string();
+    let found = run.only_bad("gpu-0", "warn", 1);
     assert!(
         found.ends_with("MIG off (pending on: reset needed)"),
         "{found}"
@@ -368,28 +354,8 @@ fn the_table_prints_one_line_per_check_with_the_fix_under_a_failure() {
     let node = Node::new();
     std::fs::create_dir_all(node.plugin_dir()).unwrap();
     std::fs::create_dir_all(node.registry_dir()).unwrap();
-    std::fs::write(node.root().join("containerd.toml"), CONTAINERD_2).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .args([
-            "doctor",
-            "--quick",
-            "--gpu-backend",
-            "sim",
-            "--sim-node",
-            PRESET,
-        ])
-        .arg("--plugin-dir")
-        .arg(node.plugin_dir())
-        .arg("--registry-dir")
-        .arg(node.registry_dir())
-        .arg("--cdi-root")
-        .arg(node.cdi_root())
-        .arg("--state-dir")
-        .arg(node.state_dir())
-        .arg("--containerd-config")
-        .arg(node.root().join("containerd.toml"))
-        .arg("--crio-config")
-        .arg(node.root().join("none"))
+    let out = doctor_command(&node, PRESET)
+        .arg("--quick")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -424,16 +390,10 @@ fn the_table_prints_one_line_per_check_with_the_fix_under_a_failure() {
 #[test]
 fn a_cdi_directory_without_write_permission_fails_even_for_root() {
     use std::os::unix::fs::PermissionsExt;
-    let node = Node::new();
-    for dir in [node.cdi_root(), node.plugin_dir(), node.registry_dir()] {
-        std::fs::create_dir_all(dir).unwrap();
-    }
+    let node = bare_node();
     std::fs::set_permissions(node.cdi_root(), std::fs::Permissions::from_mode(0o555)).unwrap();
     let run = doctor(&node, &["--quick"]);
-    assert_eq!(
-        (run.code, run.not_ok()),
-        (2, vec![("cdi-root".into(), "fail".into())])
-    );
+    run.only_bad("cdi-root", "fail", 2);
     let want = format!(
         "{}: not writable (mode 0555 has no write permission)",
         node.cdi_root().display()
