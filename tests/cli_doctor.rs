@@ -217,6 +217,36 @@ async fn a_correctly_set_up_simulated_node_passes_every_check_with_exit_code_0()
         .find(|l| l.contains("doctor --quick at start"))
         .unwrap_or_else(|| panic!("no start-up doctor line in:\n{log}"));
     assert!(summary.contains("fail=0"), "{log}");
+    // What one run costs the API server, counted on the requests only doctor makes (the
+    // plugin keeps running beside it): discovery and version, two dry runs, three lists and
+    // one access review per permission.
+    let mut doctors: Vec<String> = node
+        .api
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.path == "/apis"
+                || r.path == "/version"
+                || r.query.contains_key("dryRun")
+                || r.path.contains("deviceclasses")
+                || r.path.contains("admissionregistration")
+                || r.path.contains("accessreviews")
+        })
+        .map(|r| format!("{} {}", r.method, r.path.rsplit('/').next().unwrap()))
+        .collect();
+    doctors.sort();
+    let mut want = vec![
+        "GET apis".to_string(),
+        "GET deviceclasses".into(),
+        "GET validatingadmissionpolicies".into(),
+        "GET validatingadmissionpolicybindings".into(),
+        "GET version".into(),
+        "POST resourceslices".into(),
+        "POST resourceslices".into(),
+    ];
+    want.extend((0..8).map(|_| "POST selfsubjectaccessreviews".to_string()));
+    want.sort();
+    assert_eq!(doctors, want);
     // The feature-gate probes were dry runs: nothing was stored.
     let stored: Vec<String> = node.api.slices().into_keys().collect();
     assert!(
