@@ -15,6 +15,7 @@ pub mod cost;
 pub mod crashpoint;
 pub mod demo;
 pub mod devices;
+pub mod doctor;
 pub mod errors;
 pub mod explain;
 pub mod explain_inputs;

@@ -44,6 +44,9 @@ enum Command {
     /// The cluster's GPUs per node, GPU and MIG profile: who holds what, and what is free.
     /// Exit 0, or 2 on bad input.
     Capacity(CapacityArgs),
+    /// Is this node ready for GPU claims, and if not, what to fix: one line per check.
+    /// Exit 0 when all are ok, 1 on a warning, 2 on a failure.
+    Doctor(Box<DoctorArgs>),
     /// Evaluate one CEL selector against one device, as the scheduler would: prints `true`
     /// or `false` (exit 0), or `error: …` (exit 2).
     Cel {
@@ -415,6 +418,82 @@ struct PluginArgs {
     metrics_addr: String,
 }
 
+/// `doctor` takes the plugin's own flags and environment, so it checks exactly that plugin.
+#[derive(clap::Args, Debug)]
+struct DoctorArgs {
+    /// DRA driver name.
+    #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// The node whose ResourceSlices are checked; default: the simulated node's name, else the
+    /// host name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Kubeconfig for the cluster checks; in a pod, the in-cluster configuration. Without
+    /// either, the cluster is not checked.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// GPU backend.
+    #[arg(long, env = "GPU_DRA_GPU_BACKEND", value_enum, default_value = "nvml")]
+    gpu_backend: Backend,
+    /// Simulated node (preset or node file) for --gpu-backend sim.
+    #[arg(long, env = "GPU_DRA_SIM_NODE", default_value = demo::DEFAULT_PRESET)]
+    sim_node: String,
+    /// With --gpu-backend nvml: the NVML library to load instead of the system's.
+    #[arg(long, env = "GPU_DRA_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+    /// The node has no NVIDIA driver files or device nodes (kind, CI); implied by
+    /// --gpu-backend sim.
+    #[arg(long, env = "GPU_DRA_SIMULATED_HOST")]
+    simulated_host: bool,
+    /// Directory of the DRA socket (default /var/lib/kubelet/plugins/<driver>).
+    #[arg(long, env = "GPU_DRA_PLUGIN_DIR")]
+    plugin_dir: Option<PathBuf>,
+    /// Directory the kubelet watches for plugin registration sockets.
+    #[arg(
+        long,
+        env = "GPU_DRA_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    registry_dir: PathBuf,
+    /// Where CDI specs are written.
+    #[arg(long, env = "GPU_DRA_CDI_ROOT", default_value = "/var/run/cdi")]
+    cdi_root: PathBuf,
+    /// NVIDIA driver root as this process sees it.
+    #[arg(long, env = "GPU_DRA_DRIVER_ROOT", default_value = "/")]
+    driver_root: PathBuf,
+    /// NVIDIA driver root on the host, when this process sees it elsewhere.
+    #[arg(long, env = "GPU_DRA_HOST_DRIVER_ROOT")]
+    host_driver_root: Option<PathBuf>,
+    /// Root under which /dev is found.
+    #[arg(long, env = "GPU_DRA_DEV_ROOT", default_value = "/")]
+    dev_root: PathBuf,
+    /// The proc filesystem.
+    #[arg(long, env = "GPU_DRA_PROC_ROOT", default_value = "/proc")]
+    proc_root: PathBuf,
+    /// Checkpoint and simulated-hardware state (default: the plugin directory).
+    #[arg(long, env = "GPU_DRA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// containerd's configuration file.
+    #[arg(long, default_value = "/etc/containerd/config.toml")]
+    containerd_config: PathBuf,
+    /// CRI-O's configuration file (its `.d` drop-in directory is read too).
+    #[arg(long, default_value = "/etc/crio/crio.conf")]
+    crio_config: PathBuf,
+    /// Only the node's own checks that start no process and call nobody (no plugin socket,
+    /// no nvidia-smi, no cluster).
+    #[arg(long)]
+    quick: bool,
+    /// Output: a table for people, or `{"checks": [{name, status, found, fix}]}`.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: DoctorOutput,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum DoctorOutput {
+    Table,
+    Json,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum LogLevel {
     Error,
@@ -462,6 +541,7 @@ impl Command {
             Command::Cel { .. } => "cel",
             Command::SimFault(_) => "sim-fault",
             Command::Capacity(_) => "capacity",
+            Command::Doctor(_) => "doctor",
         }
     }
 }
@@ -610,6 +690,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::SimFault(args) => run_sim_fault(args),
         Command::Explain(args) => run_explain(args),
         Command::Capacity(args) => run_capacity(args),
+        Command::Doctor(args) => run_doctor(*args),
         Command::Cel {
             expression,
             device,
@@ -625,6 +706,52 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         },
     }
+}
+
+fn run_doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::doctor::{self, DoctorConfig, NodeGpus, RuntimePaths};
+    let backend = match args.gpu_backend {
+        Backend::Nvml => gpu_dra::plugin::BackendChoice::Nvml { lib: args.nvml_lib },
+        Backend::Sim => gpu_dra::plugin::BackendChoice::Sim {
+            sim_node: args.sim_node,
+        },
+    };
+    let plugin_dir = args
+        .plugin_dir
+        .unwrap_or_else(|| PathBuf::from(format!("/var/lib/kubelet/plugins/{}", args.driver_name)));
+    let state_dir = args.state_dir.unwrap_or_else(|| plugin_dir.clone());
+    let gpus = NodeGpus {
+        simulated: args.simulated_host || args.gpu_backend == Backend::Sim,
+        backend,
+        driver_root: args.driver_root.clone(),
+        sim_state: state_dir.join("sim"),
+    };
+    let config = DoctorConfig {
+        cluster: args.kubeconfig.is_some() || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+        driver_name: args.driver_name,
+        node_name: args.node_name,
+        kubeconfig: args.kubeconfig,
+        layout: gpu_dra::cdi::HostLayout {
+            dev_root: args.dev_root,
+            proc_root: args.proc_root,
+            driver_root: args.driver_root,
+            host_driver_root: args.host_driver_root,
+        },
+        cdi_root: args.cdi_root,
+        plugin_dir,
+        registry_dir: args.registry_dir,
+        runtime: RuntimePaths {
+            containerd: args.containerd_config,
+            crio: args.crio_config,
+        },
+        quick: args.quick,
+    };
+    let report = doctor::run(&config, &gpus)?;
+    match args.output {
+        DoctorOutput::Table => emit(&report.render_table())?,
+        DoctorOutput::Json => emit(&report.to_json())?,
+    }
+    Ok(ExitCode::from(report.exit_code()))
 }
 
 fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {

@@ -82,8 +82,11 @@ fn default_values_render_the_plugin_rbac_policy_and_classes() {
         return;
     };
     let objects = render_chart(&helm, &[]);
+    // The plugin's role and binding, then gpu-dra doctor's read-only ones.
     let want = [
         "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
         "ClusterRoleBinding",
         "DaemonSet",
         "DeviceClass",
@@ -114,6 +117,32 @@ fn cluster_role_grants_exactly_what_the_plugin_calls() {
     ]);
     assert_eq!(role["rules"], want);
     let binding = of_kind(&objects, "ClusterRoleBinding")[0];
+    let want = json!([{"kind": "ServiceAccount", "name": "gpu-dra", "namespace": "gpu-dra"}]);
+    assert_eq!(binding["subjects"], want);
+}
+
+#[test]
+fn doctor_may_only_list_device_classes_and_admission_policies_as_the_plugins_account() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(&helm, &[]);
+    let role = of_kind(&objects, "ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "gpu-dra-doctor")
+        .expect("the doctor's ClusterRole");
+    let want = json!([
+        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["list"]},
+        {"apiGroups": ["admissionregistration.k8s.io"],
+         "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+         "verbs": ["list"]},
+    ]);
+    assert_eq!(role["rules"], want);
+    let binding = of_kind(&objects, "ClusterRoleBinding")
+        .into_iter()
+        .find(|b| b["metadata"]["name"] == "gpu-dra-doctor")
+        .expect("the doctor's ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["name"], "gpu-dra-doctor");
     let want = json!([{"kind": "ServiceAccount", "name": "gpu-dra", "namespace": "gpu-dra"}]);
     assert_eq!(binding["subjects"], want);
 }
@@ -347,6 +376,8 @@ fn toggles_remove_the_policy_and_a_device_class() {
     );
     let want = [
         "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
         "ClusterRoleBinding",
         "DaemonSet",
         "DeviceClass",

@@ -32,6 +32,7 @@ pub use builder::{
 };
 pub use devnodes::{
     CapAccess, DevNodeError, NodeInfo, cap_node, node_edit, parse_cap_access, parse_char_major,
+    stat_node,
 };
 pub use discover::{DiscoverError, HostMode, discover_common, discover_device};
 pub use driver_edits::driver_edits;

@@ -20,6 +20,7 @@ pub mod memory;
 mod observe;
 pub mod simhost;
 mod source;
+mod start_checks;
 pub mod telemetry;
 pub mod usage;
 
@@ -235,6 +236,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     );
 
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
+    start_checks::log(&config, &inventory);
     let watcher = inventory_watch::Watcher {
         backend: backend.clone(),
         options: model_options,

@@ -133,6 +133,22 @@ impl Tools {
         Ok(tools)
     }
 
+    /// Runs `nvidia-smi` with `args` (a read-only query such as `--query-gpu=…`) under the
+    /// tools' environment and deadline, and returns what it printed.
+    ///
+    /// # Errors
+    /// [`SharingError::Spawn`], [`SharingError::ToolTimeout`], or [`SharingError::ToolFailed`]
+    /// with the exit status and the end of its output.
+    pub fn query_smi(&self, args: &[&str]) -> Result<String, SharingError> {
+        let cmd = super::CommandLine {
+            program: self.nvidia_smi.clone(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: self.env.clone(),
+            stdin: None,
+        };
+        super::exec::run_checked(&cmd, self.timeout, None).map(|done| done.stdout)
+    }
+
     /// Same tools with a different per-call deadline.
     pub fn with_timeout(mut self, timeout: Duration) -> Tools {
         self.timeout = timeout;

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::apicatalog::Catalog;
 use super::apifaults::serve;
 pub use super::apifaults::{Fault, Rule};
 
@@ -52,6 +53,8 @@ pub(super) struct Store {
     pub(super) requests: Vec<Recorded>,
     /// Faults still to inject, first match wins.
     pub(super) faults: Vec<Rule>,
+    /// Discovery, stored cluster-scoped objects and access reviews.
+    catalog: Catalog,
 }
 
 /// The running server. Cheap to share between threads.
@@ -106,6 +109,7 @@ impl FakeApiServer {
             next_version: 1000,
             requests: Vec::new(),
             faults: Vec::new(),
+            catalog: Catalog::default(),
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API server");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -271,6 +275,23 @@ impl FakeApiServer {
         });
     }
 
+    /// Stores (or replaces) a cluster-scoped object in `collection` (an
+    /// [`apicatalog`](super::apicatalog) path such as `DEVICE_CLASSES`), listed by GET.
+    pub fn put_object(&self, collection: &str, object: Value) {
+        self.lock().catalog.put(collection, object);
+    }
+
+    /// Deletes object `name` from `collection`; whether it was there.
+    pub fn delete_object(&self, collection: &str, name: &str) -> bool {
+        self.lock().catalog.remove(collection, name)
+    }
+
+    /// SelfSubjectAccessReviews of `verb` on `resource` (`resource/subresource`) answer
+    /// denied from now on; every other review is allowed.
+    pub fn deny_access(&self, resource: &str, verb: &str) {
+        self.lock().catalog.deny(resource, verb);
+    }
+
     /// Removes every fault rule.
     pub fn clear_faults(&self) {
         self.lock().faults.clear();
@@ -318,6 +339,9 @@ impl Drop for FakeApiServer {
 
 impl Store {
     pub(super) fn route(&mut self, r: &Recorded) -> (u16, Value) {
+        if let Some(answer) = self.catalog.route(r) {
+            return answer;
+        }
         let segments: Vec<&str> = r.path.trim_matches('/').split('/').collect();
         match (r.method.as_str(), segments.as_slice()) {
             ("GET", ["version"]) => (
@@ -425,6 +449,10 @@ impl Store {
         self.next_version += 1;
         slice["metadata"]["uid"] = json!(format!("slice-uid-{}", self.next_version));
         self.stamp(&mut slice);
+        // A dry run (`?dryRun=All`) is validated and answered, never stored.
+        if r.query.contains_key("dryRun") {
+            return (201, slice);
+        }
         self.slices.insert(name, slice.clone());
         (201, slice)
     }

@@ -3,6 +3,7 @@
 //! child process that tests start, drive with [`KubeletClient`], signal and restart.
 #![allow(dead_code)] // each test file and the bench use a different part
 
+pub mod apicatalog;
 pub mod apifaults;
 pub mod apiserver;
 pub mod claims;

@@ -6,6 +6,7 @@
 //! show the commands the tools received.
 
 mod mpsd;
+pub mod query;
 mod smi;
 
 use std::collections::BTreeMap;

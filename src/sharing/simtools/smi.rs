@@ -1,5 +1,6 @@
 //! Simulated `nvidia-smi`: `-i <id> -c <mode>` and `compute-policy -i <id> --set-timeslice
-//! <N>`, with the state kept per device in `nvidia-smi-state.json`.
+//! <N>`, with the state kept per device in `nvidia-smi-state.json`, and `--query-gpu`
+//! (`query.rs`).
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -28,7 +29,7 @@ impl Default for SmiGpuState {
     }
 }
 
-const BAD_ARGS: &str =
+pub(super) const BAD_ARGS: &str =
     "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.";
 
 enum Action {
@@ -37,6 +38,9 @@ enum Action {
 }
 
 pub(super) fn run(args: &[String], dir: Option<&Path>) -> ExitCode {
+    if super::query::is_query(args) {
+        return super::query::run(args);
+    }
     let action = match parse(args) {
         Ok(a) => a,
         Err((code, msg)) => {

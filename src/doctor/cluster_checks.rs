@@ -1,0 +1,351 @@
+//! The cluster checks: pure verdicts over [`ClusterFacts`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use super::cluster::{ClusterFacts, Gates, Permission, Policies, Review};
+use super::report::Check;
+
+/// `resource-api`: `resource.k8s.io/v1` served (Kubernetes 1.34 or later).
+pub fn check_resource_api(facts: &Result<(bool, String), String>) -> Check {
+    const NAME: &str = "resource-api";
+    match facts {
+        Ok((true, version)) => Check::ok(NAME, format!("resource.k8s.io/v1 served ({version})")),
+        Ok((false, version)) => Check::fail(
+            NAME,
+            format!("resource.k8s.io/v1 not served ({version})"),
+            "Upgrade to Kubernetes 1.34 or later, where resource.k8s.io/v1 is on by default (or enable --runtime-config=resource.k8s.io/v1=true)",
+            NAME,
+        ),
+        Err(why) => Check::fail(
+            NAME,
+            why.clone(),
+            "Check --kubeconfig and that the API server is reachable from this node",
+            NAME,
+        ),
+    }
+}
+
+/// `feature-gates`: a warning naming each gate that is off or could not be read.
+pub fn check_gates(gates: &Gates) -> Check {
+    const NAME: &str = "feature-gates";
+    let named = [
+        (
+            "DRADeviceTaints",
+            gates.device_taints,
+            "device taints (unhealthy GPUs)",
+        ),
+        (
+            "DRAPartitionableDevices",
+            gates.partitionable_devices,
+            "shared counters (dynamic MIG)",
+        ),
+        (
+            "DRAConsumableCapacity",
+            gates.consumable_capacity,
+            "consumable capacity (--shared-gpus)",
+        ),
+    ];
+    let on: Vec<&str> = named
+        .iter()
+        .filter(|(_, v, _)| *v == Some(true))
+        .map(|(n, _, _)| *n)
+        .collect();
+    let off: Vec<String> = named
+        .iter()
+        .filter(|(_, v, _)| *v == Some(false))
+        .map(|(n, _, what)| format!("{n} off: {what} dropped"))
+        .collect();
+    if off.is_empty() && gates.errors.is_empty() {
+        return Check::ok(NAME, format!("on: {}", on.join(", ")));
+    }
+    let mut found = off;
+    found.extend(gates.errors.iter().map(|e| format!("unknown: {e}")));
+    Check::warn(
+        NAME,
+        found.join("; "),
+        "Enable the named gates on the API server, scheduler and kubelet (--feature-gates=NAME=true); the plugin works without them but publishes less",
+        NAME,
+    )
+}
+
+/// `resource-slices`: this node's pool published and complete (every slice of the newest
+/// generation present, as `resourceSliceCount` says), with devices.
+pub fn check_slices(node: &str, slices: &Result<Vec<ResourceSlice>, String>) -> Check {
+    const NAME: &str = "resource-slices";
+    let fix = "Check the plugin's log for publishing errors (RBAC, admission policy, API server limits); the plugin publishes within seconds of starting";
+    let slices = match slices {
+        Ok(s) => s,
+        Err(why) => return Check::fail(NAME, why.clone(), fix, NAME),
+    };
+    if slices.is_empty() {
+        return Check::fail(NAME, format!("no ResourceSlices of node {node}"), fix, NAME);
+    }
+    let mut pools: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
+    for s in slices {
+        pools.entry(s.spec.pool.name.as_str()).or_default().push(s);
+    }
+    let mut found = Vec::new();
+    let mut incomplete = Vec::new();
+    for (pool, members) in pools {
+        let generation = members
+            .iter()
+            .map(|s| s.spec.pool.generation)
+            .max()
+            .unwrap_or(0);
+        let current: Vec<&&ResourceSlice> = members
+            .iter()
+            .filter(|s| s.spec.pool.generation == generation)
+            .collect();
+        let want = current
+            .iter()
+            .map(|s| s.spec.pool.resource_slice_count)
+            .max()
+            .unwrap_or(0);
+        let devices: usize = current
+            .iter()
+            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+            .sum();
+        let line = format!(
+            "pool {pool} generation {generation}: {}/{want} slices, {devices} devices",
+            current.len()
+        );
+        if current.len() as i64 != want {
+            incomplete.push(line);
+        } else {
+            found.push(line);
+        }
+    }
+    if incomplete.is_empty() {
+        Check::ok(NAME, found.join("; "))
+    } else {
+        found.extend(incomplete);
+        Check::fail(NAME, found.join("; "), fix, NAME)
+    }
+}
+
+/// The DeviceClasses the chart installs for `driver`: the GPU class (named after the
+/// driver) and `mig.nvidia.com`.
+pub fn expected_classes(driver: &str) -> Vec<String> {
+    vec![driver.to_string(), "mig.nvidia.com".to_string()]
+}
+
+/// `device-classes`: each expected class exists.
+pub fn check_classes(driver: &str, classes: &Result<Vec<String>, String>) -> Check {
+    const NAME: &str = "device-classes";
+    let fix = "Install the chart's DeviceClasses (helm upgrade --install with deviceClasses.gpu and deviceClasses.mig true); claims name them";
+    let classes = match classes {
+        Ok(c) => c,
+        Err(why) => return Check::fail(NAME, why.clone(), fix, NAME),
+    };
+    let want = expected_classes(driver);
+    let missing: Vec<&String> = want.iter().filter(|w| !classes.contains(w)).collect();
+    if missing.is_empty() {
+        Check::ok(NAME, want.join(", "))
+    } else {
+        let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+        Check::fail(
+            NAME,
+            format!("missing DeviceClass {}", names.join(", ")),
+            fix,
+            NAME,
+        )
+    }
+}
+
+/// `admission-policy`: the chart's `*-own-node-slices` ValidatingAdmissionPolicy exists and
+/// a binding names it. Missing is a warning: it narrows what a plugin may write, the plugin
+/// works without it.
+pub fn check_policy(facts: &Result<Policies, String>) -> Check {
+    const NAME: &str = "admission-policy";
+    let fix = "Install the chart with admissionPolicy.enabled=true (Kubernetes 1.30+), so a node's plugin can only write its own node's ResourceSlices";
+    let Policies { policies, bindings } = match facts {
+        Ok(f) => f,
+        Err(why) => return Check::warn(NAME, format!("unknown: {why}"), fix, NAME),
+    };
+    let ours: Vec<&String> = policies
+        .iter()
+        .filter(|p| p.ends_with("-own-node-slices"))
+        .collect();
+    let Some(policy) = ours.first() else {
+        return Check::warn(
+            NAME,
+            "no *-own-node-slices ValidatingAdmissionPolicy",
+            fix,
+            NAME,
+        );
+    };
+    match bindings.iter().find(|(_, p)| p == *policy) {
+        Some((binding, _)) => Check::ok(NAME, format!("{policy} bound by {binding}")),
+        None => Check::warn(
+            NAME,
+            format!("{policy} has no ValidatingAdmissionPolicyBinding"),
+            fix,
+            NAME,
+        ),
+    }
+}
+
+/// `rbac`: every permission allowed for whoever runs doctor (in the plugin's pod: the
+/// plugin's service account).
+pub fn check_rbac(access: &[(Permission, Review)]) -> Check {
+    const NAME: &str = "rbac";
+    let fix = "Apply the chart's ClusterRole and ClusterRoleBinding for the plugin's service account; run doctor in the plugin's pod (kubectl exec) to check that account";
+    let describe = |p: &Permission| {
+        let group = if p.group.is_empty() { "core" } else { p.group };
+        match &p.name {
+            Some(n) => format!("{} {group}/{}/{n}", p.verb, p.resource),
+            None => format!("{} {group}/{}", p.verb, p.resource),
+        }
+    };
+    let denied: Vec<String> = access
+        .iter()
+        .filter_map(|(p, a)| match a {
+            Ok((true, _)) => None,
+            Ok((false, reason)) if reason.is_empty() => Some(format!("{} denied", describe(p))),
+            Ok((false, reason)) => Some(format!("{} denied ({reason})", describe(p))),
+            Err(why) => Some(format!("{}: {why}", describe(p))),
+        })
+        .collect();
+    if denied.is_empty() {
+        Check::ok(NAME, format!("{} permissions allowed", access.len()))
+    } else {
+        Check::fail(NAME, denied.join("; "), fix, NAME)
+    }
+}
+
+/// Every cluster check, in report order.
+pub fn checks(driver: &str, node: &str, facts: &ClusterFacts) -> Vec<Check> {
+    vec![
+        check_resource_api(&facts.resource_v1),
+        check_gates(&facts.gates),
+        check_slices(node, &facts.slices),
+        check_classes(driver, &facts.classes),
+        check_policy(&facts.policies),
+        check_rbac(&facts.access),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doctor::cluster::plugin_permissions;
+    use crate::doctor::report::Status;
+
+    fn slice(name: &str, generation: i64, count: i64, devices: usize) -> ResourceSlice {
+        let devices: Vec<serde_json::Value> = (0..devices)
+            .map(|i| serde_json::json!({"name": format!("gpu-{i}")}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                     "pool": {"name": "n1", "generation": generation, "resourceSliceCount": count},
+                     "devices": devices},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pool_missing_a_slice_of_its_newest_generation_fails() {
+        let complete = Ok(vec![
+            slice("a", 2, 2, 3),
+            slice("b", 2, 2, 1),
+            slice("old", 1, 1, 4),
+        ]);
+        let partial = Ok(vec![slice("a", 2, 2, 3), slice("old", 1, 1, 4)]);
+        let ok = check_slices("n1", &complete);
+        assert_eq!(
+            (ok.status, ok.found.as_str()),
+            (Status::Ok, "pool n1 generation 2: 2/2 slices, 4 devices")
+        );
+        let bad = check_slices("n1", &partial);
+        assert_eq!(
+            (bad.status, bad.found.as_str()),
+            (Status::Fail, "pool n1 generation 2: 1/2 slices, 3 devices")
+        );
+        assert_eq!(
+            check_slices("n1", &Ok(vec![])).found,
+            "no ResourceSlices of node n1"
+        );
+    }
+
+    #[test]
+    fn a_missing_device_class_fails_naming_it() {
+        let c = check_classes(
+            "gpu.nvidia.com",
+            &Ok(vec!["gpu.nvidia.com".into(), "other".into()]),
+        );
+        assert_eq!(
+            (c.status, c.found.as_str()),
+            (Status::Fail, "missing DeviceClass mig.nvidia.com")
+        );
+        let all = Ok(vec!["mig.nvidia.com".into(), "gpu.nvidia.com".into()]);
+        assert_eq!(check_classes("gpu.nvidia.com", &all).status, Status::Ok);
+    }
+
+    #[test]
+    fn gates_that_are_off_warn_by_name() {
+        let gates = Gates {
+            device_taints: Some(true),
+            partitionable_devices: Some(false),
+            consumable_capacity: Some(true),
+            errors: vec![],
+        };
+        let c = check_gates(&gates);
+        assert_eq!(c.status, Status::Warn);
+        assert_eq!(
+            c.found,
+            "DRAPartitionableDevices off: shared counters (dynamic MIG) dropped"
+        );
+        let on = Gates {
+            partitionable_devices: Some(true),
+            ..gates
+        };
+        assert_eq!(check_gates(&on).status, Status::Ok);
+    }
+
+    #[test]
+    fn an_unbound_or_missing_admission_policy_is_a_warning() {
+        let policy = "gpu-dra-own-node-slices".to_string();
+        let bound = Policies {
+            policies: vec![policy.clone()],
+            bindings: vec![("b".into(), policy.clone())],
+        };
+        let unbound = Policies {
+            policies: vec![policy],
+            bindings: vec![],
+        };
+        let statuses = [
+            check_policy(&Ok(bound)).status,
+            check_policy(&Ok(unbound)).status,
+            check_policy(&Ok(Policies::default())).status,
+        ];
+        assert_eq!(statuses, [Status::Ok, Status::Warn, Status::Warn]);
+    }
+
+    #[test]
+    fn a_denied_verb_fails_rbac_naming_the_verb_and_resource() {
+        let access: Vec<(Permission, Review)> = plugin_permissions("gpu.nvidia.com")
+            .into_iter()
+            .map(|p| {
+                let denied = p.resource == "resourceslices" && p.verb == "delete";
+                (p, Ok((!denied, String::new())))
+            })
+            .collect();
+        let c = check_rbac(&access);
+        assert_eq!(
+            (c.status, c.found.as_str()),
+            (Status::Fail, "delete resource.k8s.io/resourceslices denied")
+        );
+    }
+
+    #[test]
+    fn an_api_server_without_resource_v1_fails() {
+        let c = check_resource_api(&Ok((false, "v1.33.1".into())));
+        assert_eq!(
+            (c.status, c.found.as_str()),
+            (Status::Fail, "resource.k8s.io/v1 not served (v1.33.1)")
+        );
+    }
+}
