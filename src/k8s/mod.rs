@@ -7,6 +7,7 @@
 //! The effectful parts are tested against a mocked API server at the HTTP layer.
 
 pub mod backoff;
+pub mod claim_lookup;
 pub mod claim_status;
 pub mod claims;
 pub mod cluster;
@@ -17,6 +18,7 @@ pub mod plan;
 pub mod publisher;
 
 pub use backoff::Backoff;
+pub use claim_lookup::{ClaimLookup, ClaimState, Freshness};
 pub use claim_status::{ClaimStatusWriter, ConditionStatus, DeviceStatus, Readiness, SyncOutcome};
 pub use claims::{
     AllocatedClaim, AllocatedDevice, ClaimReader, ConfigSource, OpaqueConfig, ReservedPod,

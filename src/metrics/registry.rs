@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::calls::{ClaimCalls, Operation, Outcome};
 use super::claim_status::ClaimStatusWrites;
 use super::gpu_health::GpuHealth;
+use super::lifecycle::Orphans;
 use super::node::NodeGauges;
 use super::telemetry::{self, LastSample};
 use super::text::{self, Family, Kind, Sample};
@@ -22,6 +23,7 @@ struct Inner {
     health: GpuHealth,
     usage: ClaimDeviceSeconds,
     claim_status_writes: ClaimStatusWrites,
+    orphans: Orphans,
     device_telemetry: LastSample,
 }
 
@@ -133,6 +135,17 @@ impl Metrics {
         self.0.claim_status_writes.count(outcome)
     }
 
+    /// Counts one orphaned claim unprepared by the plugin for `reason` (one of
+    /// [`super::ORPHAN_REASONS`]; another is not counted).
+    pub fn record_orphan_reclaimed(&self, reason: &str) {
+        self.0.orphans.record(reason);
+    }
+
+    /// Orphaned claims reclaimed for `reason` so far.
+    pub fn orphans_reclaimed(&self, reason: &str) -> u64 {
+        self.0.orphans.count(reason)
+    }
+
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
         let mut families = self.other_families();
@@ -151,6 +164,7 @@ impl Metrics {
         families.extend(inner.health.families());
         families.push(inner.usage.family());
         families.push(inner.claim_status_writes.family());
+        families.push(inner.orphans.family());
         families.push(Family {
             name: "gpu_dra_build_info",
             help: "Always 1; the version label says which gpu-dra runs.",

@@ -18,6 +18,7 @@ pub mod holders;
 pub mod inventory_watch;
 pub mod memory;
 mod observe;
+pub mod orphans;
 pub mod simhost;
 mod source;
 pub mod telemetry;
@@ -292,6 +293,12 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         },
         status_claims,
     ));
+    let orphan_lookup = crate::k8s::ClaimLookup::new(
+        client.clone(),
+        config.driver_name.clone(),
+        config.node_name.clone(),
+    );
+    let orphan_boot_id = manager.boot_id.clone();
     let publisher = crate::k8s::SlicePublisher::new(
         client,
         config.driver_name.clone(),
@@ -310,20 +317,31 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         config.inventory_interval,
         metrics.clone(),
     ));
-    let running = kubelet::serve(
-        sockets,
-        Arc::new(claim_status::Reporting {
-            inner: handler::Handler {
-                manager,
+    let handler = Arc::new(claim_status::Reporting {
+        inner: handler::Handler {
+            manager,
+            metrics: metrics.clone(),
+            usage: Some(usage),
+        },
+        queue: status_queue,
+    });
+    let reclaiming = (!config.orphan_grace_period.is_zero()).then(|| {
+        tokio::spawn(
+            orphans::Orphans {
+                handler: Arc::clone(&handler),
+                lock: PluginLock::new(sockets.lock_file()),
+                lookup: orphan_lookup,
+                state_dir: config.state_dir.clone(),
+                boot_id: orphan_boot_id,
+                grace: config.orphan_grace_period,
                 metrics: metrics.clone(),
-                usage: Some(usage),
-            },
-            queue: status_queue,
-        }),
-        Some(health_rx),
-    )
-    .await
-    .map_err(PluginError::Kubelet)?;
+            }
+            .run(),
+        )
+    });
+    let running = kubelet::serve(sockets, handler, Some(health_rx))
+        .await
+        .map_err(PluginError::Kubelet)?;
     tokio::spawn(observe::follow_registration(
         running.registration_status(),
         health,
@@ -346,6 +364,9 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     supervising.abort();
     publishing.abort();
     reporting_status.abort();
+    if let Some(reclaiming) = reclaiming {
+        reclaiming.abort();
+    }
     running.shutdown().await.map_err(PluginError::Kubelet)
 }
 

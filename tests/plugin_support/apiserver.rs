@@ -155,6 +155,13 @@ impl FakeApiServer {
         self.lock().claims.get(&key).cloned()
     }
 
+    /// Deletes a stored ResourceClaim (its finalizers gone), as the API server would once
+    /// nobody holds it any more.
+    pub fn remove_claim(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        self.lock().claims.remove(&key).expect("claim to remove");
+    }
+
     /// Changes a stored claim behind the plugin's back (as another writer would), with a new
     /// resourceVersion.
     pub fn edit_claim(&self, namespace: &str, name: &str, edit: impl FnOnce(&mut Value)) {
@@ -551,8 +558,13 @@ pub(super) fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
     )
 }
 
+/// What the API server answers for a missing object: unlike its answer for a path it does not
+/// serve (empty `details`), the Status names the object.
 fn not_found(resource: &str, name: &str) -> (u16, Value) {
-    status(404, "NotFound", &format!("{resource} \"{name}\" not found"))
+    let message = format!("{resource}.resource.k8s.io \"{name}\" not found");
+    let (code, mut body) = status(404, "NotFound", &message);
+    body["details"] = json!({"name": name, "group": "resource.k8s.io", "kind": resource});
+    (code, body)
 }
 
 /// `a=b&c=d%3De` → pairs, percent-decoded.
