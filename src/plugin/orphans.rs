@@ -414,7 +414,12 @@ mod tests {
     fn each_reason_is_labelled_as_the_metric_exports_it() {
         let got: Vec<&str> = OrphanReason::ALL.iter().map(|r| r.label()).collect();
         assert_eq!(
-            vec!["claim-deleted", "uid-changed", "not-allocated", "unreserved"],
+            vec![
+                "claim-deleted",
+                "uid-changed",
+                "not-allocated",
+                "unreserved"
+            ],
             got
         );
     }
