@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod compare;
 mod connect;
 mod error;
+pub mod events;
 pub mod plan;
 pub mod publisher;
 
@@ -26,4 +27,5 @@ pub use claims::{
 pub use cluster::{ClusterFacts, ServerVersion};
 pub use connect::connect;
 pub use error::{ClaimRef, K8sError, Step};
+pub use events::{EventType, NodeEvents};
 pub use publisher::{PublishOutcome, PublishStatus, PublisherOptions, SlicePublisher};

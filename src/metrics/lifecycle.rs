@@ -1,5 +1,6 @@
 //! The node's life beyond single calls: orphaned claims reclaimed
-//! (`gpu_dra_orphaned_claims_reclaimed_total`).
+//! (`gpu_dra_orphaned_claims_reclaimed_total`) and a start-up recovery left unfinished
+//! (`gpu_dra_recovery_pending_steps`, `gpu_dra_recovery_retries_total`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -45,6 +46,52 @@ impl Orphans {
                 .map(|r| Sample::new(vec![("reason", r.to_string())], self.count(r) as f64))
                 .collect(),
         }
+    }
+}
+
+/// A start-up recovery that could not finish: steps still undone and retries so far.
+#[derive(Default)]
+pub(super) struct Recovery {
+    pending: AtomicU64,
+    retries: AtomicU64,
+}
+
+impl Recovery {
+    /// Steps the last recovery attempt left undone (0: converged).
+    pub(super) fn set_pending(&self, steps: u64) {
+        self.pending.store(steps, Ordering::Relaxed);
+    }
+
+    /// Counts one retry.
+    pub(super) fn record_retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `(pending steps, retries)`.
+    pub(super) fn get(&self) -> (u64, u64) {
+        (
+            self.pending.load(Ordering::Relaxed),
+            self.retries.load(Ordering::Relaxed),
+        )
+    }
+
+    /// `gpu_dra_recovery_pending_steps` and `gpu_dra_recovery_retries_total`.
+    pub(super) fn families(&self) -> Vec<Family> {
+        let (pending, retries) = self.get();
+        vec![
+            Family {
+                name: "gpu_dra_recovery_pending_steps",
+                help: "Undo steps start-up recovery could not finish (a read-only or full CDI or state directory, a failing tool); the plugin serves meanwhile and retries with backoff. 0 once converged.",
+                kind: Kind::Gauge,
+                samples: vec![Sample::new(vec![], pending as f64)],
+            },
+            Family {
+                name: "gpu_dra_recovery_retries_total",
+                help: "Retries of an unfinished start-up recovery.",
+                kind: Kind::Counter,
+                samples: vec![Sample::new(vec![], retries as f64)],
+            },
+        ]
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::calls::{ClaimCalls, Operation, Outcome};
 use super::claim_status::ClaimStatusWrites;
 use super::gpu_health::GpuHealth;
-use super::lifecycle::Orphans;
+use super::lifecycle::{Orphans, Recovery};
 use super::node::NodeGauges;
 use super::telemetry::{self, LastSample};
 use super::text::{self, Family, Kind, Sample};
@@ -24,6 +24,7 @@ struct Inner {
     usage: ClaimDeviceSeconds,
     claim_status_writes: ClaimStatusWrites,
     orphans: Orphans,
+    recovery: Recovery,
     device_telemetry: LastSample,
 }
 
@@ -146,6 +147,21 @@ impl Metrics {
         self.0.orphans.count(reason)
     }
 
+    /// Undo steps an unfinished start-up recovery still has to do (0: converged).
+    pub fn set_recovery_pending(&self, steps: u64) {
+        self.0.recovery.set_pending(steps);
+    }
+
+    /// Counts one retry of an unfinished start-up recovery.
+    pub fn record_recovery_retry(&self) {
+        self.0.recovery.record_retry();
+    }
+
+    /// `(pending steps, retries)` of start-up recovery.
+    pub fn recovery(&self) -> (u64, u64) {
+        self.0.recovery.get()
+    }
+
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
         let mut families = self.other_families();
@@ -165,6 +181,7 @@ impl Metrics {
         families.push(inner.usage.family());
         families.push(inner.claim_status_writes.family());
         families.push(inner.orphans.family());
+        families.extend(inner.recovery.families());
         families.push(Family {
             name: "gpu_dra_build_info",
             help: "Always 1; the version label says which gpu-dra runs.",

@@ -36,6 +36,8 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
         "# TYPE gpu_dra_prepare_requests_total counter",
         "# TYPE gpu_dra_prepared_claims gauge",
         "# TYPE gpu_dra_published_devices gauge",
+        "# TYPE gpu_dra_recovery_pending_steps gauge",
+        "# TYPE gpu_dra_recovery_retries_total counter",
         "# TYPE gpu_dra_tainted_devices gauge",
         "# TYPE gpu_dra_unhealthy_gpus gauge",
         "# TYPE gpu_dra_unprepare_duration_seconds histogram",
@@ -68,6 +70,7 @@ fn counters_and_gauges_show_what_was_recorded() {
     m.set_prepared_claims(2);
     m.set_gpu_health(7, 1);
     m.record_orphan_reclaimed("uid-changed");
+    m.set_recovery_pending(2);
     let text = m.render();
     let got: Vec<&str> = text
         .lines()
@@ -89,6 +92,8 @@ fn counters_and_gauges_show_what_was_recorded() {
         r#"gpu_dra_prepare_requests_total{result="error"} 2"#,
         "gpu_dra_prepared_claims 2",
         "gpu_dra_published_devices 57",
+        "gpu_dra_recovery_pending_steps 2",
+        "gpu_dra_recovery_retries_total 0",
         "gpu_dra_unhealthy_gpus 1",
         r#"gpu_dra_unprepare_requests_total{result="success"} 0"#,
         r#"gpu_dra_unprepare_requests_total{result="error"} 0"#,

@@ -19,6 +19,7 @@ pub mod inventory_watch;
 pub mod memory;
 mod observe;
 pub mod orphans;
+pub mod recovery;
 pub mod simhost;
 mod source;
 pub mod telemetry;
@@ -205,7 +206,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
             for failure in &failures {
                 warn!(
                     error = %crate::errors::error_chain(failure),
-                    "undo incomplete at start-up; starting anyway, supervision retries it"
+                    "undo incomplete at start-up; starting anyway, retried with backoff"
                 );
                 metrics.record_error(failure.kind());
             }
@@ -234,6 +235,20 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         undo_failed = ?report.undo_failed,
         "recovered state"
     );
+    // Serve through an unfinished recovery: report it and retry it until it converges.
+    let retrying_recovery = (!report.undo_failed.is_empty()).then(|| {
+        let unfinished = recovery::Unfinished {
+            manager: Arc::clone(&manager),
+            lock: PluginLock::new(sockets.lock_file()),
+            events: Some(crate::k8s::NodeEvents::new(
+                client.clone(),
+                config.node_name.clone(),
+            )),
+            metrics: metrics.clone(),
+            backoff: recovery::default_backoff(),
+        };
+        tokio::spawn(unfinished.run(report.undo_failed.clone()))
+    });
 
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
     let watcher = inventory_watch::Watcher {
@@ -364,8 +379,8 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     supervising.abort();
     publishing.abort();
     reporting_status.abort();
-    if let Some(reclaiming) = reclaiming {
-        reclaiming.abort();
+    for task in [reclaiming, retrying_recovery].into_iter().flatten() {
+        task.abort();
     }
     running.shutdown().await.map_err(PluginError::Kubelet)
 }

@@ -204,6 +204,16 @@ impl FakeApiServer {
         complete.then_some(slices)
     }
 
+    /// The bodies of the Events created so far, in order.
+    pub fn events(&self) -> Vec<Value> {
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/events"))
+            .filter_map(|r| r.body.clone())
+            .collect()
+    }
+
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<Recorded> {
         self.lock().requests.clone()
@@ -308,6 +318,7 @@ impl Store {
                     "status",
                 ],
             ) => self.update_claim_status(ns, n, r),
+            ("POST", ["api", "v1", "namespaces", ns, "events"]) => self.create_event(ns, r),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => (200, self.list(r)),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceclaims"]) => (
                 200,
@@ -463,6 +474,32 @@ impl Store {
         self.stamp(&mut claim);
         self.claims.insert(key, claim.clone());
         (200, claim)
+    }
+
+    /// `POST .../events`: stored nowhere (tests read the recorded request), answered as the
+    /// API server does, with a name made from `generateName`.
+    fn create_event(&mut self, ns: &str, r: &Recorded) -> (u16, Value) {
+        let mut event = r.body.clone().unwrap_or_default();
+        if event["involvedObject"]["kind"].as_str().is_none() {
+            return status(422, "Invalid", "involvedObject.kind: Required value");
+        }
+        if event["metadata"]["namespace"]
+            .as_str()
+            .is_some_and(|n| n != ns)
+        {
+            return status(
+                422,
+                "Invalid",
+                "metadata.namespace: does not match the request",
+            );
+        }
+        self.next_version += 1;
+        let prefix = event["metadata"]["generateName"]
+            .as_str()
+            .unwrap_or("event.");
+        event["metadata"]["name"] = json!(format!("{prefix}{}", self.next_version));
+        self.stamp(&mut event);
+        (201, event)
     }
 
     fn stamp(&mut self, object: &mut Value) {
