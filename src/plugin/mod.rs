@@ -324,6 +324,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         health.clone(),
     ));
     let publishing = tokio::spawn(async move { publisher.run(model_rx).await });
+    let republish = model_tx.clone();
     let watching = tokio::spawn(watcher.run(inventory, model_tx, health_tx));
 
     let supervising = tokio::spawn(supervise_mps(
@@ -360,6 +361,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     tokio::spawn(observe::follow_registration(
         running.registration_status(),
         health,
+        Some(republish),
     ));
     info!(
         driver = %config.driver_name,

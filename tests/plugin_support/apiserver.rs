@@ -187,6 +187,11 @@ impl FakeApiServer {
         store.slices.insert(name, slice);
     }
 
+    /// Deletes every stored ResourceSlice, as a kubelet does for its node when it starts.
+    pub fn remove_slices(&self) {
+        self.lock().slices.clear();
+    }
+
     /// The stored ResourceSlices by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
         self.lock().slices.clone()
