@@ -264,15 +264,6 @@ async fn start_up_recovery_on_a_read_only_cdi_directory_tries_every_step_reports
     );
 }
 
-/// The value of the unlabelled metric `name` in the plugin's current scrape.
-fn scraped(plugin: &Plugin, name: &str) -> Option<f64> {
-    let addr = plugin_support::probe::metrics_addr(&plugin.log())?;
-    let (_, text) = plugin_support::probe::get(addr, "/metrics")?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 #[tokio::test]
 async fn a_plugin_started_on_a_read_only_cdi_directory_serves_reports_and_converges_without_a_restart()
  {
@@ -337,7 +328,8 @@ async fn a_plugin_started_on_a_read_only_cdi_directory_serves_reports_and_conver
         let retried = plugin
             .log()
             .contains("start-up recovery still incomplete; retrying");
-        let pending = scraped(&plugin, "gpu_dra_recovery_pending_steps")?;
+        let pending =
+            plugin_support::probe::metric(&plugin.log(), "gpu_dra_recovery_pending_steps")?;
         (retried && pending >= 2.0).then_some(())
     })
     .await;
@@ -349,7 +341,8 @@ async fn a_plugin_started_on_a_read_only_cdi_directory_serves_reports_and_conver
     // Writable again: the half-done claim and the stale spec are undone, without a restart.
     cdi.set_read_only(false);
     plugin_support::eventually("recovery to converge", || {
-        let done = scraped(&plugin, "gpu_dra_recovery_pending_steps")? == 0.0;
+        let done =
+            plugin_support::probe::metric(&plugin.log(), "gpu_dra_recovery_pending_steps")? == 0.0;
         let completed = node
             .api
             .events()

@@ -47,7 +47,7 @@ pub struct RunningPlugin {
 /// - stale sockets at either path are replaced; missing directories are created with mode
 ///   0750 and both sockets get mode 0600;
 /// - a socket file deleted while serving (a wiped registry or plugin directory) is created
-///   again within [`super::rebind::CHECK_EVERY`], so the kubelet registers the plugin again;
+///   again within a second, so the kubelet registers the plugin again;
 /// - prepare and unprepare calls run one at a time under `<plugin-dir>/plugin.lock`, shared
 ///   with any other instance using the same plugin directory;
 /// - one malformed claim never fails a call: it gets its own error entry;
