@@ -387,6 +387,11 @@ struct PluginArgs {
     /// telemetry labels within this time (the kubelet does not tell the plugin).
     #[arg(long, env = "GPU_DRA_HOLDERS_REFRESH_INTERVAL", default_value = "30", value_parser = interval_seconds)]
     holders_refresh_interval: u64,
+    /// How long a prepared claim may be reserved for no pod before the plugin unprepares it
+    /// (claims deleted, re-created or deallocated are unprepared at the next check): whole
+    /// seconds (`30s`) or minutes (`10m`); `0` turns orphan reconciliation off.
+    #[arg(long, env = "GPU_DRA_ORPHAN_GRACE_PERIOD", default_value = "10m", value_parser = gpu_dra::plugin::orphans::grace_period_flag)]
+    orphan_grace_period: std::time::Duration,
     /// Health policy file (YAML or JSON): which XIDs and errors degrade or fail a GPU, the
     /// taint key and effects, the hold-down (docs/health.md). Default: built-in policy.
     #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
@@ -661,6 +666,7 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         holders_refresh_interval: std::time::Duration::from_secs(
             args.holders_refresh_interval.max(1),
         ),
+        orphan_grace_period: args.orphan_grace_period,
         health_policy: args.health_policy,
         mps: args.mps,
         time_slicing: args.time_slicing,

@@ -163,14 +163,26 @@ fn garbage_and_empty_files_are_moved_aside() {
 }
 
 #[test]
-fn a_file_from_a_newer_format_names_found_and_supported_versions() {
+fn a_file_from_a_newer_format_is_refused_naming_both_versions_and_left_in_place() {
     let tmp = saved(BOOT);
     let mut env = envelope(tmp.path());
     env["version"] = json!("v2");
-    fs::write(file(tmp.path()), serde_json::to_vec(&env).unwrap()).unwrap();
-    expect_corrupt(
-        tmp.path(),
-        "version \"v2\" is not supported (supported: v1)",
+    let bytes = serde_json::to_vec(&env).unwrap();
+    fs::write(file(tmp.path()), &bytes).unwrap();
+    let Err(err) = CheckpointStore::open(tmp.path(), BOOT) else {
+        panic!("a newer checkpoint was opened");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("format version \"v2\"")
+            && text.contains("it reads v1")
+            && text.contains("Roll forward"),
+        "{text}"
+    );
+    assert_eq!(
+        bytes,
+        fs::read(file(tmp.path())).unwrap(),
+        "the file is untouched"
     );
 }
 

@@ -114,6 +114,7 @@ fn cluster_role_grants_exactly_what_the_plugin_calls() {
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["list", "create", "update", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]);
     assert_eq!(role["rules"], want);
     let binding = of_kind(&objects, "ClusterRoleBinding")[0];

@@ -1,6 +1,7 @@
-//! The chart's `telemetryInterval` as `helm template` renders it: it reaches every plugin
-//! DaemonSet as `GPU_DRA_TELEMETRY_INTERVAL` in a form the plugin's own flag parser takes,
-//! and the values schema refuses what that parser would not. Skipped with a notice when helm
+//! The chart's `telemetryInterval` (and `orphanGracePeriod`) as `helm template` renders it: it
+//! reaches every plugin DaemonSet as `GPU_DRA_TELEMETRY_INTERVAL` (`GPU_DRA_ORPHAN_GRACE_PERIOD`)
+//! in a form the plugin's own flag parser takes, and the values schema refuses what that
+//! parser would not. Skipped with a notice when helm
 //! is absent; `.ci/run` installs it.
 
 mod deploy_support;
@@ -45,11 +46,16 @@ fn rendered_intervals(manifests: &str, env: &str) -> Vec<Option<String>> {
 }
 
 /// Whether the plugin binary's `--telemetry-interval` parser (the one `GPU_DRA_TELEMETRY_INTERVAL`
-/// feeds) takes `value`. `--help` after the flag stops before the plugin starts, but only
-/// once the value has been parsed.
+/// feeds) takes `value`.
 fn plugin_accepts(value: &str) -> bool {
+    plugin_flag_accepts("--telemetry-interval", value)
+}
+
+/// Whether the plugin binary's parser of `flag` takes `value`. `--help` after the flag stops
+/// before the plugin starts, but only once the value has been parsed.
+fn plugin_flag_accepts(flag: &str, value: &str) -> bool {
     let status = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
-        .args(["kubelet-plugin", "--telemetry-interval", value, "--help"])
+        .args(["kubelet-plugin", flag, value, "--help"])
         .output()
         .expect("run gpu-dra")
         .status;
@@ -131,5 +137,39 @@ fn interval_flags_take_seconds_or_minutes_and_name_the_valid_forms_otherwise() {
                 "{flag} {bad}: {err}"
             );
         }
+    }
+}
+
+#[test]
+fn the_orphan_grace_period_reaches_every_plugin_daemonset_and_the_schema_refuses_what_the_plugin_would()
+ {
+    let Some(helm) = tool("helm", "the orphan-grace-period chart checks") else {
+        return;
+    };
+    let flag = "--orphan-grace-period";
+    let cases: [(&[&str], &str); 4] = [
+        (&[], "10m"),
+        (&["--set", "orphanGracePeriod=0"], "0"),
+        (&["--set", "orphanGracePeriod=30s"], "30s"),
+        (&["--set", "orphanGracePeriod=90"], "90"),
+    ];
+    for (extra, want) in cases {
+        let manifests = template(&helm, extra).unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+        let got = rendered_intervals(&manifests, "GPU_DRA_ORPHAN_GRACE_PERIOD");
+        assert!(!got.is_empty(), "{extra:?}: no DaemonSet rendered");
+        assert_eq!(got, vec![Some(want.to_string()); got.len()], "{extra:?}");
+        assert!(
+            plugin_flag_accepts(flag, want),
+            "the plugin refuses {want:?}"
+        );
+    }
+    for bad in ["1h", "1.5m", "10ms", "ten"] {
+        assert!(
+            !plugin_flag_accepts(flag, bad),
+            "the plugin takes {bad:?} after all"
+        );
+        let err = template(&helm, &["--set", &format!("orphanGracePeriod={bad}")])
+            .expect_err(&format!("helm rendered orphanGracePeriod={bad}"));
+        assert!(err.contains("/orphanGracePeriod"), "{bad}: {err}");
     }
 }

@@ -208,8 +208,18 @@ async fn the_claims_of_one_call_are_fetched_concurrently() {
         .collect();
     let plugin = node.start().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    // Published, so the only GETs from now on are the call's.
+    // Published, and looked at twice after the registration (now and 5 s later: a starting
+    // kubelet deletes slices), so the only GETs from now on are the call's.
     eventually("slices", || node.api.complete_pool()).await;
+    eventually("the two looks at the slices after the registration", || {
+        let requests = node.api.requests();
+        let lists = requests
+            .iter()
+            .filter(|r| r.method == "GET" && r.path == plugin_support::apiserver::SLICES)
+            .count();
+        (lists >= 3 && node.api.gets_in_flight() == 0).then_some(())
+    })
+    .await;
     // Long enough that GETs sent one after another could never overlap.
     node.api.set_get_latency(Duration::from_millis(200));
     let before = node.api.peak_concurrent_gets();

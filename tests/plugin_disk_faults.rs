@@ -263,3 +263,95 @@ async fn start_up_recovery_on_a_read_only_cdi_directory_tries_every_step_reports
         "after recovery with the directory writable",
     );
 }
+
+#[tokio::test]
+async fn a_plugin_started_on_a_read_only_cdi_directory_serves_reports_and_converges_without_a_restart()
+ {
+    let node = node_with_claims();
+    let Some(cdi) = Tmpfs::mount(&node.cdi_root(), "1m") else {
+        return;
+    };
+    // One claim prepared for good; then a crash right after a spec was written leaves a
+    // half-done claim (MIG device carved, spec on disk); and a spec no claim names is left.
+    let mut plugin = node.start().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    assert_eq!(Ok(1), prepare(&mut kubelet, "keep", KEEP).await);
+    plugin.kill().await;
+    let mut plugin = node
+        .start_with(&[(gpu_dra::crashpoint::ENV, "prepare-cdi-written")])
+        .await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    assert!(kubelet.prepare(&[claim_ref("mig", MIG)]).await.is_err());
+    plugin.wait_exit().await;
+    let stale = node
+        .cdi_root()
+        .join(plugin_support::state::spec_file("uid-stale"));
+    std::fs::copy(
+        node.cdi_root().join(plugin_support::state::spec_file(KEEP)),
+        &stale,
+    )
+    .unwrap();
+
+    cdi.set_read_only(true);
+    let mut plugin = node.spawn_with(&[]);
+    plugin.wait_registrable().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    // It serves: the prepared claim answers; a new claim, which needs a spec written, is
+    // refused with the cause.
+    assert_eq!(Ok(1), prepare(&mut kubelet, "keep", KEEP).await);
+    let refused = prepare(&mut kubelet, "mps", MPS).await.unwrap_err();
+    assert!(refused.contains("Read-only file system"), "{refused}");
+    // It reports: a Warning Event on the node, the pending steps, a log line per retry.
+    let warning = plugin_support::eventually("a RecoveryIncomplete event", || {
+        node.api
+            .events()
+            .into_iter()
+            .find(|e| e["reason"] == "RecoveryIncomplete")
+    })
+    .await;
+    assert_eq!(
+        ("Warning", "Node", claims::NODE),
+        (
+            warning["type"].as_str().unwrap(),
+            warning["involvedObject"]["kind"].as_str().unwrap(),
+            warning["involvedObject"]["name"].as_str().unwrap()
+        )
+    );
+    assert!(
+        warning["message"]
+            .as_str()
+            .unwrap()
+            .contains("Read-only file system"),
+        "{warning}"
+    );
+    plugin_support::eventually("a retry logged and counted", || {
+        let retried = plugin
+            .log()
+            .contains("start-up recovery still incomplete; retrying");
+        let pending =
+            plugin_support::probe::metric(&plugin.log(), "gpu_dra_recovery_pending_steps")?;
+        (retried && pending >= 2.0).then_some(())
+    })
+    .await;
+    assert!(
+        stale.exists(),
+        "nothing can be removed from a read-only directory"
+    );
+
+    // Writable again: the half-done claim and the stale spec are undone, without a restart.
+    cdi.set_read_only(false);
+    plugin_support::eventually("recovery to converge", || {
+        let done =
+            plugin_support::probe::metric(&plugin.log(), "gpu_dra_recovery_pending_steps")? == 0.0;
+        let completed = node
+            .api
+            .events()
+            .iter()
+            .any(|e| e["reason"] == "RecoveryCompleted");
+        (done && completed).then_some(())
+    })
+    .await;
+    assert_rolled_back(&node, &plugin, &[KEEP], "after recovery converged");
+    assert_eq!(Ok(1), prepare(&mut kubelet, "mps", MPS).await);
+    assert!(plugin.is_running());
+}

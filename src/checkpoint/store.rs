@@ -94,6 +94,19 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    /// The file has a format version this release does not read: a newer release wrote it.
+    /// Moving it aside would forget every claim prepared on the node (and start-up recovery
+    /// would then destroy their MIG devices), so the file is left as it is and nothing runs.
+    #[error(
+        "checkpoint {path} has format version {found:?}, which this release does not read \
+         (it reads {supported}): it was written by a newer gpu-dra. Roll forward to that \
+         release again; to downgrade anyway, drain the node's GPU pods and delete the file"
+    )]
+    UnsupportedVersion {
+        path: PathBuf,
+        found: String,
+        supported: String,
+    },
     /// Temp files of an interrupted write could not be removed.
     #[error("cleaning leftovers of an interrupted checkpoint write")]
     CleanTemps {
@@ -223,6 +236,13 @@ impl CheckpointStore {
                 previous_boot_id: stale.node_boot_id,
                 dropped: stale.claims,
             },
+            Err(wire::DecodeError::UnsupportedVersion { found, supported }) => {
+                return Err(StoreError::UnsupportedVersion {
+                    path,
+                    found,
+                    supported,
+                });
+            }
             Err(reason) => LoadOutcome::Corrupt {
                 moved_to: move_aside(&path)?,
                 reason: error_chain(&reason),

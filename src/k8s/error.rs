@@ -66,6 +66,13 @@ pub enum Step {
         /// The claim.
         claim: Box<ClaimRef>,
     },
+    /// `POST` of an Event about this node.
+    CreateEvent {
+        /// Node name.
+        node: String,
+        /// The event's reason.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Step {
@@ -86,6 +93,9 @@ impl fmt::Display for Step {
             Step::GetClaim { claim } => write!(f, "reading ResourceClaim {claim}"),
             Step::UpdateClaimStatus { claim } => {
                 write!(f, "writing the status.devices of ResourceClaim {claim}")
+            }
+            Step::CreateEvent { node, reason } => {
+                write!(f, "creating a {reason} Event on Node {node}")
             }
         }
     }

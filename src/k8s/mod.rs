@@ -7,16 +7,19 @@
 //! The effectful parts are tested against a mocked API server at the HTTP layer.
 
 pub mod backoff;
+pub mod claim_lookup;
 pub mod claim_status;
 pub mod claims;
 pub mod cluster;
 pub mod compare;
 mod connect;
 mod error;
+pub mod events;
 pub mod plan;
 pub mod publisher;
 
 pub use backoff::Backoff;
+pub use claim_lookup::{ClaimLookup, ClaimState, Freshness};
 pub use claim_status::{ClaimStatusWriter, ConditionStatus, DeviceStatus, Readiness, SyncOutcome};
 pub use claims::{
     AllocatedClaim, AllocatedDevice, ClaimReader, ConfigSource, OpaqueConfig, ReservedPod,
@@ -24,4 +27,5 @@ pub use claims::{
 pub use cluster::{ClusterFacts, ServerVersion};
 pub use connect::connect;
 pub use error::{ClaimRef, K8sError, Step};
+pub use events::{EventType, NodeEvents};
 pub use publisher::{PublishOutcome, PublishStatus, PublisherOptions, SlicePublisher};

@@ -14,6 +14,7 @@ mod handler;
 mod health;
 mod lock;
 pub mod proto;
+mod rebind;
 pub mod recording;
 mod registration;
 mod server;

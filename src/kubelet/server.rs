@@ -4,21 +4,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::{AbortHandle, JoinHandle};
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tracing::{info, warn};
 
-use super::authority::AuthorityFix;
 use super::dra::{DraCore, DraV1, DraV1beta1};
 use super::health::HealthService;
 use super::proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration};
+use super::rebind::{Rebound, listen_rebinding};
 use super::registration::{PLUGIN_TYPE, RegistrationService, supported_versions};
-use super::sockets::{OwnedSocket, create_private_dir, listen};
+use super::sockets::create_private_dir;
 use super::{DraHandler, HealthSource, KubeletError, PluginLock, PluginSockets, RegistrationState};
 
 type ServerResult = Result<(), tonic::transport::Error>;
@@ -34,8 +31,10 @@ pub struct RunningPlugin {
     sockets: PluginSockets,
     registration: watch::Receiver<RegistrationState>,
     stop: CancellationToken,
-    dra: (OwnedSocket, Option<JoinHandle<ServerResult>>),
-    reg: (OwnedSocket, Option<JoinHandle<ServerResult>>),
+    /// Cancelled before the sockets are removed for good, so they are not created again.
+    rebinding: CancellationToken,
+    dra: (Rebound, Option<JoinHandle<ServerResult>>),
+    reg: (Rebound, Option<JoinHandle<ServerResult>>),
 }
 
 /// Serves the DRA service (v1 and v1beta1), the health service (v1 and v1alpha1, only with a
@@ -47,6 +46,8 @@ pub struct RunningPlugin {
 ///   learns of an endpoint that is not there yet;
 /// - stale sockets at either path are replaced; missing directories are created with mode
 ///   0750 and both sockets get mode 0600;
+/// - a socket file deleted while serving (a wiped registry or plugin directory) is created
+///   again within a second, so the kubelet registers the plugin again;
 /// - prepare and unprepare calls run one at a time under `<plugin-dir>/plugin.lock`, shared
 ///   with any other instance using the same plugin directory;
 /// - one malformed claim never fails a call: it gets its own error entry;
@@ -65,6 +66,7 @@ pub async fn serve<H: DraHandler>(
     let sockets = config.validated()?;
     create_private_dir(&sockets.plugin_dir)?;
     let stop = CancellationToken::new();
+    let rebinding = CancellationToken::new();
 
     let core = Arc::new(DraCore::new(handler, PluginLock::new(sockets.lock_file())));
     let health_service = health.map(|source| HealthService::new(source, stop.clone()));
@@ -86,10 +88,10 @@ pub async fn serve<H: DraHandler>(
                 .map(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new),
         );
     let dra_path = sockets.dra_socket();
-    let (listener, mut dra_owned) = listen(&dra_path)?;
+    let (incoming, dra_owned) =
+        listen_rebinding(&dra_path, stop.clone(), rebinding.clone(), "DRA")?;
     let dra_task = tokio::spawn(
-        dra_router
-            .serve_with_incoming_shutdown(connections(listener), stop.clone().cancelled_owned()),
+        dra_router.serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
     );
 
     let info = pluginregistration::PluginInfo {
@@ -105,17 +107,18 @@ pub async fn serve<H: DraHandler>(
         )),
     );
     let reg_path = sockets.registration_socket();
-    let (listener, reg_owned) = match listen(&reg_path) {
-        Ok(bound) => bound,
-        Err(error) => {
-            stop.cancel();
-            dra_owned.remove();
-            return Err(error);
-        }
-    };
+    let (incoming, reg_owned) =
+        match listen_rebinding(&reg_path, stop.clone(), rebinding.clone(), "registration") {
+            Ok(bound) => bound,
+            Err(error) => {
+                rebinding.cancel();
+                stop.cancel();
+                dra_owned.remove();
+                return Err(error);
+            }
+        };
     let reg_task = tokio::spawn(
-        reg_router
-            .serve_with_incoming_shutdown(connections(listener), stop.clone().cancelled_owned()),
+        reg_router.serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
     );
 
     info!(
@@ -129,6 +132,7 @@ pub async fn serve<H: DraHandler>(
         sockets,
         registration,
         stop,
+        rebinding,
         dra: (dra_owned, Some(dra_task)),
         reg: (reg_owned, Some(reg_task)),
     })
@@ -148,12 +152,12 @@ impl RunningPlugin {
 
     /// The DRA socket, as announced to the kubelet.
     pub fn dra_socket(&self) -> &Path {
-        &self.dra.0.path
+        self.dra.0.path()
     }
 
     /// The registration socket in the kubelet's registry directory.
     pub fn registration_socket(&self) -> &Path {
-        &self.reg.0.path
+        self.reg.0.path()
     }
 
     /// Stops serving gracefully within [`SHUTDOWN_GRACE`]; see
@@ -170,6 +174,7 @@ impl RunningPlugin {
     /// HTTP/2) are abandoned: they end when the peer hangs up or the process exits. Fails
     /// only if a server ended abnormally; the sockets are removed either way.
     pub async fn shutdown_within(mut self, grace: Duration) -> Result<(), KubeletError> {
+        self.rebinding.cancel();
         self.reg.0.remove();
         self.stop.cancel();
         let tasks = [self.reg.1.take(), self.dra.1.take()];
@@ -180,8 +185,8 @@ impl RunningPlugin {
             .collect();
         let [reg_task, dra_task] = tasks;
         let drained = tokio::time::timeout(grace, async {
-            let reg = join(&self.reg.0.path, reg_task).await;
-            let dra = join(&self.dra.0.path, dra_task).await;
+            let reg = join(self.reg.0.path(), reg_task).await;
+            let dra = join(self.dra.0.path(), dra_task).await;
             reg.and(dra)
         })
         .await;
@@ -204,14 +209,6 @@ impl RunningPlugin {
     }
 }
 
-/// The connections accepted on `listener`, each behind the adapter that lets `h2` accept the
-/// `:authority` real clients send (the kubelet's plugin watcher sends the socket path).
-fn connections(
-    listener: UnixListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<AuthorityFix<tokio::net::UnixStream>>> {
-    UnixListenerStream::new(listener).map(|accepted| accepted.map(AuthorityFix::new))
-}
-
 async fn join(socket: &Path, task: Option<JoinHandle<ServerResult>>) -> Result<(), KubeletError> {
     let Some(task) = task else { return Ok(()) };
     let socket = PathBuf::from(socket);
@@ -224,6 +221,7 @@ async fn join(socket: &Path, task: Option<JoinHandle<ServerResult>>) -> Result<(
 
 impl Drop for RunningPlugin {
     fn drop(&mut self) {
+        self.rebinding.cancel();
         self.stop.cancel();
         self.reg.0.remove();
         self.dra.0.remove();

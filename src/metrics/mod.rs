@@ -8,7 +8,8 @@
 //!
 //! One file per concern: `calls.rs` (prepare/unprepare requests, latency, errors),
 //! `node.rs` (published devices, MIG instances, MPS daemons, prepared claims),
-//! `gpu_health.rs` (GPUs per health state, taints, transitions), `usage.rs`
+//! `gpu_health.rs` (GPUs per health state, taints, transitions), `lifecycle.rs` (orphaned
+//! claims reclaimed), `usage.rs`
 //! (device-seconds), `claim_status.rs` (status writes), `telemetry.rs` (per-device
 //! readings); `registry.rs` is the handle over them, `text.rs` the exposition format,
 //! `health.rs` the readiness behind `/readyz`, `server.rs` the HTTP endpoint.
@@ -17,6 +18,7 @@ mod calls;
 mod claim_status;
 mod gpu_health;
 mod health;
+mod lifecycle;
 mod node;
 mod registry;
 mod request_path;
@@ -27,6 +29,7 @@ mod usage;
 
 pub use calls::{DURATION_BUCKETS, Operation, Outcome};
 pub use health::Health;
+pub use lifecycle::ORPHAN_REASONS;
 pub use registry::Metrics;
 pub use server::{MetricsServer, respond, serve};
 

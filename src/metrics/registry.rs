@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::calls::{ClaimCalls, Operation, Outcome};
 use super::claim_status::ClaimStatusWrites;
 use super::gpu_health::GpuHealth;
+use super::lifecycle::{Orphans, Recovery};
 use super::node::NodeGauges;
 use super::request_path::RequestPathCosts;
 use super::telemetry::{self, LastSample};
@@ -24,6 +25,8 @@ struct Inner {
     usage: ClaimDeviceSeconds,
     claim_status_writes: ClaimStatusWrites,
     request_path: RequestPathCosts,
+    orphans: Orphans,
+    recovery: Recovery,
     device_telemetry: LastSample,
 }
 
@@ -151,6 +154,32 @@ impl Metrics {
         self.0.request_path.cost(op, cost)
     }
 
+    /// Counts one orphaned claim unprepared by the plugin for `reason` (one of
+    /// [`super::ORPHAN_REASONS`]; another is not counted).
+    pub fn record_orphan_reclaimed(&self, reason: &str) {
+        self.0.orphans.record(reason);
+    }
+
+    /// Orphaned claims reclaimed for `reason` so far.
+    pub fn orphans_reclaimed(&self, reason: &str) -> u64 {
+        self.0.orphans.count(reason)
+    }
+
+    /// Undo steps an unfinished start-up recovery still has to do (0: converged).
+    pub fn set_recovery_pending(&self, steps: u64) {
+        self.0.recovery.set_pending(steps);
+    }
+
+    /// Counts one retry of an unfinished start-up recovery.
+    pub fn record_recovery_retry(&self) {
+        self.0.recovery.record_retry();
+    }
+
+    /// `(pending steps, retries)` of start-up recovery.
+    pub fn recovery(&self) -> (u64, u64) {
+        self.0.recovery.get()
+    }
+
     /// Every family with its current samples.
     pub fn families(&self) -> Vec<Family> {
         let mut families = self.other_families();
@@ -170,6 +199,8 @@ impl Metrics {
         families.push(inner.usage.family());
         families.push(inner.claim_status_writes.family());
         families.extend(inner.request_path.families());
+        families.push(inner.orphans.family());
+        families.extend(inner.recovery.families());
         families.push(Family {
             name: "gpu_dra_build_info",
             help: "Always 1; the version label says which gpu-dra runs.",

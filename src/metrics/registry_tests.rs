@@ -31,10 +31,13 @@ fn a_fresh_registry_shows_every_metric_at_zero_except_build_info() {
         "# TYPE gpu_dra_healthy_gpus gauge",
         "# TYPE gpu_dra_mig_instances gauge",
         "# TYPE gpu_dra_mps_daemons gauge",
+        "# TYPE gpu_dra_orphaned_claims_reclaimed_total counter",
         "# TYPE gpu_dra_prepare_duration_seconds histogram",
         "# TYPE gpu_dra_prepare_requests_total counter",
         "# TYPE gpu_dra_prepared_claims gauge",
         "# TYPE gpu_dra_published_devices gauge",
+        "# TYPE gpu_dra_recovery_pending_steps gauge",
+        "# TYPE gpu_dra_recovery_retries_total counter",
         "# TYPE gpu_dra_request_path_calls_total counter",
         "# TYPE gpu_dra_request_path_costs_total counter",
         "# TYPE gpu_dra_tainted_devices gauge",
@@ -68,6 +71,8 @@ fn counters_and_gauges_show_what_was_recorded() {
     m.set_mps_daemons(1);
     m.set_prepared_claims(2);
     m.set_gpu_health(7, 1);
+    m.record_orphan_reclaimed("uid-changed");
+    m.set_recovery_pending(2);
     let text = m.render();
     let got: Vec<&str> = text
         .lines()
@@ -86,22 +91,29 @@ fn counters_and_gauges_show_what_was_recorded() {
         "gpu_dra_healthy_gpus 7",
         "gpu_dra_mig_instances 3",
         "gpu_dra_mps_daemons 1",
+        r#"gpu_dra_orphaned_claims_reclaimed_total{reason="claim-deleted"} 0"#,
+        r#"gpu_dra_orphaned_claims_reclaimed_total{reason="uid-changed"} 1"#,
+        r#"gpu_dra_orphaned_claims_reclaimed_total{reason="not-allocated"} 0"#,
+        r#"gpu_dra_orphaned_claims_reclaimed_total{reason="unreserved"} 0"#,
         r#"gpu_dra_prepare_requests_total{result="success"} 1"#,
         r#"gpu_dra_prepare_requests_total{result="error"} 2"#,
         "gpu_dra_prepared_claims 2",
         "gpu_dra_published_devices 57",
+        "gpu_dra_recovery_pending_steps 2",
+        "gpu_dra_recovery_retries_total 0",
         "gpu_dra_unhealthy_gpus 1",
         r#"gpu_dra_unprepare_requests_total{result="success"} 0"#,
         r#"gpu_dra_unprepare_requests_total{result="error"} 0"#,
     ];
     assert_eq!(want, got);
     assert_eq!(
-        (1, 2, 2, 0),
+        (1, 2, 2, 0, 1),
         (
             m.requests(Operation::Prepare, Outcome::Success),
             m.requests(Operation::Prepare, Outcome::Error),
             m.errors("busy"),
             m.errors("hardware"),
+            m.orphans_reclaimed("uid-changed"),
         )
     );
 }

@@ -68,6 +68,9 @@ pub struct PluginConfig {
     /// How often the pods of claims shared by several pods are re-read for the telemetry's
     /// holder labels (`--holders-refresh-interval`).
     pub holders_refresh_interval: Duration,
+    /// `--orphan-grace-period`: how long a prepared claim may be reserved for no pod before
+    /// the plugin unprepares it ([`super::orphans`]); zero turns orphan reconciliation off.
+    pub orphan_grace_period: Duration,
     /// MPS allowed (opaque config and consumable-capacity shares).
     pub mps: bool,
     /// Time-slicing allowed.

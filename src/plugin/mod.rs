@@ -18,6 +18,8 @@ pub mod holders;
 pub mod inventory_watch;
 pub mod memory;
 mod observe;
+pub mod orphans;
+pub mod recovery;
 pub mod simhost;
 mod source;
 mod start_checks;
@@ -205,7 +207,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
             for failure in &failures {
                 warn!(
                     error = %crate::errors::error_chain(failure),
-                    "undo incomplete at start-up; starting anyway, supervision retries it"
+                    "undo incomplete at start-up; starting anyway, retried with backoff"
                 );
                 metrics.record_error(failure.kind());
             }
@@ -234,6 +236,20 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         undo_failed = ?report.undo_failed,
         "recovered state"
     );
+    // Serve through an unfinished recovery: report it and retry it until it converges.
+    let retrying_recovery = (!report.undo_failed.is_empty()).then(|| {
+        let unfinished = recovery::Unfinished {
+            manager: Arc::clone(&manager),
+            lock: PluginLock::new(sockets.lock_file()),
+            events: Some(crate::k8s::NodeEvents::new(
+                client.clone(),
+                config.node_name.clone(),
+            )),
+            metrics: metrics.clone(),
+            backoff: recovery::default_backoff(),
+        };
+        tokio::spawn(unfinished.run(report.undo_failed.clone()))
+    });
 
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
     start_checks::log(&config, &inventory);
@@ -295,6 +311,12 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         },
         status_claims,
     ));
+    let orphan_lookup = crate::k8s::ClaimLookup::new(
+        client.clone(),
+        config.driver_name.clone(),
+        config.node_name.clone(),
+    );
+    let orphan_boot_id = manager.boot_id.clone();
     let publisher = crate::k8s::SlicePublisher::new(
         client,
         config.driver_name.clone(),
@@ -305,6 +327,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         health.clone(),
     ));
     let publishing = tokio::spawn(async move { publisher.run(model_rx).await });
+    let republish = model_tx.clone();
     let watching = tokio::spawn(watcher.run(inventory, model_tx, health_tx));
 
     let supervising = tokio::spawn(supervise_mps(
@@ -313,23 +336,35 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         config.inventory_interval,
         metrics.clone(),
     ));
-    let running = kubelet::serve(
-        sockets,
-        Arc::new(claim_status::Reporting {
-            inner: handler::Handler {
-                manager,
+    let handler = Arc::new(claim_status::Reporting {
+        inner: handler::Handler {
+            manager,
+            metrics: metrics.clone(),
+            usage: Some(Arc::clone(&usage)),
+        },
+        queue: status_queue,
+    });
+    let reclaiming = (!config.orphan_grace_period.is_zero()).then(|| {
+        tokio::spawn(
+            orphans::Orphans {
+                handler: Arc::clone(&handler),
+                lock: PluginLock::new(sockets.lock_file()),
+                lookup: orphan_lookup,
+                state_dir: config.state_dir.clone(),
+                boot_id: orphan_boot_id,
+                grace: config.orphan_grace_period,
                 metrics: metrics.clone(),
-                usage: Some(Arc::clone(&usage)),
-            },
-            queue: status_queue,
-        }),
-        Some(health_rx),
-    )
-    .await
-    .map_err(PluginError::Kubelet)?;
+            }
+            .run(),
+        )
+    });
+    let running = kubelet::serve(sockets, handler, Some(health_rx))
+        .await
+        .map_err(PluginError::Kubelet)?;
     tokio::spawn(observe::follow_registration(
         running.registration_status(),
         health,
+        Some(republish),
     ));
     info!(
         driver = %config.driver_name,
@@ -350,6 +385,9 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     supervising.abort();
     publishing.abort();
     reporting_status.abort();
+    for task in [reclaiming, retrying_recovery].into_iter().flatten() {
+        task.abort();
+    }
     let stopped = running.shutdown().await.map_err(PluginError::Kubelet);
     // In-flight calls are done: what they changed in the ledger is written before exit.
     let _ = tokio::task::spawn_blocking(move || usage.flush()).await;

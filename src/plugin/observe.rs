@@ -79,12 +79,37 @@ pub async fn follow_publisher(mut status: watch::Receiver<PublishStatus>, health
 }
 
 /// Keeps `health`'s registration in step with the kubelet's reports; ends with the sockets.
-pub async fn follow_registration(mut state: watch::Receiver<RegistrationState>, health: Health) {
+///
+/// Each time the kubelet (re)registers the plugin, the current model is sent again on
+/// `republish`, which makes the publisher check the node's slices at once and again after
+/// [`REPUBLISH_AGAIN`]: a kubelet that starts deletes the node's ResourceSlices (and one that
+/// lost the plugin for longer than its grace period deletes the driver's), and that deletion
+/// may land just before or just after the registration.
+pub async fn follow_registration(
+    mut state: watch::Receiver<RegistrationState>,
+    health: Health,
+    republish: Option<watch::Sender<DeviceModel>>,
+) {
+    let mut again: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let registered = matches!(*state.borrow_and_update(), RegistrationState::Registered);
         health.set_registered(registered);
+        if registered && let Some(models) = &republish {
+            models.send_modify(|_| {});
+            if let Some(previous) = again.take() {
+                previous.abort();
+            }
+            let models = models.clone();
+            again = Some(tokio::spawn(async move {
+                tokio::time::sleep(REPUBLISH_AGAIN).await;
+                models.send_modify(|_| {});
+            }));
+        }
         if state.changed().await.is_err() {
             return;
         }
     }
 }
+
+/// How long after a registration the publisher checks the slices a second time.
+pub const REPUBLISH_AGAIN: std::time::Duration = std::time::Duration::from_secs(5);

@@ -146,6 +146,11 @@ impl FakeApiServer {
         }
     }
 
+    /// GETs the server is answering now.
+    pub fn gets_in_flight(&self) -> usize {
+        self.gets.now.load(Ordering::SeqCst)
+    }
+
     /// The most GETs the server was answering at one time so far.
     pub fn peak_concurrent_gets(&self) -> usize {
         self.gets.peak.load(Ordering::SeqCst)
@@ -216,6 +221,13 @@ impl FakeApiServer {
         self.lock().claims.get(&key).cloned()
     }
 
+    /// Deletes a stored ResourceClaim (its finalizers gone), as the API server would once
+    /// nobody holds it any more.
+    pub fn remove_claim(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        self.lock().claims.remove(&key).expect("claim to remove");
+    }
+
     /// Changes a stored claim behind the plugin's back (as another writer would), with a new
     /// resourceVersion.
     pub fn edit_claim(&self, namespace: &str, name: &str, edit: impl FnOnce(&mut Value)) {
@@ -241,6 +253,11 @@ impl FakeApiServer {
         store.slices.insert(name, slice);
     }
 
+    /// Deletes every stored ResourceSlice, as a kubelet does for its node when it starts.
+    pub fn remove_slices(&self) {
+        self.lock().slices.clear();
+    }
+
     /// The stored ResourceSlices by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
         self.lock().slices.clone()
@@ -256,6 +273,16 @@ impl FakeApiServer {
                 .iter()
                 .all(|s| s["spec"]["pool"]["resourceSliceCount"] == count);
         complete.then_some(slices)
+    }
+
+    /// The bodies of the Events created so far, in order.
+    pub fn events(&self) -> Vec<Value> {
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/events"))
+            .filter_map(|r| r.body.clone())
+            .collect()
     }
 
     /// Every request so far, in order.
@@ -382,6 +409,7 @@ impl Store {
                     "status",
                 ],
             ) => self.update_claim_status(ns, n, r),
+            ("POST", ["api", "v1", "namespaces", ns, "events"]) => self.create_event(ns, r),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => (200, self.list(r)),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceclaims"]) => (
                 200,
@@ -543,6 +571,32 @@ impl Store {
         (200, claim)
     }
 
+    /// `POST .../events`: stored nowhere (tests read the recorded request), answered as the
+    /// API server does, with a name made from `generateName`.
+    fn create_event(&mut self, ns: &str, r: &Recorded) -> (u16, Value) {
+        let mut event = r.body.clone().unwrap_or_default();
+        if event["involvedObject"]["kind"].as_str().is_none() {
+            return status(422, "Invalid", "involvedObject.kind: Required value");
+        }
+        if event["metadata"]["namespace"]
+            .as_str()
+            .is_some_and(|n| n != ns)
+        {
+            return status(
+                422,
+                "Invalid",
+                "metadata.namespace: does not match the request",
+            );
+        }
+        self.next_version += 1;
+        let prefix = event["metadata"]["generateName"]
+            .as_str()
+            .unwrap_or("event.");
+        event["metadata"]["name"] = json!(format!("{prefix}{}", self.next_version));
+        self.stamp(&mut event);
+        (201, event)
+    }
+
     fn stamp(&mut self, object: &mut Value) {
         self.next_version += 1;
         object["metadata"]["resourceVersion"] = json!(self.next_version.to_string());
@@ -636,8 +690,13 @@ pub(super) fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
     )
 }
 
+/// What the API server answers for a missing object: unlike its answer for a path it does not
+/// serve (empty `details`), the Status names the object.
 fn not_found(resource: &str, name: &str) -> (u16, Value) {
-    status(404, "NotFound", &format!("{resource} \"{name}\" not found"))
+    let message = format!("{resource}.resource.k8s.io \"{name}\" not found");
+    let (code, mut body) = status(404, "NotFound", &message);
+    body["details"] = json!({"name": name, "group": "resource.k8s.io", "kind": resource});
+    (code, body)
 }
 
 /// `a=b&c=d%3De` → pairs, percent-decoded.

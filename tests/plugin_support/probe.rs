@@ -25,3 +25,13 @@ pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let status = head.split(' ').nth(1)?.parse().ok()?;
     Some((status, body.to_string()))
 }
+
+/// The value of the series `series` (a metric name with its labels, as exposed:
+/// `name{label="v"}`) in a scrape of the plugin that wrote `log`; `None` before the plugin
+/// serves metrics or while the series is absent.
+pub fn metric(log: &str, series: &str) -> Option<f64> {
+    let (_, text) = get(metrics_addr(log)?, "/metrics")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{series} ")))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -238,6 +238,7 @@ mod tests {
             removed: false,
             added_model: None,
             faults: Vec::new(),
+            unknown: Default::default(),
         }
     }
 

@@ -78,6 +78,7 @@ impl SimBackend {
                 ecc: Default::default(),
                 removed: false,
                 added_model: Some(model.key.clone()),
+                unknown: Default::default(),
             });
             let index = s.gpus.iter().filter(|g| !g.removed).count() - 1;
             Ok((index as u32, true))

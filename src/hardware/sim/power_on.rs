@@ -101,6 +101,7 @@ pub(super) fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState 
                 ecc: Default::default(),
                 removed: false,
                 added_model: None,
+                unknown: Default::default(),
             }
         })
         .collect();
@@ -110,6 +111,7 @@ pub(super) fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState 
         event_seq: 0,
         events: Vec::new(),
         loads: Default::default(),
+        unknown: Default::default(),
     }
 }
 

@@ -33,7 +33,14 @@ pub struct SimState {
     /// Loads set with `sim-fault load`, by GPU slot (`telemetry.rs`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub loads: std::collections::BTreeMap<u32, super::telemetry::SimLoad>,
+    /// Fields a newer release wrote that this one does not know: kept as read and written
+    /// back, so a rollback and a roll forward again lose nothing (docs/upgrades.md).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
+
+/// Fields of a newer format version, kept verbatim.
+pub type Unknown = std::collections::BTreeMap<String, serde_json::Value>;
 
 /// Mutable state of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +71,9 @@ pub struct GpuState {
     /// Health-relevant events since the last recovery (see [`crate::hardware::health`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<crate::hardware::health::GpuFault>,
+    /// Fields of a newer release, kept (see [`SimState::unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// A GPU instance and its compute instances.
@@ -82,8 +92,11 @@ pub struct InstanceState {
     pub compute_instances: Vec<(u32, String)>,
 }
 
+/// Unknown fields are kept at every level a newer release is likely to extend (the file, the
+/// node's state, each GPU), so a file a newer release wrote is read, used and written back
+/// whole; only a newer `version` (an incompatible change) is refused.
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct StateFileV1 {
     version: u32,
     /// Identifies the node description the state belongs to.
@@ -92,6 +105,8 @@ struct StateFileV1 {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     node: Option<super::NodeSpec>,
     state: SimState,
+    #[serde(flatten)]
+    unknown: Unknown,
 }
 
 /// Where the state lives.
@@ -157,11 +172,12 @@ impl Store {
                 seen,
             } => {
                 let lock = lock_dir(dir)?;
-                let mut state = read_state(dir, fingerprint)?.unwrap_or_else(|| initial.clone());
+                let (mut state, kept) = read_state(dir, fingerprint)?
+                    .unwrap_or_else(|| (initial.clone(), Unknown::new()));
                 let (value, changed) = op(&mut state)?;
                 let path = dir.join(STATE_FILE);
                 if changed || !path.exists() {
-                    write_state(dir, fingerprint, node, &state)?;
+                    write_state(dir, fingerprint, node, &state, kept)?;
                 }
                 // Under the lock: no writer can replace the file between the read (or write)
                 // and this stamp.
@@ -248,7 +264,7 @@ pub(super) fn stored(dir: &Path) -> Result<Option<(super::NodeSpec, SimState)>, 
 
 /// Reads the state; `None` when there is none yet or it belongs to another node description.
 /// A file that does not parse is an error: hardware state is never silently reset.
-fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<SimState>, SimError> {
+fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<(SimState, Unknown)>, SimError> {
     let path = dir.join(STATE_FILE);
     crate::cost::count(crate::cost::Cost::HardwareStateRead);
     let text = match std::fs::read_to_string(&path) {
@@ -264,7 +280,9 @@ fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<SimState>, SimErro
         return Err(SimError::StateCorrupt {
             path,
             detail: format!(
-                "state version {} is not supported (supported: {STATE_VERSION})",
+                "state format version {} was written by a newer gpu-dra; this release reads \
+                 version {STATE_VERSION}: run the newer release, or move the file away to power \
+                 the simulated node on afresh (its MIG devices are then gone)",
                 file.version
             ),
         });
@@ -272,7 +290,7 @@ fn read_state(dir: &Path, fingerprint: &str) -> Result<Option<SimState>, SimErro
     if file.fingerprint != fingerprint {
         return Ok(None);
     }
-    Ok(Some(file.state))
+    Ok(Some((file.state, file.unknown)))
 }
 
 fn write_state(
@@ -280,12 +298,14 @@ fn write_state(
     fingerprint: &str,
     node: &super::NodeSpec,
     state: &SimState,
+    unknown: Unknown,
 ) -> Result<(), SimError> {
     let file = StateFileV1 {
         version: STATE_VERSION,
         fingerprint: fingerprint.to_string(),
         node: Some(node.clone()),
         state: state.clone(),
+        unknown,
     };
     let mut bytes = serde_json::to_vec_pretty(&file).map_err(|e| SimError::StateCorrupt {
         path: dir.join(STATE_FILE),
