@@ -6,7 +6,7 @@ use gpu_dra::devices::{self, DeviceKind, MigProfileSet, ModelOptions};
 use gpu_dra::explain_inputs::{SimSliceOptions, sim_slices};
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::hardware::{GpuBackend, MigPolicy};
-use mig_layout_support::{counters_allow, hardware_allows};
+use mig_layout_support::{counters_allow, dynamic_mig_names, hardware_allows};
 
 mod mig_layout_support;
 
@@ -82,12 +82,7 @@ fn a_filtered_model_is_the_full_model_minus_unlisted_profiles_with_the_same_coun
 fn every_set_of_filtered_devices_the_counters_allow_is_carvable_and_no_other() {
     // All 2^10 subsets of the ten MIG devices of 1g.10gb, 3g.40gb and 7g.80gb on an H100.
     let model = model(H100, "1g.10gb,3g.40gb,7g.80gb");
-    let migs: Vec<&str> = model
-        .devices
-        .iter()
-        .filter(|d| matches!(d.kind, DeviceKind::MigDynamic { .. }))
-        .map(|d| d.name())
-        .collect();
+    let migs = dynamic_mig_names(&model);
     assert_eq!(10, migs.len());
     let mut allowed = 0;
     for mask in 1u32..(1 << migs.len()) {

@@ -9,7 +9,7 @@ use gpu_dra::hardware::{GpuBackend, MigPolicy};
 use gpu_dra::inventory;
 use gpu_dra::slices::{self, PoolOptions};
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use mig_layout_support::{amount, counters_allow, hardware_allows};
+use mig_layout_support::{amount, counters_allow, dynamic_mig_names, hardware_allows};
 
 mod mig_layout_support;
 
@@ -257,12 +257,7 @@ fn counters_allow_exactly_the_pairs_and_triples_the_hardware_accepts() {
             ..Default::default()
         };
         let model = devices::build(&sim.inventory().unwrap(), &opts);
-        let migs: Vec<&str> = model
-            .devices
-            .iter()
-            .filter(|d| matches!(d.kind, DeviceKind::MigDynamic { .. }))
-            .map(|d| d.name())
-            .collect();
+        let migs = dynamic_mig_names(&model);
         for (i, a) in migs.iter().enumerate() {
             for b in &migs[i + 1..] {
                 let pair = [*a, *b];

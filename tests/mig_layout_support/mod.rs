@@ -20,6 +20,16 @@ pub fn amount(q: &str) -> u64 {
     }
 }
 
+/// The names of the dynamic MIG devices of `model`, in published order.
+pub fn dynamic_mig_names(model: &DeviceModel) -> Vec<&str> {
+    model
+        .devices
+        .iter()
+        .filter(|d| matches!(d.kind, DeviceKind::MigDynamic { .. }))
+        .map(|d| d.name())
+        .collect()
+}
+
 /// Whether the first counter set of `model` has room for all of `names` at once.
 pub fn counters_allow(model: &DeviceModel, names: &[&str]) -> bool {
     let set = &model.counter_sets[0];
