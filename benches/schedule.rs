@@ -11,8 +11,9 @@
 //! dgx-h100 nodes for a claim that fits nowhere. docs/configuration.md has the figures and
 //! docs/architecture.md ("Scheduling cost") how they relate to the real scheduler.
 //!
-//! Run: `cargo bench --bench schedule`. `GPU_DRA_SCHEDULE_PODS` sets the pods per run
-//! (default 200); `GPU_DRA_SCHEDULE_NODES` the node counts (default `100,1000`).
+//! Run: `cargo bench --bench schedule` (about 5 minutes on 2 cores). `GPU_DRA_SCHEDULE_PODS`
+//! sets the pods per run (default 200 over 100 nodes, 100 over more), `GPU_DRA_SCHEDULE_NODES`
+//! the node counts (default `100,1000`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -300,7 +301,7 @@ fn device_count(slices: &[ResourceSlice]) -> usize {
 }
 
 fn main() {
-    let pods = env_list("GPU_DRA_SCHEDULE_PODS", &[200])[0];
+    let pods_env = env_list("GPU_DRA_SCHEDULE_PODS", &[]).first().copied();
     let node_counts = env_list("GPU_DRA_SCHEDULE_NODES", &[100, 1000]);
     let baseline = baseline_node_file();
     let layout = |name, node: &str, profiles, one_g, full, carvable_now| Layout {
@@ -359,12 +360,15 @@ fn main() {
             false,
         ),
     ];
-    println!("{pods} pods per run, one claim each; times per node evaluation and per pod");
-    println!(
-        "{:<30} {:>5} {:>7} {:<6} {:>6} {:>10} {:>10} {:>8}",
-        "layout", "nodes", "dev/node", "claim", "placed", "per node", "per pod", "vs base"
-    );
     for &nodes in &node_counts {
+        let pods = pods_env.unwrap_or(if nodes <= 100 { 200 } else { 100 });
+        println!(
+            "\n{pods} pods over {nodes} nodes, one claim each; times per node evaluation and per pod"
+        );
+        println!(
+            "{:<30} {:>5} {:>7} {:<6} {:>6} {:>10} {:>10} {:>8}",
+            "layout", "nodes", "dev/node", "claim", "placed", "per node", "per pod", "vs base"
+        );
         let mut base_pod: Option<Duration> = None;
         for layout in &layouts {
             let template = slices_of(layout);
