@@ -68,22 +68,39 @@ pub fn builtin_classes() -> Result<Vec<DeviceClass>, InputError> {
         .collect()
 }
 
+/// What a simulated node's slices are built with besides its node file: the verbs' sharing
+/// and MIG-profile flags. The default is what `inventory --sim-node` prints without flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimSliceOptions {
+    /// `--shared-gpus`.
+    pub shared_gpus: crate::devices::SharedGpus,
+    /// `--mig-profiles`.
+    pub mig_profiles: crate::devices::MigProfileSet,
+}
+
 /// The slices a simulated node (preset or node file) publishes, as `inventory -o yaml` prints
-/// them.
+/// them. Fails when the node cannot be built or `options.mig_profiles` names a profile none of
+/// its GPUs has.
 pub fn sim_slices(
     sim_node: &str,
     driver: &str,
-    shared_gpus: crate::devices::SharedGpus,
+    options: SimSliceOptions,
 ) -> Result<Vec<ResourceSlice>, InputError> {
     let sim = SimBackend::open(sim_node, None).map_err(InputError::Sim)?;
-    let options = ModelOptions {
-        shared_gpus,
-        ..ModelOptions::with_policies(driver, &sim.mig_policies())
-    };
     let inventory = sim.inventory().map_err(|e| InputError::SimSlices {
         detail: e.to_string(),
     })?;
-    let model = crate::devices::build(&inventory, &options);
+    crate::devices::profiles::check(&options.mig_profiles, &inventory).map_err(|e| {
+        InputError::SimSlices {
+            detail: e.to_string(),
+        }
+    })?;
+    let model_options = ModelOptions {
+        shared_gpus: options.shared_gpus,
+        mig_profiles: options.mig_profiles,
+        ..ModelOptions::with_policies(driver, &sim.mig_policies())
+    };
+    let model = crate::devices::build(&inventory, &model_options);
     slices::build(
         &model,
         &PoolOptions {

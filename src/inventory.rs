@@ -21,6 +21,9 @@ pub enum InventoryError {
     /// The backend could not be queried.
     #[error("reading the GPU inventory failed")]
     Hardware(#[source] HardwareError),
+    /// `--mig-profiles` names a profile no GPU of the node has.
+    #[error("checking --mig-profiles against the node's GPUs")]
+    MigProfiles(#[source] crate::devices::MigProfilesError),
     /// The model breaks a ResourceSlice limit.
     #[error("building ResourceSlices failed")]
     Slices(#[source] SliceError),
@@ -73,7 +76,8 @@ pub fn view(
 /// Reads the backend and computes the model and slices (generation 1), the GPUs' faults
 /// judged with `policy` at `now` (Unix seconds) as the plugin judges them: every device of
 /// a degraded or failed GPU or MIG instance carries the policy's taint. Fails when the
-/// backend cannot be read or the model breaks a ResourceSlice limit.
+/// backend cannot be read, `options.mig_profiles` names a profile no GPU of the node has, or
+/// the model breaks a ResourceSlice limit.
 pub fn view_judged(
     backend: &dyn crate::hardware::GpuBackend,
     node_name: &str,
@@ -82,6 +86,8 @@ pub fn view_judged(
     now: i64,
 ) -> Result<NodeView, InventoryError> {
     let inventory = backend.inventory().map_err(InventoryError::Hardware)?;
+    crate::devices::profiles::check(&options.mig_profiles, &inventory)
+        .map_err(InventoryError::MigProfiles)?;
     let mut model = crate::devices::build(&inventory, options);
     let device_health = health::judge(policy, &inventory, &model, now);
     health::apply_taints(&mut model, &device_health, policy);

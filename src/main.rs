@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use gpu_dra::devices::{DEFAULT_DRIVER_NAME, ModelOptions, SharedGpus};
+use gpu_dra::devices::{DEFAULT_DRIVER_NAME, MigProfileSet, ModelOptions, SharedGpus};
 use gpu_dra::hardware::sim::{self, SimBackend, presets};
 use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend, policy_flag};
 use gpu_dra::sharing::simtools;
@@ -63,6 +63,21 @@ enum Command {
     },
 }
 
+/// `--mig-profiles`, on every verb that builds the device model.
+#[derive(clap::Args, Debug)]
+struct MigProfilesFlag {
+    /// MIG profiles a dynamic-MIG GPU publishes (with explain: those of --sim-node), e.g.
+    /// 1g.10gb,3g.40gb,7g.80gb; `all` (the default) publishes every profile at every
+    /// placement (docs/configuration.md has the scheduling cost of each choice).
+    #[arg(
+        long,
+        env = "GPU_DRA_MIG_PROFILES",
+        default_value = "all",
+        value_name = "all|PROFILE,..."
+    )]
+    mig_profiles: MigProfileSet,
+}
+
 #[derive(clap::Args, Debug)]
 struct InventoryArgs {
     /// GPU backend; defaults to `sim` when --sim-node is given, else `nvml`.
@@ -101,6 +116,8 @@ struct InventoryArgs {
         value_name = "off|memory|N"
     )]
     shared_gpus: SharedGpus,
+    #[command(flatten)]
+    mig_profiles: MigProfilesFlag,
     /// Health policy file (YAML or JSON) the GPUs' faults are judged with, as the plugin's
     /// --health-policy (docs/health.md). Default: the built-in policy.
     #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
@@ -245,6 +262,8 @@ struct ExplainArgs {
     /// `kubelet-plugin --shared-gpus` would: off, memory or N shares.
     #[arg(long, default_value = "off", value_name = "off|memory|N")]
     shared_gpus: SharedGpus,
+    #[command(flatten)]
+    mig_profiles: MigProfilesFlag,
     /// Slices from a file (e.g. `kubectl get resourceslices -o yaml`).
     #[arg(long, conflicts_with = "kubeconfig")]
     slices: Option<PathBuf>,
@@ -342,6 +361,8 @@ struct PluginArgs {
     /// GPUs with MIG on, disabled otherwise).
     #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
     mig_policy: Option<Policy>,
+    #[command(flatten)]
+    mig_profiles: MigProfilesFlag,
     /// Directory of the DRA socket (default /var/lib/kubelet/plugins/<driver>).
     #[arg(long, env = "GPU_DRA_PLUGIN_DIR")]
     plugin_dir: Option<PathBuf>,
@@ -651,6 +672,7 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         backend,
         mig_policy: args.mig_policy.map(MigPolicy::from),
         gpu_mig_policies: policy_flag::parse_gpu_policies(&args.gpu_mig_policies)?,
+        mig_profiles: args.mig_profiles.mig_profiles,
         simulated_host: args.simulated_host,
         state_dir: args.state_dir.unwrap_or_else(|| plugin_dir.clone()),
         plugin_dir,
@@ -792,6 +814,7 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         policies: Default::default(),
         default_policy: args.mig_policy.map(MigPolicy::from),
         shared_gpus: args.shared_gpus,
+        mig_profiles: args.mig_profiles.mig_profiles.clone(),
     };
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
         Backend::Sim => {
@@ -952,7 +975,10 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             (None, sim_node) => explain_inputs::sim_slices(
                 sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET),
                 &args.driver_name,
-                args.shared_gpus,
+                explain_inputs::SimSliceOptions {
+                    shared_gpus: args.shared_gpus,
+                    mig_profiles: args.mig_profiles.mig_profiles.clone(),
+                },
             )
             .map_err(|e| chain(&anyhow::Error::new(e))),
         };

@@ -166,3 +166,76 @@ fn inventory_shares_the_simulated_state_directory() {
             .is_file()
     );
 }
+
+fn published_devices(yaml: &str) -> Vec<String> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| {
+            serde_yaml::from_value::<ResourceSlice>(serde_yaml::Value::deserialize(doc).unwrap())
+                .unwrap()
+        })
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| d.name)
+        .collect()
+}
+
+#[test]
+fn mig_profiles_from_the_flag_or_the_env_var_limit_what_inventory_publishes() {
+    let (code, out, err) = gpu_dra(&[
+        "inventory",
+        "--sim-node",
+        "dgx-h100",
+        "--mig-profiles",
+        "1g.10gb,7g.80gb",
+        "-o",
+        "yaml",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let names = published_devices(&out);
+    assert_eq!(8 * 9, names.len());
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.contains("3g40gb") && !n.contains("-me-"))
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(["inventory", "--sim-node", "dgx-h100", "-o", "yaml"])
+        .env("GPU_DRA_MIG_PROFILES", "7g.80gb")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        8 * 2,
+        published_devices(&String::from_utf8_lossy(&out.stdout)).len()
+    );
+}
+
+#[test]
+fn an_unknown_mig_profile_fails_naming_the_flag_the_value_and_the_valid_profiles() {
+    let (code, _, err) = gpu_dra(&[
+        "inventory",
+        "--sim-node",
+        "dgx-h100",
+        "--mig-profiles",
+        "1g.5gb",
+    ]);
+    assert_ne!(code, 0);
+    for part in [
+        "--mig-profiles",
+        "\"1g.5gb\"",
+        "NVIDIA H100 80GB HBM3 (GPU 0,1,2,3,4,5,6,7): 1g.10gb, 1g.10gb+me, 1g.20gb",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    let (code, _, err) = gpu_dra(&[
+        "inventory",
+        "--sim-node",
+        "dgx-h100",
+        "--mig-profiles",
+        "1g.10gb,,7g.80gb",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--mig-profiles \"1g.10gb,,7g.80gb\": name 2 is empty"),
+        "{err}"
+    );
+}

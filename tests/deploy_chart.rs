@@ -84,6 +84,8 @@ fn schema_rejects_values_outside_their_choices() {
     let cases = [
         ("gpuBackend", json!({"gpuBackend": "cuda"})),
         ("migPolicy", json!({"migPolicy": "auto"})),
+        ("migProfiles", json!({"migProfiles": "1g.10gb,,7g.80gb"})),
+        ("migProfiles", json!({"migProfiles": "1g.10gb, 7g.80gb"})),
         ("logging.format", json!({"logging": {"format": "xml"}})),
         ("logging.level", json!({"logging": {"level": "verbose"}})),
         (
@@ -113,6 +115,9 @@ fn schema_accepts_every_documented_choice() {
     let cases = [
         json!({"gpuBackend": "sim", "sim": {"preset": "dgx-h100"}}),
         json!({"migPolicy": "dynamic"}),
+        json!({"migProfiles": "1g.10gb,3g.40gb,7g.80gb"}),
+        json!({"migProfiles": "1g.10gb+me,7g.80gb", "migPolicy": "dynamic"}),
+        json!({"migProfiles": "all"}),
         json!({"sharing": {"sharedGpus": "memory"}}),
         json!({"sharing": {"sharedGpus": 4}}),
         json!({"sharing": {"sharedGpus": "4"}}),

@@ -167,6 +167,24 @@ fn the_status_grant_names_the_charts_driver_and_nothing_else() {
 }
 
 #[test]
+fn mig_profiles_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_default() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let profiles = |args: &[&str]| {
+        let objects = render_chart(&helm, args);
+        env(of_kind(&objects, "DaemonSet")[0])
+            .get("GPU_DRA_MIG_PROFILES")
+            .cloned()
+    };
+    assert_eq!(None, profiles(&[]));
+    assert_eq!(
+        Some("1g.10gb,3g.40gb,7g.80gb".to_string()),
+        profiles(&["--set-string", "migProfiles=1g.10gb\\,3g.40gb\\,7g.80gb"])
+    );
+}
+
+#[test]
 fn admission_policy_applies_to_the_plugin_service_account_only() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;

@@ -9,6 +9,9 @@ use gpu_dra::hardware::{GpuBackend, MigPolicy};
 use gpu_dra::inventory;
 use gpu_dra::slices::{self, PoolOptions};
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use mig_layout_support::{amount, counters_allow, dynamic_mig_names, hardware_allows};
+
+mod mig_layout_support;
 
 fn options(sim: &SimBackend) -> ModelOptions {
     ModelOptions::with_policies(gpu_dra::devices::DEFAULT_DRIVER_NAME, &sim.mig_policies())
@@ -24,17 +27,6 @@ fn model_and_slices(preset: &str) -> (SimBackend, DeviceModel, Vec<ResourceSlice
     };
     let slices = slices::build(&model, &pool).unwrap();
     (sim, model, slices)
-}
-
-/// Quantities as they appear in our counters: plain integers, `Mi`, `Gi`.
-fn amount(q: &str) -> u64 {
-    if let Some(n) = q.strip_suffix("Mi") {
-        n.parse::<u64>().unwrap() << 20
-    } else if let Some(n) = q.strip_suffix("Gi") {
-        n.parse::<u64>().unwrap() << 30
-    } else {
-        q.parse().unwrap()
-    }
 }
 
 #[test]
@@ -245,47 +237,6 @@ fn full_gpu_attributes_match_nvidias_driver() {
 }
 
 /// Whether the counters allow all of `names` on one GPU at once.
-fn counters_allow(model: &DeviceModel, names: &[&str]) -> bool {
-    let set = &model.counter_sets[0];
-    let mut used: BTreeMap<&str, u64> = BTreeMap::new();
-    for n in names {
-        for c in model
-            .device(n)
-            .unwrap()
-            .device
-            .consumes_counters
-            .iter()
-            .flatten()
-        {
-            for (k, q) in &c.counters {
-                *used.entry(k.as_str()).or_default() += amount(&q.value.0);
-            }
-        }
-    }
-    used.iter()
-        .all(|(k, v)| *v <= amount(&set.counters[*k].value.0))
-}
-
-/// Whether the simulated hardware accepts all of `names` at once.
-fn hardware_allows(preset_yaml: &str, model: &DeviceModel, names: &[&str]) -> bool {
-    let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", preset_yaml)
-        .unwrap()
-        .plan("t", "t")
-        .unwrap();
-    let sim = SimBackend::from_plan(plan, None);
-    names.iter().all(|n| match &model.device(n).unwrap().kind {
-        DeviceKind::MigDynamic {
-            profile_id,
-            placement,
-            ..
-        } => sim
-            .create_mig_device(0, *profile_id, placement.start)
-            .is_ok(),
-        DeviceKind::Gpu => sim.inventory().unwrap().gpus[0].mig_devices.is_empty(),
-        DeviceKind::MigStatic { .. } => unreachable!(),
-    })
-}
-
 #[test]
 fn counters_allow_exactly_the_pairs_and_triples_the_hardware_accepts() {
     for model_key in [
@@ -306,12 +257,7 @@ fn counters_allow_exactly_the_pairs_and_triples_the_hardware_accepts() {
             ..Default::default()
         };
         let model = devices::build(&sim.inventory().unwrap(), &opts);
-        let migs: Vec<&str> = model
-            .devices
-            .iter()
-            .filter(|d| matches!(d.kind, DeviceKind::MigDynamic { .. }))
-            .map(|d| d.name())
-            .collect();
+        let migs = dynamic_mig_names(&model);
         for (i, a) in migs.iter().enumerate() {
             for b in &migs[i + 1..] {
                 let pair = [*a, *b];

@@ -28,6 +28,7 @@
 
 mod attributes;
 mod counters;
+pub mod profiles;
 mod share_limits;
 mod sharing;
 
@@ -39,6 +40,7 @@ use crate::hardware::{GpuInfo, MigPolicy, MigProfile, NodeInventory, Placement};
 
 pub use attributes::semver_of;
 pub use counters::counter_set_name;
+pub use profiles::{MigProfileSet, MigProfilesError};
 pub use share_limits::{ShareLimits, share_limits};
 pub use sharing::{MAX_SHARES, MIN_SHARES, SharedGpus, SharingError};
 
@@ -130,6 +132,9 @@ pub struct ModelOptions {
     /// Whether full GPUs and MIG devices are published shareable between claims
     /// (consumable capacity); [`SharedGpus::Off`] by default.
     pub shared_gpus: SharedGpus,
+    /// Which MIG profiles dynamic-MIG GPUs publish (`--mig-profiles`); every profile by
+    /// default. Check it against the node with [`profiles::check`].
+    pub mig_profiles: MigProfileSet,
 }
 
 impl Default for ModelOptions {
@@ -139,6 +144,7 @@ impl Default for ModelOptions {
             policies: BTreeMap::new(),
             default_policy: None,
             shared_gpus: SharedGpus::Off,
+            mig_profiles: MigProfileSet::All,
         }
     }
 }
@@ -152,6 +158,7 @@ impl ModelOptions {
             policies: (0u32..).zip(policies.iter().copied()).collect(),
             default_policy: None,
             shared_gpus: SharedGpus::Off,
+            mig_profiles: MigProfileSet::All,
         }
     }
 
@@ -241,12 +248,23 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                     model.devices.push(device);
                 }
                 if !needs_reset || gpu.mig.current {
-                    for profile in &gpu.mig_profiles {
+                    let offered = gpu
+                        .mig_profiles
+                        .iter()
+                        .filter(|p| options.mig_profiles.offers(&p.name));
+                    let before = model.devices.len();
+                    for profile in offered {
                         for &start in &profile.placement_starts {
                             model
                                 .devices
                                 .push(dynamic_mig(&common, gpu, profile, start));
                         }
+                    }
+                    if model.devices.len() == before && options.mig_profiles != MigProfileSet::All {
+                        model.warnings.push(format!(
+                            "GPU {} ({}) has none of the MIG profiles of --mig-profiles {}: no MIG device published",
+                            gpu.index, gpu.product_name, options.mig_profiles
+                        ));
                     }
                 }
                 model.counter_sets.push(set);

@@ -38,6 +38,8 @@ pub struct PluginConfig {
     pub mig_policy: Option<MigPolicy>,
     /// `--gpu-mig-policies`: MIG policy of single GPUs by index, over `mig_policy`.
     pub gpu_mig_policies: BTreeMap<u32, MigPolicy>,
+    /// `--mig-profiles`: the MIG profiles dynamic-MIG GPUs publish.
+    pub mig_profiles: crate::devices::MigProfileSet,
     /// `--simulated-host`: the node has no NVIDIA driver files or device nodes (kind, CI):
     /// CDI specs name the simulated device nodes and the sharing tools are the simulated
     /// ones, as with the sim backend. For the NVML backend over the simulated library.

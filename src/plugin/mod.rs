@@ -80,6 +80,9 @@ pub enum PluginError {
     /// The health policy file was refused.
     #[error("loading the health policy")]
     HealthPolicy(#[source] crate::health::PolicyError),
+    /// `--mig-profiles` names a profile no GPU of the node has.
+    #[error("checking --mig-profiles against the node's GPUs")]
+    MigProfiles(#[source] crate::devices::MigProfilesError),
     /// Waiting for signals failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
@@ -145,6 +148,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         .policies
         .extend(config.gpu_mig_policies.clone());
     model_options.shared_gpus = config.shared_gpus;
+    model_options.mig_profiles = config.mig_profiles.clone();
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
         ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {
@@ -252,6 +256,8 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     });
 
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
+    crate::devices::profiles::check(&model_options.mig_profiles, &inventory)
+        .map_err(PluginError::MigProfiles)?;
     start_checks::log(&config, &inventory);
     let watcher = inventory_watch::Watcher {
         backend: backend.clone(),

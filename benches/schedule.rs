@@ -1,0 +1,449 @@
+//! The scheduler's view of our slices: how long placing pods takes over 100 and 1,000 nodes of
+//! each preset and layout, with our allocator (`alloc/`, which follows the upstream
+//! structured allocator) driven the way kube-scheduler drives the upstream one.
+//!
+//! Per pod (PreFilter) one `Allocator` is built over every slice and every allocated claim;
+//! then (Filter) one node after another is evaluated from a rotating start until
+//! `numFeasibleNodesToFind` nodes fit (all nodes below 100, else max(100, n·(50 − n/125)%)),
+//! the least-loaded feasible node gets the pod, and its allocation joins the allocated claims
+//! of the next pod. Reported: time per node evaluation, per pod, and the per-pod ratio to the
+//! MIG-disabled 8 × H100 baseline with the same number of nodes. Then `explain` over 1,000
+//! dgx-h100 nodes for a claim that fits nowhere. docs/configuration.md has the figures and
+//! docs/architecture.md ("Scheduling cost") how they relate to the real scheduler.
+//!
+//! Run: `cargo bench --bench schedule` (about 5 minutes on 2 cores). `GPU_DRA_SCHEDULE_PODS`
+//! sets the pods per run (default 200 over 100 nodes, 100 over more), `GPU_DRA_SCHEDULE_NODES`
+//! the node counts (default `100,1000`).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpu_dra::alloc::{Allocator, Detail, Node};
+use gpu_dra::devices::MigProfileSet;
+use gpu_dra::explain::{ExplainInput, explain, load_claims};
+use gpu_dra::explain_inputs::{SimSliceOptions, builtin_classes, sim_slices};
+use gpu_dra::selectors::CelEngine;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, CELDeviceSelector, Device, DeviceClaim, DeviceRequest, DeviceSelector,
+    ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// A node layout: a simulated node and the MIG profiles its GPUs publish.
+struct Layout {
+    name: &'static str,
+    node: String,
+    profiles: &'static str,
+    /// The smallest MIG profile of the node's GPUs, for the one-device MIG claim.
+    one_g: Option<&'static str>,
+    /// Whether full GPUs are published (not on an Ampere GPU with MIG mode on).
+    full: bool,
+    /// Model of "publish only what is carvable now": after each allocation the node
+    /// re-publishes, per GPU and profile, only the first free placement (plus what is held).
+    carvable_now: bool,
+}
+
+/// `template` (one node's slices) repeated for `nodes` nodes named `node-0000`, ….
+fn cluster(template: &[ResourceSlice], nodes: usize) -> Vec<ResourceSlice> {
+    let mut all = Vec::with_capacity(nodes * template.len());
+    for n in 0..nodes {
+        let node = format!("node-{n:04}");
+        for (i, s) in template.iter().enumerate() {
+            let mut s = s.clone();
+            s.metadata.name = Some(format!("{node}-gpu.nvidia.com-{i}"));
+            s.spec.node_name = Some(node.clone());
+            s.spec.pool.name = node.clone();
+            all.push(s);
+        }
+    }
+    all
+}
+
+/// A one-request claim of `class`, with `profile` as selector when given.
+fn claim(name: &str, class: &str, profile: Option<&str>) -> ResourceClaim {
+    let selectors = profile.map(|p| {
+        vec![DeviceSelector {
+            cel: Some(CELDeviceSelector {
+                expression: format!("device.attributes['gpu.nvidia.com'].profile == '{p}'"),
+            }),
+        }]
+    });
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some("default".to_string()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: "r".to_string(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: class.to_string(),
+                        selectors,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }),
+        status: None,
+    }
+}
+
+#[derive(Default)]
+struct Run {
+    placed: usize,
+    pods: usize,
+    evaluations: u64,
+    prefilter: Duration,
+    filter: Duration,
+}
+
+impl Run {
+    fn per_eval(&self) -> Duration {
+        self.filter / self.evaluations.max(1) as u32
+    }
+    fn per_pod(&self) -> Duration {
+        (self.prefilter + self.filter) / self.pods.max(1) as u32
+    }
+}
+
+/// How many feasible nodes kube-scheduler looks for before it stops filtering (its default
+/// adaptive percentageOfNodesToScore).
+fn feasible_to_find(nodes: usize) -> usize {
+    if nodes < 100 {
+        return nodes;
+    }
+    let percent = 50usize.saturating_sub(nodes / 125).max(5);
+    (nodes * percent / 100).max(100)
+}
+
+/// Places `pods` pods, each with one claim like `template`, one after another.
+fn schedule(
+    all: &[ResourceSlice],
+    nodes: usize,
+    template: &ResourceClaim,
+    pods: usize,
+    carvable_now: bool,
+) -> Run {
+    let per_node = all.len() / nodes;
+    let mut held: Vec<BTreeSet<String>> = vec![BTreeSet::new(); nodes];
+    let mut slices: Vec<ResourceSlice> = if carvable_now {
+        (0..nodes)
+            .flat_map(|n| carvable(&all[n * per_node..(n + 1) * per_node], &held[n]))
+            .collect()
+    } else {
+        all.to_vec()
+    };
+    let classes = builtin_classes().expect("classes");
+    let names: Vec<Node> = (0..nodes)
+        .map(|n| Node::named(format!("node-{n:04}")))
+        .collect();
+    let mut load = vec![0usize; nodes];
+    let mut allocated: Vec<ResourceClaim> = Vec::new();
+    let mut start = 0usize;
+    let mut run = Run {
+        pods,
+        ..Default::default()
+    };
+    let want = feasible_to_find(nodes);
+    for pod in 0..pods {
+        let mut pending = template.clone();
+        let name = format!("pod-{pod}");
+        pending.metadata.name = Some(name.clone());
+        pending.metadata.uid = Some(format!("uid-{name}"));
+        let t0 = Instant::now();
+        let chosen: Option<(usize, AllocationResult)> = {
+            let allocator =
+                Allocator::new(&CelEngine, &classes, &slices, &allocated).expect("allocator");
+            let prepared = allocator
+                .prepare(std::slice::from_ref(&pending))
+                .expect("claim");
+            let t1 = Instant::now();
+            run.prefilter += t1 - t0;
+            let mut feasible: Vec<(usize, AllocationResult)> = Vec::new();
+            let mut evaluated = 0;
+            while evaluated < nodes && feasible.len() < want {
+                let n = (start + evaluated) % nodes;
+                evaluated += 1;
+                let outcome = allocator.allocate(&prepared, &names[n], Detail::Brief);
+                if let Some(mut results) = outcome.allocations {
+                    feasible.push((n, results.remove(0)));
+                }
+            }
+            run.evaluations += evaluated as u64;
+            start = (start + evaluated) % nodes;
+            run.filter += t1.elapsed();
+            feasible.into_iter().min_by_key(|(n, _)| load[*n])
+        };
+        let Some((n, result)) = chosen else {
+            continue;
+        };
+        load[n] += 1;
+        run.placed += 1;
+        if carvable_now {
+            for r in result
+                .devices
+                .iter()
+                .flat_map(|d| d.results.iter().flatten())
+            {
+                held[n].insert(r.device.clone());
+            }
+            let fresh = carvable(&all[n * per_node..(n + 1) * per_node], &held[n]);
+            slices.splice(n * per_node..(n + 1) * per_node, fresh);
+        }
+        pending.status = Some(ResourceClaimStatus {
+            allocation: Some(result),
+            ..Default::default()
+        });
+        allocated.push(pending);
+    }
+    run
+}
+
+/// The memory slices (counter set, slice number) a device consumes.
+fn memory_slices(device: &Device) -> BTreeSet<(String, String)> {
+    device
+        .consumes_counters
+        .iter()
+        .flatten()
+        .flat_map(|c| {
+            c.counters
+                .keys()
+                .filter(|k| k.starts_with("memory-slice-"))
+                .map(|k| (c.counter_set.clone(), k.clone()))
+        })
+        .collect()
+}
+
+/// One node's slices as a plugin publishing "only what is carvable now" would: the devices
+/// `held`, and per counter set (GPU) and profile the first placement whose memory slices are
+/// free; a full GPU only while nothing on it is held.
+fn carvable(node: &[ResourceSlice], held: &BTreeSet<String>) -> Vec<ResourceSlice> {
+    let taken: BTreeSet<(String, String)> = node
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(|d| held.contains(&d.name))
+        .flat_map(memory_slices)
+        .collect();
+    let mut offered: BTreeSet<(String, String)> = BTreeSet::new();
+    node.iter()
+        .map(|s| {
+            let mut s = s.clone();
+            if let Some(devices) = s.spec.devices.as_mut() {
+                devices.retain(|d| {
+                    if held.contains(&d.name) {
+                        return true;
+                    }
+                    let mine = memory_slices(d);
+                    let Some((set, _)) = mine.iter().next().cloned() else {
+                        return true;
+                    };
+                    if mine.iter().any(|m| taken.contains(m)) {
+                        return false;
+                    }
+                    let profile = d
+                        .attributes
+                        .as_ref()
+                        .and_then(|a| a.get("profile"))
+                        .and_then(|a| a.string.clone())
+                        .unwrap_or_else(|| "gpu".to_string());
+                    offered.insert((set, profile))
+                });
+            }
+            s
+        })
+        .collect()
+}
+
+fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+fn baseline_node_file() -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "gpu-dra-bench-h100-nomig-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &path,
+        "nodeName: h100-nomig\ngpus:\n  - model: H100-SXM5-80GB\n    count: 8\n    mig: disabled\n",
+    )
+    .expect("node file");
+    path
+}
+
+fn slices_of(layout: &Layout) -> Vec<ResourceSlice> {
+    let profiles: MigProfileSet = layout.profiles.parse().expect("profiles");
+    sim_slices(
+        &layout.node,
+        "gpu.nvidia.com",
+        SimSliceOptions {
+            mig_profiles: profiles,
+            ..Default::default()
+        },
+    )
+    .expect("slices")
+}
+
+fn device_count(slices: &[ResourceSlice]) -> usize {
+    slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
+fn main() {
+    let pods_env = env_list("GPU_DRA_SCHEDULE_PODS", &[]).first().copied();
+    let node_counts = env_list("GPU_DRA_SCHEDULE_NODES", &[100, 1000]);
+    let baseline = baseline_node_file();
+    let layout = |name, node: &str, profiles, one_g, full, carvable_now| Layout {
+        name,
+        node: node.to_string(),
+        profiles,
+        one_g,
+        full,
+        carvable_now,
+    };
+    let base = baseline.display().to_string();
+    let g1 = Some("1g.10gb");
+    let layouts = [
+        layout("8×H100 MIG disabled", &base, "all", None, true, false),
+        layout("dgx-h100 all (default)", "dgx-h100", "all", g1, true, false),
+        layout(
+            "dgx-h100 no +me, no 1g.20gb",
+            "dgx-h100",
+            "1g.10gb,2g.20gb,3g.40gb,4g.40gb,7g.80gb",
+            g1,
+            true,
+            false,
+        ),
+        layout(
+            "dgx-h100 1g,3g,7g",
+            "dgx-h100",
+            "1g.10gb,3g.40gb,7g.80gb",
+            g1,
+            true,
+            false,
+        ),
+        layout(
+            "dgx-h100 1g,7g",
+            "dgx-h100",
+            "1g.10gb,7g.80gb",
+            g1,
+            true,
+            false,
+        ),
+        layout("dgx-h100 7g", "dgx-h100", "7g.80gb", None, true, false),
+        layout(
+            "dgx-h100 carvable-now model",
+            "dgx-h100",
+            "all",
+            g1,
+            true,
+            true,
+        ),
+        layout("dgx-a100-80 all", "dgx-a100-80", "all", g1, false, false),
+        layout(
+            "dgx-a100 (preset)",
+            "dgx-a100",
+            "all",
+            Some("1g.5gb"),
+            true,
+            false,
+        ),
+    ];
+    for &nodes in &node_counts {
+        let pods = pods_env.unwrap_or(if nodes <= 100 { 200 } else { 100 });
+        println!(
+            "\n{pods} pods over {nodes} nodes, one claim each; times per node evaluation and per pod"
+        );
+        println!(
+            "{:<30} {:>5} {:>7} {:<6} {:>6} {:>10} {:>10} {:>8}",
+            "layout", "nodes", "dev/node", "claim", "placed", "per node", "per pod", "vs base"
+        );
+        let mut base_pod: Option<Duration> = None;
+        for layout in &layouts {
+            let template = slices_of(layout);
+            let per_node = if layout.carvable_now {
+                device_count(&carvable(&template, &BTreeSet::new()))
+            } else {
+                device_count(&template)
+            };
+            let slices = cluster(&template, nodes);
+            let mut claims = Vec::new();
+            if layout.full {
+                claims.push(("gpu", claim("c", "gpu.nvidia.com", None)));
+            }
+            if let Some(p) = layout.one_g {
+                claims.push(("1g", claim("c", "mig.nvidia.com", Some(p))));
+            }
+            for (label, c) in &claims {
+                let run = schedule(&slices, nodes, c, pods, layout.carvable_now);
+                if base_pod.is_none() {
+                    base_pod = Some(run.per_pod());
+                }
+                let ratio = base_pod.map_or(1.0, |b| b.as_secs_f64() / run.per_pod().as_secs_f64());
+                println!(
+                    "{:<30} {:>5} {:>7} {:<6} {:>6} {:>10.1?} {:>10.1?} {:>7.2}×",
+                    layout.name,
+                    nodes,
+                    per_node,
+                    label,
+                    run.placed,
+                    run.per_eval(),
+                    run.per_pod(),
+                    ratio
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&baseline);
+    explain_nowhere();
+}
+
+/// `explain` over 1,000 dgx-h100 nodes for a claim that fits nowhere (A100 profile names on
+/// H100s), for each H100 layout.
+fn explain_nowhere() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let claims = load_claims(&root.join("examples/mig-profiles.yaml")).expect("claims");
+    let classes = builtin_classes().expect("classes");
+    println!("\nexplain examples/mig-profiles.yaml over 1,000 dgx-h100 nodes (fits nowhere)");
+    for profiles in ["all", "1g.10gb,3g.40gb,7g.80gb", "1g.10gb,7g.80gb"] {
+        let template = slices_of(&Layout {
+            name: "",
+            node: "dgx-h100".to_string(),
+            profiles,
+            one_g: None,
+            full: true,
+            carvable_now: false,
+        });
+        let input = ExplainInput {
+            classes: classes.clone(),
+            slices: cluster(&template, 1000),
+            allocated: Vec::new(),
+            claims: claims.clone(),
+        };
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let report = explain(&CelEngine, &input);
+            times.push(t.elapsed());
+            assert!(!report.fits());
+        }
+        times.sort();
+        println!(
+            "  --mig-profiles {:<28} {:>5} devices/node  median {:>8.2?}",
+            profiles,
+            device_count(&template),
+            times[1]
+        );
+    }
+}
