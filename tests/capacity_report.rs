@@ -179,30 +179,32 @@ fn a_dgx_h100_shows_each_holder_its_placement_and_the_layout_it_leaves() {
             )
         })
         .collect();
+    // The packing order puts 3g at 4, 2g at 2 and 1g at 1, leaving slice 0 for one more
+    // 1g.10gb (the old order left nothing: 3g@0, 2g@4, 1g@6).
     assert_eq!(
         got,
         [
             (
-                "gpu-0-mig-3g40gb-0".to_string(),
-                "team-a".to_string(),
-                "train".to_string(),
-                vec!["trainer-0".to_string()]
+                "gpu-0-mig-1g10gb-1".to_string(),
+                "team-b".to_string(),
+                "notebook".to_string(),
+                vec!["jupyter-0".to_string()]
             ),
             (
-                "gpu-0-mig-2g20gb-4".into(),
+                "gpu-0-mig-2g20gb-2".into(),
                 "team-b".into(),
                 "infer".into(),
                 vec!["server-0".into()]
             ),
             (
-                "gpu-0-mig-1g10gb-6".into(),
-                "team-b".into(),
-                "notebook".into(),
-                vec!["jupyter-0".into()]
+                "gpu-0-mig-3g40gb-4".into(),
+                "team-a".into(),
+                "train".into(),
+                vec!["trainer-0".into()]
             ),
         ]
     );
-    assert_eq!(gpu0.layout.as_deref(), Some("AAAABBC."));
+    assert_eq!(gpu0.layout.as_deref(), Some(".ABBCCCC"));
     let free: Vec<(&str, usize)> = gpu0
         .free
         .iter()
@@ -212,8 +214,8 @@ fn a_dgx_h100_shows_each_holder_its_placement_and_the_layout_it_leaves() {
         free,
         [
             (FULL_GPU, 0),
-            ("1g.10gb", 0),
-            ("1g.10gb+me", 0),
+            ("1g.10gb", 1),
+            ("1g.10gb+me", 1),
             ("1g.20gb", 0),
             ("2g.20gb", 0),
             ("3g.40gb", 0),
@@ -222,7 +224,7 @@ fn a_dgx_h100_shows_each_holder_its_placement_and_the_layout_it_leaves() {
         ]
     );
     let row = |p: &str| report.profiles.iter().find(|r| r.profile == p).unwrap();
-    assert_eq!((row("1g.10gb").capacity, row("1g.10gb").free), (56, 49));
+    assert_eq!((row("1g.10gb").capacity, row("1g.10gb").free), (56, 50));
     assert_eq!((row(FULL_GPU).capacity, row(FULL_GPU).allocated), (8, 0));
     assert_eq!(row(FULL_GPU).free, 7);
     assert_eq!(row("3g.40gb").allocated, 1);
@@ -396,5 +398,65 @@ fn an_unknown_node_is_refused_naming_the_nodes_that_publish_devices() {
     assert_eq!(
         err.to_string(),
         "node \"gpu-9\" publishes no gpu.nvidia.com devices (nodes that do: mixed)"
+    );
+}
+
+/// A claim in `namespace` already allocated `device` of the dgx-h100 node.
+fn holding(name: &str, device: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}")},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "dev", "driver": "gpu.nvidia.com", "pool": "dgx-h100", "device": device}]}},
+            "reservedFor": [{"resource": "pods", "name": format!("{name}-0"), "uid": "u"}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_fragmented_gpu_names_its_free_slices_and_the_devices_blocking_each_profile() {
+    let slices = sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).unwrap();
+    let held = [
+        holding("big", "gpu-3-mig-4g40gb-0"),
+        holding("small", "gpu-3-mig-1g10gb-5"),
+    ];
+    let report = report(&slices, &held);
+    let gpu3 = &report.nodes[0].gpus[3];
+    assert_eq!(gpu3.layout.as_deref(), Some("AAAA.B.."));
+    assert_eq!(gpu3.free_memory_slices, Some(vec![4, 6, 7]));
+    let blocked: Vec<String> = gpu3.blocked.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        blocked,
+        [
+            "2g.20gb blocked by gpu-3-mig-1g10gb-5 at slice 5",
+            "3g.40gb blocked by gpu-3-mig-1g10gb-5 at slice 5",
+            "4g.40gb blocked by gpu-3-mig-4g40gb-0 at slices 0-3",
+            "7g.80gb blocked by gpu-3-mig-4g40gb-0 at slices 0-3, gpu-3-mig-1g10gb-5 at slice 5",
+        ]
+    );
+    let json = serde_json::to_value(gpu3).unwrap();
+    assert_eq!(json["freeMemorySlices"], json!([4, 6, 7]));
+    assert_eq!(
+        json["blocked"][1],
+        json!({"profile": "3g.40gb", "placement": {"start": 4, "size": 4},
+               "blockedBy": [{"device": "gpu-3-mig-1g10gb-5", "slices": [5]}]})
+    );
+    let idle = &report.nodes[0].gpus[0];
+    assert_eq!(idle.free_memory_slices, Some((0..8).collect()));
+    assert!(idle.blocked.is_empty());
+}
+
+#[test]
+fn the_media_engine_holder_blocks_the_other_media_profile_by_counter() {
+    let slices = sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).unwrap();
+    let held = [holding("media", "gpu-0-mig-1g10gb-me-6")];
+    let gpu0 = &report(&slices, &held).nodes[0].gpus[0];
+    let blocked: Vec<String> = gpu0.blocked.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        blocked,
+        [
+            "1g.10gb+me blocked by gpu-0-mig-1g10gb-me-6 on ofa-engines",
+            "7g.80gb blocked by gpu-0-mig-1g10gb-me-6 at slice 6",
+        ]
     );
 }

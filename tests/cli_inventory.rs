@@ -79,7 +79,7 @@ fn demo_runs_on_the_default_preset() {
     assert!(out.contains("25 MIG placements carved on demand"), "{out}");
     assert!(out.contains("3. ResourceSlices"), "{out}");
     assert!(
-        out.contains("mig-h100.yaml") && out.contains("allocated mig=gpu-1-mig-3g40gb-0"),
+        out.contains("mig-h100.yaml") && out.contains("allocated mig=gpu-1-mig-3g40gb-4"),
         "{out}"
     );
     assert!(
@@ -87,7 +87,7 @@ fn demo_runs_on_the_default_preset() {
         "a CDI spec is shown: {out}"
     );
     assert!(
-        out.contains("GPU 1 3g.40gb@0"),
+        out.contains("GPU 1 3g.40gb@4"),
         "the carved MIG device is listed: {out}"
     );
     assert!(

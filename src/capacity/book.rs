@@ -1,6 +1,7 @@
 //! One GPU's shared counters and the devices that consume them: what its holders take, which
 //! devices are still free, and how many of each profile a request could get together.
 
+use super::blocked;
 use super::{Allocation, FULL_GPU, FreeProfile, GpuCapacity, Holder, MigMode, Placement};
 use crate::quantity::Quantity;
 
@@ -9,20 +10,23 @@ pub(super) type Use = (usize, Quantity);
 
 /// The counters of the counter sets a GPU's devices consume.
 #[derive(Default)]
-pub(super) struct Book {
+pub(super) struct Book<'a> {
     /// The pool's (counter set, counter) numbers per index.
     pub(super) keys: Vec<(u32, u32)>,
+    /// Counter names per index.
+    pub(super) names: Vec<&'a str>,
     pub(super) totals: Vec<Quantity>,
     /// Index of `memory-slice-<n>` for each n, when the GPU has them.
     pub(super) memory_slices: Vec<Option<usize>>,
 }
 
-impl Book {
-    /// Index of a counter (the pool's set and counter numbers), adding it with `total` on
-    /// first sight; `memory_slice` is its `n` when it is `memory-slice-<n>`.
+impl<'a> Book<'a> {
+    /// Index of a counter (the pool's set and counter numbers), adding it with its `name` and
+    /// `total` on first sight; `memory_slice` is its `n` when it is `memory-slice-<n>`.
     pub(super) fn index(
         &mut self,
         key: (u32, u32),
+        name: &'a str,
         total: Quantity,
         memory_slice: Option<u32>,
     ) -> usize {
@@ -30,6 +34,7 @@ impl Book {
             return i;
         }
         self.keys.push(key);
+        self.names.push(name);
         self.totals.push(total);
         if let Some(n) = memory_slice {
             let n = n as usize;
@@ -75,7 +80,7 @@ pub(super) struct GpuEntry<'a> {
     pub(super) uuid: Option<&'a str>,
     pub(super) model: &'a str,
     pub(super) devices: Vec<Dev<'a>>,
-    pub(super) book: Book,
+    pub(super) book: Book<'a>,
 }
 
 /// Per-profile counts of one GPU, for the cluster and pool summaries.
@@ -178,6 +183,16 @@ impl<'a> GpuEntry<'a> {
                 starts: if placed { starts } else { Vec::new() },
             });
         }
+        let dynamic = mig == MigMode::Dynamic;
+        let blocked = if dynamic {
+            counts
+                .iter()
+                .filter(|c| c.profile != FULL_GPU && c.capacity > 0 && c.free == 0)
+                .filter_map(|c| blocked::blocked(&self.devices, &self.book, &left, c.profile))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let gpu = GpuCapacity {
             name: self.name,
             uuid: self.uuid.map(str::to_string),
@@ -187,6 +202,9 @@ impl<'a> GpuEntry<'a> {
                 .then(|| String::from_utf8_lossy(&layout).into_owned()),
             allocated,
             free,
+            free_memory_slices: (dynamic && !self.book.memory_slices.is_empty())
+                .then(|| blocked::free_memory_slices(&self.book, &left)),
+            blocked,
         };
         (gpu, counts)
     }
@@ -231,9 +249,9 @@ mod tests {
     #[test]
     fn placements_sharing_one_engine_count_as_one_free_device() {
         let mut book = Book::default();
-        let ofa = book.index((0, 0), q(1), None);
+        let ofa = book.index((0, 0), "ofa-engines", q(1), None);
         let slices: Vec<usize> = (0..2)
-            .map(|n| book.index((0, n + 1), q(1), Some(n)))
+            .map(|n| book.index((0, n + 1), "memory-slice", q(1), Some(n)))
             .collect();
         let gpu = GpuEntry {
             node: "n".into(),
@@ -264,7 +282,9 @@ mod tests {
             consumed: Default::default(),
         }];
         let mut book = Book::default();
-        let s: Vec<usize> = (0..4).map(|n| book.index((0, n), q(1), Some(n))).collect();
+        let s: Vec<usize> = (0..4)
+            .map(|n| book.index((0, n), "memory-slice", q(1), Some(n)))
+            .collect();
         let all: Vec<Use> = s.iter().map(|&i| (i, q(1))).collect();
         let gpu = GpuEntry {
             node: "n".into(),

@@ -310,6 +310,7 @@ pub(super) fn collect<'a>(
                         let known = &counters.sets[set].counters[at];
                         let i = gpu.book.index(
                             (set as u32, at as u32),
+                            known.name,
                             known.total,
                             known.memory_slice,
                         );

@@ -12,6 +12,7 @@
 //! that profile could be allocated together, so seven free `1g.10gb+me` placements that all
 //! need the GPU's single OFA engine count as one.
 
+mod blocked;
 mod book;
 mod fast_json;
 mod gpus;
@@ -191,6 +192,62 @@ pub struct GpuCapacity {
     pub allocated: Vec<Allocation>,
     /// Per profile offered on this GPU, what a request could still get.
     pub free: Vec<FreeProfile>,
+    /// With dynamic MIG: the memory slices no allocation uses, ascending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub free_memory_slices: Option<Vec<u32>>,
+    /// With dynamic MIG: the MIG profiles that fit on this GPU when idle but no longer fit,
+    /// each with the allocated devices in its way (fragmentation).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<BlockedProfile>,
+}
+
+/// A MIG profile that no longer fits on a GPU, and the allocations that keep it out.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedProfile {
+    pub profile: String,
+    /// Of the profile's placements, the one the fewest allocations block, then the one whose
+    /// blockers hold the fewest slices (the lowest start among equals): releasing
+    /// `blocked_by` makes room for it.
+    pub placement: Placement,
+    /// The allocated devices in the way, at least one, in allocation order.
+    pub blocked_by: Vec<Blocker>,
+}
+
+/// An allocated device in the way of a placement.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocker {
+    pub device: String,
+    /// The placement's memory slices it holds.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<u32>,
+    /// Without a shared slice: the other shared counters the placement needs and it holds
+    /// (the single media engine).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub counters: Vec<String>,
+}
+
+impl std::fmt::Display for BlockedProfile {
+    /// `3g.40gb blocked by gpu-3-mig-1g10gb-5 at slice 5`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} blocked by ", self.profile)?;
+        for (i, b) in self.blocked_by.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(&b.device)?;
+            match b.slices.as_slice() {
+                [] => {}
+                [one] => write!(f, " at slice {one}")?,
+                many => write!(f, " at slices {}", render::slice_list(many))?,
+            }
+            if !b.counters.is_empty() {
+                write!(f, " on {}", b.counters.join(", "))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A device some claims hold.

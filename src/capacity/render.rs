@@ -112,6 +112,25 @@ fn placement_text(start: u32, size: Option<u32>) -> String {
     }
 }
 
+/// Memory slices as ranges: `0-3,5,7`.
+pub(super) fn slice_list(slices: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < slices.len() {
+        let mut j = i;
+        while j + 1 < slices.len() && slices[j + 1] == slices[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            slices[i].to_string()
+        } else {
+            format!("{}-{}", slices[i], slices[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
 /// Renders `report` as text tables.
 pub fn render_table(report: &CapacityReport, options: &TableOptions) -> String {
     let mut out = String::new();
@@ -197,6 +216,7 @@ pub fn render_table(report: &CapacityReport, options: &TableOptions) -> String {
     header.extend(["BUSY/GPUS", "HELD", "MODEL", "LAYOUT"]);
     table(&mut out, &header, &rows);
     allocations(&mut out, report, options);
+    fragmentation(&mut out, report, options);
     if options.detail {
         gpus(&mut out, report);
     }
@@ -258,6 +278,42 @@ fn allocations(out: &mut String, report: &CapacityReport, options: &TableOptions
     }
 }
 
+/// GPUs on which a MIG profile no longer fits although enough memory slices are free: the
+/// profile, and which allocations are in its way.
+fn fragmentation(out: &mut String, report: &CapacityReport, options: &TableOptions) {
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for node in &report.nodes {
+        for gpu in &node.gpus {
+            let free = gpu.free_memory_slices.as_deref().unwrap_or_default();
+            for b in &gpu.blocked {
+                if (free.len() as u32) < b.placement.size.unwrap_or(u32::MAX) {
+                    continue;
+                }
+                rows.push(vec![
+                    node.name.clone(),
+                    gpu.name.clone(),
+                    slice_list(free),
+                    b.to_string(),
+                ]);
+            }
+        }
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let total = rows.len();
+    if !options.detail && total > options.max_allocations {
+        rows.truncate(options.max_allocations);
+    }
+    out.push_str(
+        "\nFRAGMENTED (profiles that no longer fit although enough memory slices are free)\n",
+    );
+    table(out, &["NODE", "GPU", "FREE SLICES", "BLOCKED"], &rows);
+    if rows.len() < total {
+        let _ = writeln!(out, "… {} more (--detail shows all)", total - rows.len());
+    }
+}
+
 fn gpus(out: &mut String, report: &CapacityReport) {
     out.push_str("\nGPUS (layout letters are the allocations listed under each GPU)\n");
     for node in &report.nodes {
@@ -311,6 +367,20 @@ fn gpus(out: &mut String, report: &CapacityReport) {
                     free.join(" ")
                 }
             );
+            if let Some(slices) = &gpu.free_memory_slices {
+                let _ = writeln!(
+                    out,
+                    "  free memory slices: {}",
+                    if slices.is_empty() {
+                        "none".to_string()
+                    } else {
+                        slice_list(slices)
+                    }
+                );
+            }
+            for b in &gpu.blocked {
+                let _ = writeln!(out, "  {b}");
+            }
         }
     }
 }

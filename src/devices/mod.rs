@@ -28,6 +28,7 @@
 
 mod attributes;
 mod counters;
+mod packing;
 pub mod profiles;
 mod share_limits;
 mod sharing;
@@ -40,6 +41,7 @@ use crate::hardware::{GpuInfo, MigPolicy, MigProfile, NodeInventory, Placement};
 
 pub use attributes::semver_of;
 pub use counters::counter_set_name;
+pub use packing::placement_order;
 pub use profiles::{MigProfileSet, MigProfilesError};
 pub use share_limits::{ShareLimits, share_limits};
 pub use sharing::{MAX_SHARES, MIN_SHARES, SharedGpus, SharingError};
@@ -104,7 +106,8 @@ impl PublishedDevice {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeviceModel {
     /// Devices, grouped by GPU in index order; within a GPU the full GPU first, then MIG
-    /// devices by profile table order and placement.
+    /// devices by profile table order, each profile's dynamic placements in packing order
+    /// ([`placement_order`]: the one that blocks larger profiles least first).
     pub devices: Vec<PublishedDevice>,
     /// One counter set per dynamic-MIG GPU, in GPU order.
     pub counter_sets: Vec<CounterSet>,
@@ -295,6 +298,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
             );
         }
     }
+    packing::order(&mut model.devices, inventory);
     model
 }
 

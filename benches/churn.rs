@@ -1,0 +1,273 @@
+//! MIG packing under churn: one DGX H100 (`--sim-node dgx-h100`, dynamic MIG, the slices
+//! `inventory` publishes), seeded streams of 1g/2g/3g/4g/7g claims arriving and leaving,
+//! allocated by our allocator (`alloc/`, first fit in slice order, as the scheduler's) with
+//! the built-in DeviceClasses and real CEL selectors.
+//!
+//! After every event it asks whether a `7g.80gb` and a `4g.40gb` request would still fit, and
+//! whether they could fit in the best possible layout of the same allocations: the profiles
+//! each GPU holds, re-placed on that GPU by an exact search over the MIG placement table. The
+//! figure is how often the big profile fits as a share of how often it could, for the packing
+//! order `inventory` publishes (new) against the order before it (old: every profile's
+//! placements by ascending start). Target: ≥ 90 % for both profiles. Prints figures; asserts
+//! only that the allocator never beats the exact search (which would mean a wrong search).
+//! Run: `cargo bench --bench churn`.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use gpu_dra::alloc::{Allocator, Detail, Node};
+use gpu_dra::explain_inputs::{builtin_classes, sim_slices};
+use gpu_dra::hardware::MigProfile;
+use gpu_dra::hardware::catalog;
+use gpu_dra::hardware::geometry::fill_placements;
+use gpu_dra::selectors::CelEngine;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde_json::json;
+
+const NODE: &str = "dgx-h100";
+const EVENTS: usize = 1500;
+const SEEDS: [u64; 3] = [0x5eed_0001, 0x5eed_0002, 0x5eed_0003];
+/// Claim mix: profile and weight.
+const MIX: [(&str, u32); 5] = [
+    ("1g.10gb", 40),
+    ("2g.20gb", 25),
+    ("3g.40gb", 15),
+    ("4g.40gb", 10),
+    ("7g.80gb", 10),
+];
+/// Percent of events that are arrivals (the rest are departures of a random held claim).
+const ARRIVALS: u64 = 55;
+const BIG: [&str; 2] = ["7g.80gb", "4g.40gb"];
+
+/// splitmix64: a small seeded generator, enough for a reproducible stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn request(name: &str, profile: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "churn"},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": "mig.nvidia.com",
+            "selectors": [{"cel": {"expression":
+                format!("device.attributes['gpu.nvidia.com'].profile == '{profile}'")}}]
+        }}]}}
+    }))
+    .expect("claim")
+}
+
+/// Devices of every slice sorted as `devices::build` emitted them before the packing order:
+/// per GPU the full GPU, then profiles in table order, each by ascending start.
+fn old_order(slices: &[ResourceSlice], profiles: &[MigProfile]) -> Vec<ResourceSlice> {
+    let key = |name: &str| -> (u32, usize, u32) {
+        let parts: Vec<&str> = name.split('-').collect();
+        let minor = parts[1].parse().expect("minor");
+        if parts.len() == 2 {
+            return (minor, 0, 0);
+        }
+        let start = parts[parts.len() - 1].parse().expect("start");
+        let profile = parts[3..parts.len() - 1].join("-");
+        let at = profiles
+            .iter()
+            .position(|p| gpu_dra::devices::mig_device_name(minor, &p.name, start) == name)
+            .unwrap_or_else(|| panic!("profile {profile} of {name}"));
+        (minor, at + 1, start)
+    };
+    slices
+        .iter()
+        .cloned()
+        .map(|mut s| {
+            if let Some(devices) = s.spec.devices.as_mut() {
+                devices.sort_by_key(|d| key(&d.name));
+            }
+            s
+        })
+        .collect()
+}
+
+/// A held claim: its profile, the GPU (minor) it landed on, and the claim with its allocation.
+struct Held {
+    profile: &'static str,
+    gpu: u32,
+    claim: ResourceClaim,
+}
+
+/// Whether `big` fits next to what `held` holds if every GPU's instances could be re-placed:
+/// an exact search over the placement table, per GPU.
+fn best_fits(held: &[Held], big: &str, profiles: &[MigProfile], gpus: u32) -> bool {
+    let by_name = |name: &str| profiles.iter().find(|p| p.name == name).expect("profile");
+    let mut per_gpu: BTreeMap<u32, Vec<&MigProfile>> = (0..gpus).map(|g| (g, vec![])).collect();
+    for h in held {
+        per_gpu.entry(h.gpu).or_default().push(by_name(h.profile));
+    }
+    per_gpu.values().any(|on_gpu| {
+        let mut wanted: Vec<(&MigProfile, Option<u32>)> =
+            on_gpu.iter().map(|p| (*p, None)).collect();
+        wanted.push((by_name(big), None));
+        fill_placements(profiles, &[], &wanted).is_some()
+    })
+}
+
+#[derive(Default)]
+struct Tally {
+    events: usize,
+    arrivals: BTreeMap<&'static str, (usize, usize)>,
+    /// Per big profile: probes where it fits, where it could fit.
+    fits: BTreeMap<&'static str, (usize, usize)>,
+    held_slices: usize,
+}
+
+fn run(
+    engine: &CelEngine,
+    classes: &[DeviceClass],
+    slices: &[ResourceSlice],
+    profiles: &[MigProfile],
+    seed: u64,
+    tally: &mut Tally,
+) {
+    let mut rng = Rng(seed);
+    let node = Node::named(NODE);
+    let total: u32 = MIX.iter().map(|(_, w)| w).sum();
+    let probes: Vec<ResourceClaim> = BIG
+        .iter()
+        .map(|p| request(&format!("probe-{p}"), p))
+        .collect();
+    let mut held: Vec<Held> = Vec::new();
+    let size = |p: &str| {
+        profiles
+            .iter()
+            .find(|x| x.name == p)
+            .map_or(0, |x| x.memory_slices)
+    };
+    for event in 0..EVENTS {
+        if held.is_empty() || rng.below(100) < ARRIVALS {
+            let mut pick = rng.below(u64::from(total)) as u32;
+            let profile = MIX
+                .iter()
+                .find(|(_, w)| {
+                    let hit = pick < *w;
+                    pick = pick.saturating_sub(*w);
+                    hit
+                })
+                .map_or(MIX[0].0, |(p, _)| p);
+            let mut claim = request(&format!("c-{seed:x}-{event}"), profile);
+            let allocated: Vec<ResourceClaim> = held.iter().map(|h| h.claim.clone()).collect();
+            let allocator = Allocator::new(engine, classes, slices, &allocated).expect("allocator");
+            let prepared = allocator
+                .prepare(std::slice::from_ref(&claim))
+                .expect("claim");
+            let outcome = allocator.allocate(&prepared, &node, Detail::Brief);
+            let entry = tally.arrivals.entry(profile).or_default();
+            entry.0 += 1;
+            if let Some(mut results) = outcome.allocations {
+                entry.1 += 1;
+                let result = results.remove(0);
+                let device = result
+                    .devices
+                    .as_ref()
+                    .and_then(|d| d.results.as_ref())
+                    .and_then(|r| r.first())
+                    .map(|r| r.device.clone())
+                    .expect("one device");
+                let gpu = device.split('-').nth(1).expect("minor").parse().unwrap();
+                claim.status = Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+                    allocation: Some(result),
+                    ..Default::default()
+                });
+                held.push(Held {
+                    profile,
+                    gpu,
+                    claim,
+                });
+            }
+        } else {
+            let at = rng.below(held.len() as u64) as usize;
+            held.swap_remove(at);
+        }
+        let allocated: Vec<ResourceClaim> = held.iter().map(|h| h.claim.clone()).collect();
+        let allocator = Allocator::new(engine, classes, slices, &allocated).expect("allocator");
+        for (probe, big) in probes.iter().zip(BIG) {
+            let prepared = allocator
+                .prepare(std::slice::from_ref(probe))
+                .expect("probe");
+            let fits = allocator.allocate(&prepared, &node, Detail::Brief).fits();
+            let best = best_fits(&held, big, profiles, 8);
+            assert!(
+                best || !fits,
+                "{big} fits where the exact search says it cannot"
+            );
+            let entry = tally.fits.entry(big).or_default();
+            entry.0 += usize::from(fits);
+            entry.1 += usize::from(best);
+        }
+        tally.events += 1;
+        tally.held_slices += held.iter().map(|h| size(h.profile) as usize).sum::<usize>();
+    }
+}
+
+fn main() {
+    let start = Instant::now();
+    let engine = CelEngine;
+    let classes = builtin_classes().expect("classes");
+    let profiles = catalog::model("h100").expect("h100").profiles.clone();
+    let new = sim_slices(NODE, "gpu.nvidia.com", Default::default()).expect("slices");
+    let old = old_order(&new, &profiles);
+    assert_ne!(
+        old.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),
+        new.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),
+        "the packing order differs from the old one"
+    );
+    println!(
+        "{NODE}: {} events per seed, seeds {SEEDS:x?}, mix {MIX:?}, {ARRIVALS}% arrivals",
+        EVENTS
+    );
+    println!(
+        "{:<6} {:>9} {:>24} {:>24} {:>40}",
+        "order",
+        "held",
+        "7g.80gb fits/could",
+        "4g.40gb fits/could",
+        "arrivals placed (1g 2g 3g 4g 7g)"
+    );
+    for (label, slices) in [("old", &old), ("new", &new)] {
+        let mut tally = Tally::default();
+        for seed in SEEDS {
+            run(&engine, &classes, slices, &profiles, seed, &mut tally);
+        }
+        let share = |big: &str| {
+            let (fits, could) = tally.fits[big];
+            format!(
+                "{fits}/{could} = {:5.1} %",
+                100.0 * fits as f64 / could.max(1) as f64
+            )
+        };
+        let placed: Vec<String> = MIX
+            .iter()
+            .map(|(p, _)| {
+                let (tried, ok) = tally.arrivals.get(p).copied().unwrap_or_default();
+                format!("{:.0}%", 100.0 * ok as f64 / tried.max(1) as f64)
+            })
+            .collect();
+        println!(
+            "{label:<6} {:>8.1}% {:>24} {:>24} {:>40}",
+            100.0 * tally.held_slices as f64 / (tally.events * 64) as f64,
+            share("7g.80gb"),
+            share("4g.40gb"),
+            placed.join(" ")
+        );
+    }
+    println!("(held: mean share of the node's 64 memory slices held after each event)");
+    println!("total {:.1} s", start.elapsed().as_secs_f64());
+}
