@@ -36,17 +36,18 @@ fn names(model: &devices::DeviceModel) -> Vec<&str> {
 #[test]
 fn listed_profiles_keep_every_placement_and_the_full_gpu_and_nothing_else() {
     let got = model(H100, "1g.10gb,3g.40gb,7g.80gb");
+    // In packing order (devices::packing): small profiles where they block big ones least.
     let want = [
         "gpu-0",
-        "gpu-0-mig-1g10gb-0",
-        "gpu-0-mig-1g10gb-1",
-        "gpu-0-mig-1g10gb-2",
-        "gpu-0-mig-1g10gb-3",
-        "gpu-0-mig-1g10gb-4",
-        "gpu-0-mig-1g10gb-5",
         "gpu-0-mig-1g10gb-6",
-        "gpu-0-mig-3g40gb-0",
+        "gpu-0-mig-1g10gb-5",
+        "gpu-0-mig-1g10gb-4",
+        "gpu-0-mig-1g10gb-3",
+        "gpu-0-mig-1g10gb-2",
+        "gpu-0-mig-1g10gb-1",
+        "gpu-0-mig-1g10gb-0",
         "gpu-0-mig-3g40gb-4",
+        "gpu-0-mig-3g40gb-0",
         "gpu-0-mig-7g80gb-0",
     ];
     assert_eq!(want.to_vec(), names(&got));
