@@ -135,7 +135,8 @@ fn micros_from_env(name: &str, default: u64) -> Duration {
 }
 
 struct Bench {
-    node: Node,
+    /// Kept for its directories and API server while the plugin runs.
+    _node: Node,
     plugin: Plugin,
     refs: Vec<ClaimRef>,
 }
@@ -160,7 +161,11 @@ impl Bench {
         let mut plugin = node.spawn_command(command, env);
         plugin.wait_registrable().await;
         eventually("slices", || node.api.complete_pool()).await;
-        Bench { node, plugin, refs }
+        Bench {
+            _node: node,
+            plugin,
+            refs,
+        }
     }
 
     async fn kubelet(&self) -> KubeletClient {
