@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::{DraApi, KubeletClient};
-use plugin_support::claims::{self, claim_ref};
+use plugin_support::claims;
 use plugin_support::{Node, Plugin, eventually, prepare_all, unprepare_all};
 
 const LATENCY_CYCLES: usize = 300;
@@ -148,15 +148,7 @@ impl Bench {
         std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).expect("node file");
         node.api.set_get_latency(latency.get);
         node.api.set_write_latency(latency.write);
-        let refs = device_names()
-            .iter()
-            .enumerate()
-            .map(|(i, device)| {
-                let (name, uid) = (format!("claim-{i}"), format!("uid-claim-{i}"));
-                node.api.put_claim(claims::on_node(&name, &uid, &[device]));
-                claim_ref(&name, &uid)
-            })
-            .collect();
+        let refs = claims::one_per_device(&node.api, &device_names());
         let command = node.chart_command_on(node_file.to_str().expect("utf-8 path"));
         let mut plugin = node.spawn_command(command, env);
         plugin.wait_registrable().await;

@@ -12,9 +12,8 @@ mod plugin_support;
 
 use std::collections::BTreeMap;
 
-use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::DraApi;
-use plugin_support::claims::{self, claim_ref};
+use plugin_support::claims;
 use plugin_support::probe::{get, metrics_addr};
 use plugin_support::{Node, Plugin, eventually, prepare_all, unprepare_all};
 
@@ -87,15 +86,7 @@ async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_cla
         .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
         .chain((8..12).map(|g| format!("gpu-{g}")))
         .collect();
-    let refs: Vec<ClaimRef> = devices
-        .iter()
-        .enumerate()
-        .map(|(i, device)| {
-            let (name, uid) = (format!("claim-{i}"), format!("uid-claim-{i}"));
-            node.api.put_claim(claims::on_node(&name, &uid, &[device]));
-            claim_ref(&name, &uid)
-        })
-        .collect();
+    let refs = claims::one_per_device(&node.api, &devices);
     let mut plugin = node.spawn_command(node.command_on(node_file.to_str().unwrap()), &[]);
     plugin.wait_registrable().await;
     eventually("slices", || node.api.complete_pool()).await;

@@ -5,8 +5,8 @@
 //!
 //! Labels come from three places: the claim as read for prepare (each request's DeviceClass,
 //! each share's consumed capacity), the published devices (profile, memory), and the
-//! checkpoint record the lifecycle just wrote (the sharing strategy set up, and when the
-//! claim was completed — the start of its hold).
+//! checkpoint record the lifecycle just wrote (the sharing strategy set up; its completion
+//! time starts the hold of a claim the ledger missed, when a reconcile adopts it).
 //!
 //! Nothing here touches the disk on the kubelet's request path: a prepare or unprepare
 //! changes the ledger in memory and wakes [`UsageTracker::persist`], a background task that

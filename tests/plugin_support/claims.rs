@@ -61,3 +61,17 @@ pub fn unallocated(name: &str, uid: &str) -> Value {
         "status": {}
     })
 }
+
+/// Stores one allocated claim per device (`claim-<i>`, UID `uid-claim-<i>`) on `api` and
+/// returns them as the kubelet names them, in `devices`' order.
+pub fn one_per_device(api: &super::FakeApiServer, devices: &[String]) -> Vec<ClaimRef> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let (name, uid) = (format!("claim-{i}"), format!("uid-claim-{i}"));
+            api.put_claim(on_node(&name, &uid, &[device]));
+            claim_ref(&name, &uid)
+        })
+        .collect()
+}
