@@ -11,6 +11,7 @@ pub mod cdi;
 pub mod cel;
 pub mod checkpoint;
 pub mod claims;
+pub mod compute_domain;
 pub mod cost;
 pub mod crashpoint;
 pub mod demo;

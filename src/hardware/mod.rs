@@ -12,6 +12,7 @@
 //! (`info.id`, what `nvidia-smi mig -lgip` prints and what creation calls take).
 
 pub mod catalog;
+pub mod fabric;
 pub mod geometry;
 pub mod health;
 pub mod nvml;
@@ -79,6 +80,10 @@ pub struct GpuInfo {
     /// oldest first ([`health::record_fault`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<health::GpuFault>,
+    /// Multi-node NVLink fabric membership (`nvmlDeviceGetGpuFabricInfoV`); `None` when the
+    /// GPU or driver does not support fabric queries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<fabric::FabricInfo>,
 }
 
 impl GpuInfo {

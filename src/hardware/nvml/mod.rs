@@ -230,6 +230,8 @@ impl NvmlBackend {
             mig_profiles,
             mig_devices,
             empty_gpu_instances,
+            // Filled from nvmlDeviceGetGpuFabricInfoV by the fabric work (issue 24).
+            fabric: None,
         })
     }
 }

@@ -193,5 +193,7 @@ pub(super) fn gpu_info(
         empty_gpu_instances,
         healthy: gs.healthy,
         faults: gs.faults.clone(),
+        // Filled from the node file's `fabric` by the fabric work (issue 24).
+        fabric: None,
     }
 }
