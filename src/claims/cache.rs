@@ -88,6 +88,26 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .collect()
     }
 
+    /// Like [`ClaimsManager::recorded`], but says when it cannot know: `None` when no
+    /// checkpoint is held in memory (before the first call, or while a call has it checked
+    /// out), so the caller can read the file instead of taking "no record" for an answer.
+    pub fn recorded_if_cached(
+        &self,
+        uids: &[&str],
+    ) -> Option<Vec<Option<crate::checkpoint::ClaimRecord>>> {
+        let cache = self
+            .checkpoint_cache
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let checkpoint = cache.as_ref()?.checkpoint();
+        Some(
+            uids.iter()
+                .map(|uid| checkpoint.claims.get(*uid).cloned())
+                .collect(),
+        )
+    }
+
     /// Keeps `store` for the next call. Always safe: a store's content equals the file it
     /// last read or wrote, and the next call checks the file is still that one.
     pub(super) fn check_in(&self, store: CheckpointStore) {

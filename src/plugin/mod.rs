@@ -342,7 +342,12 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         config.inventory_interval,
         metrics.clone(),
     ));
+    let records: claim_status::RecordLookup = {
+        let manager = Arc::clone(&manager);
+        Arc::new(move |uids: &[&str]| manager.recorded_if_cached(uids))
+    };
     let handler = Arc::new(claim_status::Reporting {
+        records: Some(records),
         inner: handler::Handler {
             manager,
             metrics: metrics.clone(),

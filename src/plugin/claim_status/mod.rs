@@ -15,10 +15,12 @@
 mod entries;
 mod worker;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::checkpoint::ClaimRecord;
 use crate::k8s::{Backoff, ClaimRef};
 use crate::kubelet::{self, DraHandler, PrepareResults};
 
@@ -45,20 +47,48 @@ pub fn default_backoff() -> Backoff {
 /// Claims whose status needs a look. Cheap to clone; sending never waits and never fails
 /// the caller (after shutdown the claim is simply not written).
 #[derive(Clone)]
-pub struct StatusQueue(mpsc::UnboundedSender<ClaimRef>);
+pub struct StatusQueue(mpsc::UnboundedSender<Update>);
+
+/// One claim to look at, with its checkpoint record when the sender knew it.
+#[derive(Debug)]
+pub struct Update {
+    /// The claim.
+    pub claim: ClaimRef,
+    /// `Some(record)`: the checkpoint's record right after the call (`Some(None)`: the
+    /// checkpoint holds none, the claim is unprepared). `None`: unknown, the worker reads the
+    /// checkpoint file.
+    pub record: Option<Option<ClaimRecord>>,
+}
 
 impl StatusQueue {
     /// A queue and the receiver [`run`] drains.
-    pub fn new() -> (StatusQueue, mpsc::UnboundedReceiver<ClaimRef>) {
+    pub fn new() -> (StatusQueue, mpsc::UnboundedReceiver<Update>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (StatusQueue(tx), rx)
     }
 
-    /// Asks for `claim`'s entries to be made to match the checkpoint.
+    /// Asks for `claim`'s entries to be made to match the checkpoint, which the worker reads.
     pub fn sync(&self, claim: ClaimRef) {
-        let _ = self.0.send(claim);
+        let _ = self.0.send(Update {
+            claim,
+            record: None,
+        });
+    }
+
+    /// Asks for `claim`'s entries to be made to match `record`, the checkpoint's record of it
+    /// as the caller just saw it in memory (`None`: no record), so the worker reads no file.
+    pub fn sync_known(&self, claim: ClaimRef, record: Option<ClaimRecord>) {
+        let _ = self.0.send(Update {
+            claim,
+            record: Some(record),
+        });
     }
 }
+
+/// The checkpoint records of claims as the lifecycle holds them in memory, `None` when it
+/// holds none right now ([`crate::claims::ClaimsManager::recorded_if_cached`]).
+pub type RecordLookup =
+    Arc<dyn Fn(&[&str]) -> Option<Vec<Option<ClaimRecord>>> + Send + Sync + 'static>;
 
 /// A [`DraHandler`] that queues a status sync of every claim its inner handler prepared or
 /// unprepared successfully, after the call, without waiting for it.
@@ -67,6 +97,9 @@ pub struct Reporting<H> {
     pub inner: H,
     /// Where successful claims go.
     pub queue: StatusQueue,
+    /// The records of the claims just handled, from memory, so the worker needs not re-read
+    /// and re-parse the checkpoint file per sync; `None` makes the worker read the file.
+    pub records: Option<RecordLookup>,
 }
 
 fn to_k8s(c: &kubelet::ClaimRef) -> ClaimRef {
@@ -85,22 +118,41 @@ impl<H: DraHandler> DraHandler for Reporting<H> {
     async fn prepare(&self, claims: Vec<kubelet::ClaimRef>) -> PrepareResults {
         let refs: Vec<ClaimRef> = claims.iter().map(to_k8s).collect();
         let results = self.inner.prepare(claims).await;
-        for claim in refs {
-            if matches!(results.get(&claim.uid), Some(Ok(_))) {
-                self.queue.sync(claim);
-            }
-        }
+        let done: Vec<ClaimRef> = refs
+            .into_iter()
+            .filter(|claim| matches!(results.get(&claim.uid), Some(Ok(_))))
+            .collect();
+        self.queue_all(done);
         results
     }
 
     async fn unprepare(&self, claims: Vec<kubelet::ClaimRef>) -> kubelet::UnprepareResults {
         let refs: Vec<ClaimRef> = claims.iter().map(to_k8s).collect();
         let results = self.inner.unprepare(claims).await;
-        for claim in refs {
-            if matches!(results.get(&claim.uid), Some(Ok(()))) {
-                self.queue.sync(claim);
-            }
-        }
+        let done: Vec<ClaimRef> = refs
+            .into_iter()
+            .filter(|claim| matches!(results.get(&claim.uid), Some(Ok(()))))
+            .collect();
+        self.queue_all(done);
         results
+    }
+}
+
+impl<H> Reporting<H> {
+    /// Queues `claims`, with their records from memory when the lookup knows them.
+    fn queue_all(&self, claims: Vec<ClaimRef>) {
+        if claims.is_empty() {
+            return;
+        }
+        let uids: Vec<&str> = claims.iter().map(|c| c.uid.as_str()).collect();
+        let known = self.records.as_ref().and_then(|lookup| lookup(&uids));
+        match known {
+            Some(records) => {
+                for (claim, record) in claims.into_iter().zip(records) {
+                    self.queue.sync_known(claim, record);
+                }
+            }
+            None => claims.into_iter().for_each(|claim| self.queue.sync(claim)),
+        }
     }
 }

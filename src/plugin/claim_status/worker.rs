@@ -16,16 +16,19 @@ use crate::kubelet::DeviceHealth;
 use crate::metrics::{Metrics, Outcome};
 use crate::plugin::usage::read_checkpoint;
 
-use super::SYNC_TIMEOUT;
 use super::entries::wanted;
+use super::{SYNC_TIMEOUT, Update};
 
 /// A claim the worker keeps an eye on.
 struct Tracked {
     claim: ClaimRef,
     /// What was last written (or found) for it; `None` before the first success.
     shown: Option<Vec<DeviceStatus>>,
-    /// Its checkpoint record when last read.
+    /// Its checkpoint record when last read or given.
     record: Option<ClaimRecord>,
+    /// Whether `record` is known to be current (given with the last update, or read since);
+    /// else the next sync reads the checkpoint file.
+    record_known: bool,
     /// Needs a sync.
     dirty: bool,
     /// Failed tries in a row.
@@ -70,7 +73,7 @@ async fn checkpoint(state_dir: &std::path::Path, boot_id: &str) -> Option<Checkp
 /// Keeps the entries of every claim queued on `queue`, and of every prepared claim in the
 /// checkpoint at start, in step with the checkpoint and device health, until the queue's
 /// senders are all dropped.
-pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<ClaimRef>) {
+pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Update>) {
     let mut tracked: BTreeMap<String, Tracked> = BTreeMap::new();
     if let Some(cp) = checkpoint(&worker.state_dir, &worker.boot_id).await {
         for record in cp.claims.values() {
@@ -80,7 +83,7 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Cl
                     name: record.name.clone(),
                     uid: record.uid.clone(),
                 };
-                track(&mut tracked, claim);
+                track(&mut tracked, claim, Some(Some(record.clone())));
             }
         }
         if !tracked.is_empty() {
@@ -100,7 +103,7 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Cl
             .min();
         tokio::select! {
             claim = queue.recv() => match claim {
-                Some(claim) => track(&mut tracked, claim),
+                Some(update) => track(&mut tracked, update.claim, update.record),
                 None => return,
             },
             changed = health_changed(&mut worker.health, health_open) => {
@@ -140,22 +143,35 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-fn track(tracked: &mut BTreeMap<String, Tracked>, claim: ClaimRef) {
+fn track(
+    tracked: &mut BTreeMap<String, Tracked>,
+    claim: ClaimRef,
+    record: Option<Option<ClaimRecord>>,
+) {
     let t = tracked.entry(claim.uid.clone()).or_insert_with(|| Tracked {
         claim: claim.clone(),
         shown: None,
         record: None,
+        record_known: false,
         dirty: true,
         failures: 0,
         not_before: None,
     });
     t.claim = claim;
     t.dirty = true;
+    match record {
+        Some(record) => {
+            t.record = record;
+            t.record_known = true;
+        }
+        None => t.record_known = false,
+    }
     // A new event is news (a prepare or unprepare): try now, whatever the backoff said.
     t.not_before = None;
 }
 
-/// Syncs every dirty claim whose backoff has passed, reading the checkpoint once.
+/// Syncs every dirty claim whose backoff has passed, reading the checkpoint once when a
+/// claim's record is not known from its update.
 async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Tracked>) {
     let now = Instant::now();
     let due: Vec<String> = tracked
@@ -166,13 +182,22 @@ async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Trac
     if due.is_empty() {
         return;
     }
-    let cp = checkpoint(&worker.state_dir, &worker.boot_id).await;
+    let unknown = due
+        .iter()
+        .any(|uid| tracked.get(uid).is_some_and(|t| !t.record_known));
+    let cp = match unknown {
+        true => checkpoint(&worker.state_dir, &worker.boot_id).await,
+        false => None,
+    };
     let health = worker.health.borrow().clone();
     for uid in due {
         let Some(t) = tracked.get_mut(&uid) else {
             continue;
         };
-        t.record = cp.as_ref().and_then(|cp| cp.claims.get(&uid)).cloned();
+        if !t.record_known {
+            t.record = cp.as_ref().and_then(|cp| cp.claims.get(&uid)).cloned();
+            t.record_known = true;
+        }
         let want = wanted(t.record.as_ref(), &health);
         let span = tracing::info_span!(
             "claim_status",
