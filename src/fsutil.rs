@@ -116,10 +116,6 @@ enum Durability {
 
 fn replace(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Result<(), FsError> {
     let (dir, name) = split(path)?;
-    fs::create_dir_all(dir).map_err(|source| FsError::CreateDir {
-        dir: dir.to_path_buf(),
-        source,
-    })?;
     let temp = dir.join(format!(
         "{}{}-{}",
         temp_prefix(name),
@@ -159,16 +155,31 @@ fn write_then_rename(
             source,
         }
     };
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(temp)
-        .map_err(|source| FsError::CreateTemp {
-            path: path.to_path_buf(),
-            temp: temp.to_path_buf(),
-            source,
-        })?;
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(temp)
+    };
+    // The directory usually exists: create it only when the temp file cannot be created
+    // for want of it, which saves two system calls per write.
+    let created = match create() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let dir = temp.parent().unwrap_or(Path::new("."));
+            fs::create_dir_all(dir).map_err(|source| FsError::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+            create()
+        }
+        other => other,
+    };
+    let mut file = created.map_err(|source| FsError::CreateTemp {
+        path: path.to_path_buf(),
+        temp: temp.to_path_buf(),
+        source,
+    })?;
     // The umask may have cleared bits of `mode` at creation.
     file.set_permissions(fs::Permissions::from_mode(mode))
         .map_err(step("setting mode of"))?;
@@ -178,11 +189,84 @@ fn write_then_rename(
         file.sync_all().map_err(step("syncing"))?;
     }
     drop(file);
+    if durability == Durability::ProcessCrash && exchange(temp, path) {
+        // `temp` now names the old content, which nobody needs: a reader that opened it
+        // keeps its open file. Left behind by a crash, [`remove_stale_temps`] finds it.
+        match fs::remove_file(temp) {
+            Ok(()) => return Ok(()),
+            Err(_) if fs::symlink_metadata(temp).is_ok_and(|m| m.is_dir()) => {
+                // `path` was a directory, which `rename` refuses to replace: swap back and
+                // fail as `rename` would (the caller removes the temp file).
+                exchange(temp, path);
+                return Err(FsError::Rename {
+                    path: path.to_path_buf(),
+                    temp: temp.to_path_buf(),
+                    source: io::Error::from(io::ErrorKind::IsADirectory),
+                });
+            }
+            Err(_) => return Ok(()),
+        }
+    }
     fs::rename(temp, path).map_err(|source| FsError::Rename {
         path: path.to_path_buf(),
         temp: temp.to_path_buf(),
         source,
     })
+}
+
+/// Swaps the directory entries of `temp` and `path` in one atomic step
+/// (`renameat2(RENAME_EXCHANGE)`, Linux 3.15+); `false` when that is not possible (no file at
+/// `path` yet, a file system or kernel without it), and the caller renames instead.
+///
+/// Why not a plain `rename` over the old file: ext4 (mounted with its default
+/// `auto_da_alloc`) treats replace-by-rename as a request to push the new file's delayed
+/// allocation to disk, and does that inside `rename` — 0.1 ms typically and several
+/// milliseconds at the 90th percentile on the machine the prepare bench runs on, on the
+/// kubelet's request path, for files ([`replace_atomic`]) that a power loss invalidates
+/// anyway. An exchange is not a replace, so it costs what a rename into a new name costs
+/// (about 15 µs). Readers still see the old file or the new one, never neither.
+fn exchange(temp: &Path, path: &Path) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::ffi::{CString, c_char, c_int, c_uint};
+        use std::os::unix::ffi::OsStrExt;
+        unsafe extern "C" {
+            fn renameat2(
+                olddirfd: c_int,
+                oldpath: *const c_char,
+                newdirfd: c_int,
+                newpath: *const c_char,
+                flags: c_uint,
+            ) -> c_int;
+        }
+        const AT_FDCWD: c_int = -100;
+        const RENAME_EXCHANGE: c_uint = 1 << 1;
+        let (Ok(old), Ok(new)) = (
+            CString::new(temp.as_os_str().as_bytes()),
+            CString::new(path.as_os_str().as_bytes()),
+        ) else {
+            return false;
+        };
+        // SAFETY: `renameat2` (glibc 2.28+) reads two NUL-terminated paths, which the
+        // `CString`s keep alive and unchanged for the duration of the call; it writes no
+        // memory of ours, and on any failure (ENOENT: no `path` yet; EINVAL/ENOSYS: not
+        // supported) it changes nothing and we fall back to `rename`.
+        let done = unsafe {
+            renameat2(
+                AT_FDCWD,
+                old.as_ptr(),
+                AT_FDCWD,
+                new.as_ptr(),
+                RENAME_EXCHANGE,
+            )
+        };
+        done == 0
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (temp, path);
+        false
+    }
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -328,6 +412,52 @@ mod tests {
             (fs::read(&path).unwrap(), mode_of(&path)),
             (b"new".to_vec(), 0o600)
         );
+    }
+
+    #[test]
+    fn a_reader_of_the_old_file_keeps_reading_it_whole_while_the_path_gets_the_new_one() {
+        use std::io::Read;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("checkpoint.json");
+        replace_atomic(&path, b"old content", 0o600).unwrap();
+        let mut reader = File::open(&path).unwrap();
+        replace_atomic(&path, b"new", 0o644).unwrap();
+        replace_atomic(&path, b"newer", 0o644).unwrap();
+        let mut seen = String::new();
+        reader.read_to_string(&mut seen).unwrap();
+        assert_eq!(seen, "old content");
+        assert_eq!(
+            (fs::read(&path).unwrap(), mode_of(&path)),
+            (b"newer".to_vec(), 0o644)
+        );
+        assert_eq!(remove_stale_temps(&path).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn replace_atomic_onto_a_directory_fails_and_leaves_the_directory_in_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("spec.json");
+        fs::create_dir_all(path.join("blocker")).unwrap();
+        assert!(matches!(
+            replace_atomic(&path, b"new", 0o644),
+            Err(FsError::Rename { .. })
+        ));
+        assert!(path.join("blocker").is_dir());
+        assert_eq!(remove_stale_temps(&path).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn an_exchange_swaps_two_files_and_refuses_a_missing_target() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        fs::write(&a, "A").unwrap();
+        assert!(!exchange(&a, &b), "no target: the caller must rename");
+        assert_eq!(fs::read_to_string(&a).unwrap(), "A");
+        fs::write(&b, "B").unwrap();
+        if exchange(&a, &b) {
+            assert_eq!(fs::read_to_string(&a).unwrap(), "B");
+            assert_eq!(fs::read_to_string(&b).unwrap(), "A");
+        }
     }
 
     #[test]
