@@ -167,3 +167,52 @@ fn custom_driver_name_changes_kind_file_and_ids() {
     );
     assert_eq!(got, want);
 }
+
+#[test]
+fn the_start_up_sweep_removes_interrupted_writes_of_every_claim_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let writer = CdiWriter::new(tmp.path());
+    writer
+        .write_claim_spec("aaaa-1", &spec("k8s.gpu.nvidia.com/claim", "aaaa-1"))
+        .unwrap();
+    let ours = [
+        ".k8s.gpu.nvidia.com-claim_aaaa-1.json.tmp-12-0",
+        ".k8s.gpu.nvidia.com-claim_cccc-3.json.tmp-4242-7",
+    ];
+    let theirs = [
+        ".k8s.other.com-claim_dddd-4.json.tmp-1-0",
+        ".nvidia.yaml.tmp-1-0",
+        "k8s.gpu.nvidia.com-claim_bbbb-2.json",
+    ];
+    for name in ours.iter().chain(&theirs) {
+        fs::write(tmp.path().join(name), "{").unwrap();
+    }
+    let removed = writer.remove_interrupted_writes().unwrap();
+    let mut want: Vec<_> = ours.iter().map(|n| tmp.path().join(n)).collect();
+    want.sort();
+    assert_eq!(removed, want);
+    for name in theirs {
+        assert!(tmp.path().join(name).exists(), "{name} must stay");
+    }
+    assert!(writer.spec_path("aaaa-1").unwrap().exists());
+    assert_eq!(
+        writer.remove_interrupted_writes().unwrap(),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+#[test]
+fn removing_a_claim_spec_leaves_other_files_in_the_directory_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let writer = CdiWriter::new(tmp.path());
+    writer
+        .write_claim_spec("aaaa-1", &spec("k8s.gpu.nvidia.com/claim", "aaaa-1"))
+        .unwrap();
+    let other = tmp
+        .path()
+        .join(".k8s.gpu.nvidia.com-claim_bbbb-2.json.tmp-1-0");
+    fs::write(&other, "{").unwrap();
+    assert!(writer.remove_claim_spec("aaaa-1").unwrap());
+    assert!(!writer.remove_claim_spec("aaaa-1").unwrap());
+    assert!(other.exists());
+}

@@ -139,11 +139,11 @@ impl CdiWriter {
 
     /// Removes the claim's spec; succeeds if it is already gone. Also removes a `.yaml`
     /// spec of the same claim left by NVIDIA's Go driver, whose devices would otherwise
-    /// clash with ours, and the temp file of a write of this spec that a crash interrupted
-    /// (so repeated crashes do not fill the directory). Returns whether any file was removed.
+    /// clash with ours. Returns whether any file was removed.
     ///
-    /// Call it only while no other write of this claim's spec is under way (the plugin lock
-    /// serialises the calls of one claim), or that write's temp file goes too.
+    /// It does not list the directory: temp files of writes a crash interrupted are swept
+    /// once, by start-up recovery ([`CdiWriter::remove_interrupted_writes`]), so an unprepare
+    /// costs two `unlink`s however many specs the directory holds.
     ///
     /// # Errors
     /// [`WriterError::ClaimUid`] for a bad UID, [`WriterError::File`] when removal fails.
@@ -161,9 +161,51 @@ impl CdiWriter {
         for path in [&json, &yaml] {
             removed |= fsutil::remove_if_exists(path).map_err(failed("removing"))?;
         }
-        let leftovers =
-            fsutil::remove_stale_temps(&json).map_err(failed("removing interrupted writes of"))?;
-        Ok(removed || !leftovers.is_empty())
+        Ok(removed)
+    }
+
+    /// Removes the temp files of claim spec writes that a crash interrupted (`.<spec
+    /// file>.tmp-<pid>-<n>`), of every claim, in one listing of the directory; returns them,
+    /// sorted. Call it only while no write of ours is under way (start-up recovery, under the
+    /// plugin lock), or that write's temp file goes too. A missing directory holds none.
+    ///
+    /// # Errors
+    /// [`WriterError::List`] when the directory cannot be read, [`WriterError::File`] when a
+    /// leftover cannot be removed.
+    pub fn remove_interrupted_writes(&self) -> Result<Vec<PathBuf>, WriterError> {
+        let list_err = |source| WriterError::List {
+            dir: self.cdi_root.clone(),
+            source,
+        };
+        let entries = match fs::read_dir(&self.cdi_root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(list_err(e)),
+        };
+        let mut removed = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(list_err)?;
+            let name = entry.file_name();
+            let Some(uid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix('.'))
+                .and_then(|n| n.rsplit_once(".tmp-"))
+                .and_then(|(spec, _)| self.naming.claim_uid_of_file(spec))
+            else {
+                continue;
+            };
+            let path = entry.path();
+            let gone = fsutil::remove_if_exists(&path).map_err(|source| WriterError::File {
+                step: "removing an interrupted write of",
+                claim_uid: uid,
+                source,
+            })?;
+            if gone {
+                removed.push(path);
+            }
+        }
+        removed.sort();
+        Ok(removed)
     }
 
     /// UIDs of the claims that have a spec file of ours in the directory, sorted and

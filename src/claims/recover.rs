@@ -58,6 +58,12 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let mut failures = Vec::new();
         report.rolled_back = self.finish_unfinished(&mut store, &mut failures);
         self.destroy_orphans(&store, &mut report, &mut failures);
+        if let Err(e) = self.cdi.remove_interrupted_writes() {
+            failures.push(ClaimError::Cdi {
+                claim: startup.to_string(),
+                detail: crate::errors::error_chain(&e),
+            });
+        }
         match self.cdi.list_claim_specs() {
             Ok(specs) => {
                 for uid in specs {
