@@ -34,11 +34,14 @@ pub enum Cost {
     HardwareStateRead,
     /// A request to the API server (reading a claim).
     ApiRequest,
+    /// A directory listed (e.g. the CDI directory scanned for leftovers): its cost grows with
+    /// what the directory holds.
+    DirectoryList,
 }
 
 impl Cost {
     /// Every cost, in the order tallies list them.
-    pub const ALL: [Cost; 7] = [
+    pub const ALL: [Cost; 8] = [
         Cost::Fsync,
         Cost::FileWrite,
         Cost::FileRemove,
@@ -46,6 +49,7 @@ impl Cost {
         Cost::CheckpointParse,
         Cost::HardwareStateRead,
         Cost::ApiRequest,
+        Cost::DirectoryList,
     ];
 
     /// The `cost` label value.
@@ -58,6 +62,7 @@ impl Cost {
             Cost::CheckpointParse => "checkpoint_parse",
             Cost::HardwareStateRead => "hardware_state_read",
             Cost::ApiRequest => "api_request",
+            Cost::DirectoryList => "directory_list",
         }
     }
 

@@ -311,6 +311,7 @@ pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
 pub fn remove_stale_temps(path: &Path) -> Result<Vec<PathBuf>, FsError> {
     let (dir, name) = split(path)?;
     let prefix = temp_prefix(name);
+    crate::cost::count(crate::cost::Cost::DirectoryList);
     let list_err = |source| FsError::ListDir {
         dir: dir.to_path_buf(),
         source,

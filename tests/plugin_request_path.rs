@@ -66,6 +66,7 @@ fn budget(pairs: &[(&str, u64)]) -> Costs {
         "checkpoint_parse",
         "hardware_state_read",
         "api_request",
+        "directory_list",
     ]
     .into_iter()
     .map(|c| (c.to_string(), 0))
@@ -117,4 +118,37 @@ async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_cla
         let want = budget(&[("file_write", 1), ("file_remove", 2 * n)]);
         assert_eq!(got, (1, want), "unprepare of {n} claim(s): calls and costs");
     }
+}
+
+#[tokio::test]
+async fn the_first_calls_after_a_restart_cost_what_every_call_costs() {
+    let node = Node::new();
+    let node_file = node.root().join("bench-node.yaml");
+    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
+    let devices = ["gpu-0-mig-1g10gb-0".to_string(), "gpu-8".to_string()];
+    let refs = claims::one_per_device(&node.api, &devices);
+    let command = || node.command_on(node_file.to_str().unwrap());
+    let mut plugin = node.spawn_command(command(), &[]);
+    plugin.wait_registrable().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    prepare_all(&mut kubelet, &refs[..1]).await;
+    plugin.kill().await;
+
+    // Start-up recovery reads the checkpoint (and lists the state and CDI directories) once;
+    // the first kubelet calls then take it from memory.
+    let mut plugin = node.spawn_command(command(), &[]);
+    plugin.wait_registrable().await;
+    eventually("the metrics address", || metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let got = measured(&plugin, "prepare", prepare_all(&mut kubelet, &refs[1..])).await;
+    let want = budget(&[("file_write", 2), ("cdi_spec_write", 1), ("api_request", 1)]);
+    assert_eq!(got, (1, want), "the first prepare after a restart");
+    let got = measured(
+        &plugin,
+        "unprepare",
+        unprepare_all(&mut kubelet, &refs[..1]),
+    )
+    .await;
+    let want = budget(&[("file_write", 1), ("file_remove", 2)]);
+    assert_eq!(got, (1, want), "the first unprepare after a restart");
 }

@@ -177,6 +177,7 @@ impl CdiWriter {
             dir: self.cdi_root.clone(),
             source,
         };
+        crate::cost::count(crate::cost::Cost::DirectoryList);
         let entries = match fs::read_dir(&self.cdi_root) {
             Ok(entries) => entries,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -219,6 +220,7 @@ impl CdiWriter {
             dir: self.cdi_root.clone(),
             source,
         };
+        crate::cost::count(crate::cost::Cost::DirectoryList);
         let entries = match fs::read_dir(&self.cdi_root) {
             Ok(entries) => entries,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -91,6 +91,9 @@ impl<S: ClaimSource> ClaimsManager<S> {
         // Never fatal: one daemon that cannot start must not keep the plugin (and every other
         // claim) down; it is reported and the supervisor keeps trying.
         self.reconcile_mps(store.checkpoint(), &mut report);
+        // The first call after start takes this store from memory, rather than listing the
+        // state directory and parsing the checkpoint again on the kubelet's request path.
+        self.check_in(store);
         if failures.is_empty() {
             Ok(report)
         } else {
