@@ -4,8 +4,10 @@
 #![allow(dead_code)] // each test file and the bench use a different part
 
 pub mod apicatalog;
+pub mod apidomains;
 pub mod apifaults;
 pub mod apiserver;
+pub mod cdnode;
 pub mod claims;
 pub mod disk;
 #[path = "../nvml_sim_support/mod.rs"]
