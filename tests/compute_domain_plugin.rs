@@ -464,3 +464,105 @@ async fn a_restarted_plugin_keeps_prepared_claims_and_a_restarted_kubelet_gets_t
         devices
     );
 }
+
+#[tokio::test]
+async fn a_node_in_no_clique_refuses_a_daemon_claim_saying_why_and_what_to_do() {
+    let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
+    node.api.put_claim(cdnode::claim(
+        "d",
+        "uid-d",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    let mut plugin = node.cd_spawn(node.cd_command_in("", 5), &[]);
+    plugin.wait_registrable().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let error = prepare_one(&mut kubelet, "d", "uid-d").await.unwrap_err();
+    assert!(error.contains("no NVLink clique"), "{error}");
+    assert!(error.contains("--clique-id"), "{error}");
+    assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}
+
+/// The API requests made since `from`, as `METHOD path`, without the slice publisher's.
+fn requests_since(node: &Node, from: usize) -> Vec<String> {
+    node.api.requests()[from..]
+        .iter()
+        .filter(|r| !r.path.contains("resourceslices"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_channel_prepare_and_unprepare_cost_one_request_per_fact_they_need() {
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    for (name, device) in [("w1", "channel-0"), ("w2", "channel-1")] {
+        node.api.put_claim(cdnode::claim(
+            name,
+            &format!("uid-{name}"),
+            device,
+            channel_config(DOMAIN, "Single"),
+        ));
+    }
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    eventually("the pool", || published(&node)).await;
+    let claim = |name: &str| {
+        format!("GET /apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}")
+    };
+    let get_node = format!("GET /api/v1/nodes/{NODE}");
+    let patch_node = format!("PATCH /api/v1/nodes/{NODE}");
+    let get_daemon = format!(
+        "GET /apis/resource.nvidia.com/v1beta1/namespaces/{DRIVER_NAMESPACE}/computedomainnodes/{}",
+        gpu_dra::compute_domain::api::compute_domain_node_name(DOMAIN, NODE)
+    );
+
+    let from = node.api.requests().len();
+    prepare_one(&mut kubelet, "w1", "uid-w1").await.unwrap();
+    let first = vec![
+        claim("w1"),
+        get_node.clone(),
+        patch_node.clone(),
+        get_daemon.clone(),
+    ];
+    assert_eq!(
+        requests_since(&node, from),
+        first,
+        "first channel of the domain"
+    );
+
+    let from = node.api.requests().len();
+    prepare_one(&mut kubelet, "w2", "uid-w2").await.unwrap();
+    let second = vec![claim("w2"), get_node.clone(), get_daemon.clone()];
+    assert_eq!(
+        requests_since(&node, from),
+        second,
+        "the node is labelled already"
+    );
+
+    let from = node.api.requests().len();
+    prepare_one(&mut kubelet, "w2", "uid-w2").await.unwrap();
+    assert_eq!(
+        requests_since(&node, from),
+        Vec::<String>::new(),
+        "prepared already"
+    );
+
+    let from = node.api.requests().len();
+    unprepare_one(&mut kubelet, "w1", "uid-w1").await;
+    assert_eq!(
+        requests_since(&node, from),
+        vec![get_node.clone()],
+        "w2 holds the label"
+    );
+    let from = node.api.requests().len();
+    unprepare_one(&mut kubelet, "w2", "uid-w2").await;
+    assert_eq!(
+        requests_since(&node, from),
+        vec![get_node, patch_node],
+        "the last one"
+    );
+}

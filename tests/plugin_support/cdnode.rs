@@ -68,6 +68,11 @@ impl Node {
     /// The plugin command line on this node, in clique [`CLIQUE`], waiting at most
     /// `ready_timeout_s` for a daemon.
     pub fn cd_command(&self, ready_timeout_s: u32) -> Command {
+        self.cd_command_in(CLIQUE, ready_timeout_s)
+    }
+
+    /// [`Node::cd_command`] in another clique (`""`: none).
+    pub fn cd_command_in(&self, clique: &str, ready_timeout_s: u32) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-dra"));
         command
             .arg("compute-domain-plugin")
@@ -84,7 +89,7 @@ impl Node {
             .arg(self.cd_state_dir())
             .args(["--metrics-addr", "127.0.0.1:0"])
             .args(["--gpu-backend", "sim", "--sim-node", super::PRESET])
-            .args(["--clique-id", CLIQUE])
+            .args(["--clique-id", clique])
             .args(["--namespace", DRIVER_NAMESPACE])
             .args(["--daemon-ready-timeout", &ready_timeout_s.to_string()])
             .env_remove(gpu_dra::crashpoint::ENV)

@@ -151,9 +151,16 @@ struct Prefetched {
     claim: Result<AllocatedClaim, String>,
     /// For a channel claim: whether the daemon turned Ready (and the label held).
     ready: Option<Result<(), String>>,
-    /// The domain counted in `pending`, released when this entry is used or replaced.
+    /// The domain counted in `pending`, released when this entry is used, replaced or
+    /// found stale.
     pending_domain: Option<String>,
+    /// When the read-ahead finished.
+    at: Instant,
 }
+
+/// A read-ahead older than this was abandoned (its kubelet call went away before taking
+/// the lock): it no longer holds the label. Longer than any prepare call lives.
+const ABANDONED_AFTER: Duration = Duration::from_secs(120);
 
 /// The directory of a domain's IMEX config under the state directory.
 pub fn config_dir(state_dir: &Path, domain_uid: &str) -> PathBuf {
@@ -257,7 +264,36 @@ impl<C: DomainCluster> CdHandler<C> {
         }
     }
 
+    /// Drops read-aheads whose call went away, releasing what they held in `pending`.
+    fn purge_abandoned(&self) {
+        let stale: Vec<Prefetched> = {
+            let mut prefetched = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+            let old: Vec<String> = prefetched
+                .iter()
+                .filter(|(_, p)| p.at.elapsed() > ABANDONED_AFTER + self.parts.ready_timeout)
+                .map(|(uid, _)| uid.clone())
+                .collect();
+            old.iter()
+                .filter_map(|uid| prefetched.remove(uid))
+                .collect()
+        };
+        for domain in stale.into_iter().filter_map(|p| p.pending_domain) {
+            self.add_pending(&domain, -1);
+        }
+    }
+
     async fn prefetch_one(&self, claim: &ClaimRef) {
+        self.purge_abandoned();
+        // A claim prepared before (the kubelet asks again after it restarts) is answered
+        // from the checkpoint under the lock: no label, no wait. Read without the lock:
+        // the file is replaced atomically, and the lock holder re-checks.
+        if state::load(&self.parts.state_dir).is_ok_and(|c| {
+            c.claims
+                .get(&claim.uid)
+                .is_some_and(|r| r.phase == Phase::Prepared)
+        }) {
+            return;
+        }
         let fetched = self
             .parts
             .cluster
@@ -268,6 +304,7 @@ impl<C: DomainCluster> CdHandler<C> {
             claim: fetched,
             ready: None,
             pending_domain: None,
+            at: Instant::now(),
         };
         if let Ok(allocated) = &entry.claim
             && let Ok(ClaimPlan::Channel { domain_uid, .. }) =
@@ -477,6 +514,7 @@ impl<C: DomainCluster> CdHandler<C> {
     /// Removes the node label when no prepared channel claim and no waiting prepare of its
     /// domain remains. One GET, and a PATCH when it removes.
     async fn release_label(&self, checkpoint: &Checkpoint) -> Result<Option<String>, CdClaimError> {
+        self.purge_abandoned();
         let label = self
             .parts
             .cluster

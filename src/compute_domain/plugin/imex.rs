@@ -113,6 +113,7 @@ pub fn clique_of(inventory: &NodeInventory) -> Result<Option<String>, String> {
 mod tests {
     use super::*;
     use crate::compute_domain::api::{ComputeDomainNodeSpec, ComputeDomainNodeState};
+    use crate::hardware::fabric::{FabricInfo, FabricState};
 
     fn node(name: &str, clique: &str, index: u32, ip: &str) -> ComputeDomainNode {
         let mut object = ComputeDomainNode::new(
@@ -166,6 +167,50 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
+    }
+
+    fn inventory_with(fabrics: &[Option<(&str, u32, FabricState)>]) -> NodeInventory {
+        use crate::hardware::GpuBackend;
+        let sim = crate::hardware::sim::SimBackend::open("dgx-h100", None).unwrap();
+        let mut inventory = sim.inventory().unwrap();
+        inventory.gpus.truncate(fabrics.len());
+        for (gpu, fabric) in inventory.gpus.iter_mut().zip(fabrics) {
+            gpu.fabric = fabric.map(|(uuid, clique_id, state)| FabricInfo {
+                cluster_uuid: uuid.into(),
+                clique_id,
+                state,
+            });
+        }
+        inventory
+    }
+
+    #[test]
+    fn a_nodes_clique_is_the_one_its_gpus_share_and_none_without_fabric() {
+        const UUID: &str = "c2a0e7d4-1111-2222-3333-444455556666";
+        let done = FabricState::Completed;
+        assert_eq!(
+            clique_of(&inventory_with(&[
+                Some((UUID, 1, done)),
+                Some((UUID, 1, done))
+            ])),
+            Ok(Some(format!("{UUID}.1")))
+        );
+        assert_eq!(clique_of(&inventory_with(&[None, None])), Ok(None));
+        let zero = crate::hardware::fabric::ZERO_CLUSTER_UUID;
+        assert_eq!(
+            clique_of(&inventory_with(&[Some((zero, 0, done))])),
+            Ok(None)
+        );
+        let error = clique_of(&inventory_with(&[
+            Some((UUID, 1, done)),
+            Some((UUID, 2, done)),
+        ]))
+        .unwrap_err();
+        assert!(
+            error.contains("GPU 0") && error.contains("GPU 1"),
+            "{error}"
+        );
+        assert!(error.contains("--clique-id"), "{error}");
     }
 
     #[test]
