@@ -99,6 +99,21 @@ impl Domains {
         }
     }
 
+    /// `object` as the server stores it (kind, apiVersion, a new resourceVersion), with its
+    /// (namespace, name).
+    fn stamped(&mut self, mut object: Value, kind: &str) -> ((String, String), Value) {
+        self.version += 1;
+        object["apiVersion"] = json!(GROUP_VERSION);
+        object["kind"] = json!(kind);
+        object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        let meta = &object["metadata"];
+        let key = (
+            meta["namespace"].as_str().unwrap_or_default().to_string(),
+            meta["name"].as_str().unwrap_or_default().to_string(),
+        );
+        (key, object)
+    }
+
     fn node(&self, node: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "Node",
                "metadata": {"name": node, "uid": NODE_UID, "labels": self.labels,
@@ -128,42 +143,15 @@ impl FakeApiServer {
 
     /// Stores (or replaces) a `ComputeDomainNode`, as an IMEX daemon writes it.
     pub fn put_domain_node(&self, object: Value) {
-        let key = (
-            object["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        );
         let mut store = self.lock();
-        store.domains.version += 1;
-        let mut object = object;
-        object["apiVersion"] = json!(GROUP_VERSION);
-        object["kind"] = json!("ComputeDomainNode");
-        object["metadata"]["resourceVersion"] = json!(store.domains.version.to_string());
+        let (key, object) = store.domains.stamped(object, "ComputeDomainNode");
         store.domains.nodes.insert(key, object);
     }
 
     /// Stores (or replaces) a `ComputeDomain`.
     pub fn put_compute_domain(&self, object: Value) {
-        let key = (
-            object["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        );
         let mut store = self.lock();
-        let mut object = object;
-        object["apiVersion"] = json!(GROUP_VERSION);
-        object["kind"] = json!("ComputeDomain");
-        object["metadata"]["resourceVersion"] = json!("1");
+        let (key, object) = store.domains.stamped(object, "ComputeDomain");
         store.domains.domains.insert(key, object);
     }
 }

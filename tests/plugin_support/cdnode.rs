@@ -2,10 +2,8 @@
 //! directories and fake API server), its claims and the `ComputeDomainNode` objects an IMEX
 //! daemon would write.
 
-use std::fs::File;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering;
+use std::process::Command;
 
 use serde_json::{Value, json};
 
@@ -73,47 +71,23 @@ impl Node {
 
     /// [`Node::cd_command`] in another clique (`""`: none).
     pub fn cd_command_in(&self, clique: &str, ready_timeout_s: u32) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-dra"));
+        let mut command = self.node_command(
+            env!("CARGO_BIN_EXE_gpu-dra"),
+            "compute-domain-plugin",
+            &self.cd_plugin_dir(),
+            &self.cd_state_dir(),
+        );
         command
-            .arg("compute-domain-plugin")
-            .args(["--node-name", claims::NODE])
-            .arg("--kubeconfig")
-            .arg(self.root().join("kubeconfig"))
-            .arg("--plugin-dir")
-            .arg(self.cd_plugin_dir())
-            .arg("--registry-dir")
-            .arg(self.registry_dir())
-            .arg("--cdi-root")
-            .arg(self.cdi_root())
-            .arg("--state-dir")
-            .arg(self.cd_state_dir())
-            .args(["--metrics-addr", "127.0.0.1:0"])
             .args(["--gpu-backend", "sim", "--sim-node", super::PRESET])
             .args(["--clique-id", clique])
             .args(["--namespace", DRIVER_NAMESPACE])
-            .args(["--daemon-ready-timeout", &ready_timeout_s.to_string()])
-            .env_remove(gpu_dra::crashpoint::ENV)
-            .env_remove("GPU_DRA_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+            .args(["--daemon-ready-timeout", &ready_timeout_s.to_string()]);
         command
     }
 
     /// Starts `command` (from [`Node::cd_command`]) with extra environment, without waiting.
-    pub fn cd_spawn(&self, mut command: Command, env: &[(&str, &str)]) -> Plugin {
-        let runs = self.runs.fetch_add(1, Ordering::Relaxed);
-        let log = self.root().join(format!("cd-plugin-{runs}.log"));
-        command.stderr(File::create(&log).expect("log file"));
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        Plugin {
-            child: command
-                .spawn()
-                .expect("start gpu-dra compute-domain-plugin"),
-            log,
-            registration: self.cd_registration_socket(),
-        }
+    pub fn cd_spawn(&self, command: Command, env: &[(&str, &str)]) -> Plugin {
+        self.spawn_registering_at(command, env, self.cd_registration_socket())
     }
 
     /// Starts the plugin and waits until its registration socket answers.

@@ -152,20 +152,10 @@ pub fn channel_spec(
     devices: &[PlannedDevice],
     nodes_of: impl Fn(&PlannedDevice) -> Vec<DeviceNode>,
 ) -> Result<Spec, CdiError> {
-    let devices = devices
-        .iter()
-        .map(|d| {
-            Ok(Device {
-                name: device_name(naming, claim_uid, &d.device)?,
-                annotations: Default::default(),
-                container_edits: ContainerEdits {
-                    device_nodes: nodes_of(d),
-                    ..Default::default()
-                },
-            })
-        })
-        .collect::<Result<Vec<_>, CdiError>>()?;
-    Ok(spec(naming, devices))
+    spec(naming, claim_uid, devices, |d| ContainerEdits {
+        device_nodes: nodes_of(d),
+        ..Default::default()
+    })
 }
 
 /// The spec of a daemon claim: the config directory `config_dir` bound read-write at
@@ -200,17 +190,7 @@ pub fn daemon_spec(
         }],
         ..Default::default()
     };
-    let devices = devices
-        .iter()
-        .map(|d| {
-            Ok(Device {
-                name: device_name(naming, claim_uid, &d.device)?,
-                annotations: Default::default(),
-                container_edits: edits.clone(),
-            })
-        })
-        .collect::<Result<Vec<_>, CdiError>>()?;
-    Ok(spec(naming, devices))
+    spec(naming, claim_uid, devices, |_| edits.clone())
 }
 
 /// The CDI device IDs returned to the kubelet, one per device, in order.
@@ -235,14 +215,30 @@ fn device_name(naming: &ClaimNaming, claim_uid: &str, device: &str) -> Result<St
         })
 }
 
-fn spec(naming: &ClaimNaming, devices: Vec<Device>) -> Spec {
-    Spec {
+/// A spec with one device per allocated device, each with `edits_of` it.
+fn spec(
+    naming: &ClaimNaming,
+    claim_uid: &str,
+    devices: &[PlannedDevice],
+    edits_of: impl Fn(&PlannedDevice) -> ContainerEdits,
+) -> Result<Spec, CdiError> {
+    let devices = devices
+        .iter()
+        .map(|d| {
+            Ok(Device {
+                name: device_name(naming, claim_uid, &d.device)?,
+                annotations: Default::default(),
+                container_edits: edits_of(d),
+            })
+        })
+        .collect::<Result<Vec<_>, CdiError>>()?;
+    Ok(Spec {
         cdi_version: CDI_VERSION.to_string(),
         kind: naming.kind(),
         annotations: Default::default(),
         devices,
         container_edits: ContainerEdits::default(),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -613,6 +613,15 @@ fn remove_dir(dir: &Path) -> Result<(), CdClaimError> {
     }
 }
 
+/// Every claim fails with `error` (the checkpoint could not be read).
+fn fail_all<T>(claims: Vec<ClaimRef>, error: &CdClaimError) -> BTreeMap<String, Result<T, String>> {
+    let message = error_chain(error);
+    claims
+        .into_iter()
+        .map(|c| (c.uid, Err(message.clone())))
+        .collect()
+}
+
 fn returned(record: &ClaimRecord) -> Vec<PreparedDevice> {
     record
         .devices
@@ -638,14 +647,10 @@ impl<C: DomainCluster> DraHandler for CdHandler<C> {
         let mut checkpoint = match self.load() {
             Ok(c) => c,
             Err(e) => {
-                let message = error_chain(&e);
                 for claim in &claims {
                     let _ = self.take_prefetched(&claim.uid);
                 }
-                return claims
-                    .into_iter()
-                    .map(|c| (c.uid, Err(message.clone())))
-                    .collect();
+                return fail_all(claims, &e);
             }
         };
         let mut results = PrepareResults::new();
@@ -664,13 +669,7 @@ impl<C: DomainCluster> DraHandler for CdHandler<C> {
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
         let mut checkpoint = match self.load() {
             Ok(c) => c,
-            Err(e) => {
-                let message = error_chain(&e);
-                return claims
-                    .into_iter()
-                    .map(|c| (c.uid, Err(message.clone())))
-                    .collect();
-            }
+            Err(e) => return fail_all(claims, &e),
         };
         let mut results = UnprepareResults::new();
         for claim in claims {

@@ -118,22 +118,22 @@ struct WireV1 {
 }
 
 impl Checkpoint {
-    /// Prepared channel claims of `domain_uid`, other than `except`.
+    /// Channel claims of `domain_uid` other than `except` (any phase: recovery has undone
+    /// the unfinished ones before anyone counts).
     pub fn channels_of(&self, domain_uid: &str, except: &str) -> usize {
-        self.claims
-            .iter()
-            .filter(|(uid, r)| {
-                uid.as_str() != except && r.kind == ClaimKind::Channel && r.domain_uid == domain_uid
-            })
-            .count()
+        self.count(ClaimKind::Channel, domain_uid, except)
     }
 
     /// Daemon claims of `domain_uid` other than `except` (any phase).
     pub fn daemons_of(&self, domain_uid: &str, except: &str) -> usize {
+        self.count(ClaimKind::Daemon, domain_uid, except)
+    }
+
+    fn count(&self, kind: ClaimKind, domain_uid: &str, except: &str) -> usize {
         self.claims
             .iter()
             .filter(|(uid, r)| {
-                uid.as_str() != except && r.kind == ClaimKind::Daemon && r.domain_uid == domain_uid
+                uid.as_str() != except && r.kind == kind && r.domain_uid == domain_uid
             })
             .count()
     }
