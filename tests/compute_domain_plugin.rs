@@ -566,3 +566,43 @@ async fn a_channel_prepare_and_unprepare_cost_one_request_per_fact_they_need() {
         "the last one"
     );
 }
+
+#[tokio::test]
+async fn a_channel_waiting_for_its_daemon_never_holds_up_the_daemons_own_claim() {
+    let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    node.api.put_claim(cdnode::claim(
+        "d",
+        "uid-d",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    let plugin = node.cd_start(30).await;
+    let mut workload = plugin.register(DraApi::V1).await;
+    let waiting = tokio::spawn(async move {
+        let got = prepare_one(&mut workload, "work", "uid-work").await;
+        (workload, got)
+    });
+    eventually("the node labelled", || {
+        (label(&node).as_deref() == Some(DOMAIN)).then_some(())
+    })
+    .await;
+    // The DaemonSet's pod lands on the labelled node; its claim is prepared at once, by the
+    // same plugin, while the workload's prepare still waits.
+    let mut daemon_pod = plugin.register(DraApi::V1).await;
+    prepare_one(&mut daemon_pod, "d", "uid-d").await.unwrap();
+    assert!(!waiting.is_finished());
+    assert!(node.cd_config_dir(DOMAIN).join("config.cfg").exists());
+    // The daemon starts with that config and reports Ready; the workload gets its channel.
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    let (_, got) = waiting.await.unwrap();
+    assert_eq!(got.unwrap()[0].device_name, "channel-0");
+}
