@@ -300,24 +300,24 @@ impl<C: DomainCluster> CdHandler<C> {
             .fetch_claim(claim)
             .await
             .map_err(|e| error_chain(&CdClaimError::Cluster(e)));
-        let mut entry = Prefetched {
+        let channel_domain = match &fetched {
+            Ok(allocated) => match plan::plan(allocated, self.parts.max_domains) {
+                Ok(ClaimPlan::Channel { domain_uid, .. }) => Some(domain_uid),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        let entry = Prefetched {
             claim: fetched,
             ready: None,
-            pending_domain: None,
+            pending_domain: channel_domain.clone(),
             at: Instant::now(),
         };
-        if let Ok(allocated) = &entry.claim
-            && let Ok(ClaimPlan::Channel { domain_uid, .. }) =
-                plan::plan(allocated, self.parts.max_domains)
-        {
-            self.add_pending(&domain_uid, 1);
-            entry.pending_domain = Some(domain_uid.clone());
-            let ready = match self.ensure_label(&domain_uid).await {
-                Ok(()) => self.wait_ready(&domain_uid, self.parts.ready_timeout).await,
-                Err(e) => Err(e),
-            };
-            entry.ready = Some(ready.map_err(|e| error_chain(&e)));
+        if let Some(domain) = &channel_domain {
+            self.add_pending(domain, 1);
         }
+        // In the map before the wait: if the kubelet hangs up and this future is dropped,
+        // the entry (and the label it holds) is purged as abandoned rather than held forever.
         let replaced = self
             .prefetched
             .lock()
@@ -325,6 +325,16 @@ impl<C: DomainCluster> CdHandler<C> {
             .insert(claim.uid.clone(), entry);
         if let Some(domain) = replaced.and_then(|old| old.pending_domain) {
             self.add_pending(&domain, -1);
+        }
+        if let Some(domain) = channel_domain {
+            let ready = match self.ensure_label(&domain).await {
+                Ok(()) => self.wait_ready(&domain, self.parts.ready_timeout).await,
+                Err(e) => Err(e),
+            };
+            let mut prefetched = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(entry) = prefetched.get_mut(&claim.uid) {
+                entry.ready = Some(ready.map_err(|e| error_chain(&e)));
+            }
         }
     }
 
