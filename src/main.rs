@@ -38,6 +38,9 @@ enum Command {
     Explain(ExplainArgs),
     /// Run the DRA kubelet plugin on this node: publish ResourceSlices, serve prepare/unprepare.
     KubeletPlugin(Box<PluginArgs>),
+    /// Run the ComputeDomain kubelet plugin (driver compute-domain.nvidia.com) on this node:
+    /// IMEX channel and daemon devices, node labels, IMEX configs.
+    ComputeDomainPlugin(Box<CdPluginArgs>),
     /// Inject a fault into a simulated node's shared state (under the simulator's lock): the
     /// sim backend reports it, and the simulated NVML library delivers the matching events.
     SimFault(SimFaultArgs),
@@ -327,11 +330,9 @@ struct CapacityArgs {
     output: Output,
 }
 
+/// The node flags `kubelet-plugin` and `compute-domain-plugin` share.
 #[derive(clap::Args, Debug)]
-struct PluginArgs {
-    /// DRA driver name.
-    #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
-    driver_name: String,
+struct NodeFlags {
     /// This node's name (the pool name); in a pod, from the downward API. Defaults to the
     /// simulated node's name with --gpu-backend sim.
     #[arg(long, env = "NODE_NAME")]
@@ -354,15 +355,6 @@ struct PluginArgs {
     /// --gpu-backend sim; use it with --gpu-backend nvml over the simulated library).
     #[arg(long, env = "GPU_DRA_SIMULATED_HOST")]
     simulated_host: bool,
-    /// MIG policy of single GPUs, over --mig-policy: INDEX=POLICY pairs, e.g. 1=dynamic,3=static.
-    #[arg(long, env = "GPU_DRA_GPU_MIG_POLICIES", default_value = "")]
-    gpu_mig_policies: String,
-    /// MIG policy for every GPU (default: the node file's with sim; with nvml, static for
-    /// GPUs with MIG on, disabled otherwise).
-    #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
-    mig_policy: Option<Policy>,
-    #[command(flatten)]
-    mig_profiles: MigProfilesFlag,
     /// Directory of the DRA socket (default /var/lib/kubelet/plugins/<driver>).
     #[arg(long, env = "GPU_DRA_PLUGIN_DIR")]
     plugin_dir: Option<PathBuf>,
@@ -379,21 +371,46 @@ struct PluginArgs {
     /// Where CDI specs are written.
     #[arg(long, env = "GPU_DRA_CDI_ROOT", default_value = "/var/run/cdi")]
     cdi_root: PathBuf,
+    /// Root under which /dev is found.
+    #[arg(long, env = "GPU_DRA_DEV_ROOT", default_value = "/")]
+    dev_root: PathBuf,
+    /// Checkpoint and simulated-hardware state (default: the plugin directory).
+    #[arg(long, env = "GPU_DRA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "GPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Log level; GPU_DRA_LOG, when set, overrides it with a full filter
+    /// (e.g. `info,gpu_dra::k8s=debug`).
+    #[arg(long, env = "GPU_DRA_LOG_LEVEL", value_enum, default_value = "info")]
+    log_level: LogLevel,
+}
+
+#[derive(clap::Args, Debug)]
+struct PluginArgs {
+    /// DRA driver name.
+    #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    #[command(flatten)]
+    node: NodeFlags,
+    /// MIG policy of single GPUs, over --mig-policy: INDEX=POLICY pairs, e.g. 1=dynamic,3=static.
+    #[arg(long, env = "GPU_DRA_GPU_MIG_POLICIES", default_value = "")]
+    gpu_mig_policies: String,
+    /// MIG policy for every GPU (default: the node file's with sim; with nvml, static for
+    /// GPUs with MIG on, disabled otherwise).
+    #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
+    mig_policy: Option<Policy>,
+    #[command(flatten)]
+    mig_profiles: MigProfilesFlag,
     /// NVIDIA driver root as this process sees it.
     #[arg(long, env = "GPU_DRA_DRIVER_ROOT", default_value = "/")]
     driver_root: PathBuf,
     /// NVIDIA driver root on the host, when the plugin sees it elsewhere (a container mount).
     #[arg(long, env = "GPU_DRA_HOST_DRIVER_ROOT")]
     host_driver_root: Option<PathBuf>,
-    /// Root under which /dev is found.
-    #[arg(long, env = "GPU_DRA_DEV_ROOT", default_value = "/")]
-    dev_root: PathBuf,
     /// The proc filesystem.
     #[arg(long, env = "GPU_DRA_PROC_ROOT", default_value = "/proc")]
     proc_root: PathBuf,
-    /// Checkpoint and simulated-hardware state (default: the plugin directory).
-    #[arg(long, env = "GPU_DRA_STATE_DIR")]
-    state_dir: Option<PathBuf>,
     /// Time between inventory checks (hot-plugged GPUs, MIG mode, hold-down ends), in seconds
     /// (`10`, `10s`) or minutes (`1m`); health events are acted on within a fraction of a
     /// second regardless.
@@ -432,15 +449,32 @@ struct PluginArgs {
     /// Allow the TimeSlicing sharing strategy.
     #[arg(long, env = "GPU_DRA_TIME_SLICING", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     time_slicing: bool,
-    /// Log format.
-    #[arg(long, env = "GPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Log level; GPU_DRA_LOG, when set, overrides it with a full filter
-    /// (e.g. `info,gpu_dra::k8s=debug`).
-    #[arg(long, env = "GPU_DRA_LOG_LEVEL", value_enum, default_value = "info")]
-    log_level: LogLevel,
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+}
+
+#[derive(clap::Args, Debug)]
+struct CdPluginArgs {
+    #[command(flatten)]
+    node: NodeFlags,
+    /// The node's NVLink clique (`<clusterUuid>.<cliqueId>`), over what the GPUs report
+    /// through NVML; "" means none. For nodes whose NVML cannot report the fabric.
+    #[arg(long, env = "GPU_DRA_CLIQUE_ID")]
+    clique_id: Option<String>,
+    /// Namespace of the IMEX daemons' ComputeDomainNode objects (the driver's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_NAMESPACE)]
+    namespace: String,
+    /// Channel and daemon devices published per node (channel-0..N-1, daemon-0..N-1): the
+    /// most workload channel claims a node holds at once (docs/compute-domains-plugin.md).
+    #[arg(long, env = "GPU_DRA_MAX_DOMAINS", default_value = "8", value_parser = gpu_dra::compute_domain::plugin::config::max_domains_flag)]
+    max_domains: u32,
+    /// How long a channel prepare waits for the node's IMEX daemon to turn Ready, in seconds
+    /// (`30`, `30s`) or minutes; keep it under the kubelet's 45 s limit.
+    #[arg(long, env = "GPU_DRA_DAEMON_READY_TIMEOUT", default_value = "30", value_parser = interval_seconds)]
+    daemon_ready_timeout: u64,
+    /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
+    #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_METRICS_ADDR)]
     metrics_addr: String,
 }
 
@@ -564,6 +598,7 @@ impl Command {
             Command::Inventory(_) => "inventory",
             Command::Explain(_) => "explain",
             Command::KubeletPlugin(_) => "kubelet-plugin",
+            Command::ComputeDomainPlugin(_) => "compute-domain-plugin",
             Command::Cel { .. } => "cel",
             Command::SimFault(_) => "sim-fault",
             Command::Capacity(_) => "capacity",
@@ -612,7 +647,8 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let (format, default_level) = match &cli.command {
-        Command::KubeletPlugin(a) => (a.log_format.into(), a.log_level.directive()),
+        Command::KubeletPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
+        Command::ComputeDomainPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
         _ => (logging::Format::Text, "warn"),
     };
     let colour = logging::init(format, default_level);
@@ -644,44 +680,29 @@ fn chain(e: &anyhow::Error) -> String {
 }
 
 fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
-    use gpu_dra::plugin::{BackendChoice, PluginConfig};
-    let backend = match args.gpu_backend {
-        Backend::Nvml => BackendChoice::Nvml {
-            lib: args.nvml_lib.clone(),
-        },
-        Backend::Sim => BackendChoice::Sim {
-            sim_node: args.sim_node.clone(),
-        },
-    };
-    let node_name = match (args.node_name, &backend) {
-        (Some(n), _) => n,
-        (None, BackendChoice::Sim { sim_node }) => {
-            sim::NodeSource::resolve(sim_node)?.plan()?.node_name
-        }
-        (None, BackendChoice::Nvml { .. }) => {
-            bail!("--node-name (or NODE_NAME) is required with --gpu-backend nvml")
-        }
-    };
-    let plugin_dir = args
+    use gpu_dra::plugin::PluginConfig;
+    let node = args.node;
+    let (backend, node_name) = node.backend_and_name()?;
+    let plugin_dir = node
         .plugin_dir
         .unwrap_or_else(|| PathBuf::from(format!("/var/lib/kubelet/plugins/{}", args.driver_name)));
     let config = PluginConfig {
         driver_name: args.driver_name,
         node_name,
-        kubeconfig: args.kubeconfig,
+        kubeconfig: node.kubeconfig,
         backend,
         mig_policy: args.mig_policy.map(MigPolicy::from),
         gpu_mig_policies: policy_flag::parse_gpu_policies(&args.gpu_mig_policies)?,
         mig_profiles: args.mig_profiles.mig_profiles,
-        simulated_host: args.simulated_host,
-        state_dir: args.state_dir.unwrap_or_else(|| plugin_dir.clone()),
+        simulated_host: node.simulated_host,
+        state_dir: node.state_dir.unwrap_or_else(|| plugin_dir.clone()),
         plugin_dir,
-        registry_dir: args.registry_dir,
-        pod_uid: args.pod_uid,
-        cdi_root: args.cdi_root,
+        registry_dir: node.registry_dir,
+        pod_uid: node.pod_uid,
+        cdi_root: node.cdi_root,
         driver_root: args.driver_root,
         host_driver_root: args.host_driver_root,
-        dev_root: args.dev_root,
+        dev_root: node.dev_root,
         proc_root: args.proc_root,
         inventory_interval: std::time::Duration::from_secs(args.inventory_interval.max(1)),
         telemetry_interval: std::time::Duration::from_secs(args.telemetry_interval.max(1)),
@@ -695,13 +716,72 @@ fn run_plugin(args: PluginArgs) -> anyhow::Result<ExitCode> {
         shared_gpus: args.shared_gpus,
         metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
     };
+    block_on(gpu_dra::plugin::run(config))
+}
+
+impl NodeFlags {
+    /// The backend, and the node name (the simulated node's when not given with sim).
+    fn backend_and_name(&self) -> anyhow::Result<(gpu_dra::plugin::BackendChoice, String)> {
+        use gpu_dra::plugin::BackendChoice;
+        let backend = match self.gpu_backend {
+            Backend::Nvml => BackendChoice::Nvml {
+                lib: self.nvml_lib.clone(),
+            },
+            Backend::Sim => BackendChoice::Sim {
+                sim_node: self.sim_node.clone(),
+            },
+        };
+        let node_name = match (&self.node_name, &backend) {
+            (Some(n), _) => n.clone(),
+            (None, BackendChoice::Sim { sim_node }) => {
+                sim::NodeSource::resolve(sim_node)?.plan()?.node_name
+            }
+            (None, BackendChoice::Nvml { .. }) => {
+                bail!("--node-name (or NODE_NAME) is required with --gpu-backend nvml")
+            }
+        };
+        Ok((backend, node_name))
+    }
+}
+
+/// Runs a long-running verb on the two-thread runtime the node agents use.
+fn block_on<E>(work: impl std::future::Future<Output = Result<(), E>>) -> anyhow::Result<ExitCode>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(gpu_dra::plugin::run(config))?;
+    runtime.block_on(work)?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn run_compute_domain_plugin(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::compute_domain::plugin::{CdPluginConfig, config};
+    let node = args.node;
+    let (backend, node_name) = node.backend_and_name()?;
+    let plugin_dir = node
+        .plugin_dir
+        .unwrap_or_else(|| PathBuf::from(config::DEFAULT_PLUGIN_DIR));
+    block_on(gpu_dra::compute_domain::plugin::run(CdPluginConfig {
+        node_name,
+        kubeconfig: node.kubeconfig,
+        backend,
+        clique_override: args.clique_id,
+        simulated_host: node.simulated_host,
+        state_dir: node.state_dir.unwrap_or_else(|| plugin_dir.clone()),
+        plugin_dir,
+        registry_dir: node.registry_dir,
+        pod_uid: node.pod_uid,
+        cdi_root: node.cdi_root,
+        dev_root: node.dev_root,
+        metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
+        namespace: args.namespace,
+        max_domains: args.max_domains,
+        ready_timeout: std::time::Duration::from_secs(args.daemon_ready_timeout),
+    }))
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -715,6 +795,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Inventory(args) => run_inventory(args),
         Command::KubeletPlugin(args) => run_plugin(*args),
+        Command::ComputeDomainPlugin(args) => run_compute_domain_plugin(*args),
         Command::SimFault(args) => run_sim_fault(args),
         Command::Explain(args) => run_explain(args),
         Command::Capacity(args) => run_capacity(args),

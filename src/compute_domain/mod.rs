@@ -3,6 +3,7 @@
 //! A second DRA driver, `compute-domain.nvidia.com`, served by the same binary:
 //! - [`api`]: the names and wire types every part shares (CRDs, opaque configs, labels,
 //!   device names, ports). Compatible with NVIDIA's driver, so existing manifests work.
+//! - [`plugin`]: the kubelet plugin, `gpu-dra compute-domain-plugin`.
 //!
 //! The parts, each in its own module and verb: the controller (`gpu-dra
 //! compute-domain-controller`), the kubelet plugin (`gpu-dra compute-domain-plugin`) and the
@@ -17,3 +18,4 @@
 //!   ready; the daemon lists the objects of its domain and clique to know its peers.
 
 pub mod api;
+pub mod plugin;

@@ -17,7 +17,7 @@ pub mod handler;
 pub mod holders;
 pub mod inventory_watch;
 pub mod memory;
-mod observe;
+pub mod observe;
 pub mod orphans;
 pub mod recovery;
 pub mod simhost;
@@ -513,7 +513,8 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
     }
 }
 
-async fn wait_for_shutdown_signal() -> std::io::Result<()> {
+/// Returns at the first SIGTERM or SIGINT.
+pub async fn wait_for_shutdown_signal() -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -4,8 +4,10 @@
 #![allow(dead_code)] // each test file and the bench use a different part
 
 pub mod apicatalog;
+pub mod apidomains;
 pub mod apifaults;
 pub mod apiserver;
+pub mod cdnode;
 pub mod claims;
 pub mod disk;
 #[path = "../nvml_sim_support/mod.rs"]
@@ -216,26 +218,12 @@ impl Node {
         // A bench may measure another build of the same binary (e.g. the image's dist build).
         let binary = std::env::var_os("GPU_DRA_PLUGIN_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_gpu-dra").into());
-        let mut command = Command::new(binary);
-        command
-            .arg("kubelet-plugin")
-            .args(["--node-name", claims::NODE])
-            .arg("--kubeconfig")
-            .arg(self.root().join("kubeconfig"))
-            .arg("--plugin-dir")
-            .arg(self.plugin_dir())
-            .arg("--registry-dir")
-            .arg(self.registry_dir())
-            .arg("--cdi-root")
-            .arg(self.cdi_root())
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            // Tests run side by side: each plugin takes a free port (the log says which).
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .env_remove(gpu_dra::crashpoint::ENV)
-            .env_remove("GPU_DRA_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+        let mut command = self.node_command(
+            binary,
+            "kubelet-plugin",
+            &self.plugin_dir(),
+            &self.state_dir(),
+        );
         if nvml_backend() {
             // The same node through libnvidia-ml's ABI: the simulated library shares the
             // simulator's state directory the sim backend would use (`<state-dir>/sim`).
@@ -252,6 +240,38 @@ impl Node {
         command
     }
 
+    /// `binary verb` with the node flags both kubelet plugins take, pointing at this node's
+    /// directories and API server.
+    pub fn node_command(
+        &self,
+        binary: impl AsRef<std::ffi::OsStr>,
+        verb: &str,
+        plugin_dir: &Path,
+        state_dir: &Path,
+    ) -> Command {
+        let mut command = Command::new(binary);
+        command
+            .arg(verb)
+            .args(["--node-name", claims::NODE])
+            .arg("--kubeconfig")
+            .arg(self.root().join("kubeconfig"))
+            .arg("--plugin-dir")
+            .arg(plugin_dir)
+            .arg("--registry-dir")
+            .arg(self.registry_dir())
+            .arg("--cdi-root")
+            .arg(self.cdi_root())
+            .arg("--state-dir")
+            .arg(state_dir)
+            // Tests run side by side: each plugin takes a free port (the log says which).
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .env_remove(gpu_dra::crashpoint::ENV)
+            .env_remove("GPU_DRA_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        command
+    }
+
     /// Starts the plugin with extra environment, without waiting for it.
     pub fn spawn_with(&self, env: &[(&str, &str)]) -> Plugin {
         self.spawn_command(self.command(), env)
@@ -259,18 +279,28 @@ impl Node {
 
     /// Starts `command` (from [`Node::command`] or [`Node::command_on`]) with extra
     /// environment, without waiting for it; its stderr goes to the node's next log file.
-    pub fn spawn_command(&self, mut command: Command, env: &[(&str, &str)]) -> Plugin {
+    pub fn spawn_command(&self, command: Command, env: &[(&str, &str)]) -> Plugin {
+        self.spawn_registering_at(command, env, self.registration_socket())
+    }
+
+    /// [`Node::spawn_command`] for a plugin whose registration socket is `registration`.
+    pub fn spawn_registering_at(
+        &self,
+        mut command: Command,
+        env: &[(&str, &str)],
+        registration: PathBuf,
+    ) -> Plugin {
         let runs = self.runs.fetch_add(1, Ordering::Relaxed);
         let log = self.root().join(format!("plugin-{runs}.log"));
         command.stderr(File::create(&log).expect("log file"));
         for (key, value) in env {
             command.env(key, value);
         }
-        let child = command.spawn().expect("start gpu-dra kubelet-plugin");
+        let child = command.spawn().expect("start the gpu-dra plugin");
         Plugin {
             child,
             log,
-            registration: self.registration_socket(),
+            registration,
         }
     }
 

@@ -1,0 +1,152 @@
+//! The devices the compute-domain plugin publishes, pure: `channel-0..N-1` and
+//! `daemon-0..N-1`, each with attributes `type` and `id`.
+//!
+//! They go through the GPU plugin's publisher, which takes a [`DeviceModel`]; the hardware
+//! coordinates of a [`PublishedDevice`] mean nothing here. Channel `i` and daemon `i` share a
+//! group number (`gpu_index = i`) so the slice packer keeps pairs together and a node with
+//! more than 64 of each still gets valid slices of at most 128 devices; with the default of
+//! 8 the node has one slice.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+
+use crate::compute_domain::api;
+use crate::devices::{DeviceKind, DeviceModel, PublishedDevice};
+
+/// What a compute-domain device is, from its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CdDevice {
+    /// `channel-<n>`: IMEX channel `n` for a workload.
+    Channel(u32),
+    /// `daemon-<n>`: the node's IMEX daemon of one domain.
+    Daemon(u32),
+}
+
+impl CdDevice {
+    /// Parses `channel-<n>` / `daemon-<n>` with `n` below `max`; `None` for anything else.
+    pub fn parse(name: &str, max: u32) -> Option<CdDevice> {
+        let number = |rest: &str| {
+            rest.parse::<u32>()
+                .ok()
+                .filter(|n| *n < max && n.to_string() == rest)
+        };
+        if let Some(rest) = name.strip_prefix("channel-") {
+            number(rest).map(CdDevice::Channel)
+        } else if let Some(rest) = name.strip_prefix("daemon-") {
+            number(rest).map(CdDevice::Daemon)
+        } else {
+            None
+        }
+    }
+}
+
+/// The device model of a node publishing `max_domains` channels and daemons.
+pub fn model(max_domains: u32) -> DeviceModel {
+    let device = |name: String, kind: &str, id: u32| Device {
+        name,
+        attributes: Some(BTreeMap::from([
+            (
+                api::ATTR_TYPE.to_string(),
+                DeviceAttribute {
+                    string: Some(kind.to_string()),
+                    ..Default::default()
+                },
+            ),
+            (
+                api::ATTR_ID.to_string(),
+                DeviceAttribute {
+                    int: Some(i64::from(id)),
+                    ..Default::default()
+                },
+            ),
+        ])),
+        ..Default::default()
+    };
+    let published = |id: u32, device: Device| PublishedDevice {
+        gpu_index: id,
+        gpu_minor: id,
+        gpu_uuid: String::new(),
+        kind: DeviceKind::Gpu,
+        device,
+    };
+    let devices = (0..max_domains)
+        .flat_map(|i| {
+            [
+                published(
+                    i,
+                    device(api::channel_device_name(i), api::DEVICE_TYPE_CHANNEL, i),
+                ),
+                published(
+                    i,
+                    device(api::daemon_device_name(i), api::DEVICE_TYPE_DAEMON, i),
+                ),
+            ]
+        })
+        .collect();
+    DeviceModel {
+        devices,
+        counter_sets: Vec::new(),
+        warnings: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slices::{PoolOptions, build};
+
+    fn pool() -> PoolOptions {
+        PoolOptions {
+            driver_name: api::DRIVER_NAME.into(),
+            node_name: "n1".into(),
+            generation: 0,
+        }
+    }
+
+    #[test]
+    fn a_node_publishes_one_slice_of_channels_and_daemons_with_type_and_id() {
+        let slices = build(&model(2), &pool()).unwrap();
+        assert_eq!(slices.len(), 1);
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        let got: Vec<(String, String, i64)> = devices
+            .iter()
+            .map(|d| {
+                let attrs = d.attributes.as_ref().unwrap();
+                (
+                    d.name.clone(),
+                    attrs["type"].string.clone().unwrap(),
+                    attrs["id"].int.unwrap(),
+                )
+            })
+            .collect();
+        let want = vec![
+            ("channel-0".to_string(), "channel".to_string(), 0),
+            ("daemon-0".to_string(), "daemon".to_string(), 0),
+            ("channel-1".to_string(), "channel".to_string(), 1),
+            ("daemon-1".to_string(), "daemon".to_string(), 1),
+        ];
+        assert_eq!(got, want);
+        assert_eq!(slices[0].spec.driver, "compute-domain.nvidia.com");
+    }
+
+    #[test]
+    fn many_domains_split_into_valid_slices_keeping_pairs_together() {
+        let slices = build(&model(100), &pool()).unwrap();
+        assert_eq!(slices.len(), 2);
+        let sizes: Vec<usize> = slices
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(sizes, vec![128, 72]);
+    }
+
+    #[test]
+    fn device_names_parse_back_only_within_the_published_range() {
+        assert_eq!(CdDevice::parse("channel-3", 8), Some(CdDevice::Channel(3)));
+        assert_eq!(CdDevice::parse("daemon-0", 8), Some(CdDevice::Daemon(0)));
+        for bad in ["channel-8", "channel-03", "gpu-0", "daemon-", "channel--1"] {
+            assert_eq!(CdDevice::parse(bad, 8), None, "{bad}");
+        }
+    }
+}

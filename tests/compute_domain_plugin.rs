@@ -1,0 +1,608 @@
+//! `gpu-dra compute-domain-plugin` as the kubelet and the API server see it: the real binary
+//! over real Unix sockets, registering, publishing channel and daemon devices, preparing
+//! channel claims once the node's IMEX daemon reports Ready, writing the daemon's IMEX config,
+//! and cleaning up after unprepare, a crash and a kubelet restart.
+
+mod plugin_support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use gpu_dra::kubelet::client::{DraApi, KubeletClient};
+use plugin_support::cdnode::{
+    self, CD_DRIVER, CLIQUE, DRIVER_NAMESPACE, NODE_LABEL, channel_config, compute_domain,
+    daemon_config, domain_node,
+};
+use plugin_support::claims::{NODE, claim_ref};
+use plugin_support::{Node, eventually};
+
+const DOMAIN: &str = "0a1b2c3d-0000-1111-2222-333344445555";
+const OTHER_DOMAIN: &str = "9f8e7d6c-0000-1111-2222-333344445555";
+
+/// The device names of the plugin's complete pool.
+fn published(node: &Node) -> Option<BTreeSet<String>> {
+    let slices: Vec<_> = node
+        .api
+        .slices()
+        .into_values()
+        .filter(|s| s["spec"]["driver"] == CD_DRIVER)
+        .collect();
+    let complete = !slices.is_empty()
+        && slices
+            .iter()
+            .all(|s| s["spec"]["pool"]["resourceSliceCount"] == serde_json::json!(slices.len()));
+    complete.then(|| {
+        slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| d["name"].as_str().map(str::to_string))
+            .collect()
+    })
+}
+
+fn every_device() -> BTreeSet<String> {
+    (0..8)
+        .flat_map(|i| [format!("channel-{i}"), format!("daemon-{i}")])
+        .collect()
+}
+
+async fn prepare_one(
+    kubelet: &mut KubeletClient,
+    name: &str,
+    uid: &str,
+) -> Result<Vec<gpu_dra::kubelet::PreparedDevice>, String> {
+    let got = kubelet
+        .prepare(&[claim_ref(name, uid)])
+        .await
+        .expect("prepare call");
+    got[uid].clone()
+}
+
+async fn unprepare_one(kubelet: &mut KubeletClient, name: &str, uid: &str) {
+    let got = kubelet
+        .unprepare(&[claim_ref(name, uid)])
+        .await
+        .expect("unprepare call");
+    assert_eq!(got[uid], Ok(()));
+}
+
+fn label(node: &Node) -> Option<String> {
+    node.api.node_labels().get(NODE_LABEL).cloned()
+}
+
+#[tokio::test]
+async fn the_plugin_registers_as_compute_domain_driver_and_publishes_channels_and_daemons() {
+    let node = Node::new();
+    let plugin = node.cd_start(5).await;
+    let mut client = KubeletClient::connect(&node.cd_registration_socket())
+        .await
+        .unwrap();
+    let info = client.get_info().await.unwrap();
+    assert_eq!(info.name, CD_DRIVER);
+    assert!(
+        info.endpoint
+            .ends_with("plugins/compute-domain.nvidia.com/dra.sock")
+    );
+    let _kubelet = plugin.register(DraApi::V1).await;
+    let devices = eventually("the compute-domain pool", || published(&node)).await;
+    assert_eq!(devices, every_device());
+    let slice = node
+        .api
+        .slices()
+        .into_values()
+        .find(|s| s["spec"]["driver"] == CD_DRIVER)
+        .unwrap();
+    let channel = &slice["spec"]["devices"][0];
+    assert_eq!(channel["attributes"]["type"]["string"], "channel");
+    assert_eq!(channel["attributes"]["id"]["int"], 0);
+}
+
+#[tokio::test]
+async fn a_channel_prepare_labels_the_node_waits_for_its_daemon_then_injects_the_channel() {
+    let node = Node::new();
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-2",
+        channel_config(DOMAIN, "Single"),
+    ));
+    let plugin = node.cd_start(30).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let waiting = tokio::spawn(async move {
+        let got = prepare_one(&mut kubelet, "work", "uid-work").await;
+        (kubelet, got)
+    });
+    eventually("the node labelled for the domain", || {
+        (label(&node).as_deref() == Some(DOMAIN)).then_some(())
+    })
+    .await;
+    // The daemon starts (it can: the node is labelled), then reports Ready.
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", false));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "prepared before the daemon was Ready"
+    );
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    let (mut kubelet, got) = waiting.await.unwrap();
+    let devices = got.expect("prepared");
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].device_name, "channel-2");
+    assert_eq!(devices[0].pool_name, NODE);
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        vec!["k8s.compute-domain.nvidia.com/claim=uid-work-channel-2"]
+    );
+    let spec = node.cd_spec("uid-work").expect("spec written");
+    let nodes = &spec["devices"][0]["containerEdits"]["deviceNodes"];
+    assert_eq!(nodes.as_array().unwrap().len(), 1);
+    assert_eq!(nodes[0]["path"], "/dev/nvidia-caps-imex-channels/channel2");
+
+    // Prepared once: a repeated prepare answers from the checkpoint.
+    let again = prepare_one(&mut kubelet, "work", "uid-work").await.unwrap();
+    assert_eq!(again, devices);
+
+    unprepare_one(&mut kubelet, "work", "uid-work").await;
+    assert_eq!(node.cd_spec("uid-work"), None);
+    assert_eq!(label(&node), None, "the last channel of the domain is gone");
+    assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_daemon_that_never_turns_ready_fails_the_prepare_naming_domain_node_and_reason() {
+    let node = Node::new();
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    let mut crashed = domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", false);
+    crashed["status"]["reason"] = "DaemonCrashed".into();
+    crashed["status"]["message"] = "nvidia-imex exited with status 1".into();
+    node.api.put_domain_node(crashed);
+    let plugin = node.cd_start(1).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let error = prepare_one(&mut kubelet, "work", "uid-work")
+        .await
+        .unwrap_err();
+    for part in [
+        DOMAIN,
+        NODE,
+        "DaemonCrashed",
+        "nvidia-imex exited with status 1",
+        DRIVER_NAMESPACE,
+        "not ready after 1 s",
+    ] {
+        assert!(error.contains(part), "{part:?} missing in: {error}");
+    }
+    assert_eq!(node.cd_spec("uid-work"), None);
+    // The label stays for the kubelet's retry; unpreparing the claim releases it.
+    assert_eq!(label(&node).as_deref(), Some(DOMAIN));
+    unprepare_one(&mut kubelet, "work", "uid-work").await;
+    assert_eq!(label(&node), None);
+}
+
+#[tokio::test]
+async fn all_mode_injects_every_channel_of_the_node() {
+    let node = Node::new();
+    node.api.put_claim(cdnode::claim(
+        "all",
+        "uid-all",
+        "channel-0",
+        channel_config(DOMAIN, "All"),
+    ));
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1beta1).await;
+    prepare_one(&mut kubelet, "all", "uid-all").await.unwrap();
+    let spec = node.cd_spec("uid-all").unwrap();
+    let paths: Vec<String> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths.len(), 2048);
+    assert_eq!(paths[0], "/dev/nvidia-caps-imex-channels/channel0");
+    assert_eq!(paths[2047], "/dev/nvidia-caps-imex-channels/channel2047");
+}
+
+#[tokio::test]
+async fn a_node_serving_another_domain_refuses_a_channel_naming_both_domains() {
+    let node = Node::new();
+    node.api.set_node_label(NODE_LABEL, Some(OTHER_DOMAIN));
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    // Restarting with the label of a domain it holds no claim of would remove it: the
+    // label here is set after start-up, as by another instance.
+    let plugin = node.cd_start(5).await;
+    node.api.set_node_label(NODE_LABEL, Some(OTHER_DOMAIN));
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let error = prepare_one(&mut kubelet, "work", "uid-work")
+        .await
+        .unwrap_err();
+    assert!(
+        error.contains(DOMAIN) && error.contains(OTHER_DOMAIN),
+        "{error}"
+    );
+    assert!(error.contains("one ComputeDomain at a time"), "{error}");
+    assert_eq!(label(&node).as_deref(), Some(OTHER_DOMAIN));
+}
+
+#[tokio::test]
+async fn a_bad_channel_config_fails_naming_the_field_the_value_and_the_choices() {
+    let node = Node::new();
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-0",
+        channel_config(DOMAIN, "Some"),
+    ));
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let error = prepare_one(&mut kubelet, "work", "uid-work")
+        .await
+        .unwrap_err();
+    assert!(error.contains("allocationMode"), "{error}");
+    assert!(error.contains("\"Some\""), "{error}");
+    assert!(
+        error.contains("\"Single\"") && error.contains("\"All\""),
+        "{error}"
+    );
+    assert_eq!(
+        label(&node),
+        None,
+        "nothing labelled for a claim that cannot work"
+    );
+}
+
+#[tokio::test]
+async fn a_daemon_prepare_writes_the_imex_config_of_its_clique_and_a_spec_mounting_it() {
+    let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
+    for (peer, clique, index, ip) in [
+        ("node-b", CLIQUE, 1, "10.0.0.2"),
+        ("node-a", CLIQUE, 0, "10.0.0.1"),
+        ("node-x", "other-cluster.7", 0, "10.9.9.9"),
+    ] {
+        node.api
+            .put_domain_node(domain_node(DOMAIN, peer, clique, index, ip, true));
+    }
+    node.api.put_claim(cdnode::claim(
+        "daemon",
+        "uid-daemon",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let devices = prepare_one(&mut kubelet, "daemon", "uid-daemon")
+        .await
+        .unwrap();
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        vec!["k8s.compute-domain.nvidia.com/claim=uid-daemon-daemon-0"]
+    );
+    let dir = node.cd_config_dir(DOMAIN);
+    let config = std::fs::read_to_string(dir.join("config.cfg")).unwrap();
+    for line in [
+        "SERVER_PORT=50000",
+        "IMEX_CMD_PORT=50005",
+        "IMEX_CMD_ENABLED=1",
+        "IMEX_WAIT_FOR_QUORUM=RECOVERY",
+        "IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg",
+    ] {
+        assert!(config.lines().any(|l| l == line), "{line} in:\n{config}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("nodes_config.cfg")).unwrap(),
+        "10.0.0.1\n10.0.0.2\n"
+    );
+    let spec = node.cd_spec("uid-daemon").unwrap();
+    let edits = &spec["devices"][0]["containerEdits"];
+    let env: Vec<&str> = edits["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    let want_env = [
+        format!("COMPUTE_DOMAIN_UUID={DOMAIN}"),
+        "COMPUTE_DOMAIN_NAME=imex".to_string(),
+        "COMPUTE_DOMAIN_NAMESPACE=team-a".to_string(),
+        format!("CLIQUE_ID={CLIQUE}"),
+        "IMEX_CONFIG_DIR=/etc/nvidia-imex".to_string(),
+    ];
+    assert_eq!(env, want_env);
+    assert_eq!(
+        edits["mounts"][0]["hostPath"],
+        dir.to_string_lossy().as_ref()
+    );
+    assert_eq!(edits["mounts"][0]["containerPath"], "/etc/nvidia-imex");
+
+    unprepare_one(&mut kubelet, "daemon", "uid-daemon").await;
+    assert!(!dir.exists());
+    assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn two_domains_in_one_clique_get_separate_configs_that_never_list_each_others_nodes() {
+    let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
+    node.api
+        .put_compute_domain(compute_domain("team-b", "other", OTHER_DOMAIN));
+    node.api
+        .put_domain_node(domain_node(DOMAIN, "node-a", CLIQUE, 0, "10.0.0.1", true));
+    node.api.put_domain_node(domain_node(
+        OTHER_DOMAIN,
+        "node-b",
+        CLIQUE,
+        0,
+        "10.0.0.2",
+        true,
+    ));
+    node.api.put_claim(cdnode::claim(
+        "d1",
+        "uid-d1",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    node.api.put_claim(cdnode::claim(
+        "d2",
+        "uid-d2",
+        "daemon-1",
+        daemon_config(OTHER_DOMAIN),
+    ));
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    prepare_one(&mut kubelet, "d1", "uid-d1").await.unwrap();
+    prepare_one(&mut kubelet, "d2", "uid-d2").await.unwrap();
+    let nodes_of = |domain: &str| {
+        std::fs::read_to_string(node.cd_config_dir(domain).join("nodes_config.cfg")).unwrap()
+    };
+    assert_eq!(nodes_of(DOMAIN), "10.0.0.1\n");
+    assert_eq!(nodes_of(OTHER_DOMAIN), "10.0.0.2\n");
+    let mount_of = |uid: &str| {
+        node.cd_spec(uid).unwrap()["devices"][0]["containerEdits"]["mounts"][0]["hostPath"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_ne!(mount_of("uid-d1"), mount_of("uid-d2"));
+    // Releasing one domain leaves the other's config alone.
+    unprepare_one(&mut kubelet, "d1", "uid-d1").await;
+    assert!(!node.cd_config_dir(DOMAIN).exists());
+    assert_eq!(nodes_of(OTHER_DOMAIN), "10.0.0.2\n");
+}
+
+#[tokio::test]
+async fn a_crash_between_prepare_steps_leaves_no_spec_config_or_label_after_restart() {
+    let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    node.api.put_claim(cdnode::claim(
+        "d",
+        "uid-d",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    node.api.put_claim(cdnode::claim(
+        "w",
+        "uid-w",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    for (name, uid) in [("d", "uid-d"), ("w", "uid-w")] {
+        let mut plugin = node.cd_spawn(
+            node.cd_command(5),
+            &[(gpu_dra::crashpoint::ENV, "cd-prepare-spec-written")],
+        );
+        plugin.wait_registrable().await;
+        let mut kubelet = plugin.register(DraApi::V1).await;
+        let _ = kubelet.prepare(&[claim_ref(name, uid)]).await;
+        let status = plugin.wait_exit().await;
+        assert!(!status.success(), "the crash point aborts");
+        assert!(
+            !node.cd_leftovers().is_empty(),
+            "the crash left files behind"
+        );
+    }
+    assert_eq!(label(&node).as_deref(), Some(DOMAIN));
+    let plugin = node.cd_start(5).await;
+    assert_eq!(
+        node.cd_leftovers(),
+        Vec::<String>::new(),
+        "{}",
+        plugin.log()
+    );
+    assert_eq!(label(&node), None, "{}", plugin.log());
+    // The kubelet's retry prepares both from scratch.
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    prepare_one(&mut kubelet, "d", "uid-d").await.unwrap();
+    prepare_one(&mut kubelet, "w", "uid-w").await.unwrap();
+    assert_eq!(label(&node).as_deref(), Some(DOMAIN));
+}
+
+#[tokio::test]
+async fn a_restarted_plugin_keeps_prepared_claims_and_a_restarted_kubelet_gets_the_slice_back() {
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    node.api.put_claim(cdnode::claim(
+        "w",
+        "uid-w",
+        "channel-1",
+        channel_config(DOMAIN, "Single"),
+    ));
+    let mut plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let devices = prepare_one(&mut kubelet, "w", "uid-w").await.unwrap();
+    eventually("the pool", || published(&node)).await;
+    plugin.kill().await;
+    let plugin = node.cd_start(5).await;
+    assert!(node.cd_spec("uid-w").is_some(), "{}", plugin.log());
+    assert_eq!(label(&node).as_deref(), Some(DOMAIN));
+    // A starting kubelet deletes the node's slices, then registers the plugin again.
+    node.api.remove_slices();
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let devices_after = eventually("the pool published again", || published(&node)).await;
+    assert_eq!(devices_after, every_device());
+    assert_eq!(
+        prepare_one(&mut kubelet, "w", "uid-w").await.unwrap(),
+        devices
+    );
+}
+
+#[tokio::test]
+async fn a_node_in_no_clique_refuses_a_daemon_claim_saying_why_and_what_to_do() {
+    let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
+    node.api.put_claim(cdnode::claim(
+        "d",
+        "uid-d",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    let mut plugin = node.cd_spawn(node.cd_command_in("", 5), &[]);
+    plugin.wait_registrable().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let error = prepare_one(&mut kubelet, "d", "uid-d").await.unwrap_err();
+    assert!(error.contains("no NVLink clique"), "{error}");
+    assert!(error.contains("--clique-id"), "{error}");
+    assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}
+
+/// The API requests made since `from`, as `METHOD path`, without the slice publisher's.
+fn requests_since(node: &Node, from: usize) -> Vec<String> {
+    node.api.requests()[from..]
+        .iter()
+        .filter(|r| !r.path.contains("resourceslices"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_channel_prepare_and_unprepare_cost_one_request_per_fact_they_need() {
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    for (name, device) in [("w1", "channel-0"), ("w2", "channel-1")] {
+        node.api.put_claim(cdnode::claim(
+            name,
+            &format!("uid-{name}"),
+            device,
+            channel_config(DOMAIN, "Single"),
+        ));
+    }
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    eventually("the pool", || published(&node)).await;
+    let claim = |name: &str| {
+        format!("GET /apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}")
+    };
+    let get_node = format!("GET /api/v1/nodes/{NODE}");
+    let patch_node = format!("PATCH /api/v1/nodes/{NODE}");
+    let get_daemon = format!(
+        "GET /apis/resource.nvidia.com/v1beta1/namespaces/{DRIVER_NAMESPACE}/computedomainnodes/{}",
+        gpu_dra::compute_domain::api::compute_domain_node_name(DOMAIN, NODE)
+    );
+
+    let from = node.api.requests().len();
+    prepare_one(&mut kubelet, "w1", "uid-w1").await.unwrap();
+    let first = vec![
+        claim("w1"),
+        get_node.clone(),
+        patch_node.clone(),
+        get_daemon.clone(),
+    ];
+    assert_eq!(
+        requests_since(&node, from),
+        first,
+        "first channel of the domain"
+    );
+
+    let from = node.api.requests().len();
+    prepare_one(&mut kubelet, "w2", "uid-w2").await.unwrap();
+    let second = vec![claim("w2"), get_node.clone(), get_daemon.clone()];
+    assert_eq!(
+        requests_since(&node, from),
+        second,
+        "the node is labelled already"
+    );
+
+    let from = node.api.requests().len();
+    prepare_one(&mut kubelet, "w2", "uid-w2").await.unwrap();
+    assert_eq!(
+        requests_since(&node, from),
+        Vec::<String>::new(),
+        "prepared already"
+    );
+
+    let from = node.api.requests().len();
+    unprepare_one(&mut kubelet, "w1", "uid-w1").await;
+    assert_eq!(
+        requests_since(&node, from),
+        vec![get_node.clone()],
+        "w2 holds the label"
+    );
+    let from = node.api.requests().len();
+    unprepare_one(&mut kubelet, "w2", "uid-w2").await;
+    assert_eq!(
+        requests_since(&node, from),
+        vec![get_node, patch_node],
+        "the last one"
+    );
+}
+
+#[tokio::test]
+async fn a_channel_waiting_for_its_daemon_never_holds_up_the_daemons_own_claim() {
+    let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    node.api.put_claim(cdnode::claim(
+        "d",
+        "uid-d",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    let plugin = node.cd_start(30).await;
+    let mut workload = plugin.register(DraApi::V1).await;
+    let waiting = tokio::spawn(async move {
+        let got = prepare_one(&mut workload, "work", "uid-work").await;
+        (workload, got)
+    });
+    eventually("the node labelled", || {
+        (label(&node).as_deref() == Some(DOMAIN)).then_some(())
+    })
+    .await;
+    // The DaemonSet's pod lands on the labelled node; its claim is prepared at once, by the
+    // same plugin, while the workload's prepare still waits.
+    let mut daemon_pod = plugin.register(DraApi::V1).await;
+    prepare_one(&mut daemon_pod, "d", "uid-d").await.unwrap();
+    assert!(!waiting.is_finished());
+    assert!(node.cd_config_dir(DOMAIN).join("config.cfg").exists());
+    // The daemon starts with that config and reports Ready; the workload gets its channel.
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    let (_, got) = waiting.await.unwrap();
+    assert_eq!(got.unwrap()[0].device_name, "channel-0");
+}
