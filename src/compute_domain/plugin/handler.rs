@@ -566,6 +566,11 @@ impl<C: DomainCluster> CdHandler<C> {
             self.undo(&mut checkpoint, &uid)?;
             report.rolled_back.push(uid);
         }
+        // Temp files of spec writes a crash interrupted: swept here, once, not per unprepare.
+        self.parts
+            .cdi
+            .remove_interrupted_writes()
+            .map_err(CdClaimError::Spec)?;
         for uid in self
             .parts
             .cdi
