@@ -845,7 +845,11 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("inventory of node {node_name}"))?;
     match args.output {
         Output::Table => emit(&inventory::render_table(&view))?,
-        Output::Yaml => emit(&inventory::slices_yaml(&view.slices)?)?,
+        Output::Yaml => emit(&format!(
+            "{}{}",
+            inventory::clique_comments(&view),
+            inventory::slices_yaml(&view.slices)?
+        ))?,
         Output::Json => emit(&inventory::slices_json(&view.slices)?)?,
     }
     Ok(ExitCode::SUCCESS)
