@@ -606,9 +606,15 @@ fn main() -> ExitCode {
     // Run as `nvidia-smi` or `nvidia-cuda-mps-control` (symlinks made by the simulated tools),
     // the binary is that tool.
     let mut argv = std::env::args_os();
-    if let Some(tool) = argv.next().and_then(|a0| simtools::personality(&a0)) {
+    let argv0 = argv.next().unwrap_or_default();
+    if let Some(tool) = simtools::personality(&argv0) {
         let args = argv.map(|a| a.to_string_lossy().into_owned()).collect();
         return simtools::run(tool, args);
+    }
+    // Likewise `nvidia-imex` / `nvidia-imex-ctl` (compute_domain::imex::install_simulated).
+    if let Some(tool) = gpu_dra::compute_domain::imex::personality(&argv0) {
+        let args = argv.map(|a| a.to_string_lossy().into_owned()).collect();
+        return gpu_dra::compute_domain::imex::run(tool, args);
     }
     let cli = Cli::parse();
     let (format, default_level) = match &cli.command {
