@@ -17,4 +17,5 @@
 //!   ready; the daemon lists the objects of its domain and clique to know its peers.
 
 pub mod api;
+pub mod daemon;
 pub mod imex;

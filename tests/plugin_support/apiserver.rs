@@ -55,6 +55,8 @@ pub(super) struct Store {
     pub(super) faults: Vec<Rule>,
     /// Discovery, stored cluster-scoped objects and access reviews.
     catalog: Catalog,
+    /// Custom resources of resource.nvidia.com (`apicrd.rs`).
+    pub(super) crds: super::apicrd::CustomObjects,
 }
 
 /// The running server. Cheap to share between threads.
@@ -110,6 +112,7 @@ impl FakeApiServer {
             requests: Vec::new(),
             faults: Vec::new(),
             catalog: Catalog::default(),
+            crds: Default::default(),
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API server");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -351,7 +354,7 @@ impl FakeApiServer {
         slice["metadata"]["resourceVersion"] = json!(version);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -367,6 +370,9 @@ impl Drop for FakeApiServer {
 impl Store {
     pub(super) fn route(&mut self, r: &Recorded) -> (u16, Value) {
         if let Some(answer) = self.catalog.route(r) {
+            return answer;
+        }
+        if let Some(answer) = self.crds.route(r, &mut self.next_version) {
             return answer;
         }
         let segments: Vec<&str> = r.path.trim_matches('/').split('/').collect();
