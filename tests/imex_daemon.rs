@@ -267,3 +267,40 @@ fn a_missing_domain_identity_is_refused_naming_the_variable() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("COMPUTE_DOMAIN_UUID is required"), "{err}");
 }
+
+#[test]
+fn at_steady_state_a_ready_node_only_lists_its_domain_once_per_round() {
+    let c = Cluster::new();
+    let d = "d0000005-aaaa-bbbb-cccc-000000000005";
+    let _w = c.start(d, "tray-s", "127.0.1.50", CLIQUE);
+    wait_for("ready", || c.ready(d, "tray-s"));
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let before = c.server.requests().len();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let after: Vec<_> = c.server.requests().into_iter().skip(before).collect();
+    let calls: Vec<(String, String, Option<String>)> = after
+        .iter()
+        .map(|r| {
+            (
+                r.method.clone(),
+                r.path.clone(),
+                r.query.get("labelSelector").cloned(),
+            )
+        })
+        .collect();
+    let list = (
+        "GET".to_string(),
+        format!("/apis/resource.nvidia.com/v1beta1/namespaces/{NAMESPACE}/computedomainnodes"),
+        Some(format!("{}={d}", api::DOMAIN_UID_LABEL)),
+    );
+    assert!(!calls.is_empty(), "the daemon keeps watching its domain");
+    assert!(
+        calls.iter().all(|c| *c == list),
+        "only the domain LIST per round, no reads or writes of its own object: {calls:?}"
+    );
+    assert!(
+        calls.len() <= 6,
+        "one LIST per 500 ms round: {}",
+        calls.len()
+    );
+}

@@ -210,7 +210,7 @@ pub async fn run(
         Some("DaemonStopped".to_string()),
         Some("the IMEX daemon pod is shutting down".to_string()),
     );
-    if let Err(e) = round.write_own_status(stopped).await {
+    if let Err(e) = round.write_own_status(stopped, None).await {
         tracing::warn!(domain.uid = %config.domain_uid, error = %crate::errors::error_chain(&e), "marking the node stopped failed");
     }
     Ok(())
@@ -327,11 +327,14 @@ impl Round<'_> {
             Ok(c) => c,
             Err(e) => {
                 let message = crate::errors::error_chain(&e);
-                self.write_own_status((
-                    Readiness::NotReady,
-                    Some("ConfigError".into()),
-                    Some(message),
-                ))
+                self.write_own_status(
+                    (
+                        Readiness::NotReady,
+                        Some("ConfigError".into()),
+                        Some(message),
+                    ),
+                    Some(own),
+                )
                 .await?;
                 return Err(DaemonError::Config(e));
             }
@@ -379,22 +382,28 @@ impl Round<'_> {
                 None => (Readiness::NotReady, Some("DaemonStarting".into()), None),
             }
         };
-        self.write_own_status(readiness).await?;
+        self.write_own_status(readiness, Some(own)).await?;
         spawned
     }
 
-    /// Writes the own object's status when it differs; marks the index confirmed on Ready.
+    /// Writes the own object's status when it differs from `current` (the object as this
+    /// round read or wrote it; read afresh when `None`), and marks the index confirmed on
+    /// Ready. At steady state it sends nothing.
     async fn write_own_status(
         &self,
         readiness: (Readiness, Option<String>, Option<String>),
+        current: Option<ComputeDomainNode>,
     ) -> Result<(), DaemonError> {
         let name = self.config.object_name();
-        let Some(mut object) = self
-            .objects
-            .get_opt(&name)
-            .await
-            .map_err(self.api_err("reading"))?
-        else {
+        let object = match current {
+            Some(o) => Some(o),
+            None => self
+                .objects
+                .get_opt(&name)
+                .await
+                .map_err(self.api_err("reading"))?,
+        };
+        let Some(mut object) = object else {
             return Ok(());
         };
         let current = object.status.clone().unwrap_or_default();
