@@ -92,6 +92,10 @@ struct ImexDaemonArgs {
     /// The IMEX query tool.
     #[arg(long, default_value = "nvidia-imex-ctl")]
     imex_ctl_bin: PathBuf,
+    /// Run the simulated nvidia-imex and nvidia-imex-ctl (this binary) instead of
+    /// --imex-bin/--imex-ctl-bin: for simulated nodes without the IMEX package.
+    #[arg(long, env = "GPU_DRA_SIMULATED_IMEX")]
+    simulated_imex: bool,
     /// The ComputeDomain's UID.
     #[arg(long, env = "COMPUTE_DOMAIN_UUID", default_value = "")]
     domain_uid: String,
@@ -776,6 +780,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 config_dir: a.config_dir,
                 imex_bin: a.imex_bin,
                 imex_ctl_bin: a.imex_ctl_bin,
+                simulated_imex: a.simulated_imex,
                 domain_uid: a.domain_uid,
                 domain_name: a.domain_name,
                 domain_namespace: a.domain_namespace,

@@ -54,8 +54,26 @@ impl Cluster {
         dir
     }
 
-    /// Starts the wrapper for `node` at `ip` in `domain`, clique `clique`.
+    /// Starts the wrapper for `node` at `ip` in `domain`, clique `clique`, with the tools
+    /// linked by the test.
     fn start(&self, domain: &str, node: &str, ip: &str, clique: &str) -> Wrapper {
+        let tools = [
+            "--imex-bin".into(),
+            self.imex.display().to_string(),
+            "--imex-ctl-bin".into(),
+            self.ctl.display().to_string(),
+        ];
+        self.start_with(domain, node, ip, clique, &tools)
+    }
+
+    fn start_with(
+        &self,
+        domain: &str,
+        node: &str,
+        ip: &str,
+        clique: &str,
+        extra: &[String],
+    ) -> Wrapper {
         let dir = self.config_dir(domain, node, ip);
         let child = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
             .args(["imex-daemon", "--node-name", node, "--pod-ip", ip])
@@ -64,10 +82,7 @@ impl Cluster {
             .arg(&self.kubeconfig)
             .arg("--config-dir")
             .arg(&dir)
-            .arg("--imex-bin")
-            .arg(&self.imex)
-            .arg("--imex-ctl-bin")
-            .arg(&self.ctl)
+            .args(extra)
             .env(api::daemon_env::DOMAIN_UID, domain)
             .env(api::daemon_env::DOMAIN_NAME, format!("cd-{domain}"))
             .env(api::daemon_env::DOMAIN_NAMESPACE, "team-a")
@@ -215,10 +230,7 @@ fn a_killed_nvidia_imex_is_restarted_and_its_object_shows_the_crash_meanwhile() 
     let w = c.start(d, "tray-k", "127.0.1.20", CLIQUE);
     wait_for("ready", || c.ready(d, "tray-k"));
     let first = imex_pid(&w.dir).expect("nvidia-imex runs");
-    Command::new("kill")
-        .args(["-9", &first.to_string()])
-        .status()
-        .unwrap();
+    send(first, Signal::Kill).unwrap();
     wait_for("the crash in the object", || {
         let n = &c.nodes(d)["tray-k"];
         n.1 == "NotReady" && n.2 == "DaemonCrashed"
@@ -272,7 +284,14 @@ fn a_missing_domain_identity_is_refused_naming_the_variable() {
 fn at_steady_state_a_ready_node_only_lists_its_domain_once_per_round() {
     let c = Cluster::new();
     let d = "d0000005-aaaa-bbbb-cccc-000000000005";
-    let _w = c.start(d, "tray-s", "127.0.1.50", CLIQUE);
+    // As a simulated node's DaemonSet runs it: the binary links its own simulated tools.
+    let _w = c.start_with(
+        d,
+        "tray-s",
+        "127.0.1.50",
+        CLIQUE,
+        &["--simulated-imex".into()],
+    );
     wait_for("ready", || c.ready(d, "tray-s"));
     std::thread::sleep(std::time::Duration::from_millis(600));
     let before = c.server.requests().len();

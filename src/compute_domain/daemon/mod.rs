@@ -56,6 +56,10 @@ pub struct DaemonConfig {
     pub imex_bin: PathBuf,
     /// `nvidia-imex-ctl` to query.
     pub imex_ctl_bin: PathBuf,
+    /// Run the simulated `nvidia-imex` / `nvidia-imex-ctl` (this binary under those names,
+    /// linked into a private temp directory) instead of `imex_bin` / `imex_ctl_bin`: for
+    /// simulated nodes (kind, CI), where no IMEX package is installed.
+    pub simulated_imex: bool,
     /// The domain's UID.
     pub domain_uid: String,
     /// The domain's name.
@@ -97,6 +101,9 @@ pub enum DaemonError {
     /// Writing the nodes config failed.
     #[error("writing the nodes config failed")]
     WriteNodes(#[source] crate::fsutil::FsError),
+    /// The simulated IMEX tools could not be linked.
+    #[error("installing the simulated IMEX tools failed")]
+    InstallTools(#[source] crate::compute_domain::imex::ImexToolError),
     /// `nvidia-imex` could not be started.
     #[error("starting {} failed", program.display())]
     Spawn {
@@ -183,11 +190,21 @@ pub async fn run(
         &api::compute_domain_node_resource(),
     );
     let config_file = config.config_dir.join(api::IMEX_CONFIG_FILE);
-    let mut imex = ImexProcess::new(
-        config.imex_bin.clone(),
-        config.imex_ctl_bin.clone(),
-        config_file.clone(),
-    );
+    let sim_dir = config
+        .simulated_imex
+        .then(|| std::env::temp_dir().join(format!("gpu-dra-imex-{}", std::process::id())));
+    let (imex_bin, ctl_bin) = match &sim_dir {
+        Some(dir) => {
+            let exe = std::env::current_exe().map_err(|source| DaemonError::Spawn {
+                program: PathBuf::from("/proc/self/exe"),
+                source,
+            })?;
+            crate::compute_domain::imex::install_simulated(&exe, dir)
+                .map_err(DaemonError::InstallTools)?
+        }
+        None => (config.imex_bin.clone(), config.imex_ctl_bin.clone()),
+    };
+    let mut imex = ImexProcess::new(imex_bin, ctl_bin, config_file.clone());
     let mut round = Round {
         config: &config,
         objects: &objects,
@@ -205,6 +222,9 @@ pub async fn run(
         }
     }
     imex.stop().await;
+    if let Some(dir) = sim_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     let stopped = (
         Readiness::NotReady,
         Some("DaemonStopped".to_string()),

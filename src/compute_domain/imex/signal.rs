@@ -10,6 +10,8 @@ pub enum Signal {
     User1,
     /// SIGTERM (15): shut down cleanly.
     Terminate,
+    /// SIGKILL (9): end at once, as a crash or an OOM kill would.
+    Kill,
 }
 
 impl Signal {
@@ -17,6 +19,7 @@ impl Signal {
         match self {
             Signal::User1 => 10,
             Signal::Terminate => 15,
+            Signal::Kill => 9,
         }
     }
 }
