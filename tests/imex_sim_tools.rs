@@ -99,18 +99,26 @@ fn sigusr1_adds_a_node_from_the_rewritten_nodes_config_and_sigterm_exits_cleanly
     assert_eq!(status.code(), Some(0), "SIGTERM is a clean shutdown");
 }
 
+/// Runs `nvidia-imex -c <config>` to its end: (exit code, stderr).
+fn run_to_exit(imex: &std::path::Path, config: &std::path::Path) -> (Option<i32>, String) {
+    let out = std::process::Command::new(imex)
+        .arg("-c")
+        .arg(config)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn an_invalid_config_fails_naming_the_key_the_value_and_the_choices() {
     let tmp = tempfile::tempdir().unwrap();
     let (imex, ctl_bin) = tools(tmp.path());
     let config = write_config(tmp.path(), "127.0.0.22", "SOMETIMES", &["127.0.0.22"]);
-    let out = std::process::Command::new(&imex)
-        .arg("-c")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = run_to_exit(&imex, &config);
+    assert_eq!(code, Some(1));
     assert!(
         err.contains(
             "IMEX_WAIT_FOR_QUORUM=\"SOMETIMES\" is invalid; valid: NONE, RECOVERY or FULL"
@@ -123,13 +131,8 @@ fn an_invalid_config_fails_naming_the_key_the_value_and_the_choices() {
         "RECOVERY",
         &["127.0.0.22", "imex-node-1"],
     );
-    let out = std::process::Command::new(&imex)
-        .arg("-c")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = run_to_exit(&imex, &config);
+    assert_eq!(code, Some(1));
     assert!(
         err.contains(":2: \"imex-node-1\" is not an IPv4 or IPv6 address"),
         "{err}"
