@@ -458,7 +458,7 @@ fn crash_readiness(crash: &process::Crash) -> (Readiness, Option<String>, Option
         crash.status, crash.count
     );
     if !crash.stderr_tail.is_empty() {
-        message.push_str(&format!(": {}", crash.stderr_tail));
+        message.push_str(&format!("; its last output: {}", crash.stderr_tail));
     }
     (
         Readiness::NotReady,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
+use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
 use super::DaemonError;
@@ -42,6 +42,10 @@ pub struct ImexProcess {
     pub last_crash: Option<Crash>,
     /// Starts so far.
     pub starts: u32,
+    /// The last line the daemon printed on stderr.
+    stderr_tail: std::sync::Arc<std::sync::Mutex<String>>,
+    /// The task reading the running daemon's stderr.
+    stderr_reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ImexProcess {
@@ -56,6 +60,8 @@ impl ImexProcess {
             backoff: FIRST_BACKOFF,
             last_crash: None,
             starts: 0,
+            stderr_tail: Default::default(),
+            stderr_reader: None,
         }
     }
 
@@ -71,16 +77,17 @@ impl ImexProcess {
         if let Some(child) = self.child.as_mut()
             && let Ok(Some(status)) = child.try_wait()
         {
-            let mut stderr_tail = String::new();
-            if let Some(mut err) = child.stderr.take() {
-                let mut buf = Vec::new();
-                let _ = tokio::time::timeout(Duration::from_millis(200), err.read_to_end(&mut buf))
-                    .await;
-                let text = String::from_utf8_lossy(&buf);
-                stderr_tail = text.trim().lines().last().unwrap_or_default().to_string();
+            // The pipe is at its end once the process is gone; let the reader catch up.
+            if let Some(reader) = self.stderr_reader.take() {
+                let _ = tokio::time::timeout(Duration::from_millis(200), reader).await;
             }
+            let tail = self
+                .stderr_tail
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             self.child = None;
-            self.crashed(status.to_string(), stderr_tail);
+            self.crashed(status.to_string(), tail);
         }
         if self.child.is_some() || self.restart_at.is_some_and(|t| Instant::now() < t) {
             return Ok(());
@@ -94,7 +101,12 @@ impl ImexProcess {
             .kill_on_drop(true)
             .spawn();
         match spawned {
-            Ok(child) => {
+            Ok(mut child) => {
+                self.stderr_tail
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
+                self.stderr_reader = child.stderr.take().map(|err| self.drain(err));
                 self.child = Some(child);
                 self.starts += 1;
                 self.restart_at = None;
@@ -108,6 +120,19 @@ impl ImexProcess {
                 })
             }
         }
+    }
+
+    /// Reads the daemon's stderr to its end, so a chatty daemon never blocks on a full pipe:
+    /// every line goes to this process's log, the last one is kept for a crash message.
+    fn drain(&self, err: tokio::process::ChildStderr) -> tokio::task::JoinHandle<()> {
+        let tail = self.stderr_tail.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(err).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(target: "nvidia-imex", "{line}");
+                *tail.lock().unwrap_or_else(|p| p.into_inner()) = line;
+            }
+        })
     }
 
     fn crashed(&mut self, status: String, stderr_tail: String) {

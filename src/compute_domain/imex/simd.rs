@@ -299,6 +299,8 @@ async fn signals(
 /// Keeps one outgoing connection to `peer`: connect, handshake, hold until it drops, retry.
 async fn connect_peer(daemon: Arc<Daemon>, peer: IpAddr) {
     let port = daemon.config.server_port;
+    // A refusal repeats every retry until the peer's nodes config changes: log it once.
+    let mut refused = false;
     loop {
         let attempt =
             tokio::time::timeout(Duration::from_secs(1), TcpStream::connect((peer, port)));
@@ -313,13 +315,15 @@ async fn connect_peer(daemon: Arc<Daemon>, peer: IpAddr) {
                     Ok(Ok(n)) if n > 0
                 );
             if ok && answer.starts_with(&format!("{TAG} WELCOME ")) {
+                refused = false;
                 daemon.set_link(peer, Link::Connected);
                 daemon.log(&format!("connected to {peer}"));
                 let mut sink = [0u8; 64];
                 while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
                 daemon.set_link(peer, Link::Recovering);
                 daemon.log(&format!("lost connection to {peer}"));
-            } else if answer.starts_with(&format!("{TAG} REJECT")) {
+            } else if answer.starts_with(&format!("{TAG} REJECT")) && !refused {
+                refused = true;
                 daemon.log(&format!("{peer} refused us: {}", answer.trim()));
             }
         }
