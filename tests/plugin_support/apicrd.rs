@@ -143,6 +143,27 @@ impl CustomObjects {
         (200, object)
     }
 
+    /// Stores (or replaces) `object` of `plural` as another writer would: a new
+    /// resourceVersion, and a uid and creationTimestamp when it has none.
+    pub fn put(&mut self, plural: &str, mut object: Value, rv: &mut u64) {
+        let meta = &object["metadata"];
+        let k = key(
+            plural,
+            meta["namespace"].as_str().unwrap_or_default(),
+            meta["name"].as_str().unwrap_or_default(),
+        );
+        *rv += 1;
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("{plural}-uid-{rv}"));
+        }
+        if object["metadata"]["creationTimestamp"].is_null() {
+            self.created += 1;
+            object["metadata"]["creationTimestamp"] = json!(timestamp(self.created));
+        }
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.objects.insert(k, object);
+    }
+
     /// Every stored object of `plural`, by namespace and name.
     pub fn all(&self, plural: &str) -> Vec<Value> {
         self.objects
@@ -177,5 +198,12 @@ impl FakeApiServer {
     /// Every stored custom object of `plural` (e.g. `computedomainnodes`).
     pub fn custom_objects(&self, plural: &str) -> Vec<Value> {
         self.lock().crds.all(plural)
+    }
+
+    /// Stores (or replaces) a custom object of `plural` behind the clients' backs.
+    pub fn put_custom_object(&self, plural: &str, object: Value) {
+        let mut store = self.lock();
+        let store = &mut *store;
+        store.crds.put(plural, object, &mut store.next_version);
     }
 }

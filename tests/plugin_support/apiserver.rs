@@ -49,7 +49,7 @@ pub(super) struct Store {
     node: String,
     slices: BTreeMap<String, Value>,
     claims: BTreeMap<(String, String), Value>,
-    next_version: u64,
+    pub(super) next_version: u64,
     pub(super) requests: Vec<Recorded>,
     /// Faults still to inject, first match wins.
     pub(super) faults: Vec<Rule>,

@@ -189,11 +189,7 @@ impl ImexConfig {
                     if value.is_empty() {
                         return Err(invalid("a file path"));
                     }
-                    let path = PathBuf::from(value);
-                    config.node_config_file = match dir {
-                        Some(dir) if path.is_relative() => dir.join(path),
-                        _ => path,
-                    };
+                    config.node_config_file = node_config_path(value, dir);
                 }
                 "LOG_FILE_NAME" => {
                     config.log_file_name = (!value.is_empty()).then(|| PathBuf::from(value));
@@ -212,6 +208,23 @@ impl ImexConfig {
             .or(self.bind_interface_ip)
             .unwrap_or(IpAddr::from([127, 0, 0, 1]));
         std::net::SocketAddr::new(ip, self.cmd_port)
+    }
+}
+
+/// Where `IMEX_NODE_CONFIG_FILE=value` of a config in `dir` points: relative paths are taken
+/// from `dir`; so is a path under the daemon container's mount (`/etc/nvidia-imex/…`, what
+/// the plugin writes) when the config itself is read from elsewhere, i.e. outside the
+/// container (simulated nodes on one machine, each with its own directory).
+fn node_config_path(value: &str, dir: Option<&Path>) -> PathBuf {
+    let path = PathBuf::from(value);
+    let mount = Path::new(crate::compute_domain::api::DAEMON_CONFIG_MOUNT);
+    match dir {
+        Some(dir) if path.is_relative() => dir.join(path),
+        Some(dir) if dir != mount => match path.strip_prefix(mount) {
+            Ok(rest) => dir.join(rest),
+            Err(_) => path,
+        },
+        _ => path,
     }
 }
 
@@ -265,6 +278,34 @@ mod tests {
             }
         );
         assert_eq!(c.cmd_address().to_string(), "127.0.0.2:50005");
+    }
+
+    #[test]
+    fn the_containers_nodes_path_maps_to_the_configs_own_directory_outside_it() {
+        let at = |dir: &str| {
+            ImexConfig::parse(
+                "c.cfg",
+                "IMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n",
+                Some(Path::new(dir)),
+            )
+            .unwrap()
+            .node_config_file
+        };
+        assert_eq!(
+            at("/etc/nvidia-imex"),
+            PathBuf::from("/etc/nvidia-imex/nodes_config.cfg")
+        );
+        assert_eq!(
+            at("/var/lib/cd/u1"),
+            PathBuf::from("/var/lib/cd/u1/nodes_config.cfg")
+        );
+        let other = ImexConfig::parse(
+            "c.cfg",
+            "IMEX_NODE_CONFIG_FILE=/srv/n.cfg\n",
+            Some(Path::new("/x")),
+        )
+        .unwrap();
+        assert_eq!(other.node_config_file, PathBuf::from("/srv/n.cfg"));
     }
 
     #[test]
