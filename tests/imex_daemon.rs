@@ -323,3 +323,39 @@ fn at_steady_state_a_ready_node_only_lists_its_domain_once_per_round() {
         calls.len()
     );
 }
+
+#[test]
+fn the_plugins_config_runs_as_written_outside_a_container() {
+    // The plugin's config.cfg: no bind address, logs to stderr, the nodes file at the
+    // container's mount. Outside a container each node binds its POD_IP and keeps its nodes
+    // file in its own directory; the daemon's stderr is drained into the wrapper's log.
+    let c = Cluster::new();
+    let d = "d0000006-aaaa-bbbb-cccc-000000000006";
+    let nodes = [("tray-p0", "127.0.1.60"), ("tray-p1", "127.0.1.61")];
+    let plugin_config = "LOG_LEVEL=4\nLOG_FILE_NAME=\nSERVER_PORT=50000\nSECURITY_MODE=0\nIMEX_CMD_PORT=50005\nIMEX_CMD_ENABLED=1\nIMEX_WAIT_FOR_QUORUM=RECOVERY\nIMEX_CONN_WAIT_TIMEOUT=70\nIMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n";
+    for (node, _) in nodes {
+        let dir = c.tmp.path().join(d).join(node);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.cfg"), plugin_config).unwrap();
+    }
+    let ws: Vec<Wrapper> = nodes
+        .iter()
+        .map(|(n, ip)| c.start(d, n, ip, CLIQUE))
+        .collect();
+    wait_for("both ready", || nodes.iter().all(|(n, _)| c.ready(d, n)));
+    wait_for("both nodes files list both", || {
+        ws.iter()
+            .all(|w| w.nodes_config() == "127.0.1.60\n127.0.1.61\n")
+    });
+    let domain = || {
+        let out = Command::new(&c.ctl)
+            .env("POD_IP", "127.0.1.60")
+            .args(["-c", ws[0].dir.join("config.cfg").to_str().unwrap(), "-N"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_for("the two daemons connected", || {
+        domain().contains("Domain State: UP")
+    });
+}

@@ -204,7 +204,7 @@ pub async fn run(
         }
         None => (config.imex_bin.clone(), config.imex_ctl_bin.clone()),
     };
-    let mut imex = ImexProcess::new(imex_bin, ctl_bin, config_file.clone());
+    let mut imex = ImexProcess::new(&config.pod_ip, imex_bin, ctl_bin, config_file.clone());
     let mut round = Round {
         config: &config,
         objects: &objects,

@@ -31,6 +31,9 @@ pub struct Crash {
 
 /// The supervised `nvidia-imex`.
 pub struct ImexProcess {
+    /// This pod's IP, passed on as `POD_IP` (what the simulated tools bind and query when the
+    /// config names no address).
+    pod_ip: String,
     imex_bin: PathBuf,
     ctl_bin: PathBuf,
     config: PathBuf,
@@ -49,9 +52,10 @@ pub struct ImexProcess {
 }
 
 impl ImexProcess {
-    /// A supervisor for `imex_bin -c config`; nothing runs yet.
-    pub fn new(imex_bin: PathBuf, ctl_bin: PathBuf, config: PathBuf) -> ImexProcess {
+    /// A supervisor for `imex_bin -c config` (with `POD_IP=pod_ip`); nothing runs yet.
+    pub fn new(pod_ip: &str, imex_bin: PathBuf, ctl_bin: PathBuf, config: PathBuf) -> ImexProcess {
         ImexProcess {
+            pod_ip: pod_ip.to_string(),
             imex_bin,
             ctl_bin,
             config,
@@ -93,6 +97,7 @@ impl ImexProcess {
             return Ok(());
         }
         let spawned = Command::new(&self.imex_bin)
+            .env("POD_IP", &self.pod_ip)
             .arg("-c")
             .arg(&self.config)
             .stdin(Stdio::null())
@@ -165,6 +170,7 @@ impl ImexProcess {
     /// (empty when it could not run).
     pub async fn query(&self) -> String {
         let out = Command::new(&self.ctl_bin)
+            .env("POD_IP", &self.pod_ip)
             .arg("-c")
             .arg(&self.config)
             .arg("-q")

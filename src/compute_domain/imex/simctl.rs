@@ -96,7 +96,17 @@ fn query(target: &Target) -> ExitCode {
     let addr = match target {
         Target::Address(a) => *a,
         Target::Config(path) => match ImexConfig::load(path) {
-            Ok(c) => c.cmd_address(),
+            // Without a bind address the simulated daemon serves on $POD_IP (see simd), so
+            // the query goes there too.
+            Ok(c) => match std::env::var("POD_IP")
+                .ok()
+                .and_then(|p| p.parse::<IpAddr>().ok())
+            {
+                Some(ip) if c.cmd_bind_interface_ip.is_none() && c.bind_interface_ip.is_none() => {
+                    SocketAddr::new(ip, c.cmd_port)
+                }
+                _ => c.cmd_address(),
+            },
             Err(e) => {
                 eprintln!("nvidia-imex-ctl: {e}");
                 return ExitCode::from(1);
