@@ -170,13 +170,30 @@ pub fn gpu_table(view: &NodeView) -> String {
     let (health, hw) = health_column(view.inventory.gpus.len(), |i| {
         view.gpu_health.get(i).map(|v| v.gpu.describe())
     });
+    let cliques = clique_column(view);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {:<hw$} UUID",
-        "GPU", "PRODUCT", "MEMORY", "MIG", "POLICY", "DEVICES", "PCI", "NUMA", "HEALTH"
+        "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {:<hw$} {}UUID",
+        "GPU",
+        "PRODUCT",
+        "MEMORY",
+        "MIG",
+        "POLICY",
+        "DEVICES",
+        "PCI",
+        "NUMA",
+        "HEALTH",
+        cliques.as_ref().map(|c| c.header()).unwrap_or_default()
     );
-    for ((gpu, policy), health) in view.inventory.gpus.iter().zip(&view.policies).zip(&health) {
+    for (i, ((gpu, policy), health)) in view
+        .inventory
+        .gpus
+        .iter()
+        .zip(&view.policies)
+        .zip(&health)
+        .enumerate()
+    {
         let mig = match (gpu.mig.capable, gpu.mig.current, gpu.mig.pending) {
             (false, _, _) => "n/a",
             (true, true, true) => "on",
@@ -192,7 +209,7 @@ pub fn gpu_table(view: &NodeView) -> String {
             .count();
         let _ = writeln!(
             out,
-            "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {:<hw$} {}",
+            "{:<4} {:<26} {:<9} {:<8} {:<9} {:<8} {:<14} {:<5} {:<hw$} {}{}",
             gpu.index,
             gpu.product_name,
             format!("{}Mi", gpu.memory_mib),
@@ -204,7 +221,72 @@ pub fn gpu_table(view: &NodeView) -> String {
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
             health,
+            cliques.as_ref().map(|c| c.cell(i)).unwrap_or_default(),
             gpu.uuid
+        );
+    }
+    out
+}
+
+/// The CLIQUE column of the GPU table, present only when some GPU is on an NVLink fabric
+/// (so tables of ordinary nodes keep their shape).
+struct CliqueColumn {
+    cells: Vec<String>,
+    width: usize,
+}
+
+impl CliqueColumn {
+    fn header(&self) -> String {
+        format!("{:<w$} ", "CLIQUE", w = self.width)
+    }
+
+    fn cell(&self, i: usize) -> String {
+        format!("{:<w$} ", self.cells[i], w = self.width)
+    }
+}
+
+/// Each GPU's clique (`<clusterUuid>.<cliqueId>`), `-` for a GPU in none, or its fabric state
+/// while registration is unfinished; `None` when no GPU reports a fabric.
+fn clique_column(view: &NodeView) -> Option<CliqueColumn> {
+    let gpus = &view.inventory.gpus;
+    if gpus.iter().all(|g| g.fabric.is_none()) {
+        return None;
+    }
+    let cells: Vec<String> = gpus.iter().map(gpu_clique_text).collect();
+    let width = cells
+        .iter()
+        .map(String::len)
+        .fold("CLIQUE".len(), usize::max);
+    Some(CliqueColumn { cells, width })
+}
+
+fn gpu_clique_text(gpu: &crate::hardware::GpuInfo) -> String {
+    use crate::hardware::fabric::FabricState;
+    match &gpu.fabric {
+        None => "-".into(),
+        Some(f) => match f.clique() {
+            Some(clique) => clique,
+            None if f.state != FabricState::Completed => format!("({:?})", f.state),
+            None => "-".into(),
+        },
+    }
+}
+
+/// YAML comment lines naming each GPU's clique, put before the slices by `-o yaml` when some
+/// GPU is on an NVLink fabric (comments, so `kubectl create -f -` still takes the output);
+/// empty otherwise.
+pub fn clique_comments(view: &NodeView) -> String {
+    let mut out = String::new();
+    if view.inventory.gpus.iter().all(|g| g.fabric.is_none()) {
+        return out;
+    }
+    for gpu in &view.inventory.gpus {
+        let _ = writeln!(
+            out,
+            "# gpu {} {} clique: {}",
+            gpu.index,
+            gpu.uuid,
+            gpu_clique_text(gpu)
         );
     }
     out

@@ -47,6 +47,9 @@ enum Command {
     /// The cluster's GPUs per node, GPU and MIG profile: who holds what, and what is free.
     /// Exit 0, or 2 on bad input.
     Capacity(CapacityArgs),
+    /// ComputeDomains: run this node's IMEX daemon (what the domain's DaemonSet pod runs):
+    /// keep its ComputeDomainNode, the nodes config and `nvidia-imex` up to date.
+    ImexDaemon(Box<ImexDaemonArgs>),
     /// Is this node ready for GPU claims, and if not, what to fix: one line per check.
     /// Exit 0 when all are ok, 1 on a warning, 2 on a failure.
     Doctor(Box<DoctorArgs>),
@@ -64,6 +67,50 @@ enum Command {
         #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
         driver: String,
     },
+}
+
+/// Flags of `gpu-dra imex-daemon`; the domain and clique come from the daemon claim's CDI
+/// environment (`compute_domain::api::daemon_env`).
+#[derive(clap::Args, Debug)]
+struct ImexDaemonArgs {
+    /// This node's name.
+    #[arg(long, env = "NODE_NAME", default_value = "")]
+    node_name: String,
+    /// This pod's IP (downward API), what the other nodes' IMEX daemons connect to.
+    #[arg(long, env = "POD_IP", default_value = "")]
+    pod_ip: String,
+    /// Namespace of the ComputeDomainNode objects (the driver's).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    namespace: String,
+    /// Kubeconfig file; without it, the in-cluster configuration.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Directory of the IMEX config the plugin wrote (config.cfg); the nodes config goes
+    /// where it says.
+    #[arg(long, env = "IMEX_CONFIG_DIR", default_value = "/etc/nvidia-imex")]
+    config_dir: PathBuf,
+    /// The IMEX daemon to run.
+    #[arg(long, default_value = "nvidia-imex")]
+    imex_bin: PathBuf,
+    /// The IMEX query tool.
+    #[arg(long, default_value = "nvidia-imex-ctl")]
+    imex_ctl_bin: PathBuf,
+    /// Run the simulated nvidia-imex and nvidia-imex-ctl (this binary) instead of
+    /// --imex-bin/--imex-ctl-bin: for simulated nodes without the IMEX package.
+    #[arg(long, env = "GPU_DRA_SIMULATED_IMEX")]
+    simulated_imex: bool,
+    /// The ComputeDomain's UID.
+    #[arg(long, env = "COMPUTE_DOMAIN_UUID", default_value = "")]
+    domain_uid: String,
+    /// The ComputeDomain's name.
+    #[arg(long, env = "COMPUTE_DOMAIN_NAME", default_value = "")]
+    domain_name: String,
+    /// The ComputeDomain's namespace.
+    #[arg(long, env = "COMPUTE_DOMAIN_NAMESPACE", default_value = "")]
+    domain_namespace: String,
+    /// `<clusterUuid>.<cliqueId>` of this node's GPUs.
+    #[arg(long, env = "CLIQUE_ID", default_value = "")]
+    clique: String,
 }
 
 /// `--mig-profiles`, on every verb that builds the device model.
@@ -603,6 +650,7 @@ impl Command {
             Command::SimFault(_) => "sim-fault",
             Command::Capacity(_) => "capacity",
             Command::Doctor(_) => "doctor",
+            Command::ImexDaemon(_) => "imex-daemon",
         }
     }
 }
@@ -641,14 +689,21 @@ fn main() -> ExitCode {
     // Run as `nvidia-smi` or `nvidia-cuda-mps-control` (symlinks made by the simulated tools),
     // the binary is that tool.
     let mut argv = std::env::args_os();
-    if let Some(tool) = argv.next().and_then(|a0| simtools::personality(&a0)) {
+    let argv0 = argv.next().unwrap_or_default();
+    if let Some(tool) = simtools::personality(&argv0) {
         let args = argv.map(|a| a.to_string_lossy().into_owned()).collect();
         return simtools::run(tool, args);
+    }
+    // Likewise `nvidia-imex` / `nvidia-imex-ctl` (compute_domain::imex::install_simulated).
+    if let Some(tool) = gpu_dra::compute_domain::imex::personality(&argv0) {
+        let args = argv.map(|a| a.to_string_lossy().into_owned()).collect();
+        return gpu_dra::compute_domain::imex::run(tool, args);
     }
     let cli = Cli::parse();
     let (format, default_level) = match &cli.command {
         Command::KubeletPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
         Command::ComputeDomainPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
+        Command::ImexDaemon(_) => (logging::Format::Text, "info"),
         _ => (logging::Format::Text, "warn"),
     };
     let colour = logging::init(format, default_level);
@@ -796,6 +851,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inventory(args) => run_inventory(args),
         Command::KubeletPlugin(args) => run_plugin(*args),
         Command::ComputeDomainPlugin(args) => run_compute_domain_plugin(*args),
+        Command::ImexDaemon(a) => {
+            use gpu_dra::compute_domain::daemon::{self, DaemonConfig};
+            daemon::run_until_signal(DaemonConfig {
+                node_name: a.node_name,
+                pod_ip: a.pod_ip,
+                namespace: a.namespace,
+                kubeconfig: a.kubeconfig,
+                config_dir: a.config_dir,
+                imex_bin: a.imex_bin,
+                imex_ctl_bin: a.imex_ctl_bin,
+                simulated_imex: a.simulated_imex,
+                domain_uid: a.domain_uid,
+                domain_name: a.domain_name,
+                domain_namespace: a.domain_namespace,
+                clique: a.clique,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::SimFault(args) => run_sim_fault(args),
         Command::Explain(args) => run_explain(args),
         Command::Capacity(args) => run_capacity(args),
@@ -926,7 +999,11 @@ fn run_inventory(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("inventory of node {node_name}"))?;
     match args.output {
         Output::Table => emit(&inventory::render_table(&view))?,
-        Output::Yaml => emit(&inventory::slices_yaml(&view.slices)?)?,
+        Output::Yaml => emit(&format!(
+            "{}{}",
+            inventory::clique_comments(&view),
+            inventory::slices_yaml(&view.slices)?
+        ))?,
         Output::Json => emit(&inventory::slices_json(&view.slices)?)?,
     }
     Ok(ExitCode::SUCCESS)

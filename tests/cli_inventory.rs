@@ -239,3 +239,37 @@ fn an_unknown_mig_profile_fails_naming_the_flag_the_value_and_the_valid_profiles
         "{err}"
     );
 }
+
+#[test]
+fn inventory_shows_each_gpus_nvlink_clique_on_fabric_nodes() {
+    let clique = "6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f.1";
+    let (code, out, err) = gpu_dra(&["inventory", "--sim-node", "gb200-nvl72-node"]);
+    assert_eq!(code, 0, "{err}");
+    let header = out.lines().find(|l| l.starts_with("GPU ")).unwrap();
+    assert!(header.contains(" CLIQUE "), "{header}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains("NVIDIA GB200")).collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    assert!(rows.iter().all(|r| r.contains(clique)), "{out}");
+
+    let (code, yaml, err) = gpu_dra(&["inventory", "--sim-node", "gb200-nvl72-node", "-o", "yaml"]);
+    assert_eq!(code, 0, "{err}");
+    let comments: Vec<&str> = yaml.lines().filter(|l| l.starts_with('#')).collect();
+    assert_eq!(comments.len(), 4, "{yaml}");
+    assert!(
+        comments[0].starts_with("# gpu 0 GPU-")
+            && comments[0].ends_with(&format!("clique: {clique}"))
+    );
+    // Still a stream kubectl takes: the comments are not documents.
+    let docs = serde_yaml::Deserializer::from_str(&yaml).count();
+    assert!(docs >= 1);
+
+    // Nodes off any fabric keep the table's shape.
+    let (_, plain, _) = gpu_dra(&["inventory", "--sim-node", "dgx-h100"]);
+    assert!(!plain.contains("CLIQUE"), "{plain}");
+    let (_, list, _) = gpu_dra(&["inventory", "--list-presets"]);
+    assert!(list.contains("gb200-nvl72-node"), "{list}");
+    assert!(
+        list.contains("GB200") && list.contains("7g.186gb"),
+        "{list}"
+    );
+}

@@ -145,3 +145,81 @@ fn an_unknown_preset_or_missing_file_lists_the_presets() {
         "{err}"
     );
 }
+
+#[test]
+fn a_fabric_with_a_malformed_cluster_uuid_is_refused_naming_the_field() {
+    let (err, file) =
+        open_err("gpus:\n  - model: GB200\n    fabric: {clusterUuid: rack-1, cliqueId: 1}\n");
+    assert_eq!(
+        err,
+        format!(
+            "{file}: gpus[0].fabric.clusterUuid: \"rack-1\" is not a UUID; write it as xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex digits), or all zeros for no clique"
+        )
+    );
+}
+
+#[test]
+fn an_unknown_fabric_state_lists_the_nvml_states() {
+    let (err, _) = open_err(
+        "gpus:\n  - model: GB200\n    fabric: {clusterUuid: 6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f, state: Done}\n",
+    );
+    for state in ["NotSupported", "NotStarted", "InProgress", "Completed"] {
+        assert!(err.contains(state), "{err}");
+    }
+}
+
+#[test]
+fn nodes_of_one_clique_differ_in_identity_and_share_the_clique() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = |name: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "nodeName: {name}\ngpus:\n  - model: GB200\n    count: 4\n    fabric: {{clusterUuid: 6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f, cliqueId: 3}}\n"
+            ),
+        )
+        .unwrap();
+        SimBackend::open(path.to_str().unwrap(), None)
+            .unwrap()
+            .inventory()
+            .unwrap()
+    };
+    use gpu_dra::hardware::GpuBackend;
+    let (a, b) = (open("tray-a"), open("tray-b"));
+    let cliques = |inv: &gpu_dra::hardware::NodeInventory| -> Vec<Option<String>> {
+        inv.gpus
+            .iter()
+            .map(|g| g.fabric.as_ref().and_then(|f| f.clique()))
+            .collect()
+    };
+    let one = Some("6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f.3".to_string());
+    assert_eq!(cliques(&a), vec![one.clone(); 4]);
+    assert_eq!(cliques(&b), vec![one; 4]);
+    assert_ne!(
+        a.gpus[0].uuid, b.gpus[0].uuid,
+        "each node's GPUs have their own UUIDs"
+    );
+}
+
+#[test]
+fn the_gb200_preset_is_one_clique_of_four_registered_gpus() {
+    use gpu_dra::hardware::GpuBackend;
+    use gpu_dra::hardware::fabric::FabricState;
+    let inv = SimBackend::open("gb200-nvl72-node", None)
+        .unwrap()
+        .inventory()
+        .unwrap();
+    assert_eq!(inv.gpus.len(), 4);
+    assert!(inv.gpus.iter().all(|g| g.product_name == "NVIDIA GB200"));
+    let fabrics: std::collections::BTreeSet<_> = inv
+        .gpus
+        .iter()
+        .map(|g| {
+            let f = g.fabric.clone().unwrap();
+            assert_eq!(f.state, FabricState::Completed);
+            f.clique().unwrap()
+        })
+        .collect();
+    assert_eq!(fabrics.len(), 1, "{fabrics:?}");
+}

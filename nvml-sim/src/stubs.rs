@@ -1144,24 +1144,6 @@ pub extern "C" fn nvmlDeviceGetBusType(
 
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetGpuFabricInfo(
-    device: nvmlDevice_t,
-    gpuFabricInfo: *mut nvmlGpuFabricInfo_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetGpuFabricInfoV(
-    device: nvmlDevice_t,
-    gpuFabricInfo: *mut nvmlGpuFabricInfoV_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
 pub extern "C" fn nvmlSystemGetConfComputeCapabilities(
     capabilities: *mut nvmlConfComputeSystemCaps_t,
 ) -> nvmlReturn_t {

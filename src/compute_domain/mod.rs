@@ -18,4 +18,6 @@
 //!   ready; the daemon lists the objects of its domain and clique to know its peers.
 
 pub mod api;
+pub mod daemon;
+pub mod imex;
 pub mod plugin;

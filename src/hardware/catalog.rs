@@ -1,5 +1,6 @@
 //! The GPU models the simulator knows, built from the embedded reference table
-//! (`data/mig-profiles.json`) plus a few models without MIG.
+//! (`data/mig-profiles.json`), GB200 derived from its B200 row, and a few models without
+//! MIG.
 //!
 //! The table is parsed once, on first use. A model is looked up by its key (e.g.
 //! `H100-SXM5-80GB`), case-insensitively, or by a short alias (`h100`, `a100-40gb`).
@@ -76,6 +77,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("h100-nvl", "H100-NVL-94GB"),
     ("h200", "H200-SXM-141GB"),
     ("b200", "B200"),
+    ("gb200", "GB200"),
     ("l4", "L4"),
     ("rtx4090", "RTX-4090"),
 ];
@@ -207,6 +209,10 @@ fn build_models() -> Result<Vec<GpuModel>, CatalogError> {
             profiles,
         });
     }
+    if let Some(b200) = models.iter().find(|m| m.key == "B200") {
+        let gb200 = gb200_from(b200);
+        models.push(gb200);
+    }
     // Models without MIG, from their public specifications.
     models.push(GpuModel {
         key: "L4".to_string(),
@@ -235,6 +241,48 @@ fn build_models() -> Result<Vec<GpuModel>, CatalogError> {
         profiles: Vec::new(),
     });
     Ok(models)
+}
+
+/// GB200's total memory as `nvidia-smi` reports it on GB200 NVL72 compute trays.
+const GB200_MEMORY_MIB: u64 = 189_471;
+
+/// GB200 (the Blackwell GPU of GB200 NVL72), which the reference table lists by profile names
+/// only (mig-parted's config: `1g.23gb`, `1g.47gb`, `2g.47gb`, `3g.93gb`, `4g.93gb`,
+/// `7g.186gb`). It is the B200 die, so it takes B200's placements, profile ids, SMs and
+/// engines; profile memory is B200's scaled to GB200's total and rounded down to 128 MiB,
+/// which makes go-nvlib's name derivation give exactly mig-parted's names (tested). An
+/// estimate, like the B200 row it is built from.
+fn gb200_from(b200: &GpuModel) -> GpuModel {
+    let scale = |mib: u64| (mib * GB200_MEMORY_MIB / b200.memory_mib) / 128 * 128;
+    let rename = |name: &str| {
+        [
+            ("1g.23gb", "1g.23gb"),
+            ("1g.45gb", "1g.47gb"),
+            ("2g.45gb", "2g.47gb"),
+            ("3g.90gb", "3g.93gb"),
+            ("4g.90gb", "4g.93gb"),
+            ("7g.180gb", "7g.186gb"),
+        ]
+        .iter()
+        .find_map(|(b, gb)| name.strip_prefix(b).map(|rest| format!("{gb}{rest}")))
+        .unwrap_or_else(|| name.to_string())
+    };
+    GpuModel {
+        key: "GB200".to_string(),
+        product_name: "NVIDIA GB200".to_string(),
+        pci_device_id: "0x294110DE".to_string(),
+        memory_mib: GB200_MEMORY_MIB,
+        profiles: b200
+            .profiles
+            .iter()
+            .map(|p| MigProfile {
+                name: rename(&p.name),
+                memory_mib: scale(p.memory_mib),
+                ..p.clone()
+            })
+            .collect(),
+        ..b200.clone()
+    }
 }
 
 /// Parses the table's `"Hopper (GH100), CC 9.0"` form.
@@ -278,6 +326,7 @@ mod tests {
                 "H100-NVL-94GB",
                 "H200-SXM-141GB",
                 "B200",
+                "GB200",
                 "L4",
                 "RTX-4090"
             ]
@@ -298,6 +347,43 @@ mod tests {
             pairs,
             [(0, 19), (7, 20), (9, 15), (1, 14), (2, 9), (3, 5), (4, 0)]
         );
+    }
+
+    /// go-nvlib's `getMigMemorySizeGB`: the profile's share of memory rounded up to eighths,
+    /// times the GPU's memory in whole GiB (rounded up), rounded.
+    fn go_nvlib_gb(profile_mib: u64, total_mib: u64) -> u64 {
+        let eighths = (profile_mib as f64 / total_mib as f64 * 8.0).ceil() / 8.0;
+        (eighths * (total_mib as f64 / 1024.0).ceil()).round() as u64
+    }
+
+    #[test]
+    fn gb200_profile_names_follow_from_its_memory_as_go_nvlib_derives_them() {
+        let gb200 = model("gb200").unwrap();
+        assert_eq!(gb200.product_name, "NVIDIA GB200");
+        let names: Vec<&str> = gb200.profiles.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "1g.23gb",
+                "1g.23gb+me",
+                "1g.47gb",
+                "2g.47gb",
+                "3g.93gb",
+                "4g.93gb",
+                "7g.186gb"
+            ]
+        );
+        for p in &gb200.profiles {
+            let gb = go_nvlib_gb(p.memory_mib, gb200.memory_mib);
+            let base = p.name.split('+').next().unwrap();
+            assert_eq!(
+                base.split('.').nth(1),
+                Some(format!("{gb}gb").as_str()),
+                "{}",
+                p.name
+            );
+            assert!(p.memory_mib <= gb200.memory_mib);
+        }
     }
 
     #[test]

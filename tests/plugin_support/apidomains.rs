@@ -1,13 +1,13 @@
 //! The parts of the fake API server the compute-domain plugin talks to: the Node's labels
-//! (GET, and a JSON merge PATCH as `kubectl label` and kube's `Patch::Merge` send it),
-//! `ComputeDomainNode` objects (get by name, list by label selector) and `ComputeDomain`s
-//! (list across namespaces), stored as the test puts them.
+//! (GET, and a JSON merge PATCH as `kubectl label` and kube's `Patch::Merge` send it).
+//! `ComputeDomainNode`s and `ComputeDomain`s live in the custom-object store (`apicrd.rs`);
+//! [`FakeApiServer::put_domain_node`] and [`FakeApiServer::put_compute_domain`] put them there.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::apiserver::{FakeApiServer, NODE_UID, Recorded, status};
+use super::apiserver::{FakeApiServer, NODE_UID, Recorded};
 
 const GROUP_VERSION: &str = "resource.nvidia.com/v1beta1";
 
@@ -15,10 +15,6 @@ const GROUP_VERSION: &str = "resource.nvidia.com/v1beta1";
 pub(super) struct Domains {
     /// The Node's labels.
     labels: BTreeMap<String, String>,
-    /// `ComputeDomainNode`s by (namespace, name).
-    nodes: BTreeMap<(String, String), Value>,
-    /// `ComputeDomain`s by (namespace, name).
-    domains: BTreeMap<(String, String), Value>,
     version: u64,
 }
 
@@ -43,86 +39,14 @@ impl Domains {
                 self.version += 1;
                 Some((200, self.node(node)))
             }
-            (
-                "GET",
-                [
-                    "apis",
-                    "resource.nvidia.com",
-                    "v1beta1",
-                    "namespaces",
-                    ns,
-                    "computedomainnodes",
-                    name,
-                ],
-            ) => Some(match self.nodes.get(&(ns.to_string(), name.to_string())) {
-                Some(object) => (200, object.clone()),
-                None => {
-                    let message =
-                        format!("computedomainnodes.resource.nvidia.com \"{name}\" not found");
-                    let (code, mut body) = status(404, "NotFound", &message);
-                    body["details"] = json!({"name": name, "group": "resource.nvidia.com",
-                                                 "kind": "computedomainnodes"});
-                    (code, body)
-                }
-            }),
-            (
-                "GET",
-                [
-                    "apis",
-                    "resource.nvidia.com",
-                    "v1beta1",
-                    "namespaces",
-                    ns,
-                    "computedomainnodes",
-                ],
-            ) => {
-                let selector = r.query.get("labelSelector").cloned().unwrap_or_default();
-                let items: Vec<&Value> = self
-                    .nodes
-                    .iter()
-                    .filter(|((n, _), _)| n == ns)
-                    .map(|(_, o)| o)
-                    .filter(|o| {
-                        selector.split(',').filter(|t| !t.is_empty()).all(|term| {
-                            let (k, v) = term.split_once('=').unwrap_or((term, ""));
-                            o["metadata"]["labels"][k] == json!(v)
-                        })
-                    })
-                    .collect();
-                Some((200, self.list("ComputeDomainNodeList", items)))
-            }
-            ("GET", ["apis", "resource.nvidia.com", "v1beta1", "computedomains"]) => {
-                let items: Vec<&Value> = self.domains.values().collect();
-                Some((200, self.list("ComputeDomainList", items)))
-            }
             _ => None,
         }
-    }
-
-    /// `object` as the server stores it (kind, apiVersion, a new resourceVersion), with its
-    /// (namespace, name).
-    fn stamped(&mut self, mut object: Value, kind: &str) -> ((String, String), Value) {
-        self.version += 1;
-        object["apiVersion"] = json!(GROUP_VERSION);
-        object["kind"] = json!(kind);
-        object["metadata"]["resourceVersion"] = json!(self.version.to_string());
-        let meta = &object["metadata"];
-        let key = (
-            meta["namespace"].as_str().unwrap_or_default().to_string(),
-            meta["name"].as_str().unwrap_or_default().to_string(),
-        );
-        (key, object)
     }
 
     fn node(&self, node: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "Node",
                "metadata": {"name": node, "uid": NODE_UID, "labels": self.labels,
                             "resourceVersion": (1 + self.version).to_string()}})
-    }
-
-    fn list(&self, kind: &str, items: Vec<&Value>) -> Value {
-        json!({"apiVersion": GROUP_VERSION, "kind": kind,
-               "metadata": {"resourceVersion": (1 + self.version).to_string()}, "items": items})
     }
 }
 
@@ -141,17 +65,18 @@ impl FakeApiServer {
         };
     }
 
-    /// Stores (or replaces) a `ComputeDomainNode`, as an IMEX daemon writes it.
-    pub fn put_domain_node(&self, object: Value) {
-        let mut store = self.lock();
-        let (key, object) = store.domains.stamped(object, "ComputeDomainNode");
-        store.domains.nodes.insert(key, object);
+    /// Stores (or replaces) a `ComputeDomainNode`, as an IMEX daemon writes it (in the
+    /// custom-object store of `apicrd.rs`, which serves it).
+    pub fn put_domain_node(&self, mut object: Value) {
+        object["apiVersion"] = json!(GROUP_VERSION);
+        object["kind"] = json!("ComputeDomainNode");
+        self.put_custom_object("computedomainnodes", object);
     }
 
-    /// Stores (or replaces) a `ComputeDomain`.
-    pub fn put_compute_domain(&self, object: Value) {
-        let mut store = self.lock();
-        let (key, object) = store.domains.stamped(object, "ComputeDomain");
-        store.domains.domains.insert(key, object);
+    /// Stores (or replaces) a `ComputeDomain` (in the custom-object store).
+    pub fn put_compute_domain(&self, mut object: Value) {
+        object["apiVersion"] = json!(GROUP_VERSION);
+        object["kind"] = json!("ComputeDomain");
+        self.put_custom_object("computedomains", object);
     }
 }

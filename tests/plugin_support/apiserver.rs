@@ -49,12 +49,14 @@ pub(super) struct Store {
     node: String,
     slices: BTreeMap<String, Value>,
     claims: BTreeMap<(String, String), Value>,
-    next_version: u64,
+    pub(super) next_version: u64,
     pub(super) requests: Vec<Recorded>,
     /// Faults still to inject, first match wins.
     pub(super) faults: Vec<Rule>,
     /// Discovery, stored cluster-scoped objects and access reviews.
     catalog: Catalog,
+    /// Custom resources of resource.nvidia.com (`apicrd.rs`).
+    pub(super) crds: super::apicrd::CustomObjects,
     /// Node labels and the ComputeDomain objects.
     pub(super) domains: super::apidomains::Domains,
 }
@@ -112,6 +114,7 @@ impl FakeApiServer {
             requests: Vec::new(),
             faults: Vec::new(),
             catalog: Catalog::default(),
+            crds: Default::default(),
             domains: Default::default(),
         }));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API server");
@@ -370,6 +373,9 @@ impl Drop for FakeApiServer {
 impl Store {
     pub(super) fn route(&mut self, r: &Recorded) -> (u16, Value) {
         if let Some(answer) = self.catalog.route(r) {
+            return answer;
+        }
+        if let Some(answer) = self.crds.route(r, &mut self.next_version) {
             return answer;
         }
         if let Some(answer) = self.domains.route(r, &self.node) {

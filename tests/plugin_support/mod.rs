@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test file and the bench use a different part
 
 pub mod apicatalog;
+pub mod apicrd;
 pub mod apidomains;
 pub mod apifaults;
 pub mod apiserver;

@@ -10,6 +10,7 @@
 
 pub mod convert;
 mod events;
+mod fabric;
 mod mig;
 mod telemetry;
 
@@ -195,6 +196,7 @@ impl NvmlBackend {
             (Vec::new(), Vec::new())
         };
         let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
+        let fabric = self.fabric(handle, index)?;
         Ok(GpuInfo {
             healthy: self.health.healthy(&uuid),
             faults: self.health.faults(&uuid),
@@ -230,8 +232,7 @@ impl NvmlBackend {
             mig_profiles,
             mig_devices,
             empty_gpu_instances,
-            // Filled from nvmlDeviceGetGpuFabricInfoV by the fabric work (issue 24).
-            fabric: None,
+            fabric,
         })
     }
 }

@@ -13,6 +13,10 @@
 //!   - model: A100-SXM4-40GB
 //!     count: 4
 //!     mig: disabled
+//!     fabric:                   # optional: multi-node NVLink (nvmlDeviceGetGpuFabricInfoV)
+//!       clusterUuid: c2a0e7d4-1111-2222-3333-444455556666
+//!       cliqueId: 1
+//!       state: Completed        # NotSupported | NotStarted | InProgress | Completed
 //! ```
 
 use std::path::Path;
@@ -21,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SimError;
 use crate::hardware::catalog::{self, GpuModel};
+use crate::hardware::fabric::{FabricInfo, FabricState};
 use crate::hardware::geometry::{self, Occupant};
 use crate::hardware::{MigPolicy, MigProfile, Placement};
 
@@ -62,6 +67,56 @@ pub struct GpuGroupSpec {
     /// MIG devices that exist at power-on, as profile names with an optional `@start`.
     #[serde(default)]
     pub mig_devices: Vec<String>,
+    /// Multi-node NVLink fabric membership these GPUs report; absent for GPUs on no fabric
+    /// (NVML answers NOT_SUPPORTED for them, as for a PCIe GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricSpec>,
+}
+
+/// `fabric:` of a GPU group: what `nvmlDeviceGetGpuFabricInfoV` reports for its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FabricSpec {
+    /// The fabric's cluster UUID (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`); all zeros means
+    /// the GPU is in no clique.
+    pub cluster_uuid: String,
+    /// The clique within the cluster.
+    #[serde(default)]
+    pub clique_id: u32,
+    /// Registration state as NVML names it; default `Completed`.
+    #[serde(default = "completed")]
+    pub state: FabricState,
+}
+
+fn completed() -> FabricState {
+    FabricState::Completed
+}
+
+impl FabricSpec {
+    /// The fabric info the GPUs report; the error names what is wrong with the UUID.
+    fn info(&self) -> Result<FabricInfo, String> {
+        if !is_uuid(&self.cluster_uuid) {
+            return Err(format!(
+                "{:?} is not a UUID; write it as xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex digits), or all zeros for no clique",
+                self.cluster_uuid
+            ));
+        }
+        Ok(FabricInfo {
+            cluster_uuid: self.cluster_uuid.to_ascii_lowercase(),
+            clique_id: self.clique_id,
+            state: self.state,
+        })
+    }
+}
+
+/// `8-4-4-4-12` hex digits.
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 fn default_driver_version() -> String {
@@ -88,6 +143,8 @@ pub struct PlannedGpu {
     pub mig_enabled: bool,
     /// Pre-created MIG devices: profile id and placement.
     pub mig_devices: Vec<(u32, Placement)>,
+    /// Fabric membership, when the GPU is on an NVLink fabric.
+    pub fabric: Option<FabricInfo>,
 }
 
 /// A validated node: every GPU resolved against the catalog and every pre-created MIG device
@@ -192,12 +249,19 @@ impl NodeSpec {
             }
             let mig_devices = place_devices(model, &group.mig_devices)
                 .map_err(|detail| err(format!("gpus[{g}].migDevices"), detail))?;
+            let fabric = group
+                .fabric
+                .as_ref()
+                .map(FabricSpec::info)
+                .transpose()
+                .map_err(|detail| err(format!("gpus[{g}].fabric.clusterUuid"), detail))?;
             for _ in 0..group.count {
                 gpus.push(PlannedGpu {
                     model,
                     policy: group.mig,
                     mig_enabled,
                     mig_devices: mig_devices.clone(),
+                    fabric: fabric.clone(),
                 });
             }
         }

@@ -14,10 +14,11 @@ pub(super) struct StaticGpu {
     pub(super) pci_bus_id: String,
     pub(super) pcie_root: String,
     pub(super) numa_node: i64,
+    pub(super) fabric: Option<crate::hardware::fabric::FabricInfo>,
 }
 
 /// The fixed identity of GPU slot `i` (slots past the description's GPUs are hot-added ones,
-/// placed on the last NUMA node).
+/// placed on the last NUMA node, on no fabric).
 pub(super) fn static_gpu(plan: &NodePlan, i: u32) -> StaticGpu {
     let count = (plan.gpus.len() as u32).max(i + 1);
     let (pci_bus_id, pcie_root) = ids::pci_address(i);
@@ -26,6 +27,7 @@ pub(super) fn static_gpu(plan: &NodePlan, i: u32) -> StaticGpu {
         pci_bus_id,
         pcie_root,
         numa_node: ids::numa_node(i, count, plan.numa_nodes),
+        fabric: plan.gpus.get(i as usize).and_then(|g| g.fabric.clone()),
     }
 }
 
@@ -193,7 +195,6 @@ pub(super) fn gpu_info(
         empty_gpu_instances,
         healthy: gs.healthy,
         faults: gs.faults.clone(),
-        // Filled from the node file's `fabric` by the fabric work (issue 24).
-        fabric: None,
+        fabric: st.fabric.clone(),
     }
 }

@@ -88,6 +88,21 @@ gpus:
 ",
     },
     Preset {
+        name: "gb200-nvl72-node",
+        summary: "4 × GB200, one compute tray of a GB200 NVL72 rack: all GPUs in NVLink clique 1 (fabric Completed), MIG off",
+        yaml: "\
+nodeName: gb200-nvl72-node
+numaNodes: 2
+gpus:
+  - model: GB200
+    count: 4
+    fabric:
+      clusterUuid: 6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f
+      cliqueId: 1
+      state: Completed
+",
+    },
+    Preset {
         name: "hgx-h100-16",
         summary: "16 × H100 80GB HBM3, dynamic MIG (more than 8 GPUs: counter sets span slices)",
         yaml: "\

@@ -1,0 +1,361 @@
+//! `gpu-dra imex-daemon` as the DaemonSet runs it: real processes (the wrapper and the
+//! simulated `nvidia-imex` it supervises) on loopback addresses 127.0.1.x, against the fake API
+//! server's `computedomainnodes`. Three nodes reach Ready with indices 0, 1, 2 that stay put
+//! when a daemon restarts and a node joins; a killed `nvidia-imex` is restarted and its object
+//! shows the crash meanwhile; nodes of another clique or domain are not peers.
+
+mod imex_support;
+mod plugin_support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use gpu_dra::compute_domain::api;
+use gpu_dra::compute_domain::imex::signal::{Signal, send};
+use imex_support::{tools, wait_for, write_config};
+use plugin_support::FakeApiServer;
+use serde_json::Value;
+
+const NAMESPACE: &str = "gpu-dra";
+const CLIQUE: &str = "6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f.1";
+
+struct Cluster {
+    tmp: tempfile::TempDir,
+    server: FakeApiServer,
+    kubeconfig: PathBuf,
+    imex: PathBuf,
+    ctl: PathBuf,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let tmp = tempfile::tempdir().unwrap();
+        let server = FakeApiServer::start("unused");
+        let kubeconfig = tmp.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig);
+        let (imex, ctl) = tools(tmp.path());
+        Cluster {
+            tmp,
+            server,
+            kubeconfig,
+            imex,
+            ctl,
+        }
+    }
+
+    /// The config dir of `node` in `domain`, with the config the plugin would write (FULL
+    /// quorum, so Ready means every peer is connected).
+    fn config_dir(&self, domain: &str, node: &str, ip: &str) -> PathBuf {
+        let dir = self.tmp.path().join(domain).join(node);
+        if !dir.join("config.cfg").exists() {
+            write_config(&dir, ip, "FULL", &[]);
+        }
+        dir
+    }
+
+    /// Starts the wrapper for `node` at `ip` in `domain`, clique `clique`, with the tools
+    /// linked by the test.
+    fn start(&self, domain: &str, node: &str, ip: &str, clique: &str) -> Wrapper {
+        let tools = [
+            "--imex-bin".into(),
+            self.imex.display().to_string(),
+            "--imex-ctl-bin".into(),
+            self.ctl.display().to_string(),
+        ];
+        self.start_with(domain, node, ip, clique, &tools)
+    }
+
+    fn start_with(
+        &self,
+        domain: &str,
+        node: &str,
+        ip: &str,
+        clique: &str,
+        extra: &[String],
+    ) -> Wrapper {
+        let dir = self.config_dir(domain, node, ip);
+        let child = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+            .args(["imex-daemon", "--node-name", node, "--pod-ip", ip])
+            .args(["--namespace", NAMESPACE])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--config-dir")
+            .arg(&dir)
+            .args(extra)
+            .env(api::daemon_env::DOMAIN_UID, domain)
+            .env(api::daemon_env::DOMAIN_NAME, format!("cd-{domain}"))
+            .env(api::daemon_env::DOMAIN_NAMESPACE, "team-a")
+            .env(api::daemon_env::CLIQUE_ID, clique)
+            .env_remove("POD_IP")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Wrapper { child, dir }
+    }
+
+    /// (index, status, reason, message, ip) of every ComputeDomainNode of `domain`, by node.
+    fn nodes(&self, domain: &str) -> BTreeMap<String, (u64, String, String, String, String)> {
+        self.server
+            .custom_objects(api::COMPUTE_DOMAIN_NODE_PLURAL)
+            .into_iter()
+            .filter(|o| o["spec"]["domainUID"] == domain)
+            .map(|o| {
+                let s = &o["status"];
+                let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                (
+                    text(&o["spec"]["nodeName"]),
+                    (
+                        s["index"].as_u64().unwrap_or(u64::MAX),
+                        text(&s["status"]),
+                        text(&s["reason"]),
+                        text(&s["message"]),
+                        text(&s["ipAddress"]),
+                    ),
+                )
+            })
+            .collect()
+    }
+
+    fn ready(&self, domain: &str, node: &str) -> bool {
+        self.nodes(domain).get(node).is_some_and(|n| n.1 == "Ready")
+    }
+
+    fn index(&self, domain: &str, node: &str) -> u64 {
+        self.nodes(domain)[node].0
+    }
+}
+
+/// A running wrapper; stopped with SIGTERM (which stops its `nvidia-imex`) when dropped.
+struct Wrapper {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Wrapper {
+    fn stop(&mut self) -> Option<i32> {
+        let _ = send(self.child.id(), Signal::Terminate);
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+
+    fn nodes_config(&self) -> String {
+        std::fs::read_to_string(self.dir.join("nodes_config.cfg")).unwrap_or_default()
+    }
+}
+
+impl Drop for Wrapper {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.stop();
+        }
+    }
+}
+
+/// The pid of the `nvidia-imex -c <dir>/config.cfg` running now, from /proc.
+fn imex_pid(dir: &Path) -> Option<u32> {
+    let config = dir.join("config.cfg");
+    let want = format!("-c\0{}\0", config.display());
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let text = String::from_utf8_lossy(&cmdline);
+        (text.contains("nvidia-imex\0") && text.ends_with(&want)).then_some(pid)
+    })
+}
+
+#[test]
+fn three_nodes_reach_ready_with_indices_that_survive_a_restart_and_a_join() {
+    let c = Cluster::new();
+    let d = "d0000001-aaaa-bbbb-cccc-000000000001";
+    let mut w0 = c.start(d, "tray-0", "127.0.1.2", CLIQUE);
+    wait_for("tray-0's object", || c.nodes(d).contains_key("tray-0"));
+    let mut w1 = c.start(d, "tray-1", "127.0.1.3", CLIQUE);
+    wait_for("both ready", || {
+        c.ready(d, "tray-0") && c.ready(d, "tray-1")
+    });
+    assert_eq!((c.index(d, "tray-0"), c.index(d, "tray-1")), (0, 1));
+    assert_eq!(w0.nodes_config(), "127.0.1.2\n127.0.1.3\n");
+
+    // A node of another clique in the same domain, and a node of another domain in this
+    // clique: neither is a peer.
+    let other_clique = "6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f.2";
+    let _x = c.start(d, "tray-x", "127.0.1.9", other_clique);
+    let d2 = "d0000002-aaaa-bbbb-cccc-000000000002";
+    let _y = c.start(d2, "tray-y", "127.0.1.10", CLIQUE);
+    wait_for("the outsiders ready", || {
+        c.ready(d, "tray-x") && c.ready(d2, "tray-y")
+    });
+    assert_eq!(c.index(d, "tray-x"), 0, "indices count per clique");
+    assert_eq!(c.index(d2, "tray-y"), 0, "and per domain");
+
+    // A third node joins: index 2, and every node's nodes config lists all three in order.
+    let w2 = c.start(d, "tray-2", "127.0.1.4", CLIQUE);
+    wait_for("three ready", || {
+        ["tray-0", "tray-1", "tray-2"].iter().all(|n| c.ready(d, n))
+    });
+    let three = "127.0.1.2\n127.0.1.3\n127.0.1.4\n";
+    for w in [&w0, &w1, &w2] {
+        assert_eq!(w.nodes_config(), three);
+    }
+    let (_, domain) = imex_support::ctl(
+        &c.ctl,
+        &["-c", w0.dir.join("config.cfg").to_str().unwrap(), "-N"],
+    );
+    assert!(domain.contains("Domain State: UP"), "{domain}");
+
+    // tray-1's daemon restarts: stopped (NotReady, DaemonStopped), back with index 1.
+    assert_eq!(w1.stop(), Some(0));
+    let stopped = c.nodes(d)["tray-1"].clone();
+    assert_eq!(
+        (stopped.1.as_str(), stopped.2.as_str()),
+        ("NotReady", "DaemonStopped")
+    );
+    let w1 = c.start(d, "tray-1", "127.0.1.3", CLIQUE);
+    wait_for("tray-1 ready again", || c.ready(d, "tray-1"));
+    let indices: Vec<u64> = ["tray-0", "tray-1", "tray-2"]
+        .iter()
+        .map(|n| c.index(d, n))
+        .collect();
+    assert_eq!(indices, [0, 1, 2]);
+    assert_eq!(w1.nodes_config(), three);
+    drop(w1);
+    w0.stop();
+}
+
+#[test]
+fn a_killed_nvidia_imex_is_restarted_and_its_object_shows_the_crash_meanwhile() {
+    let c = Cluster::new();
+    let d = "d0000003-aaaa-bbbb-cccc-000000000003";
+    let w = c.start(d, "tray-k", "127.0.1.20", CLIQUE);
+    wait_for("ready", || c.ready(d, "tray-k"));
+    let first = imex_pid(&w.dir).expect("nvidia-imex runs");
+    send(first, Signal::Kill).unwrap();
+    wait_for("the crash in the object", || {
+        let n = &c.nodes(d)["tray-k"];
+        n.1 == "NotReady" && n.2 == "DaemonCrashed"
+    });
+    let crashed = c.nodes(d)["tray-k"].clone();
+    assert!(crashed.3.contains("signal: 9"), "{}", crashed.3);
+    wait_for("ready after the restart", || c.ready(d, "tray-k"));
+    let second = imex_pid(&w.dir).expect("nvidia-imex runs again");
+    assert_ne!(first, second, "a new nvidia-imex process");
+    let back = c.nodes(d)["tray-k"].clone();
+    assert_eq!(
+        (back.2.as_str(), back.3.as_str()),
+        ("", ""),
+        "reason cleared"
+    );
+}
+
+#[test]
+fn concurrent_starters_end_with_distinct_indices() {
+    let c = Cluster::new();
+    let d = "d0000004-aaaa-bbbb-cccc-000000000004";
+    let nodes = [
+        ("tray-a", "127.0.1.30"),
+        ("tray-b", "127.0.1.31"),
+        ("tray-c", "127.0.1.32"),
+    ];
+    let _ws: Vec<Wrapper> = nodes
+        .iter()
+        .map(|(n, ip)| c.start(d, n, ip, CLIQUE))
+        .collect();
+    wait_for("all ready", || nodes.iter().all(|(n, _)| c.ready(d, n)));
+    let mut indices: Vec<u64> = nodes.iter().map(|(n, _)| c.index(d, n)).collect();
+    indices.sort();
+    assert_eq!(indices, [0, 1, 2]);
+}
+
+#[test]
+fn a_missing_domain_identity_is_refused_naming_the_variable() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(["imex-daemon", "--node-name", "n", "--pod-ip", "127.0.1.40"])
+        .args(["--namespace", NAMESPACE])
+        .env_remove(api::daemon_env::DOMAIN_UID)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("COMPUTE_DOMAIN_UUID is required"), "{err}");
+}
+
+#[test]
+fn at_steady_state_a_ready_node_only_lists_its_domain_once_per_round() {
+    let c = Cluster::new();
+    let d = "d0000005-aaaa-bbbb-cccc-000000000005";
+    // As a simulated node's DaemonSet runs it: the binary links its own simulated tools.
+    let _w = c.start_with(
+        d,
+        "tray-s",
+        "127.0.1.50",
+        CLIQUE,
+        &["--simulated-imex".into()],
+    );
+    wait_for("ready", || c.ready(d, "tray-s"));
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let before = c.server.requests().len();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let after: Vec<_> = c.server.requests().into_iter().skip(before).collect();
+    let calls: Vec<(String, String, Option<String>)> = after
+        .iter()
+        .map(|r| {
+            (
+                r.method.clone(),
+                r.path.clone(),
+                r.query.get("labelSelector").cloned(),
+            )
+        })
+        .collect();
+    let list = (
+        "GET".to_string(),
+        format!("/apis/resource.nvidia.com/v1beta1/namespaces/{NAMESPACE}/computedomainnodes"),
+        Some(format!("{}={d}", api::DOMAIN_UID_LABEL)),
+    );
+    assert!(!calls.is_empty(), "the daemon keeps watching its domain");
+    assert!(
+        calls.iter().all(|c| *c == list),
+        "only the domain LIST per round, no reads or writes of its own object: {calls:?}"
+    );
+    assert!(
+        calls.len() <= 6,
+        "one LIST per 500 ms round: {}",
+        calls.len()
+    );
+}
+
+#[test]
+fn the_plugins_config_runs_as_written_outside_a_container() {
+    // The plugin's config.cfg: no bind address, logs to stderr, the nodes file at the
+    // container's mount. Outside a container each node binds its POD_IP and keeps its nodes
+    // file in its own directory; the daemon's stderr is drained into the wrapper's log.
+    let c = Cluster::new();
+    let d = "d0000006-aaaa-bbbb-cccc-000000000006";
+    let nodes = [("tray-p0", "127.0.1.60"), ("tray-p1", "127.0.1.61")];
+    let plugin_config = "LOG_LEVEL=4\nLOG_FILE_NAME=\nSERVER_PORT=50000\nSECURITY_MODE=0\nIMEX_CMD_PORT=50005\nIMEX_CMD_ENABLED=1\nIMEX_WAIT_FOR_QUORUM=RECOVERY\nIMEX_CONN_WAIT_TIMEOUT=70\nIMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n";
+    for (node, _) in nodes {
+        let dir = c.tmp.path().join(d).join(node);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.cfg"), plugin_config).unwrap();
+    }
+    let ws: Vec<Wrapper> = nodes
+        .iter()
+        .map(|(n, ip)| c.start(d, n, ip, CLIQUE))
+        .collect();
+    wait_for("both ready", || nodes.iter().all(|(n, _)| c.ready(d, n)));
+    wait_for("both nodes files list both", || {
+        ws.iter()
+            .all(|w| w.nodes_config() == "127.0.1.60\n127.0.1.61\n")
+    });
+    let domain = || {
+        let out = Command::new(&c.ctl)
+            .env("POD_IP", "127.0.1.60")
+            .args(["-c", ws[0].dir.join("config.cfg").to_str().unwrap(), "-N"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_for("the two daemons connected", || {
+        domain().contains("Domain State: UP")
+    });
+}
