@@ -17,3 +17,4 @@
 //!   ready; the daemon lists the objects of its domain and clique to know its peers.
 
 pub mod api;
+pub mod controller;
