@@ -44,6 +44,8 @@ pub struct Reconciler {
     written: Mutex<BTreeMap<String, ComputeDomainStatus>>,
     /// Domain UIDs whose templates and DaemonSet are known to exist.
     ensured: Mutex<BTreeSet<String>>,
+    /// Domain UIDs this reconciler put the finalizer on.
+    finalized: Mutex<BTreeSet<String>>,
     stats: Arc<Stats>,
 }
 
@@ -65,6 +67,7 @@ impl Reconciler {
             settings,
             written: Mutex::default(),
             ensured: Mutex::default(),
+            finalized: Mutex::default(),
             stats: Arc::default(),
         }
     }
@@ -122,12 +125,17 @@ impl Reconciler {
             }
             lock(&self.written).remove(&uid);
             lock(&self.ensured).remove(&uid);
+            lock(&self.finalized).remove(&uid);
             return Ok(());
         }
-        if !domain.finalizers().iter().any(|f| f == api::FINALIZER) {
+        // The watch may not have delivered the finalizer written by an earlier reconcile yet:
+        // adding it again with that stale resourceVersion would only conflict.
+        let has_finalizer = domain.finalizers().iter().any(|f| f == api::FINALIZER);
+        if !has_finalizer && !lock(&self.finalized).contains(&uid) {
             let mut finalizers = domain.finalizers().to_vec();
             finalizers.push(api::FINALIZER.to_string());
             self.patch_finalizers(domain, finalizers).await?;
+            lock(&self.finalized).insert(uid.clone());
         }
         let new_status = match self.ensure_objects(domain).await? {
             Some(problem) => status::spec_error(problem.reason, problem.message, nodes),
