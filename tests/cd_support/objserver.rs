@@ -44,6 +44,7 @@ struct Shared {
     store: Mutex<ObjectStore>,
     requests: Mutex<Vec<Recorded>>,
     write_latency_ns: AtomicU64,
+    get_latency_ns: AtomicU64,
 }
 
 /// The running server; dropping it stops it.
@@ -79,6 +80,7 @@ impl ObjServer {
             store: Mutex::new(ObjectStore::new(WITH_STATUS)),
             requests: Mutex::new(Vec::new()),
             write_latency_ns: AtomicU64::new(0),
+            get_latency_ns: AtomicU64::new(0),
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -142,10 +144,17 @@ impl ObjServer {
     }
 
     /// Every write (POST, PUT, PATCH, DELETE) from now on is answered `latency` after it
-    /// arrived; concurrent writes wait side by side.
+    /// arrived (an etcd write); concurrent writes wait side by side.
     pub fn set_write_latency(&self, latency: Duration) {
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.shared.write_latency_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Every GET but a watch from now on is answered `latency` after it arrived (a read from
+    /// the API server's watch cache).
+    pub fn set_get_latency(&self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.get_latency_ns.store(ns, Ordering::Relaxed);
     }
 
     /// Writes a kubeconfig for this server.
@@ -305,15 +314,17 @@ async fn answer(
         Some(t) => route(&shared, &method, &t, &query, body.as_ref()),
     };
     record(&shared, &method, &path, &query, &body, code);
-    if method != "GET" {
-        let ns = shared.write_latency_ns.load(Ordering::Relaxed);
-        if ns > 0 {
-            let until = arrived + Duration::from_nanos(ns);
-            let _ = tokio::task::spawn_blocking(move || {
-                std::thread::sleep(until.saturating_duration_since(Instant::now()));
-            })
-            .await;
-        }
+    let ns = if method == "GET" {
+        shared.get_latency_ns.load(Ordering::Relaxed)
+    } else {
+        shared.write_latency_ns.load(Ordering::Relaxed)
+    };
+    if ns > 0 {
+        let until = arrived + Duration::from_nanos(ns);
+        let _ = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        })
+        .await;
     }
     Ok(Response::builder()
         .status(code)
