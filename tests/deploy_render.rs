@@ -471,9 +471,20 @@ fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
         return;
     };
     let sim = sim_values();
-    for extra in [vec![], vec!["-f", sim.as_str()]] {
+    // With ComputeDomains on too: the controller Deployment, its plugin and their RBAC.
+    let on = ["--set", "computeDomains.enabled=true"];
+    let runs = [
+        vec![],
+        vec!["-f", sim.as_str()],
+        on.to_vec(),
+        [on.as_slice(), &["-f", sim.as_str()]].concat(),
+    ];
+    for extra in runs {
         for object in render_chart(&helm, &extra) {
             let got = match object["kind"].as_str().unwrap() {
+                "Deployment" => round_trip::<apps::Deployment>(&object),
+                "Role" => round_trip::<rbac::Role>(&object),
+                "RoleBinding" => round_trip::<rbac::RoleBinding>(&object),
                 "DaemonSet" => round_trip::<apps::DaemonSet>(&object),
                 "ServiceAccount" => round_trip::<core::ServiceAccount>(&object),
                 "ClusterRole" => round_trip::<rbac::ClusterRole>(&object),

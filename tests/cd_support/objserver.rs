@@ -205,26 +205,12 @@ impl ObjServer {
 
     /// Deletes the object at `path` as `kubectl delete` does.
     pub fn delete(&self, path: &str) -> u16 {
-        let t = parse(path).expect("an object path");
-        let key: Key = (
-            t.prefix,
-            t.resource,
-            t.namespace.unwrap_or_default(),
-            t.name.unwrap_or_default(),
-        );
-        self.lock().delete(&key, None).0
+        self.lock().delete(&object_key(path), None).0
     }
 
     /// The object at `path`, if it exists.
     pub fn get(&self, path: &str) -> Option<Value> {
-        let t = parse(path).expect("an object path");
-        let key: Key = (
-            t.prefix,
-            t.resource,
-            t.namespace.unwrap_or_default(),
-            t.name.unwrap_or_default(),
-        );
-        self.lock().get(&key).cloned()
+        self.lock().get(&object_key(path)).cloned()
     }
 
     /// Objects of collection `path` (one namespace, or all when the path has none) whose
@@ -243,6 +229,17 @@ impl ObjServer {
     fn lock(&self) -> std::sync::MutexGuard<'_, ObjectStore> {
         self.shared.store.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The store key of the object at `path`.
+fn object_key(path: &str) -> Key {
+    let t = parse(path).expect("an object path");
+    (
+        t.prefix,
+        t.resource,
+        t.namespace.unwrap_or_default(),
+        t.name.unwrap_or_default(),
+    )
 }
 
 impl Drop for ObjServer {

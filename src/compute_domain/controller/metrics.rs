@@ -126,3 +126,28 @@ pub async fn serve(
         }
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_gives_every_counter_with_its_help_and_type() {
+        let stats = Stats::default();
+        stats.reconciles.fetch_add(3, Ordering::Relaxed);
+        stats.leader.store(true, Ordering::Relaxed);
+        let text = stats.render();
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            samples,
+            vec![
+                "gpu_dra_compute_domain_reconciles_total 3",
+                "gpu_dra_compute_domain_reconcile_errors_total 0",
+                "gpu_dra_compute_domain_status_writes_total 0",
+                "gpu_dra_compute_domain_object_writes_total 0",
+                "gpu_dra_compute_domain_controller_leader 1",
+            ]
+        );
+        assert!(text.contains("# TYPE gpu_dra_compute_domain_controller_leader gauge\n"));
+    }
+}
