@@ -368,6 +368,7 @@ fn main() {
             timing: leader::Timing::default(),
             retry_after: Duration::from_secs(1),
             metrics_addr: None,
+            resync_period: controller::RESYNC_PERIOD,
         };
         let running = tokio::spawn(controller::run_with_client(
             controller_client,

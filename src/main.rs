@@ -791,6 +791,7 @@ fn run_compute_domain_controller(args: ComputeDomainControllerArgs) -> anyhow::R
         timing: controller::leader::Timing::default(),
         retry_after: std::time::Duration::from_secs(1),
         metrics_addr: args.metrics_addr.filter(|a| !a.is_empty() && a != "off"),
+        resync_period: controller::RESYNC_PERIOD,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -32,6 +32,7 @@ fn config(identity: &str, leader_election: bool) -> ControllerConfig {
         },
         retry_after: Duration::from_millis(100),
         metrics_addr: None,
+        resync_period: controller::RESYNC_PERIOD,
     }
 }
 
@@ -41,13 +42,17 @@ struct Running {
 }
 
 async fn start(server: &ObjServer, dir: &std::path::Path, identity: &str, elect: bool) -> Running {
+    start_with(server, dir, config(identity, elect)).await
+}
+
+async fn start_with(
+    server: &ObjServer,
+    dir: &std::path::Path,
+    config: ControllerConfig,
+) -> Running {
     let client = server.client(dir).await;
     let stop = CancellationToken::new();
-    let task = tokio::spawn(controller::run_with_client(
-        client,
-        config(identity, elect),
-        stop.clone(),
-    ));
+    let task = tokio::spawn(controller::run_with_client(client, config, stop.clone()));
     Running { stop, task }
 }
 
@@ -454,4 +459,23 @@ async fn two_controllers_elect_one_leader_and_the_other_takes_over_when_it_dies(
     assert!(second.task.await.unwrap().is_ok());
     let lease = server.get(&lease_path).unwrap();
     assert_eq!(lease["spec"].get("holderIdentity"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_set_deleted_by_hand_is_re_created_at_the_next_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let created = server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut config = config("c1", false);
+    config.resync_period = Duration::from_millis(300);
+    let _c = start_with(&server, dir.path(), config).await;
+    let ds_path = format!("{}/imex-{uid}", daemon_sets_path());
+    eventually("the DaemonSet", WAIT, || server.get(&ds_path)).await;
+    assert_eq!(server.delete(&ds_path), 200);
+    let again = eventually("the DaemonSet again", WAIT, || server.get(&ds_path)).await;
+    assert_eq!(
+        again["spec"]["template"]["spec"]["nodeSelector"],
+        json!({"resource.nvidia.com/computeDomain": uid})
+    );
 }

@@ -45,8 +45,7 @@ pub use reconcile::{Reconciler, Writes};
 /// Name of the controller's Lease in its namespace.
 pub const LEASE_NAME: &str = "gpu-dra-compute-domain-controller";
 
-/// Every domain is reconciled again this often even without a change (a DaemonSet
-/// deleted by hand is re-created, a missed event is caught up).
+/// The default of [`ControllerConfig::resync_period`].
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(300);
 
 /// Seconds a watch request lasts before it is renewed: under the client's 30 s read
@@ -71,6 +70,9 @@ pub struct ControllerConfig {
     pub retry_after: Duration,
     /// Address (`host:port`) serving `/metrics` and `/healthz`; none when `None`.
     pub metrics_addr: Option<String>,
+    /// Every domain is reconciled again this often even without a change, and its objects
+    /// checked again (one deleted by hand is re-created); [`RESYNC_PERIOD`] by default.
+    pub resync_period: Duration,
 }
 
 /// Runs the controller until `shutdown` is cancelled (then `Ok`, after giving up the Lease)
@@ -131,7 +133,7 @@ pub async fn run_with_client(
     };
     if !config.leader_election {
         return tokio::select! {
-            r = lead(client, reconciler, config.retry_after) => r,
+            r = lead(client, reconciler, config.retry_after, config.resync_period) => r,
             _ = shutdown.cancelled() => Ok(()),
         };
     }
@@ -151,7 +153,7 @@ pub async fn run_with_client(
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let outcome = tokio::select! {
         lost = elector.keep_renewing() => Err(lost),
-        r = lead(client, reconciler, config.retry_after) => r,
+        r = lead(client, reconciler, config.retry_after, config.resync_period) => r,
         _ = shutdown.cancelled() => Ok(()),
     };
     stats
@@ -220,6 +222,7 @@ async fn lead(
     client: Client,
     reconciler: Arc<Reconciler>,
     retry_after: Duration,
+    resync_period: Duration,
 ) -> Result<(), ControllerError> {
     let namespace = reconciler_namespace(&reconciler);
     let dirty = Arc::new(Dirty::default());
@@ -281,7 +284,14 @@ async fn lead(
             }
         }
     };
-    let work = work(reconciler, domains, nodes, dirty.clone(), retry_after);
+    let work = work(
+        reconciler,
+        domains,
+        nodes,
+        dirty.clone(),
+        retry_after,
+        resync_period,
+    );
     tokio::select! {
         e = mark_domains => Err(e),
         e = mark_nodes => Err(e),
@@ -294,13 +304,14 @@ fn reconciler_namespace(reconciler: &Reconciler) -> String {
 }
 
 /// The worker: once both stores are complete, reconciles dirty domains one at a time, every
-/// domain every [`RESYNC_PERIOD`], and a failed one again after a doubling delay.
+/// domain every `resync_period`, and a failed one again after a doubling delay.
 async fn work(
     reconciler: Arc<Reconciler>,
     domains: Store<ComputeDomain>,
     nodes: Store<ComputeDomainNode>,
     dirty: Arc<Dirty>,
     retry_after: Duration,
+    resync_period: Duration,
 ) {
     // A status computed before every node object is known would drop nodes.
     if domains.wait_until_ready().await.is_err() || nodes.wait_until_ready().await.is_err() {
@@ -308,14 +319,17 @@ async fn work(
     }
     mark_all(&dirty, &domains);
     let mut failures: std::collections::BTreeMap<(String, String), u32> = Default::default();
-    let mut resync = tokio::time::interval(RESYNC_PERIOD);
+    let mut resync = tokio::time::interval(resync_period.max(Duration::from_millis(10)));
     resync.tick().await;
     loop {
         let keys = dirty.take();
         if keys.is_empty() {
             tokio::select! {
                 () = dirty.wake.notified() => {}
-                _ = resync.tick() => mark_all(&dirty, &domains),
+                _ = resync.tick() => {
+                    reconciler.forget_ensured();
+                    mark_all(&dirty, &domains);
+                }
             }
             continue;
         }

@@ -77,6 +77,12 @@ impl Reconciler {
         &self.settings
     }
 
+    /// Forgets which domains' objects are known to exist, so the next reconcile of each
+    /// checks them again (re-creating one deleted by hand): the periodic resync calls it.
+    pub fn forget_ensured(&self) {
+        lock(&self.ensured).clear();
+    }
+
     /// Requests written so far.
     pub fn writes(&self) -> Writes {
         Writes {
