@@ -42,24 +42,6 @@ fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
-fn env(container: &Value) -> BTreeMap<String, String> {
-    container["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let value = match e.get("value") {
-                Some(v) => v.as_str().unwrap().to_string(),
-                None => format!(
-                    "fieldRef:{}",
-                    e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()
-                ),
-            };
-            (e["name"].as_str().unwrap().to_string(), value)
-        })
-        .collect()
-}
-
 #[test]
 fn compute_domains_are_off_by_default_and_their_values_are_schema_checked() {
     let defaults = yaml_file(&chart_dir().join("values.yaml"));
@@ -161,7 +143,7 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    assert_eq!(env(container), want);
+    assert_eq!(deploy_support::container_env(container), want);
     // The env names are the controller's flags' (src/main.rs).
     let main = fs::read_to_string(repo().join("src/main.rs")).unwrap();
     for name in want.keys() {

@@ -30,23 +30,9 @@ fn container(daemonset: &Value) -> &Value {
     &daemonset["spec"]["template"]["spec"]["containers"][0]
 }
 
-/// Env entries by name: the literal value, or the downward-API field path.
+/// The plugin container's env entries by name ([`deploy_support::container_env`]).
 fn env(daemonset: &Value) -> BTreeMap<String, String> {
-    container(daemonset)["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let value = match e.get("value") {
-                Some(v) => v.as_str().unwrap().to_string(),
-                None => format!(
-                    "fieldRef:{}",
-                    e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()
-                ),
-            };
-            (e["name"].as_str().unwrap().to_string(), value)
-        })
-        .collect()
+    deploy_support::container_env(container(daemonset))
 }
 
 /// Host paths mounted into the plugin container: host path → (mount path, propagation).
