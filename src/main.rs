@@ -53,6 +53,9 @@ enum Command {
     /// Is this node ready for GPU claims, and if not, what to fix: one line per check.
     /// Exit 0 when all are ok, 1 on a warning, 2 on a failure.
     Doctor(Box<DoctorArgs>),
+    /// Run the ComputeDomain controller: per domain its claim templates, IMEX DaemonSet and
+    /// status (docs/compute-domains.md).
+    ComputeDomainController(ComputeDomainControllerArgs),
     /// Evaluate one CEL selector against one device, as the scheduler would: prints `true`
     /// or `false` (exit 0), or `error: …` (exit 2).
     Cel {
@@ -525,6 +528,36 @@ struct CdPluginArgs {
     metrics_addr: String,
 }
 
+#[derive(clap::Args, Debug)]
+struct ComputeDomainControllerArgs {
+    /// Kubeconfig file; in-cluster configuration when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The driver's namespace: the Lease, the IMEX daemons' claim templates and DaemonSets,
+    /// the ComputeDomainNode objects.
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: String,
+    /// Image of the IMEX daemon pods (`gpu-dra imex-daemon`), normally the controller's own.
+    #[arg(long, env = "GPU_DRA_IMEX_IMAGE")]
+    image: String,
+    /// Service account of the IMEX daemon pods.
+    #[arg(
+        long,
+        env = "GPU_DRA_IMEX_SERVICE_ACCOUNT",
+        default_value = "gpu-dra-imex-daemon"
+    )]
+    daemon_service_account: String,
+    /// Elect a leader with a Lease in --namespace, so several replicas can run.
+    #[arg(long, env = "GPU_DRA_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    leader_election: bool,
+    /// This replica's identity in the Lease; defaults to the pod's name, else the host name.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Address (`host:port`) serving /metrics and /healthz; none when absent.
+    #[arg(long, env = "GPU_DRA_METRICS_ADDR")]
+    metrics_addr: Option<String>,
+}
+
 /// `doctor` takes the plugin's own flags and environment, so it checks exactly that plugin.
 #[derive(clap::Args, Debug)]
 struct DoctorArgs {
@@ -651,6 +684,7 @@ impl Command {
             Command::Capacity(_) => "capacity",
             Command::Doctor(_) => "doctor",
             Command::ImexDaemon(_) => "imex-daemon",
+            Command::ComputeDomainController(_) => "compute-domain-controller",
         }
     }
 }
@@ -704,6 +738,7 @@ fn main() -> ExitCode {
         Command::KubeletPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
         Command::ComputeDomainPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
         Command::ImexDaemon(_) => (logging::Format::Text, "info"),
+        Command::ComputeDomainController(_) => (logging::Format::Text, "info"),
         _ => (logging::Format::Text, "warn"),
     };
     let colour = logging::init(format, default_level);
@@ -873,6 +908,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Explain(args) => run_explain(args),
         Command::Capacity(args) => run_capacity(args),
         Command::Doctor(args) => run_doctor(*args),
+        Command::ComputeDomainController(args) => run_compute_domain_controller(args),
         Command::Cel {
             expression,
             device,
@@ -888,6 +924,36 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         },
     }
+}
+
+fn run_compute_domain_controller(args: ComputeDomainControllerArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::compute_domain::controller::{self, ControllerConfig, Settings};
+    let identity = args.identity.unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| format!("compute-domain-controller-{}", std::process::id()))
+    });
+    let config = ControllerConfig {
+        kubeconfig: args.kubeconfig,
+        settings: Settings {
+            namespace: args.namespace,
+            image: args.image,
+            daemon_service_account: args.daemon_service_account,
+        },
+        leader_election: args.leader_election,
+        identity,
+        timing: controller::leader::Timing::default(),
+        retry_after: std::time::Duration::from_secs(1),
+        metrics_addr: args.metrics_addr.filter(|a| !a.is_empty() && a != "off"),
+        resync_period: controller::RESYNC_PERIOD,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(controller::run_until_signalled(config))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {

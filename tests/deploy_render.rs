@@ -30,23 +30,9 @@ fn container(daemonset: &Value) -> &Value {
     &daemonset["spec"]["template"]["spec"]["containers"][0]
 }
 
-/// Env entries by name: the literal value, or the downward-API field path.
+/// The plugin container's env entries by name ([`deploy_support::container_env`]).
 fn env(daemonset: &Value) -> BTreeMap<String, String> {
-    container(daemonset)["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let value = match e.get("value") {
-                Some(v) => v.as_str().unwrap().to_string(),
-                None => format!(
-                    "fieldRef:{}",
-                    e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()
-                ),
-            };
-            (e["name"].as_str().unwrap().to_string(), value)
-        })
-        .collect()
+    deploy_support::container_env(container(daemonset))
 }
 
 /// Host paths mounted into the plugin container: host path → (mount path, propagation).
@@ -471,9 +457,20 @@ fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
         return;
     };
     let sim = sim_values();
-    for extra in [vec![], vec!["-f", sim.as_str()]] {
+    // With ComputeDomains on too: the controller Deployment, its plugin and their RBAC.
+    let on = ["--set", "computeDomains.enabled=true"];
+    let runs = [
+        vec![],
+        vec!["-f", sim.as_str()],
+        on.to_vec(),
+        [on.as_slice(), &["-f", sim.as_str()]].concat(),
+    ];
+    for extra in runs {
         for object in render_chart(&helm, &extra) {
             let got = match object["kind"].as_str().unwrap() {
+                "Deployment" => round_trip::<apps::Deployment>(&object),
+                "Role" => round_trip::<rbac::Role>(&object),
+                "RoleBinding" => round_trip::<rbac::RoleBinding>(&object),
                 "DaemonSet" => round_trip::<apps::DaemonSet>(&object),
                 "ServiceAccount" => round_trip::<core::ServiceAccount>(&object),
                 "ClusterRole" => round_trip::<rbac::ClusterRole>(&object),

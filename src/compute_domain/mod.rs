@@ -18,6 +18,7 @@
 //!   ready; the daemon lists the objects of its domain and clique to know its peers.
 
 pub mod api;
+pub mod controller;
 pub mod daemon;
 pub mod imex;
 pub mod plugin;

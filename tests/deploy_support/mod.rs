@@ -86,3 +86,23 @@ pub fn render_chart(helm: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
     args.extend_from_slice(extra);
     yaml_documents(&run(helm, &args))
 }
+
+/// A rendered container's env entries by name: the literal value, or `fieldRef:<path>` for a
+/// downward-API field.
+pub fn container_env(container: &serde_json::Value) -> std::collections::BTreeMap<String, String> {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let value = match e.get("value") {
+                Some(v) => v.as_str().unwrap().to_string(),
+                None => format!(
+                    "fieldRef:{}",
+                    e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()
+                ),
+            };
+            (e["name"].as_str().unwrap().to_string(), value)
+        })
+        .collect()
+}

@@ -49,3 +49,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "gpu-dra.registryDir" -}}
 {{- printf "%s/plugins_registry" (trimSuffix "/" .Values.kubeletPlugin.kubeletDir) }}
 {{- end }}
+
+{{/* ComputeDomains: the controller's, the compute-domain plugin's and the IMEX daemons' accounts. */}}
+{{- define "gpu-dra.computeDomainControllerAccount" -}}
+{{- printf "%s-compute-domain-controller" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-dra.computeDomainPluginAccount" -}}
+{{- printf "%s-compute-domain-plugin" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-dra.imexDaemonAccount" -}}
+{{- printf "%s-imex-daemon" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The compute-domain plugin's directory: sockets, checkpoint, IMEX configs. */}}
+{{- define "gpu-dra.computeDomainPluginDir" -}}
+{{- printf "%s/plugins/compute-domain.nvidia.com" (trimSuffix "/" .Values.kubeletPlugin.kubeletDir) }}
+{{- end }}

@@ -1,0 +1,379 @@
+//! `gpu-dra compute-domain-controller`: the cluster-wide controller of `ComputeDomain`s.
+//!
+//! For each domain it puts a finalizer on it, creates the workload's ResourceClaimTemplate
+//! (in the domain's namespace, owned by the domain), the IMEX daemons' ResourceClaimTemplate
+//! and DaemonSet (in the driver's namespace, labelled with the domain's UID), and aggregates
+//! the domain's `ComputeDomainNode` objects into its status ([`status`]). When the domain is
+//! deleted it deletes those objects, the node objects and the nodes' domain labels, then
+//! removes the finalizer.
+//!
+//! It watches `ComputeDomain`s (every namespace) and `ComputeDomainNode`s (the driver's
+//! namespace) into in-memory stores; a change marks its domain dirty and one worker
+//! reconciles dirty domains one at a time, so a burst of node updates (64 daemons turning
+//! Ready) coalesces into few status writes. The status is the controller's alone: it is
+//! written as a merge patch of the status subresource only when it changed, so it never
+//! conflicts. With leader election (the default) only the holder of a Lease acts; see
+//! [`leader`].
+
+pub mod desired;
+pub mod error;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
+pub mod status;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::Api;
+use kube::core::ResourceExt;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::compute_domain::api::{self, ComputeDomain, ComputeDomainNode};
+pub use desired::Settings;
+pub use error::ControllerError;
+pub use reconcile::{Reconciler, Writes};
+
+/// Name of the controller's Lease in its namespace.
+pub const LEASE_NAME: &str = "gpu-dra-compute-domain-controller";
+
+/// The default of [`ControllerConfig::resync_period`].
+pub const RESYNC_PERIOD: Duration = Duration::from_secs(300);
+
+/// Seconds a watch request lasts before it is renewed: under the client's 30 s read
+/// timeout, so a quiet watch ends cleanly instead of timing out.
+const WATCH_TIMEOUT_SECS: u32 = 25;
+
+/// What `gpu-dra compute-domain-controller` needs.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Kubeconfig file; the in-cluster configuration when `None`.
+    pub kubeconfig: Option<PathBuf>,
+    /// How the created objects look and where the driver's objects live.
+    pub settings: Settings,
+    /// Elect a leader with a Lease in `settings.namespace` (off: act at once, for a single
+    /// replica).
+    pub leader_election: bool,
+    /// This replica's identity in the Lease (the pod name).
+    pub identity: String,
+    /// The election's timing.
+    pub timing: leader::Timing,
+    /// Time before a failed reconcile of a domain is retried (doubling up to 5 min).
+    pub retry_after: Duration,
+    /// Address (`host:port`) serving `/metrics` and `/healthz`; none when `None`.
+    pub metrics_addr: Option<String>,
+    /// Every domain is reconciled again this often even without a change, and its objects
+    /// checked again (one deleted by hand is re-created); [`RESYNC_PERIOD`] by default.
+    pub resync_period: Duration,
+}
+
+/// Runs the controller until `shutdown` is cancelled (then `Ok`, after giving up the Lease)
+/// or leadership is lost (then [`ControllerError::LostLease`]: the process should exit and be
+/// restarted as a follower, as client-go's controllers do).
+///
+/// # Errors
+/// [`ControllerError::Connect`] when no client can be built; [`ControllerError::LostLease`];
+/// [`ControllerError::WatchEnded`] if a watch stream ends. API errors while reconciling are
+/// retried, not returned.
+pub async fn run(
+    config: ControllerConfig,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let client = crate::k8s::connect(config.kubeconfig.as_deref())
+        .await
+        .map_err(ControllerError::Connect)?;
+    run_with_client(client, config, shutdown).await
+}
+
+/// [`run`] until SIGTERM or SIGINT, what the binary does.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_until_signalled(config: ControllerConfig) -> Result<(), ControllerError> {
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        on_signal.cancel();
+    });
+    run(config, shutdown).await
+}
+
+/// [`run`] with a client already built.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_client(
+    client: Client,
+    config: ControllerConfig,
+    shutdown: CancellationToken,
+) -> Result<(), ControllerError> {
+    let reconciler = Arc::new(Reconciler::new(client.clone(), config.settings.clone()));
+    let stats = reconciler.stats();
+    let _metrics = match &config.metrics_addr {
+        Some(addr) => Some(AbortOnDrop(metrics::serve(addr, stats.clone()).await?)),
+        None => None,
+    };
+    if !config.leader_election {
+        return tokio::select! {
+            r = lead(client, reconciler, config.retry_after, config.resync_period) => r,
+            _ = shutdown.cancelled() => Ok(()),
+        };
+    }
+    let mut elector = leader::Elector::new(
+        client.clone(),
+        &config.settings.namespace,
+        LEASE_NAME,
+        &config.identity,
+        config.timing,
+    );
+    tokio::select! {
+        _ = elector.acquire() => {}
+        _ = shutdown.cancelled() => return Ok(()),
+    }
+    stats
+        .leader
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let outcome = tokio::select! {
+        lost = elector.keep_renewing() => Err(lost),
+        r = lead(client, reconciler, config.retry_after, config.resync_period) => r,
+        _ = shutdown.cancelled() => Ok(()),
+    };
+    stats
+        .leader
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    if outcome.is_ok() {
+        elector.release().await;
+    }
+    outcome
+}
+
+/// Stops the metrics server with the controller.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Domains waiting for a reconcile; a domain marked twice before it is taken is reconciled
+/// once.
+#[derive(Default)]
+struct Dirty {
+    keys: Mutex<BTreeSet<(String, String)>>,
+    wake: tokio::sync::Notify,
+}
+
+impl Dirty {
+    fn mark(&self, key: (String, String)) {
+        let inserted = self
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key);
+        if inserted {
+            self.wake.notify_one();
+        }
+    }
+
+    fn take(&self) -> BTreeSet<(String, String)> {
+        std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// `(namespace, name)` of a domain: the key of [`Dirty`].
+fn domain_key(namespace: &str, name: &str) -> (String, String) {
+    (namespace.to_string(), name.to_string())
+}
+
+fn store_key(key: &(String, String)) -> ObjectRef<ComputeDomain> {
+    ObjectRef::new_with(&key.1, api::compute_domain_resource()).within(&key.0)
+}
+
+fn mark_all(dirty: &Dirty, domains: &Store<ComputeDomain>) {
+    for domain in domains.state() {
+        dirty.mark(domain_key(
+            &domain.namespace().unwrap_or_default(),
+            &domain.name_any(),
+        ));
+    }
+}
+
+/// The leader's work: watch, and reconcile what changed. Returns only if a watch ends.
+async fn lead(
+    client: Client,
+    reconciler: Arc<Reconciler>,
+    retry_after: Duration,
+    resync_period: Duration,
+) -> Result<(), ControllerError> {
+    let namespace = reconciler_namespace(&reconciler);
+    let dirty = Arc::new(Dirty::default());
+    let domain_writer = reflector::store::Writer::new(api::compute_domain_resource());
+    let domains = domain_writer.as_reader();
+    let node_writer = reflector::store::Writer::new(api::compute_domain_node_resource());
+    let nodes = node_writer.as_reader();
+
+    let domain_api: Api<ComputeDomain> =
+        Api::all_with(client.clone(), &api::compute_domain_resource());
+    let wc = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let domain_events = reflector::reflector(
+        domain_writer,
+        watcher::watcher(domain_api, wc.clone()).default_backoff(),
+    );
+    let node_api: Api<ComputeDomainNode> = Api::namespaced_with(
+        client.clone(),
+        &namespace,
+        &api::compute_domain_node_resource(),
+    );
+    let node_events = reflector::reflector(
+        node_writer,
+        watcher::watcher(node_api, wc.labels(api::DOMAIN_UID_LABEL)).default_backoff(),
+    );
+
+    let mark_domains = {
+        let dirty = dirty.clone();
+        async move {
+            let mut events = std::pin::pin!(domain_events.touched_objects());
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(domain) => dirty.mark(domain_key(
+                        &domain.namespace().unwrap_or_default(),
+                        &domain.name_any(),
+                    )),
+                    Err(e) => tracing::warn!(error = %e, "watching ComputeDomains"),
+                }
+            }
+            ControllerError::WatchEnded {
+                resource: api::COMPUTE_DOMAIN_PLURAL,
+            }
+        }
+    };
+    let mark_nodes = {
+        let dirty = dirty.clone();
+        async move {
+            let mut events = std::pin::pin!(node_events.touched_objects());
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(node) => dirty.mark(domain_key(
+                        &node.spec.domain_namespace,
+                        &node.spec.domain_name,
+                    )),
+                    Err(e) => tracing::warn!(error = %e, "watching ComputeDomainNodes"),
+                }
+            }
+            ControllerError::WatchEnded {
+                resource: api::COMPUTE_DOMAIN_NODE_PLURAL,
+            }
+        }
+    };
+    let work = work(
+        reconciler,
+        domains,
+        nodes,
+        dirty.clone(),
+        retry_after,
+        resync_period,
+    );
+    tokio::select! {
+        e = mark_domains => Err(e),
+        e = mark_nodes => Err(e),
+        () = work => Ok(()),
+    }
+}
+
+fn reconciler_namespace(reconciler: &Reconciler) -> String {
+    reconciler.settings().namespace.clone()
+}
+
+/// The worker: once both stores are complete, reconciles dirty domains one at a time, every
+/// domain every `resync_period`, and a failed one again after a doubling delay.
+async fn work(
+    reconciler: Arc<Reconciler>,
+    domains: Store<ComputeDomain>,
+    nodes: Store<ComputeDomainNode>,
+    dirty: Arc<Dirty>,
+    retry_after: Duration,
+    resync_period: Duration,
+) {
+    // A status computed before every node object is known would drop nodes.
+    if domains.wait_until_ready().await.is_err() || nodes.wait_until_ready().await.is_err() {
+        return;
+    }
+    mark_all(&dirty, &domains);
+    let mut failures: std::collections::BTreeMap<(String, String), u32> = Default::default();
+    let mut resync = tokio::time::interval(resync_period.max(Duration::from_millis(10)));
+    resync.tick().await;
+    loop {
+        let keys = dirty.take();
+        if keys.is_empty() {
+            tokio::select! {
+                () = dirty.wake.notified() => {}
+                _ = resync.tick() => {
+                    reconciler.forget_ensured();
+                    mark_all(&dirty, &domains);
+                }
+            }
+            continue;
+        }
+        for key in keys {
+            let Some(domain) = domains.get(&store_key(&key)) else {
+                failures.remove(&key);
+                continue;
+            };
+            let uid = domain.uid().unwrap_or_default();
+            let mine: Vec<Arc<ComputeDomainNode>> = nodes.state_filter(|n| {
+                n.spec.domain_uid == uid && n.labels().get(api::DOMAIN_UID_LABEL) == Some(&uid)
+            });
+            let mine: Vec<&ComputeDomainNode> = mine.iter().map(|n| &**n).collect();
+            let span = tracing::info_span!(
+                "reconcile",
+                domain.namespace = %key.0,
+                domain.name = %key.1,
+                domain.uid = %uid,
+            );
+            let stats = reconciler.stats();
+            stats
+                .reconciles
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match reconciler.reconcile(&domain, &mine).instrument(span).await {
+                Ok(()) => {
+                    failures.remove(&key);
+                }
+                Err(e) => {
+                    stats
+                        .reconcile_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let n = failures.entry(key.clone()).or_insert(0);
+                    *n += 1;
+                    let delay = retry_after
+                        .saturating_mul(1 << (*n - 1).min(10))
+                        .min(Duration::from_secs(300));
+                    tracing::warn!(error = %e, retry_in = ?delay, "reconcile failed");
+                    let dirty = dirty.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        dirty.mark(key);
+                    });
+                }
+            }
+        }
+    }
+}

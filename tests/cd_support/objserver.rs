@@ -1,0 +1,493 @@
+//! A fake kube-apiserver for the ComputeDomain controller on a real TCP port (plain HTTP, or
+//! TLS with client certificates as kube-apiserver serves it): any resource, kept by
+//! [`ObjectStore`](super::objstore::ObjectStore), and watches (`?watch=true`) streamed as
+//! kube-apiserver does, one JSON event per line (`ADDED`, `MODIFIED`, `DELETED`) from the
+//! resourceVersion asked for, until `timeoutSeconds`. Every request is recorded with the code
+//! it got. Writes can be made to take a set time ([`ObjServer::set_write_latency`], an etcd
+//! write), as `tests/plugin_support`'s server does.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+use super::objstore::{Key, ObjectStore, Target, parse, selects, status};
+
+/// One request as the server saw it, with the code it answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: BTreeMap<String, String>,
+    pub body: Option<Value>,
+    pub code: u16,
+}
+
+impl Recorded {
+    /// A write: anything but GET.
+    pub fn is_write(&self) -> bool {
+        self.method != "GET"
+    }
+}
+
+struct Shared {
+    store: Mutex<ObjectStore>,
+    requests: Mutex<Vec<Recorded>>,
+    write_latency_ns: AtomicU64,
+    get_latency_ns: AtomicU64,
+}
+
+/// The running server; dropping it stops it.
+pub struct ObjServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tls: Option<(String, String, String)>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Resources whose writes keep their status (they have a status subresource).
+const WITH_STATUS: &[&str] = &["computedomains", "daemonsets", "nodes", "pods"];
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(value: &Value) -> Body {
+    Full::new(Bytes::from(value.to_string())).boxed()
+}
+
+impl ObjServer {
+    /// A server on plain HTTP.
+    pub fn start() -> ObjServer {
+        Self::start_with(None)
+    }
+
+    /// A server on TLS requiring a client certificate its CA signed.
+    pub fn start_tls() -> ObjServer {
+        Self::start_with(Some(super::tls::Tls::generate("compute-domain-controller")))
+    }
+
+    fn start_with(tls: Option<super::tls::Tls>) -> ObjServer {
+        let shared = Arc::new(Shared {
+            store: Mutex::new(ObjectStore::new(WITH_STATUS)),
+            requests: Mutex::new(Vec::new()),
+            write_latency_ns: AtomicU64::new(0),
+            get_latency_ns: AtomicU64::new(0),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("address");
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let client = tls.as_ref().map(|t| {
+            (
+                t.ca_pem.clone(),
+                t.client_cert_pem.clone(),
+                t.client_key_pem.clone(),
+            )
+        });
+        let acceptor = tls.map(|t| t.acceptor);
+        let serving = shared.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                loop {
+                    let stream = tokio::select! {
+                        accepted = listener.accept() => match accepted {
+                            Ok((s, _)) => s,
+                            Err(_) => continue,
+                        },
+                        _ = &mut stopped => return,
+                    };
+                    let shared = serving.clone();
+                    let acceptor = acceptor.clone();
+                    tokio::spawn(async move {
+                        let service =
+                            hyper::service::service_fn(move |req| answer(shared.clone(), req));
+                        let builder = hyper::server::conn::http1::Builder::new();
+                        match acceptor {
+                            None => {
+                                let _ = builder
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            }
+                            Some(acceptor) => {
+                                if let Ok(stream) = acceptor.accept(stream).await {
+                                    let _ = builder
+                                        .serve_connection(TokioIo::new(stream), service)
+                                        .await;
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+        });
+        ObjServer {
+            addr,
+            shared,
+            tls: client,
+            stop: Some(stop),
+        }
+    }
+
+    /// Every write (POST, PUT, PATCH, DELETE) from now on is answered `latency` after it
+    /// arrived (an etcd write); concurrent writes wait side by side.
+    pub fn set_write_latency(&self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.write_latency_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Every GET but a watch from now on is answered `latency` after it arrived (a read from
+    /// the API server's watch cache).
+    pub fn set_get_latency(&self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.get_latency_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Writes a kubeconfig for this server.
+    pub fn write_kubeconfig(&self, path: &Path) {
+        use base64::Engine as _;
+        let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+        let (scheme, cluster_tls, user) = match &self.tls {
+            None => ("http", String::new(), "{}".to_string()),
+            Some((ca, cert, key)) => (
+                "https",
+                format!("\n    certificate-authority-data: {}", b64(ca)),
+                format!(
+                    "\n    client-certificate-data: {}\n    client-key-data: {}",
+                    b64(cert),
+                    b64(key)
+                ),
+            ),
+        };
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {scheme}://{}{cluster_tls}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             current-context: fake\nusers:\n- name: fake\n  user: {user}\n",
+            self.addr
+        );
+        std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// A client for this server (as the controller builds one from a kubeconfig).
+    pub async fn client(&self, dir: &Path) -> kube::Client {
+        let path = dir.join(format!("kubeconfig-{}", self.addr.port()));
+        self.write_kubeconfig(&path);
+        gpu_dra::k8s::connect(Some(&path)).await.expect("client")
+    }
+
+    /// Creates `object` in collection `path` (e.g. `/api/v1/nodes`) as a client would.
+    pub fn create(&self, path: &str, object: Value) -> Value {
+        let target = parse(path).expect("a collection path");
+        let (code, body) = self.lock().create(&target, object);
+        assert_eq!(code, 201, "{body}");
+        body
+    }
+
+    /// Merge-patches the object at `path` (`…/<name>` or `…/<name>/status`).
+    pub fn patch(&self, path: &str, patch: Value) -> (u16, Value) {
+        let target = parse(path).expect("an object path");
+        self.lock().update(&target, &patch, true)
+    }
+
+    /// Deletes the object at `path` as `kubectl delete` does.
+    pub fn delete(&self, path: &str) -> u16 {
+        self.lock().delete(&object_key(path), None).0
+    }
+
+    /// The object at `path`, if it exists.
+    pub fn get(&self, path: &str) -> Option<Value> {
+        self.lock().get(&object_key(path)).cloned()
+    }
+
+    /// Objects of collection `path` (one namespace, or all when the path has none) whose
+    /// labels match `selector`.
+    pub fn list(&self, path: &str, selector: &str) -> Vec<Value> {
+        let t = parse(path).expect("a collection path");
+        self.lock()
+            .list(&t.prefix, &t.resource, t.namespace.as_deref(), selector)
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.requests.lock().unwrap().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ObjectStore> {
+        self.shared.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The store key of the object at `path`.
+fn object_key(path: &str) -> Key {
+    let t = parse(path).expect("an object path");
+    (
+        t.prefix,
+        t.resource,
+        t.namespace.unwrap_or_default(),
+        t.name.unwrap_or_default(),
+    )
+}
+
+impl Drop for ObjServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn query_pairs(query: &str) -> BTreeMap<String, String> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let decode = |s: &str| {
+                let mut out = Vec::new();
+                let b = s.as_bytes();
+                let mut i = 0;
+                while i < b.len() {
+                    if b[i] == b'%' && i + 2 < b.len() {
+                        let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("3F");
+                        out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                        i += 3;
+                    } else {
+                        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+                        i += 1;
+                    }
+                }
+                String::from_utf8_lossy(&out).into_owned()
+            };
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+async fn answer(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let arrived = Instant::now();
+    let (parts, body) = request.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let method = parts.method.to_string();
+    let path = parts.uri.path().to_string();
+    let query = parts.uri.query().map(query_pairs).unwrap_or_default();
+    let body: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let target = parse(&path);
+    let watch = method == "GET" && query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    if watch && let Some(target) = target.clone() {
+        record(&shared, &method, &path, &query, &body, 200);
+        return Ok(watch_response(&shared, target, &query));
+    }
+    let (code, value) = match target {
+        None if path == "/version" => (
+            200,
+            json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-fake", "platform": "linux/amd64"}),
+        ),
+        None => status(
+            404,
+            "NotFound",
+            &format!("the server could not find {path}"),
+        ),
+        Some(t) => route(&shared, &method, &t, &query, body.as_ref()),
+    };
+    record(&shared, &method, &path, &query, &body, code);
+    let ns = if method == "GET" {
+        shared.get_latency_ns.load(Ordering::Relaxed)
+    } else {
+        shared.write_latency_ns.load(Ordering::Relaxed)
+    };
+    if ns > 0 {
+        let until = arrived + Duration::from_nanos(ns);
+        let _ = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+        })
+        .await;
+    }
+    Ok(Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(full(&value))
+        .expect("response"))
+}
+
+fn record(
+    shared: &Shared,
+    method: &str,
+    path: &str,
+    query: &BTreeMap<String, String>,
+    body: &Option<Value>,
+    code: u16,
+) {
+    shared.requests.lock().unwrap().push(Recorded {
+        method: method.to_string(),
+        path: path.to_string(),
+        query: query.clone(),
+        body: body.clone(),
+        code,
+    });
+}
+
+fn route(
+    shared: &Shared,
+    method: &str,
+    t: &Target,
+    query: &BTreeMap<String, String>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut store = shared.store.lock().unwrap_or_else(|p| p.into_inner());
+    let selector = query.get("labelSelector").map(String::as_str).unwrap_or("");
+    let key = |name: &str| -> Key {
+        (
+            t.prefix.clone(),
+            t.resource.clone(),
+            t.namespace.clone().unwrap_or_default(),
+            name.to_string(),
+        )
+    };
+    match (method, t.name.as_deref()) {
+        ("GET", None) => {
+            let items = store.list(&t.prefix, &t.resource, t.namespace.as_deref(), selector);
+            (
+                200,
+                json!({"apiVersion": "v1", "kind": "List",
+                       "metadata": {"resourceVersion": store.version.to_string()},
+                       "items": items}),
+            )
+        }
+        ("GET", Some(name)) => match store.get(&key(name)) {
+            Some(o) => (200, o.clone()),
+            None => {
+                let (code, mut body) = status(
+                    404,
+                    "NotFound",
+                    &format!("{} \"{name}\" not found", t.resource),
+                );
+                body["details"] = json!({"name": name, "kind": t.resource});
+                (code, body)
+            }
+        },
+        ("POST", None) => store.create(t, body.cloned().unwrap_or_default()),
+        ("PUT", Some(_)) => store.update(t, body.unwrap_or(&Value::Null), false),
+        ("PATCH", Some(_)) => store.update(t, body.unwrap_or(&Value::Null), true),
+        ("DELETE", Some(name)) => {
+            let uid = body.and_then(|b| b["preconditions"]["uid"].as_str().map(str::to_string));
+            store.delete(&key(name), uid.as_deref())
+        }
+        ("DELETE", None) => {
+            let items = store.list(&t.prefix, &t.resource, t.namespace.as_deref(), selector);
+            let mut deleted = Vec::new();
+            for item in items {
+                let name = item["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let (_, gone) = store.delete(&key(&name), None);
+                deleted.push(gone);
+            }
+            (
+                200,
+                json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": deleted}),
+            )
+        }
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            &format!("{method} is not supported here"),
+        ),
+    }
+}
+
+/// The watch: changes after `resourceVersion` to objects of the target's collection (and
+/// namespace) matching the label selector, one JSON line each, then new ones as they happen
+/// until `timeoutSeconds`.
+fn watch_response(shared: &Shared, t: Target, query: &BTreeMap<String, String>) -> Response<Body> {
+    let from: u64 = query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let selector = query.get("labelSelector").cloned().unwrap_or_default();
+    let timeout = Duration::from_secs(
+        query
+            .get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60),
+    );
+    let matches = {
+        let t = t.clone();
+        move |key: &Key, object: &Value| {
+            key.0 == t.prefix
+                && key.1 == t.resource
+                && t.namespace.as_ref().is_none_or(|n| *n == key.2)
+                && selects(&selector, &object["metadata"]["labels"])
+        }
+    };
+    let (backlog, mut live) = {
+        let store = shared.store.lock().unwrap_or_else(|p| p.into_inner());
+        let backlog: Vec<(u64, String)> = store
+            .log
+            .iter()
+            .filter(|c| c.version > from && matches(&c.key, &c.object))
+            .map(|c| (c.version, line(c.kind, &c.object)))
+            .collect();
+        (backlog, store.changes.subscribe())
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1024);
+    tokio::spawn(async move {
+        let mut last = from;
+        for (version, text) in backlog {
+            last = version;
+            if tx.send(Ok(Frame::data(Bytes::from(text)))).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let change = tokio::select! {
+                c = live.recv() => c,
+                _ = tokio::time::sleep_until(deadline) => return,
+            };
+            match change {
+                Ok(c) if c.version > last && matches(&c.key, &c.object) => {
+                    last = c.version;
+                    let text = line(c.kind, &c.object);
+                    if tx.send(Ok(Frame::data(Bytes::from(text)))).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                // Lagged or closed: end the watch; the client lists again.
+                Err(_) => return,
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed())
+        .expect("response")
+}
+
+fn line(kind: &str, object: &Value) -> String {
+    format!("{}\n", json!({"type": kind, "object": object}))
+}

@@ -1,0 +1,331 @@
+//! The fake API server's store: any resource under `/api/v1` or `/apis/<group>/<version>`,
+//! namespaced or not, kept as JSON and answered the way kube-apiserver does for the requests
+//! the ComputeDomain controller and daemons make: get, list (label selectors, every namespace
+//! or one), create (names from `generateName`, 409 `AlreadyExists`), replace and merge patch
+//! (409 `Conflict` on a stale `metadata.resourceVersion`), the `status` subresource of the
+//! resources that have one (a write to the main resource keeps the status; a status write
+//! keeps the rest), delete (with a UID precondition; an object with finalizers only gets a
+//! `deletionTimestamp` and goes when the last finalizer is removed) and delete of a
+//! collection. Every change is kept in a log with its resourceVersion, for watches.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+/// `(prefix, resource, namespace, name)`: prefix `/api/v1` or `/apis/<group>/<version>`,
+/// namespace `""` for cluster-scoped objects.
+pub type Key = (String, String, String, String);
+
+/// What a request addresses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub prefix: String,
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+}
+
+/// Parses `/api/v1/...` and `/apis/<group>/<version>/...` paths.
+pub fn parse(path: &str) -> Option<Target> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (prefix, rest) = match segments.as_slice() {
+        ["api", version, rest @ ..] => (format!("/api/{version}"), rest),
+        ["apis", group, version, rest @ ..] => (format!("/apis/{group}/{version}"), rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(ns.to_string()), rest),
+        _ => (None, rest),
+    };
+    let (resource, rest) = rest.split_first()?;
+    Some(Target {
+        prefix,
+        resource: resource.to_string(),
+        namespace,
+        name: rest.first().map(|s| s.to_string()),
+        subresource: rest.get(1).map(|s| s.to_string()),
+    })
+}
+
+/// One change, as a watch reports it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub version: u64,
+    pub key: Key,
+    pub kind: &'static str,
+    pub object: Value,
+}
+
+pub struct ObjectStore {
+    objects: BTreeMap<Key, Value>,
+    pub version: u64,
+    pub log: Vec<Change>,
+    with_status: BTreeSet<String>,
+    next_uid: u64,
+    pub changes: tokio::sync::broadcast::Sender<Change>,
+}
+
+pub fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": message, "reason": reason, "code": code}),
+    )
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// `a=b,c!=d,e,!f` against `labels`.
+pub fn selects(selector: &str, labels: &Value) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let term = term.trim();
+        if let Some((k, v)) = term.split_once("!=") {
+            labels[k].as_str() != Some(v)
+        } else if let Some((k, v)) = term.split_once('=') {
+            labels[k.trim_end_matches('=')].as_str() == Some(v.trim_start_matches('='))
+        } else if let Some(k) = term.strip_prefix('!') {
+            labels.get(k).is_none()
+        } else {
+            labels.get(term).is_some()
+        }
+    })
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let map = target.as_object_mut().expect("object");
+    for (k, v) in patch {
+        if v.is_null() {
+            map.remove(k);
+        } else {
+            merge_patch(map.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+impl ObjectStore {
+    /// A store whose `with_status` resources (plurals) have a status subresource.
+    pub fn new(with_status: &[&str]) -> Self {
+        ObjectStore {
+            objects: BTreeMap::new(),
+            version: 1000,
+            log: Vec::new(),
+            with_status: with_status.iter().map(|s| s.to_string()).collect(),
+            next_uid: 0,
+            changes: tokio::sync::broadcast::channel(1 << 16).0,
+        }
+    }
+
+    fn record(&mut self, key: Key, kind: &'static str, object: Value) {
+        let change = Change {
+            version: self.version,
+            key,
+            kind,
+            object,
+        };
+        self.log.push(change.clone());
+        let _ = self.changes.send(change);
+    }
+
+    fn bump(&mut self, object: &mut Value) {
+        self.version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+    }
+
+    pub fn get(&self, key: &Key) -> Option<&Value> {
+        self.objects.get(key)
+    }
+
+    /// Objects of `prefix/resource` in `namespace` (every one when `None`) whose labels
+    /// match `selector`.
+    pub fn list(
+        &self,
+        prefix: &str,
+        resource: &str,
+        namespace: Option<&str>,
+        selector: &str,
+    ) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|((p, r, ns, _), o)| {
+                p == prefix
+                    && r == resource
+                    && namespace.is_none_or(|n| n == ns)
+                    && selects(selector, &o["metadata"]["labels"])
+            })
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// Creates `object` at `target` (namespace from the path).
+    pub fn create(&mut self, target: &Target, mut object: Value) -> (u16, Value) {
+        let namespace = target.namespace.clone().unwrap_or_default();
+        let name = match (
+            object["metadata"]["name"].as_str(),
+            object["metadata"]["generateName"].as_str(),
+        ) {
+            (Some(n), _) if !n.is_empty() => n.to_string(),
+            (_, Some(prefix)) => {
+                self.next_uid += 1;
+                format!("{prefix}{:05x}", self.next_uid)
+            }
+            _ => {
+                return status(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value: name or generateName is required",
+                );
+            }
+        };
+        let key: Key = (
+            target.prefix.clone(),
+            target.resource.clone(),
+            namespace.clone(),
+            name.clone(),
+        );
+        if self.objects.contains_key(&key) {
+            let message = format!("{} \"{name}\" already exists", target.resource);
+            let (code, mut body) = status(409, "AlreadyExists", &message);
+            body["details"] = json!({"name": name, "kind": target.resource});
+            return (code, body);
+        }
+        self.next_uid += 1;
+        object["metadata"]["name"] = json!(name);
+        if !namespace.is_empty() {
+            object["metadata"]["namespace"] = json!(namespace);
+        }
+        object["metadata"]["uid"] =
+            json!(format!("00000000-0000-4000-8000-{:012x}", self.next_uid));
+        object["metadata"]["creationTimestamp"] = json!(now());
+        if let Some(meta) = object["metadata"].as_object_mut() {
+            meta.remove("deletionTimestamp");
+        }
+        self.bump(&mut object);
+        self.objects.insert(key.clone(), object.clone());
+        self.record(key, "ADDED", object.clone());
+        (201, object)
+    }
+
+    /// A PUT (`merge == false`) or merge PATCH of `target`, of its status subresource when
+    /// the target names it.
+    pub fn update(&mut self, target: &Target, body: &Value, merge: bool) -> (u16, Value) {
+        let key: Key = (
+            target.prefix.clone(),
+            target.resource.clone(),
+            target.namespace.clone().unwrap_or_default(),
+            target.name.clone().unwrap_or_default(),
+        );
+        let Some(current) = self.objects.get(&key).cloned() else {
+            let message = format!("{} \"{}\" not found", target.resource, key.3);
+            let (code, mut body) = status(404, "NotFound", &message);
+            body["details"] = json!({"name": key.3, "kind": target.resource});
+            return (code, body);
+        };
+        let sent = &body["metadata"]["resourceVersion"];
+        if !sent.is_null() && *sent != current["metadata"]["resourceVersion"] {
+            let message = format!(
+                "Operation cannot be fulfilled on {} \"{}\": the object has been modified; \
+                 please apply your changes to the latest version and try again",
+                target.resource, key.3
+            );
+            return status(409, "Conflict", &message);
+        }
+        let mut next = if merge {
+            let mut next = current.clone();
+            merge_patch(&mut next, body);
+            next
+        } else {
+            body.clone()
+        };
+        let status_write = target.subresource.as_deref() == Some("status");
+        if status_write {
+            let new_status = next["status"].clone();
+            next = current.clone();
+            next["status"] = new_status;
+        } else {
+            if self.with_status.contains(&target.resource) {
+                match current.get("status") {
+                    Some(s) => next["status"] = s.clone(),
+                    None => {
+                        if let Some(o) = next.as_object_mut() {
+                            o.remove("status");
+                        }
+                    }
+                }
+            }
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "name",
+                "namespace",
+            ] {
+                match current["metadata"].get(field) {
+                    Some(v) => next["metadata"][field] = v.clone(),
+                    None => {
+                        if let Some(m) = next["metadata"].as_object_mut() {
+                            m.remove(field);
+                        }
+                    }
+                }
+            }
+        }
+        let deleting = !current["metadata"]["deletionTimestamp"].is_null();
+        let finalizers_left = next["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        self.bump(&mut next);
+        if deleting && !finalizers_left {
+            self.objects.remove(&key);
+            self.record(key, "DELETED", next.clone());
+            return (200, next);
+        }
+        self.objects.insert(key.clone(), next.clone());
+        self.record(key, "MODIFIED", next.clone());
+        (200, next)
+    }
+
+    /// Deletes `key`: at once without finalizers, else marks it deleting.
+    pub fn delete(&mut self, key: &Key, precondition_uid: Option<&str>) -> (u16, Value) {
+        let Some(current) = self.objects.get(key).cloned() else {
+            let message = format!("{} \"{}\" not found", key.1, key.3);
+            let (code, mut body) = status(404, "NotFound", &message);
+            body["details"] = json!({"name": key.3, "kind": key.1});
+            return (code, body);
+        };
+        if let Some(uid) = precondition_uid
+            && current["metadata"]["uid"] != json!(uid)
+        {
+            return status(409, "Conflict", "Precondition failed: UID in precondition");
+        }
+        let mut next = current.clone();
+        let has_finalizers = current["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if has_finalizers {
+            if current["metadata"]["deletionTimestamp"].is_null() {
+                next["metadata"]["deletionTimestamp"] = json!(now());
+                self.bump(&mut next);
+                self.objects.insert(key.clone(), next.clone());
+                self.record(key.clone(), "MODIFIED", next.clone());
+            }
+            return (200, next);
+        }
+        self.bump(&mut next);
+        self.objects.remove(key);
+        self.record(key.clone(), "DELETED", next.clone());
+        (200, next)
+    }
+}

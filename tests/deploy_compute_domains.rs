@@ -1,0 +1,357 @@
+//! The chart with `computeDomains.enabled`: the values' schema, the controller Deployment, the
+//! compute-domain kubelet plugin DaemonSet, their RBAC against the calls the controller's
+//! source makes, and the two DeviceClasses. Rendering checks skip with a notice without helm
+//! (`.ci/run` installs it).
+
+mod deploy_support;
+
+use std::collections::BTreeMap;
+use std::fs;
+
+use deploy_support::{chart_dir, render_chart, repo, tool, yaml_file};
+use serde_json::{Value, json};
+
+const ON: [&str; 2] = ["--set", "computeDomains.enabled=true"];
+
+fn schema() -> jsonschema::Validator {
+    let text = fs::read_to_string(chart_dir().join("values.schema.json")).unwrap();
+    jsonschema::validator_for(&serde_json::from_str(&text).unwrap()).unwrap()
+}
+
+fn with(overrides: Value) -> Value {
+    let mut values = yaml_file(&chart_dir().join("values.yaml"));
+    for (k, v) in overrides.as_object().unwrap() {
+        let base = values["computeDomains"].as_object_mut().unwrap();
+        if k == "computeDomains" {
+            for (kk, vv) in v.as_object().unwrap() {
+                base.insert(kk.clone(), vv.clone());
+            }
+        }
+    }
+    values
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[test]
+fn compute_domains_are_off_by_default_and_their_values_are_schema_checked() {
+    let defaults = yaml_file(&chart_dir().join("values.yaml"));
+    assert_eq!(defaults["computeDomains"]["enabled"], json!(false));
+    let v = schema();
+    let bad = [
+        json!({"computeDomains": {"enabeld": true}}),
+        json!({"computeDomains": {"enabled": "yes"}}),
+        json!({"computeDomains": {"controller": {"replicas": 0}}}),
+        json!({"computeDomains": {"kubeletPlugin": {"nodeSelector": {"a": 1}}}}),
+    ];
+    let got: Vec<bool> = bad.iter().map(|o| v.is_valid(&with(o.clone()))).collect();
+    assert_eq!(got, vec![false; bad.len()]);
+    let good = with(
+        json!({"computeDomains": {"enabled": true, "simPreset": "gb200-nvl72-node",
+        "controller": {"replicas": 2, "leaderElection": true,
+                       "nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}}}),
+    );
+    let errors: Vec<String> = v.iter_errors(&good).map(|e| e.to_string()).collect();
+    assert_eq!(errors, Vec::<String>::new());
+}
+
+#[test]
+fn enabling_compute_domains_adds_the_controller_the_plugin_their_rbac_and_classes() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let count = |objects: &[Value]| {
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for o in objects {
+            *kinds
+                .entry(o["kind"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+        kinds
+    };
+    let off = count(&render_chart(&helm, &[]));
+    let on = count(&render_chart(&helm, &ON));
+    let added: BTreeMap<String, usize> = on
+        .iter()
+        .map(|(k, n)| (k.clone(), n - off.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let want: BTreeMap<String, usize> = [
+        ("ClusterRole", 2),
+        ("ClusterRoleBinding", 2),
+        ("DaemonSet", 1),
+        ("Deployment", 1),
+        ("DeviceClass", 2),
+        ("Role", 3),
+        ("RoleBinding", 3),
+        ("ServiceAccount", 3),
+        ("ValidatingAdmissionPolicy", 1),
+        ("ValidatingAdmissionPolicyBinding", 1),
+    ]
+    .into_iter()
+    .map(|(k, n)| (k.to_string(), n))
+    .collect();
+    assert_eq!(added, want);
+}
+
+#[test]
+fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(
+        &helm,
+        &[
+            "--set",
+            "computeDomains.enabled=true",
+            "--set",
+            "image.tag=1.2.3",
+        ],
+    );
+    let deployment = named(&objects, "Deployment", "gpu-dra-compute-domain-controller");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        (
+            &pod["serviceAccountName"],
+            &container["args"],
+            &container["image"]
+        ),
+        (
+            &json!("gpu-dra-compute-domain-controller"),
+            &json!(["compute-domain-controller"]),
+            &json!("gpu-dra:1.2.3")
+        )
+    );
+    let want: BTreeMap<String, String> = [
+        ("POD_NAMESPACE", "fieldRef:metadata.namespace"),
+        ("POD_NAME", "fieldRef:metadata.name"),
+        ("GPU_DRA_IMEX_IMAGE", "gpu-dra:1.2.3"),
+        ("GPU_DRA_IMEX_SERVICE_ACCOUNT", "gpu-dra-imex-daemon"),
+        ("GPU_DRA_LEADER_ELECTION", "true"),
+        ("GPU_DRA_METRICS_ADDR", "0.0.0.0:8080"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(deploy_support::container_env(container), want);
+    // The env names are the controller's flags' (src/main.rs).
+    let main = fs::read_to_string(repo().join("src/main.rs")).unwrap();
+    for name in want.keys() {
+        assert!(
+            main.contains(&format!("env = \"{name}\"")),
+            "{name} is no flag's env"
+        );
+    }
+}
+
+#[test]
+fn the_compute_domain_plugin_takes_the_node_flags_with_its_own_plugin_dir() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let plugin_dir = "/var/lib/kubelet/plugins/compute-domain.nvidia.com";
+    let sim = chart_dir().join("values-sim.yaml").display().to_string();
+    let rows: Vec<(Value, Value)> = [ON.to_vec(), [ON.as_slice(), &["-f", sim.as_str()]].concat()]
+        .iter()
+        .map(|args| {
+            let objects = render_chart(&helm, args);
+            let ds = named(&objects, "DaemonSet", "gpu-dra-compute-domain-plugin");
+            let pod = &ds["spec"]["template"]["spec"];
+            (
+                pod["containers"][0]["args"].clone(),
+                pod["nodeSelector"].clone(),
+            )
+        })
+        .collect();
+    let args = |backend: &[&str]| {
+        let mut a = vec![
+            "compute-domain-plugin".to_string(),
+            "--node-name=$(NODE_NAME)".to_string(),
+            "--registry-dir=/var/lib/kubelet/plugins_registry".to_string(),
+            format!("--plugin-dir={plugin_dir}"),
+            format!("--state-dir={plugin_dir}"),
+            "--cdi-root=/var/run/cdi".to_string(),
+        ];
+        a.extend(backend.iter().map(|s| s.to_string()));
+        a.push("--metrics-addr=0.0.0.0:8080".to_string());
+        json!(a)
+    };
+    let want = vec![
+        (
+            args(&["--gpu-backend=nvml"]),
+            json!({"nvidia.com/gpu.present": "true"}),
+        ),
+        (
+            args(&["--gpu-backend=sim", "--sim-node=gb200-nvl72-node"]),
+            Value::Null,
+        ),
+    ];
+    assert_eq!(rows, want);
+}
+
+/// The API calls of `src/compute_domain/controller/` and the rule each needs. When this
+/// fails, the controller calls something new: grant it in
+/// `templates/compute-domain-rbac.yaml` and update this table.
+#[test]
+fn controller_rbac_grants_exactly_the_calls_in_its_source() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let dir = repo().join("src/compute_domain/controller");
+    let source: String = ["mod.rs", "reconcile.rs", "leader.rs"]
+        .iter()
+        .map(|f| fs::read_to_string(dir.join(f)).unwrap())
+        .collect();
+    let calls = [
+        (
+            "computedomains list watch",
+            source.contains("watcher::watcher(domain_api"),
+        ),
+        (
+            "computedomains patch",
+            source.contains("\"setting the finalizers\""),
+        ),
+        (
+            "computedomains/status patch",
+            source.contains(".patch_status("),
+        ),
+        (
+            "resourceclaimtemplates create get delete",
+            source.contains("Api<ResourceClaimTemplate>"),
+        ),
+        (
+            "daemonsets create get delete",
+            source.contains("Api<DaemonSet>"),
+        ),
+        (
+            "computedomainnodes list watch",
+            source.contains("watcher::watcher(node_api"),
+        ),
+        (
+            "computedomainnodes deletecollection",
+            source.contains(".delete_collection("),
+        ),
+        ("nodes list", source.contains(".list_metadata(")),
+        ("nodes patch", source.contains("Patch::Merge(&unlabel)")),
+        ("events create", source.contains("Api::<Event>::namespaced")),
+        ("leases get create update", source.contains("Api<Lease>")),
+    ];
+    let want: Vec<(&str, bool)> = calls.iter().map(|(c, _)| (*c, true)).collect();
+    assert_eq!(calls.to_vec(), want);
+
+    let objects = render_chart(&helm, &ON);
+    let rules = |kind: &str, name: &str| named(&objects, kind, name)["rules"].clone();
+    let controller = "gpu-dra-compute-domain-controller";
+    assert_eq!(
+        rules("ClusterRole", controller),
+        json!([
+            {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"],
+             "verbs": ["list", "watch", "patch"]},
+            {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains/status"],
+             "verbs": ["patch"]},
+            {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains/finalizers"],
+             "verbs": ["update"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+             "verbs": ["get", "create", "delete"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ])
+    );
+    assert_eq!(
+        rules("Role", controller),
+        json!([
+            {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomainnodes"],
+             "verbs": ["list", "watch", "deletecollection"]},
+            {"apiGroups": ["apps"], "resources": ["daemonsets"],
+             "verbs": ["get", "create", "delete"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "create", "update"]},
+        ])
+    );
+    assert_eq!(
+        rules("Role", "gpu-dra-imex-daemon"),
+        json!([{"apiGroups": ["resource.nvidia.com"], "resources": ["computedomainnodes"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}])
+    );
+    let plugin = rules("ClusterRole", "gpu-dra-compute-domain-plugin");
+    assert_eq!(
+        plugin[0],
+        json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]})
+    );
+    let policy = named(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "gpu-dra-compute-domain-own-node",
+    );
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        json!(
+            "request.userInfo.username == \"system:serviceaccount:gpu-dra:gpu-dra-compute-domain-plugin\""
+        )
+    );
+}
+
+#[test]
+fn compute_domain_device_classes_are_the_repository_files() {
+    let files = [
+        "compute-domain-default-channel.nvidia.com.yaml",
+        "compute-domain-daemon.nvidia.com.yaml",
+    ];
+    let want: Vec<(Value, Value)> = files
+        .iter()
+        .map(|f| {
+            let c = yaml_file(&repo().join("device-classes").join(f));
+            (
+                c["metadata"]["name"].clone(),
+                c["spec"]["selectors"][0]["cel"]["expression"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        want,
+        vec![
+            (
+                json!(gpu_dra::compute_domain::api::CHANNEL_DEVICE_CLASS),
+                json!(
+                    "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'channel'"
+                )
+            ),
+            (
+                json!(gpu_dra::compute_domain::api::DAEMON_DEVICE_CLASS),
+                json!(
+                    "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'daemon'"
+                )
+            ),
+        ]
+    );
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(&helm, &ON);
+    let got: Vec<(Value, Value)> = of_kind(&objects, "DeviceClass")
+        .into_iter()
+        .filter(|c| {
+            c["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("compute-domain")
+        })
+        .map(|c| {
+            (
+                c["metadata"]["name"].clone(),
+                c["spec"]["selectors"][0]["cel"]["expression"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+}
