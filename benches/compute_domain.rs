@@ -362,6 +362,7 @@ fn main() {
                 namespace: DRIVER_NS.into(),
                 image: "gpu-dra:bench".into(),
                 daemon_service_account: "gpu-dra-imex-daemon".into(),
+                simulated_imex: false,
             },
             leader_election: true,
             identity: "bench".into(),

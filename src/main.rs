@@ -547,6 +547,10 @@ struct ComputeDomainControllerArgs {
         default_value = "gpu-dra-imex-daemon"
     )]
     daemon_service_account: String,
+    /// The IMEX daemon pods run the binary's own simulated IMEX tools (for simulated nodes,
+    /// whose image has no IMEX package): sets `GPU_DRA_SIMULATED_IMEX=true` in them.
+    #[arg(long, env = "GPU_DRA_SIMULATED_IMEX")]
+    simulated_imex: bool,
     /// Elect a leader with a Lease in --namespace, so several replicas can run.
     #[arg(long, env = "GPU_DRA_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     leader_election: bool,
@@ -939,6 +943,7 @@ fn run_compute_domain_controller(args: ComputeDomainControllerArgs) -> anyhow::R
             namespace: args.namespace,
             image: args.image,
             daemon_service_account: args.daemon_service_account,
+            simulated_imex: args.simulated_imex,
         },
         leader_election: args.leader_election,
         identity,

@@ -22,6 +22,7 @@ fn config(identity: &str, leader_election: bool) -> ControllerConfig {
             namespace: DRIVER_NS.into(),
             image: "registry.example/gpu-dra:0.1.0".into(),
             daemon_service_account: "gpu-dra-imex-daemon".into(),
+            simulated_imex: false,
         },
         leader_election,
         identity: identity.into(),

@@ -38,6 +38,9 @@ pub struct Settings {
     pub image: String,
     /// Service account of the IMEX daemon pods (may write `ComputeDomainNode` objects).
     pub daemon_service_account: String,
+    /// The daemon pods run the binary's own simulated `nvidia-imex` tools
+    /// (`GPU_DRA_SIMULATED_IMEX=true`): for simulated nodes, whose image has no IMEX package.
+    pub simulated_imex: bool,
 }
 
 /// Name of domain `uid`'s daemon ResourceClaimTemplate and DaemonSet in the driver's
@@ -208,11 +211,21 @@ pub fn daemon_set(domain: &ComputeDomain, settings: &Settings) -> DaemonSet {
             image: Some(settings.image.clone()),
             image_pull_policy: Some("IfNotPresent".to_string()),
             args: Some(vec!["imex-daemon".to_string()]),
-            env: Some(vec![
-                downward("NODE_NAME", "spec.nodeName"),
-                downward("POD_IP", "status.podIP"),
-                downward("POD_NAMESPACE", "metadata.namespace"),
-            ]),
+            env: Some({
+                let mut env = vec![
+                    downward("NODE_NAME", "spec.nodeName"),
+                    downward("POD_IP", "status.podIP"),
+                    downward("POD_NAMESPACE", "metadata.namespace"),
+                ];
+                if settings.simulated_imex {
+                    env.push(EnvVar {
+                        name: "GPU_DRA_SIMULATED_IMEX".to_string(),
+                        value: Some("true".to_string()),
+                        ..Default::default()
+                    });
+                }
+                env
+            }),
             resources: Some(ResourceRequirements {
                 claims: Some(vec![ContainerClaim {
                     name: DAEMON_REQUEST.to_string(),
@@ -281,6 +294,7 @@ mod tests {
             namespace: "gpu-dra".into(),
             image: "gpu-dra:dev".into(),
             daemon_service_account: "gpu-dra-imex-daemon".into(),
+            simulated_imex: false,
         }
     }
 
