@@ -95,6 +95,27 @@ async fn the_plugin_registers_as_compute_domain_driver_and_publishes_channels_an
     let channel = &slice["spec"]["devices"][0];
     assert_eq!(channel["attributes"]["type"]["string"], "channel");
     assert_eq!(channel["attributes"]["id"]["int"], 0);
+    // channel-0, the one the default channel class selects, may be allocated to every pod of
+    // the domain; the others, and every daemon device, to one claim each.
+    let multiple: Vec<(String, Option<bool>)> = slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(4)
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap().to_string(),
+                d["allowMultipleAllocations"].as_bool(),
+            )
+        })
+        .collect();
+    let want = vec![
+        ("channel-0".to_string(), Some(true)),
+        ("daemon-0".to_string(), None),
+        ("channel-1".to_string(), None),
+        ("daemon-1".to_string(), None),
+    ];
+    assert_eq!(multiple, want);
 }
 
 #[tokio::test]
