@@ -515,8 +515,9 @@ struct CdPluginArgs {
     /// Namespace of the IMEX daemons' ComputeDomainNode objects (the driver's namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_NAMESPACE)]
     namespace: String,
-    /// Channel and daemon devices published per node (channel-0..N-1, daemon-0..N-1): the
-    /// most workload channel claims a node holds at once (docs/compute-domains-plugin.md).
+    /// Channel and daemon devices published per node (channel-0..N-1, daemon-0..N-1).
+    /// channel-0, the default class's, is shared by any number of claims; the others are
+    /// for admins' own classes, one claim each (docs/compute-domains-plugin.md).
     #[arg(long, env = "GPU_DRA_MAX_DOMAINS", default_value = "8", value_parser = gpu_dra::compute_domain::plugin::config::max_domains_flag)]
     max_domains: u32,
     /// How long a channel prepare waits for the node's IMEX daemon to turn Ready, in seconds

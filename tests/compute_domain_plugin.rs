@@ -95,6 +95,182 @@ async fn the_plugin_registers_as_compute_domain_driver_and_publishes_channels_an
     let channel = &slice["spec"]["devices"][0];
     assert_eq!(channel["attributes"]["type"]["string"], "channel");
     assert_eq!(channel["attributes"]["id"]["int"], 0);
+    // channel-0, the one the default channel class selects, may be allocated to every pod of
+    // the domain; the others, and every daemon device, to one claim each.
+    let multiple: Vec<(String, Option<bool>)> = slice["spec"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(4)
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap().to_string(),
+                d["allowMultipleAllocations"].as_bool(),
+            )
+        })
+        .collect();
+    let want = vec![
+        ("channel-0".to_string(), Some(true)),
+        ("daemon-0".to_string(), None),
+        ("channel-1".to_string(), None),
+        ("daemon-1".to_string(), None),
+    ];
+    assert_eq!(multiple, want);
+}
+
+/// A channel claim of `domain` allocated `channel-0` as share `share` (the scheduler records
+/// a share ID for each allocation of a device with `allowMultipleAllocations`).
+fn channel_0_share(name: &str, uid: &str, domain: &str, share: &str) -> serde_json::Value {
+    let mut claim = cdnode::claim(name, uid, "channel-0", channel_config(domain, "Single"));
+    claim["status"]["allocation"]["devices"]["results"][0]["shareID"] = share.into();
+    claim
+}
+
+/// Prepares every `(name, uid)` at once, each over its own kubelet connection (one pod
+/// each), and returns the answers in order.
+async fn prepare_concurrently(
+    plugin: &plugin_support::Plugin,
+    claims: &[(&str, &str)],
+) -> Vec<Result<Vec<gpu_dra::kubelet::PreparedDevice>, String>> {
+    let mut calls = Vec::new();
+    for (name, uid) in claims {
+        let mut kubelet = plugin.register(DraApi::V1).await;
+        let (name, uid) = (name.to_string(), uid.to_string());
+        calls.push(tokio::spawn(async move {
+            prepare_one(&mut kubelet, &name, &uid).await
+        }));
+    }
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    answers
+}
+
+/// The node PATCHes made since `from`.
+fn node_patches_since(node: &Node, from: usize) -> usize {
+    node.api.requests()[from..]
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path == format!("/api/v1/nodes/{NODE}"))
+        .count()
+}
+
+#[tokio::test]
+async fn four_pods_of_one_domain_all_get_channel_0_and_the_last_unprepare_releases_the_label() {
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    let pods: Vec<(String, String, String)> = (1..=4)
+        .map(|i| {
+            (
+                format!("w{i}"),
+                format!("uid-w{i}"),
+                format!("5f0c2a9e-1d3b-4c7a-9e8f-00000000000{i}"),
+            )
+        })
+        .collect();
+    for (name, uid, share) in &pods {
+        node.api
+            .put_claim(channel_0_share(name, uid, DOMAIN, share));
+    }
+    let plugin = node.cd_start(5).await;
+    // Slow reads, so that the four read-aheads overlap as the pods of a job started together
+    // do.
+    node.api.set_get_latency(Duration::from_millis(150));
+    let from = node.api.requests().len();
+    let claims: Vec<(&str, &str)> = pods
+        .iter()
+        .map(|(name, uid, _)| (name.as_str(), uid.as_str()))
+        .collect();
+    let answers = prepare_concurrently(&plugin, &claims).await;
+    node.api.set_get_latency(Duration::ZERO);
+    for ((_, uid, share), answer) in pods.iter().zip(answers) {
+        let devices = answer.unwrap_or_else(|e| panic!("{uid}: {e}\n{}", plugin.log()));
+        let got: Vec<(&str, Option<&str>, Vec<String>)> = devices
+            .iter()
+            .map(|d| {
+                (
+                    d.device_name.as_str(),
+                    d.share_id.as_deref(),
+                    d.cdi_device_ids.clone(),
+                )
+            })
+            .collect();
+        let want = vec![(
+            "channel-0",
+            Some(share.as_str()),
+            vec![format!(
+                "k8s.compute-domain.nvidia.com/claim={uid}-channel-0-{share}"
+            )],
+        )];
+        assert_eq!(got, want);
+        let spec = node.cd_spec(uid).expect("each claim has its own spec");
+        let paths: Vec<&str> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|d| d["containerEdits"]["deviceNodes"].as_array().unwrap())
+            .map(|n| n["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            vec!["/dev/nvidia-caps-imex-channels/channel0"],
+            "{uid}"
+        );
+    }
+    assert_eq!(label(&node).as_deref(), Some(DOMAIN));
+    assert_eq!(
+        node_patches_since(&node, from),
+        1,
+        "the node is labelled once, however many pods of the domain start together"
+    );
+
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    for (name, uid, _) in &pods[..3] {
+        unprepare_one(&mut kubelet, name, uid).await;
+        assert_eq!(node.cd_spec(uid), None);
+        assert_eq!(
+            label(&node).as_deref(),
+            Some(DOMAIN),
+            "{uid} unprepared, other pods of the domain still hold channel-0"
+        );
+    }
+    assert!(node.cd_spec("uid-w4").is_some());
+    unprepare_one(&mut kubelet, "w4", "uid-w4").await;
+    assert_eq!(label(&node), None, "the last pod of the domain is gone");
+    assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn two_domains_reaching_a_free_node_at_once_label_it_once_and_the_other_is_refused() {
+    let node = Node::new();
+    for domain in [DOMAIN, OTHER_DOMAIN] {
+        node.api
+            .put_domain_node(domain_node(domain, NODE, CLIQUE, 0, "10.0.0.1", true));
+    }
+    node.api
+        .put_claim(channel_0_share("a", "uid-a", DOMAIN, "share-a"));
+    node.api
+        .put_claim(channel_0_share("b", "uid-b", OTHER_DOMAIN, "share-b"));
+    let plugin = node.cd_start(5).await;
+    // Both read-aheads read the free node before either labels it, unless the plugin
+    // decides one label at a time.
+    node.api.set_get_latency(Duration::from_millis(150));
+    let answers = prepare_concurrently(&plugin, &[("a", "uid-a"), ("b", "uid-b")]).await;
+    node.api.set_get_latency(Duration::ZERO);
+    let winner = label(&node).expect("the node is labelled");
+    let (won, lost) = if winner == DOMAIN {
+        (&answers[0], &answers[1])
+    } else {
+        (&answers[1], &answers[0])
+    };
+    assert!(won.is_ok(), "{won:?}\n{}", plugin.log());
+    let error = lost.as_ref().unwrap_err();
+    assert!(
+        error.contains(DOMAIN) && error.contains(OTHER_DOMAIN),
+        "{error}"
+    );
+    assert!(error.contains("one ComputeDomain at a time"), "{error}");
 }
 
 #[tokio::test]

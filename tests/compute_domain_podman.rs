@@ -113,3 +113,45 @@ async fn a_workload_gets_its_channel_node_and_the_daemon_its_config_dir_and_envi
         "the daemon's container gets no channel"
     );
 }
+
+#[tokio::test]
+async fn two_pods_of_a_domain_sharing_channel_0_each_see_channel0_through_their_share_named_cdi_ids()
+ {
+    if podman_or_skip().is_none() {
+        return;
+    }
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    let pods = [
+        (unique("pod-a"), "7d2f9c1e-0b4a-4e6f-8a3d-5c1b2e9f0a11"),
+        (unique("pod-b"), "7d2f9c1e-0b4a-4e6f-8a3d-5c1b2e9f0a22"),
+    ];
+    for (uid, share) in &pods {
+        let mut claim = cdnode::claim(uid, uid, "channel-0", channel_config(DOMAIN, "Single"));
+        // The scheduler's share of a device with allowMultipleAllocations.
+        claim["status"]["allocation"]["devices"]["results"][0]["shareID"] = (*share).into();
+        node.api.put_claim(claim);
+    }
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let refs: Vec<_> = pods.iter().map(|(uid, _)| claim_ref(uid, uid)).collect();
+    let got = kubelet.prepare(&refs).await.unwrap();
+    let _installed = InstalledSpecs::install(&node.cdi_root());
+    for (uid, share) in &pods {
+        let ids = match &got[uid] {
+            Ok(devices) => devices[0].cdi_device_ids.clone(),
+            Err(e) => panic!("prepare of {uid}: {e}\n{}", plugin.log()),
+        };
+        assert!(ids[0].ends_with(&format!("-channel-0-{share}")), "{ids:?}");
+        let inside = podman_support::run(&ids, &[]);
+        let channels: Vec<(&String, u32)> = inside
+            .nvidia_nodes
+            .iter()
+            .filter(|(path, _)| path.starts_with("/dev/nvidia-caps-imex-channels/"))
+            .map(|(path, node)| (path, node.minor))
+            .collect();
+        let want = "/dev/nvidia-caps-imex-channels/channel0".to_string();
+        assert_eq!(channels, vec![(&want, 0)], "{uid}: {inside:#?}");
+    }
+}

@@ -44,7 +44,7 @@ pub fn check_gates(gates: &Gates) -> Check {
         (
             "DRAConsumableCapacity",
             gates.consumable_capacity,
-            "consumable capacity (--shared-gpus)",
+            "consumable capacity (--shared-gpus; ComputeDomain pods sharing IMEX channel 0)",
         ),
     ];
     let on: Vec<&str> = named

@@ -193,24 +193,35 @@ pub fn daemon_spec(
     spec(naming, claim_uid, devices, |_| edits.clone())
 }
 
-/// The CDI device IDs returned to the kubelet, one per device, in order.
+/// The CDI device ID returned to the kubelet for `device` of the claim:
+/// `<kind>=<claim uid>-<device>[-<share id>]`.
 ///
 /// # Errors
 /// [`CdiError::Name`] as for the specs.
-pub fn device_ids(naming: &ClaimNaming, claim_uid: &str, device: &str) -> Result<String, CdiError> {
+pub fn device_id(
+    naming: &ClaimNaming,
+    claim_uid: &str,
+    device: &PlannedDevice,
+) -> Result<String, CdiError> {
     naming
-        .device_id(claim_uid, device, None)
+        .device_id(claim_uid, &device.device, device.share_id.as_deref())
         .map_err(|source| CdiError::Name {
-            device: device.to_string(),
+            device: device.device.clone(),
             source,
         })
 }
 
-fn device_name(naming: &ClaimNaming, claim_uid: &str, device: &str) -> Result<String, CdiError> {
+/// The spec's device name: with the share ID of a shared channel, so that one claim holding
+/// `channel-0` through two requests still names two distinct CDI devices.
+fn device_name(
+    naming: &ClaimNaming,
+    claim_uid: &str,
+    device: &PlannedDevice,
+) -> Result<String, CdiError> {
     naming
-        .device_name(claim_uid, device, None)
+        .device_name(claim_uid, &device.device, device.share_id.as_deref())
         .map_err(|source| CdiError::Name {
-            device: device.to_string(),
+            device: device.device.clone(),
             source,
         })
 }
@@ -226,7 +237,7 @@ fn spec(
         .iter()
         .map(|d| {
             Ok(Device {
-                name: device_name(naming, claim_uid, &d.device)?,
+                name: device_name(naming, claim_uid, d)?,
                 annotations: Default::default(),
                 container_edits: edits_of(d),
             })
@@ -254,6 +265,7 @@ mod tests {
             request: "channel".into(),
             device: api::channel_device_name(id),
             id,
+            share_id: None,
         }
     }
 
@@ -274,6 +286,46 @@ mod tests {
                 Some("c"),
                 Some(3)
             )
+        );
+        crate::cdi::validate_spec(&spec).unwrap();
+    }
+
+    #[test]
+    fn two_shares_of_channel_0_in_one_claim_name_two_cdi_devices_each_injecting_channel0() {
+        let nodes = ChannelNodes::Simulated;
+        let share = |id: &str| PlannedDevice {
+            share_id: Some(id.to_string()),
+            ..channel(0)
+        };
+        let devices = [share("s-1"), share("s-2")];
+        let spec = channel_spec(&naming(), "uid-1", &devices, |d| {
+            nodes.nodes(&[d.id]).unwrap()
+        })
+        .unwrap();
+        let got: Vec<(&str, &str)> = spec
+            .devices
+            .iter()
+            .map(|d| {
+                (
+                    d.name.as_str(),
+                    d.container_edits.device_nodes[0].path.as_str(),
+                )
+            })
+            .collect();
+        let want = vec![
+            (
+                "uid-1-channel-0-s-1",
+                "/dev/nvidia-caps-imex-channels/channel0",
+            ),
+            (
+                "uid-1-channel-0-s-2",
+                "/dev/nvidia-caps-imex-channels/channel0",
+            ),
+        ];
+        assert_eq!(got, want);
+        assert_eq!(
+            device_id(&naming(), "uid-1", &devices[1]).unwrap(),
+            "k8s.compute-domain.nvidia.com/claim=uid-1-channel-0-s-2"
         );
         crate::cdi::validate_spec(&spec).unwrap();
     }
@@ -317,6 +369,7 @@ mod tests {
             request: "daemon".into(),
             device: "daemon-0".into(),
             id: 0,
+            share_id: None,
         }];
         let spec = daemon_spec(
             &naming(),

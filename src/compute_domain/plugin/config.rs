@@ -15,10 +15,10 @@ pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:8081";
 /// `--namespace` default: where the IMEX daemons' `ComputeDomainNode` objects live (the
 /// chart's namespace).
 pub const DEFAULT_NAMESPACE: &str = "gpu-dra";
-/// `--max-domains` default: channel and daemon devices per node. A node takes part in one
-/// domain at a time (one node label), so 8 leaves room for several workload pods of that
-/// domain per node (each pod's channel claim takes one channel device) while keeping the
-/// node's slice at 16 devices: 16,000 devices over 1,000 nodes for the scheduler to walk.
+/// `--max-domains` default: channel and daemon devices per node. Every workload pod of the
+/// default class shares `channel-0` (see [`super::devices::SHARED_CHANNEL`]), so this bounds
+/// only the single-claim channels `1..N-1` of admins' own classes and the daemon devices;
+/// 8 keeps the node's slice at 16 devices: 16,000 over 1,000 nodes for the scheduler to walk.
 pub const DEFAULT_MAX_DOMAINS: u32 = 8;
 /// `--daemon-ready-timeout` default: how long a channel prepare waits for the node's IMEX
 /// daemon. Well under the kubelet's 45 s limit on a prepare call, so the plugin answers
@@ -59,7 +59,8 @@ pub struct CdPluginConfig {
     pub metrics_addr: Option<String>,
     /// Namespace of the `ComputeDomainNode` objects (the driver's namespace).
     pub namespace: String,
-    /// Channel and daemon devices published (`channel-0..N-1`, `daemon-0..N-1`).
+    /// Channel and daemon devices published (`channel-0..N-1`, `daemon-0..N-1`); `channel-0`
+    /// shared by any number of claims, the others one claim each.
     pub max_domains: u32,
     /// How long a channel prepare waits for the node's IMEX daemon to be Ready.
     pub ready_timeout: Duration,

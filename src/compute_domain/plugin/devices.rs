@@ -1,5 +1,7 @@
 //! The devices the compute-domain plugin publishes, pure: `channel-0..N-1` and
-//! `daemon-0..N-1`, each with attributes `type` and `id`.
+//! `daemon-0..N-1`, each with attributes `type` and `id`. `channel-0` alone is published
+//! with `allowMultipleAllocations: true` ([`SHARED_CHANNEL`]): every workload pod of a domain
+//! gets it, however many land on one node.
 //!
 //! They go through the GPU plugin's publisher, which takes a [`DeviceModel`]; the hardware
 //! coordinates of a [`PublishedDevice`] mean nothing here. Channel `i` and daemon `i` share a
@@ -41,7 +43,15 @@ impl CdDevice {
     }
 }
 
-/// The device model of a node publishing `max_domains` channels and daemons.
+/// The channel every workload pod of a ComputeDomain gets (the default channel class pins
+/// `id == 0`). IMEX lets a process import memory only from a process on the same channel, so
+/// all pods of a domain, on every node, must hold the same number; and several of them may
+/// share a node. Safe to share: a node serves one domain at a time (its node label), so the
+/// pods holding it on a node are always of one domain.
+pub const SHARED_CHANNEL: u32 = 0;
+
+/// The device model of a node publishing `max_domains` channels and daemons: `channel-0` may
+/// be allocated to any number of claims, every other device to one claim at a time.
 pub fn model(max_domains: u32) -> DeviceModel {
     let device = |name: String, kind: &str, id: u32| Device {
         name,
@@ -61,6 +71,8 @@ pub fn model(max_domains: u32) -> DeviceModel {
                 },
             ),
         ])),
+        allow_multiple_allocations: (kind == api::DEVICE_TYPE_CHANNEL && id == SHARED_CHANNEL)
+            .then_some(true),
         ..Default::default()
     };
     let published = |id: u32, device: Device| PublishedDevice {
@@ -128,6 +140,27 @@ mod tests {
         ];
         assert_eq!(got, want);
         assert_eq!(slices[0].spec.driver, "compute-domain.nvidia.com");
+    }
+
+    #[test]
+    fn only_channel_0_may_be_allocated_to_several_claims() {
+        let slices = build(&model(3), &pool()).unwrap();
+        let shared: Vec<(String, Option<bool>)> = slices[0]
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .map(|d| (d.name.clone(), d.allow_multiple_allocations))
+            .collect();
+        let want = vec![
+            ("channel-0".to_string(), Some(true)),
+            ("daemon-0".to_string(), None),
+            ("channel-1".to_string(), None),
+            ("daemon-1".to_string(), None),
+            ("channel-2".to_string(), None),
+            ("daemon-2".to_string(), None),
+        ];
+        assert_eq!(shared, want);
     }
 
     #[test]

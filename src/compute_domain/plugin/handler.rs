@@ -145,6 +145,10 @@ pub struct CdHandler<C> {
     /// Channel prepares past their label and not yet through the lock, per domain: the
     /// label must stay while any exists.
     pending: Mutex<BTreeMap<String, usize>>,
+    /// Held from reading the node label to setting or removing it: read-aheads of several pods run at
+    /// once, and without it two domains could both find the node free and both label it
+    /// (the later PATCH winning), or one domain's pods would each PATCH the same label.
+    labelling: tokio::sync::Mutex<()>,
 }
 
 struct Prefetched {
@@ -174,6 +178,7 @@ impl<C: DomainCluster> CdHandler<C> {
             parts,
             prefetched: Mutex::default(),
             pending: Mutex::default(),
+            labelling: tokio::sync::Mutex::default(),
         }
     }
 
@@ -213,6 +218,7 @@ impl<C: DomainCluster> CdHandler<C> {
 
     /// Labels the node for `domain` unless it already is; refuses a node of another domain.
     async fn ensure_label(&self, domain: &str) -> Result<(), CdClaimError> {
+        let _labelling = self.labelling.lock().await;
         let current = self
             .parts
             .cluster
@@ -470,8 +476,8 @@ impl<C: DomainCluster> CdHandler<C> {
                 Ok(RecordedDevice {
                     request: d.request.clone(),
                     device: d.device.clone(),
-                    cdi_device_id: cd_cdi::device_ids(&naming, uid, &d.device)
-                        .map_err(CdClaimError::Cdi)?,
+                    cdi_device_id: cd_cdi::device_id(&naming, uid, d).map_err(CdClaimError::Cdi)?,
+                    share_id: d.share_id.clone(),
                 })
             })
             .collect()
@@ -525,6 +531,7 @@ impl<C: DomainCluster> CdHandler<C> {
     /// domain remains. One GET, and a PATCH when it removes.
     async fn release_label(&self, checkpoint: &Checkpoint) -> Result<Option<String>, CdClaimError> {
         self.purge_abandoned();
+        let _labelling = self.labelling.lock().await;
         let label = self
             .parts
             .cluster
@@ -646,7 +653,7 @@ fn returned(record: &ClaimRecord) -> Vec<PreparedDevice> {
             pool_name: String::new(),
             device_name: d.device.clone(),
             cdi_device_ids: vec![d.cdi_device_id.clone()],
-            share_id: None,
+            share_id: d.share_id.clone(),
         })
         .collect()
 }

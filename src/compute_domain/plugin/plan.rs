@@ -17,6 +17,9 @@ pub struct PlannedDevice {
     pub device: String,
     /// Its number (`3`).
     pub id: u32,
+    /// The allocation's share of a device allocated to several claims (`channel-0`), as
+    /// the scheduler recorded it; returned to the kubelet and part of the CDI device name.
+    pub share_id: Option<String>,
 }
 
 /// What preparing the claim means.
@@ -140,6 +143,7 @@ pub fn plan(claim: &AllocatedClaim, max_domains: u32) -> Result<ClaimPlan, PlanE
             request: d.request.clone(),
             device: d.device.clone(),
             id,
+            share_id: d.share_id.clone(),
         });
     }
     if !channels.is_empty() && !daemons.is_empty() {
@@ -388,6 +392,7 @@ mod tests {
                 request: "channel".into(),
                 device: "channel-2".into(),
                 id: 2,
+                share_id: None,
             }],
         };
         assert_eq!(got, want);

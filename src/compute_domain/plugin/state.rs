@@ -101,6 +101,10 @@ pub struct RecordedDevice {
     pub device: String,
     /// The CDI device ID.
     pub cdi_device_id: String,
+    /// The allocation's share of a device allocated to several claims (`channel-0`).
+    /// Absent for the others, so a checkpoint without shares reads as before.
+    #[serde(default, rename = "shareID", skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// The checkpoint in memory: claims by UID.
@@ -149,6 +153,16 @@ impl Checkpoint {
                 return Err(format!(
                     "claim {uid:?} (domain {:?}): UIDs must be letters, digits, '-', '.' and '_'",
                     record.domain_uid
+                ));
+            }
+            if let Some(share) = record
+                .devices
+                .iter()
+                .filter_map(|d| d.share_id.as_deref())
+                .find(|s| !name_ok(s))
+            {
+                return Err(format!(
+                    "claim {uid:?}: share ID {share:?} must be letters, digits, '-', '.' and '_'"
                 ));
             }
             if record.domain_uid.contains("..") || record.domain_uid.starts_with('.') {
@@ -234,6 +248,7 @@ mod tests {
                 request: "r".into(),
                 device: "channel-0".into(),
                 cdi_device_id: "k8s.compute-domain.nvidia.com/claim=u-channel-0".into(),
+                share_id: Some("5f0c2a9e-1d3b-4c7a-9e8f-0a1b2c3d4e5f".into()),
             }],
         }
     }
