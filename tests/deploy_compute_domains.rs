@@ -323,7 +323,7 @@ fn compute_domain_device_classes_are_the_repository_files() {
             (
                 json!(gpu_dra::compute_domain::api::CHANNEL_DEVICE_CLASS),
                 json!(
-                    "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'channel'"
+                    "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'channel' && device.attributes['compute-domain.nvidia.com'].id == 0"
                 )
             ),
             (
