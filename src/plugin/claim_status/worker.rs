@@ -103,7 +103,15 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Up
             .min();
         tokio::select! {
             claim = queue.recv() => match claim {
-                Some(update) => track(&mut tracked, update.claim, update.record),
+                Some(update) => {
+                    track(&mut tracked, update.claim, update.record);
+                    // Take every update already queued before syncing: a burst of calls
+                    // collapses into one sync per claim, and the queue never backs up
+                    // behind the API server's write latency.
+                    while let Ok(update) = queue.try_recv() {
+                        track(&mut tracked, update.claim, update.record);
+                    }
+                }
                 None => return,
             },
             changed = health_changed(&mut worker.health, health_open) => {
