@@ -173,20 +173,8 @@ impl CdiWriter {
     /// [`WriterError::List`] when the directory cannot be read, [`WriterError::File`] when a
     /// leftover cannot be removed.
     pub fn remove_interrupted_writes(&self) -> Result<Vec<PathBuf>, WriterError> {
-        let list_err = |source| WriterError::List {
-            dir: self.cdi_root.clone(),
-            source,
-        };
-        crate::cost::count(crate::cost::Cost::DirectoryList);
-        let entries = match fs::read_dir(&self.cdi_root) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(list_err(e)),
-        };
         let mut removed = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(list_err)?;
-            let name = entry.file_name();
+        for (name, path) in self.entries()? {
             let Some(uid) = name
                 .to_str()
                 .and_then(|n| n.strip_prefix('.'))
@@ -195,7 +183,6 @@ impl CdiWriter {
             else {
                 continue;
             };
-            let path = entry.path();
             let gone = fsutil::remove_if_exists(&path).map_err(|source| WriterError::File {
                 step: "removing an interrupted write of",
                 claim_uid: uid,
@@ -216,6 +203,23 @@ impl CdiWriter {
     /// # Errors
     /// [`WriterError::List`] when the directory cannot be read.
     pub fn list_claim_specs(&self) -> Result<Vec<String>, WriterError> {
+        let mut uids = Vec::new();
+        for (name, _) in self.entries()? {
+            if let Some(uid) = name
+                .to_str()
+                .and_then(|name| self.naming.claim_uid_of_file(name))
+            {
+                uids.push(uid);
+            }
+        }
+        uids.sort();
+        uids.dedup();
+        Ok(uids)
+    }
+
+    /// The names and paths of everything in the CDI directory (one listing, counted as a
+    /// [`crate::cost::Cost::DirectoryList`]); a missing directory holds nothing.
+    fn entries(&self) -> Result<Vec<(std::ffi::OsString, PathBuf)>, WriterError> {
         let list_err = |source| WriterError::List {
             dir: self.cdi_root.clone(),
             source,
@@ -226,20 +230,12 @@ impl CdiWriter {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(list_err(e)),
         };
-        let mut uids = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(list_err)?;
-            if let Some(uid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|name| self.naming.claim_uid_of_file(name))
-            {
-                uids.push(uid);
-            }
-        }
-        uids.sort();
-        uids.dedup();
-        Ok(uids)
+        entries
+            .map(|entry| {
+                let entry = entry.map_err(list_err)?;
+                Ok((entry.file_name(), entry.path()))
+            })
+            .collect()
     }
 
     /// The CDI device IDs to return to the kubelet for the claim's devices, in order.
