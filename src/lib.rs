@@ -6,6 +6,7 @@
 //! simulated implementation side by side. See `docs/architecture.md`.
 
 pub mod alloc;
+pub mod allocation;
 pub mod capacity;
 pub mod cdi;
 pub mod cel;

@@ -23,22 +23,8 @@ impl fmt::Display for ClaimId {
     }
 }
 
-/// One allocated device of this driver in this node's pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AllocatedDevice {
-    /// Request name (`<request>/<subrequest>` for firstAvailable).
-    pub request: String,
-    /// Pool.
-    pub pool: String,
-    /// Device name.
-    pub device: String,
-    /// Admin access: may use a device others hold, never changes it.
-    pub admin_access: bool,
-    /// Share ID of a consumable-capacity allocation.
-    pub share_id: Option<String>,
-    /// Capacity the share consumes (name → quantity), for consumable-capacity allocations.
-    pub consumed_capacity: std::collections::BTreeMap<String, String>,
-}
+/// One allocated device of this driver in this node's pool (shared with the API adapter).
+pub use crate::allocation::AllocatedDevice;
 
 /// One opaque config entry of this driver.
 #[derive(Debug, Clone, PartialEq)]

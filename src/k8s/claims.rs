@@ -38,22 +38,8 @@ pub struct OpaqueConfig {
     pub parameters: serde_json::Value,
 }
 
-/// One device the allocation gives this driver on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AllocatedDevice {
-    /// The request it satisfies (`req` or `req/subrequest`).
-    pub request: String,
-    /// Pool (this node's).
-    pub pool: String,
-    /// Device name.
-    pub device: String,
-    /// Admin access: the device is shared with other claims for monitoring; do not change it.
-    pub admin_access: bool,
-    /// Share of a device allocated to several claims (consumable capacity).
-    pub share_id: Option<String>,
-    /// Capacity this allocation consumes, as quantities (`"10Gi"`).
-    pub consumed_capacity: BTreeMap<String, String>,
-}
+/// One device the allocation gives this driver on this node (shared with the lifecycle).
+pub use crate::allocation::AllocatedDevice;
 
 /// What prepare needs from a claim, without Kubernetes types.
 #[derive(Debug, Clone, PartialEq)]

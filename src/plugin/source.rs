@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::claims::{AllocatedDevice, ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
+use crate::claims::{ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
 use crate::k8s::{ClaimReader, ConfigSource, ReservedPod};
 use crate::usage::HeldDevice;
 
@@ -77,18 +77,7 @@ impl ApiClaims {
             reservations.set(&id.uid, pods_of(claim.reserved_pods));
         }
         Ok(ClaimAllocation {
-            devices: claim
-                .devices
-                .into_iter()
-                .map(|d| AllocatedDevice {
-                    request: d.request,
-                    pool: d.pool,
-                    device: d.device,
-                    admin_access: d.admin_access,
-                    share_id: d.share_id,
-                    consumed_capacity: d.consumed_capacity,
-                })
-                .collect(),
+            devices: claim.devices,
             config: claim
                 .config
                 .into_iter()
