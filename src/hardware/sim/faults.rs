@@ -4,8 +4,6 @@
 //! which the simulated NVML library delivers to event sets. Health follows
 //! [`crate::hardware::health`], the policy the NVML backend applies to the same events.
 
-use serde::{Deserialize, Serialize};
-
 use super::SimBackend;
 use super::state::GpuState;
 use crate::hardware::HardwareError;
@@ -14,42 +12,9 @@ use crate::hardware::health::{self, XID_DOUBLE_BIT_ECC, XID_FALLEN_OFF_BUS};
 /// Events kept in the state file; an event set that falls further behind misses the oldest.
 pub const EVENT_LOG_LIMIT: usize = 1024;
 
-/// ECC error counters of one GPU (`nvmlDeviceGetTotalEccErrors`) and the pages retired
-/// because of them (`nvmlDeviceGetRetiredPages`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EccCounters {
-    /// Corrected errors since the last reset.
-    pub single_volatile: u64,
-    /// Uncorrected errors since the last reset.
-    pub double_volatile: u64,
-    /// Corrected errors over the GPU's life.
-    pub single_aggregate: u64,
-    /// Uncorrected errors over the GPU's life.
-    pub double_aggregate: u64,
-    /// Pages retired for multiple single-bit errors.
-    pub retired_single: u64,
-    /// Pages retired for a double-bit error.
-    pub retired_double: u64,
-}
-
-/// One NVML event raised by a fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SimEvent {
-    /// Position in the node's event sequence (1-based, increasing).
-    pub seq: u64,
-    /// GPU slot (minor number: stable when other GPUs are removed).
-    pub gpu: u32,
-    /// `nvmlEventType*` bit.
-    pub event_type: u64,
-    /// `eventData`: the XID for XID events, the recovery action for recovery events.
-    pub data: u64,
-    /// The GPU instance a MIG-scoped event is attributed to (`gpuInstanceId`); `None`
-    /// (`0xFFFFFFFF` on the wire) for the whole GPU.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_instance: Option<u32>,
-}
+// The data the faults change lives with the rest of the shared state; re-exported here,
+// where callers (the simulated NVML library) look for it.
+pub use super::state::{EccCounters, SimEvent};
 
 /// A fault to inject (`gpu-dra sim-fault`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -29,7 +29,7 @@ pub struct SimState {
     pub event_seq: u64,
     /// The most recent fault events, oldest first (bounded; see `faults`).
     #[serde(default)]
-    pub events: Vec<super::faults::SimEvent>,
+    pub events: Vec<SimEvent>,
     /// Loads set with `sim-fault load`, by GPU slot (`telemetry.rs`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub loads: std::collections::BTreeMap<u32, super::telemetry::SimLoad>,
@@ -59,7 +59,7 @@ pub struct GpuState {
     pub lost: bool,
     /// ECC error counters since power-on (volatile) and over the GPU's life (aggregate).
     #[serde(default)]
-    pub ecc: super::faults::EccCounters,
+    pub ecc: EccCounters,
     /// Taken off the node (`sim-fault remove-gpu`): no longer enumerated; its slot is not
     /// reused.
     #[serde(default)]
@@ -313,4 +313,41 @@ fn write_state(
     })?;
     bytes.push(b'\n');
     crate::fsutil::write_atomic(&dir.join(STATE_FILE), &bytes, 0o644).map_err(SimError::StateWrite)
+}
+
+/// ECC error counters of one GPU (`nvmlDeviceGetTotalEccErrors`) and the pages retired
+/// because of them (`nvmlDeviceGetRetiredPages`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EccCounters {
+    /// Corrected errors since the last reset.
+    pub single_volatile: u64,
+    /// Uncorrected errors since the last reset.
+    pub double_volatile: u64,
+    /// Corrected errors over the GPU's life.
+    pub single_aggregate: u64,
+    /// Uncorrected errors over the GPU's life.
+    pub double_aggregate: u64,
+    /// Pages retired for multiple single-bit errors.
+    pub retired_single: u64,
+    /// Pages retired for a double-bit error.
+    pub retired_double: u64,
+}
+
+/// One NVML event raised by a fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimEvent {
+    /// Position in the node's event sequence (1-based, increasing).
+    pub seq: u64,
+    /// GPU slot (minor number: stable when other GPUs are removed).
+    pub gpu: u32,
+    /// `nvmlEventType*` bit.
+    pub event_type: u64,
+    /// `eventData`: the XID for XID events, the recovery action for recovery events.
+    pub data: u64,
+    /// The GPU instance a MIG-scoped event is attributed to (`gpuInstanceId`); `None`
+    /// (`0xFFFFFFFF` on the wire) for the whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
 }
