@@ -343,9 +343,19 @@ fn the_plugins_config_runs_as_written_outside_a_container() {
         .map(|(n, ip)| c.start(d, n, ip, CLIQUE))
         .collect();
     wait_for("both ready", || nodes.iter().all(|(n, _)| c.ready(d, n)));
-    wait_for("both nodes files list both", || {
-        ws.iter()
-            .all(|w| w.nodes_config() == "127.0.1.60\n127.0.1.61\n")
+    // Whichever daemon starts first takes index 0: both files list both, in index order.
+    let in_index_order = || {
+        let mut by_index: Vec<(u64, &str)> =
+            nodes.iter().map(|(n, ip)| (c.index(d, n), *ip)).collect();
+        by_index.sort();
+        by_index
+            .iter()
+            .map(|(_, ip)| format!("{ip}\n"))
+            .collect::<String>()
+    };
+    wait_for("both nodes files list both, in index order", || {
+        let want = in_index_order();
+        ws.iter().all(|w| w.nodes_config() == want)
     });
     let domain = || {
         let out = Command::new(&c.ctl)
