@@ -3,9 +3,11 @@
 //! with device health and removed on unprepare — all off the kubelet's request path.
 //!
 //! [`Reporting`] wraps the kubelet handler: after a call returns, it puts the claims that
-//! succeeded on a queue and answers the kubelet without waiting. [`run`] drains the queue: for
-//! each claim it reads the checkpoint (the source of truth: a claim is shown as long as its
-//! record says `PrepareCompleted`), computes the wanted entries ([`wanted`], pure) and has
+//! succeeded on a queue, each with its checkpoint record as the lifecycle holds it in memory,
+//! and answers the kubelet without waiting. [`run`] drains the queue: for each claim it takes
+//! that record (reading the checkpoint file only when memory could not tell) — the source of
+//! truth: a claim is shown as long as its record says `PrepareCompleted` — computes the
+//! wanted entries ([`wanted`], pure) and has
 //! [`crate::k8s::ClaimStatusWriter::sync`] write them. A failed write is logged, counted in
 //! `gpu_dra_claim_status_writes_total{result="error"}` and, when trying again can help, tried
 //! again with backoff until it succeeds or the claim goes away; it never fails a prepare or
