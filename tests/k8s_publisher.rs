@@ -121,6 +121,42 @@ async fn publishing_what_the_cluster_holds_writes_nothing() {
     assert_eq!(want, lines(&fake.take_requests()));
 }
 
+/// A kube-apiserver with a DRA feature gate off drops that feature's fields from every slice
+/// it stores (here `DRAPartitionableDevices`: counters). Rewriting cannot bring them back, so
+/// the publisher must not rewrite (and bump the generation) at every resync.
+#[tokio::test]
+async fn fields_an_api_server_drops_for_a_gate_that_is_off_are_not_rewritten_forever() {
+    let (fake, publisher, node) = setup("dgx-h100");
+    let (_, model) = fixtures::model("dgx-h100", None);
+    publisher.publish(&model).await.unwrap();
+    let mut dropped = 0;
+    for (name, mut slice) in fake.slices() {
+        let spec = slice["spec"].as_object_mut().unwrap();
+        dropped += usize::from(spec.remove("sharedCounters").is_some());
+        for device in spec
+            .get_mut("devices")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let device = device.as_object_mut().unwrap();
+            dropped += usize::from(device.remove("consumesCounters").is_some());
+        }
+        fake.insert(&format!("{SLICES}/{name}"), slice);
+    }
+    assert!(dropped > 200, "the dgx-h100 slices carry counters: {dropped}");
+    fake.take_requests();
+
+    let again = publisher.publish(&model).await.unwrap();
+    assert!(again.wrote_nothing(), "{again:?}");
+    assert_eq!(1, again.generation);
+    assert_eq!(vec![format!("GET {SLICES}")], lines(&fake.take_requests()));
+    assert!(
+        fake.slices().values().all(|s| s["spec"].get("sharedCounters").is_none()),
+        "{node}: nothing was written back"
+    );
+}
+
 #[tokio::test]
 async fn a_changed_model_bumps_the_generation_and_writes_every_slice_before_deleting() {
     let (fake, publisher, node) = setup("dgx-h100");

@@ -2,6 +2,13 @@
 //! API server stores it: it drops empty lists and maps, writes quantities canonically
 //! (`1024Mi` comes back as `1Gi`) and stamps `timeAdded` on taints. Without this, a slice the
 //! server normalised would look changed on every publish and never reach zero writes.
+//!
+//! It also drops the fields of a DRA feature that is off on the API server (its feature gate):
+//! `allowMultipleAllocations` without `DRAConsumableCapacity`, say. Rewriting would not bring
+//! them back, only churn the pool's generation, so such a field counts as the same content, and
+//! [`dropped_by_server`] names it (and its gate) for the publisher to warn about once.
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::resource::v1::ResourceSliceSpec;
 use serde_json::Value;
@@ -13,9 +20,44 @@ const QUANTITY_KEYS: [&str; 6] = ["value", "default", "min", "max", "step", "val
 /// Server-set fields: ignored when our side does not set them.
 const SERVER_SET_KEYS: [&str; 1] = ["timeAdded"];
 
-/// Whether `ours` and `theirs` describe the same pool content, ignoring the pool generation.
+/// Fields the API server drops when the feature gate named next to them is off, with that gate
+/// (the `resource.k8s.io/v1` ResourceSlice fields of alpha and beta DRA features).
+const GATED_FIELDS: [(&str, &str); 9] = [
+    ("allowMultipleAllocations", "DRAConsumableCapacity"),
+    ("requestPolicy", "DRAConsumableCapacity"),
+    ("taints", "DRADeviceTaints"),
+    ("bindsToNode", "DRADeviceBindingConditions"),
+    ("bindingConditions", "DRADeviceBindingConditions"),
+    ("bindingFailureConditions", "DRADeviceBindingConditions"),
+    ("sharedCounters", "DRAPartitionableDevices"),
+    ("consumesCounters", "DRAPartitionableDevices"),
+    ("perDeviceNodeSelection", "DRAPartitionableDevices"),
+];
+
+/// A field we publish that the API server did not keep, because a feature gate is off there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DroppedField {
+    /// The field's name as in the API (`allowMultipleAllocations`).
+    pub field: &'static str,
+    /// The feature gate that must be on for the API server to keep it.
+    pub gate: &'static str,
+}
+
+/// Whether `ours` and `theirs` describe the same pool content, ignoring the pool generation
+/// and the fields the server dropped for want of a feature gate (see the module comment).
 pub fn same_content(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> bool {
-    identical(ours, theirs) || equivalent_json(ours, theirs)
+    identical(ours, theirs) || equivalent_json(ours, theirs, &mut BTreeSet::new())
+}
+
+/// The fields of `ours` that `theirs` (what the server stored) lacks because their feature gate
+/// is off on the API server, in name order; empty when it kept everything. Only meaningful
+/// when `theirs` is the server's answer to writing `ours`, or [`same_content`] holds.
+pub fn dropped_by_server(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> Vec<DroppedField> {
+    let mut dropped = BTreeSet::new();
+    if !identical(ours, theirs) {
+        equivalent_json(ours, theirs, &mut dropped);
+    }
+    dropped.into_iter().collect()
 }
 
 /// Field-by-field equality but for the generation: the cheap common case at steady state.
@@ -48,13 +90,17 @@ fn identical(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> bool {
 
 /// Equality as the API server sees it (see the module comment); slower, used only when the
 /// typed comparison finds a difference.
-fn equivalent_json(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> bool {
+fn equivalent_json(
+    ours: &ResourceSliceSpec,
+    theirs: &ResourceSliceSpec,
+    dropped: &mut BTreeSet<DroppedField>,
+) -> bool {
     let mut ours = ours.clone();
     let mut theirs = theirs.clone();
     ours.pool.generation = 0;
     theirs.pool.generation = 0;
     match (serde_json::to_value(&ours), serde_json::to_value(&theirs)) {
-        (Ok(a), Ok(b)) => equivalent(&a, &b, Context::Plain),
+        (Ok(a), Ok(b)) => equivalent(&a, &b, Context::Plain, dropped),
         // Specs always serialise; if one ever did not, rewriting it is the safe answer.
         _ => false,
     }
@@ -69,13 +115,26 @@ enum Context {
     Taint,
 }
 
-fn equivalent(ours: &Value, theirs: &Value, context: Context) -> bool {
+fn equivalent(
+    ours: &Value,
+    theirs: &Value,
+    context: Context,
+    dropped: &mut BTreeSet<DroppedField>,
+) -> bool {
     match (ours, theirs) {
         (Value::Object(a), Value::Object(b)) => {
             let keys = a.keys().chain(b.keys().filter(|k| !a.contains_key(*k)));
             keys.into_iter().all(|key| {
                 let (x, y) = (a.get(key), b.get(key));
                 if x.is_none() && SERVER_SET_KEYS.contains(&key.as_str()) {
+                    return true;
+                }
+                if let (Some(x), None) = (x, y)
+                    && !is_empty(x)
+                    && context != Context::Taint
+                    && let Some((field, gate)) = GATED_FIELDS.iter().find(|(f, _)| f == key)
+                {
+                    dropped.insert(DroppedField { field, gate });
                     return true;
                 }
                 let inner = if context == Context::Taint || key == "taints" {
@@ -85,11 +144,19 @@ fn equivalent(ours: &Value, theirs: &Value, context: Context) -> bool {
                 } else {
                     Context::Plain
                 };
-                equivalent(x.unwrap_or(&Value::Null), y.unwrap_or(&Value::Null), inner)
+                equivalent(
+                    x.unwrap_or(&Value::Null),
+                    y.unwrap_or(&Value::Null),
+                    inner,
+                    dropped,
+                )
             })
         }
         (Value::Array(a), Value::Array(b)) => {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| equivalent(x, y, context))
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .all(|(x, y)| equivalent(x, y, context, dropped))
         }
         (Value::String(a), Value::String(b)) if a != b && context == Context::Quantity => {
             matches!((quantity(a), quantity(b)), (Some(x), Some(y)) if x == y)
@@ -209,13 +276,62 @@ mod tests {
             "taints": [{"key": "k", "value": "1k", "effect": "NoSchedule",
                         "timeAdded": "2026-07-01T00:00:00Z"}],
             "capacity": {"memory": {"value": "1Gi"}}}]});
-        assert!(equivalent(&ours, &theirs, Context::Plain));
+        assert!(equivalent(
+            &ours,
+            &theirs,
+            Context::Plain,
+            &mut BTreeSet::new()
+        ));
     }
 
     #[test]
     fn taint_values_are_compared_as_plain_strings() {
         let ours = serde_json::json!({"taints": [{"key": "k", "value": "1k"}]});
         let theirs = serde_json::json!({"taints": [{"key": "k", "value": "1000"}]});
-        assert!(!equivalent(&ours, &theirs, Context::Plain));
+        assert!(!equivalent(
+            &ours,
+            &theirs,
+            Context::Plain,
+            &mut BTreeSet::new()
+        ));
+    }
+
+    fn spec(devices: serde_json::Value) -> ResourceSliceSpec {
+        serde_json::from_value(serde_json::json!({
+            "driver": "gpu.nvidia.com", "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn fields_a_gate_off_on_the_server_dropped_are_the_same_content_and_named() {
+        let ours = spec(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": true,
+            "capacity": {"memory": {"value": "80Gi",
+                "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi"}}}}}]));
+        let theirs = spec(serde_json::json!([{"name": "gpu-0",
+            "capacity": {"memory": {"value": "80Gi"}}}]));
+        assert!(same_content(&ours, &theirs));
+        assert_eq!(
+            dropped_by_server(&ours, &theirs),
+            vec![
+                DroppedField { field: "allowMultipleAllocations", gate: "DRAConsumableCapacity" },
+                DroppedField { field: "requestPolicy", gate: "DRAConsumableCapacity" },
+            ]
+        );
+        assert!(dropped_by_server(&ours, &ours).is_empty());
+    }
+
+    #[test]
+    fn a_gated_field_with_another_value_is_a_change() {
+        let ours = spec(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": true}]));
+        let theirs = spec(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": false}]));
+        assert!(!same_content(&ours, &theirs));
+        // A taint the server holds that we no longer publish is a change, not a drop.
+        let tainted = spec(serde_json::json!([{"name": "gpu-0",
+            "taints": [{"key": "k", "effect": "NoSchedule"}]}]));
+        let plain = spec(serde_json::json!([{"name": "gpu-0"}]));
+        assert!(!same_content(&plain, &tainted));
     }
 }

@@ -1,7 +1,8 @@
 //! Publishing this node's pool of ResourceSlices: list what the cluster holds, plan
 //! ([`super::plan`]), write, and retry the whole round on transient failures.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -12,6 +13,7 @@ use tokio::sync::{OnceCell, watch};
 
 use super::backoff::Backoff;
 use super::cluster::node_uid;
+use super::compare::{self, DroppedField};
 use super::error::{K8sError, Step};
 use super::plan::{self, Delete, Write};
 use crate::devices::DeviceModel;
@@ -102,6 +104,8 @@ pub struct SlicePublisher {
     options: PublisherOptions,
     owner: Arc<OnceCell<OwnerReference>>,
     status: Arc<watch::Sender<PublishStatus>>,
+    /// Fields the API server dropped (a feature gate off there), each warned about once.
+    warned_dropped: Arc<Mutex<BTreeSet<DroppedField>>>,
 }
 
 enum Job<'a> {
@@ -120,6 +124,7 @@ impl SlicePublisher {
             options: PublisherOptions::default(),
             owner: Arc::new(OnceCell::new()),
             status: Arc::new(watch::channel(PublishStatus::Pending).0),
+            warned_dropped: Arc::new(Mutex::new(BTreeSet::new())),
         }
     }
 
@@ -274,15 +279,19 @@ impl SlicePublisher {
             let name = write.slice().metadata.name.clone().unwrap_or_default();
             match write {
                 Write::Create(slice) => {
-                    api.create(&params, slice)
+                    let stored = api
+                        .create(&params, slice)
                         .await
                         .map_err(|e| K8sError::from_kube(Step::CreateSlice { name }, e))?;
+                    self.warn_dropped(slice, &stored);
                     outcome.created += 1;
                 }
                 Write::Update(slice) => {
-                    api.replace(&name, &params, slice)
+                    let stored = api
+                        .replace(&name, &params, slice)
                         .await
                         .map_err(|e| K8sError::from_kube(Step::UpdateSlice { name }, e))?;
+                    self.warn_dropped(slice, &stored);
                     outcome.updated += 1;
                 }
             }
@@ -293,6 +302,32 @@ impl SlicePublisher {
             }
         }
         Ok(())
+    }
+
+    /// Warns, once per field for the life of the publisher, about each field of `written`
+    /// that the API server did not store because its feature gate is off there: the scheduler
+    /// does not see it (shares of a GPU, taints, counters), and re-publishing cannot help.
+    fn warn_dropped(&self, written: &ResourceSlice, stored: &ResourceSlice) {
+        let dropped = compare::dropped_by_server(&written.spec, &stored.spec);
+        if dropped.is_empty() {
+            return;
+        }
+        let mut warned = self
+            .warned_dropped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for field in dropped {
+            if warned.insert(field) {
+                tracing::warn!(
+                    node = %self.node, driver = %self.driver,
+                    slice = written.metadata.name.as_deref().unwrap_or_default(),
+                    field = field.field, feature_gate = field.gate,
+                    "the API server dropped a field of the published ResourceSlice: turn its \
+                     feature gate on (kube-apiserver and kube-scheduler) or the scheduler \
+                     ignores it; the slice is not rewritten for it"
+                );
+            }
+        }
     }
 
     async fn delete_all(&self, outcome: &mut PublishOutcome) -> Result<(), K8sError> {
