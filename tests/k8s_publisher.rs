@@ -144,7 +144,10 @@ async fn fields_an_api_server_drops_for_a_gate_that_is_off_are_not_rewritten_for
         }
         fake.insert(&format!("{SLICES}/{name}"), slice);
     }
-    assert!(dropped > 200, "the dgx-h100 slices carry counters: {dropped}");
+    assert!(
+        dropped > 200,
+        "the dgx-h100 slices carry counters: {dropped}"
+    );
     fake.take_requests();
 
     let again = publisher.publish(&model).await.unwrap();
@@ -152,7 +155,9 @@ async fn fields_an_api_server_drops_for_a_gate_that_is_off_are_not_rewritten_for
     assert_eq!(1, again.generation);
     assert_eq!(vec![format!("GET {SLICES}")], lines(&fake.take_requests()));
     assert!(
-        fake.slices().values().all(|s| s["spec"].get("sharedCounters").is_none()),
+        fake.slices()
+            .values()
+            .all(|s| s["spec"].get("sharedCounters").is_none()),
         "{node}: nothing was written back"
     );
 }

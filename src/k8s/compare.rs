@@ -52,7 +52,10 @@ pub fn same_content(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> boo
 /// The fields of `ours` that `theirs` (what the server stored) lacks because their feature gate
 /// is off on the API server, in name order; empty when it kept everything. Only meaningful
 /// when `theirs` is the server's answer to writing `ours`, or [`same_content`] holds.
-pub fn dropped_by_server(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> Vec<DroppedField> {
+pub fn dropped_by_server(
+    ours: &ResourceSliceSpec,
+    theirs: &ResourceSliceSpec,
+) -> Vec<DroppedField> {
     let mut dropped = BTreeSet::new();
     if !identical(ours, theirs) {
         equivalent_json(ours, theirs, &mut dropped);
@@ -307,17 +310,25 @@ mod tests {
 
     #[test]
     fn fields_a_gate_off_on_the_server_dropped_are_the_same_content_and_named() {
-        let ours = spec(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": true,
+        let ours = spec(
+            serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": true,
             "capacity": {"memory": {"value": "80Gi",
-                "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi"}}}}}]));
+                "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi"}}}}}]),
+        );
         let theirs = spec(serde_json::json!([{"name": "gpu-0",
             "capacity": {"memory": {"value": "80Gi"}}}]));
         assert!(same_content(&ours, &theirs));
         assert_eq!(
             dropped_by_server(&ours, &theirs),
             vec![
-                DroppedField { field: "allowMultipleAllocations", gate: "DRAConsumableCapacity" },
-                DroppedField { field: "requestPolicy", gate: "DRAConsumableCapacity" },
+                DroppedField {
+                    field: "allowMultipleAllocations",
+                    gate: "DRAConsumableCapacity"
+                },
+                DroppedField {
+                    field: "requestPolicy",
+                    gate: "DRAConsumableCapacity"
+                },
             ]
         );
         assert!(dropped_by_server(&ours, &ours).is_empty());
@@ -326,7 +337,8 @@ mod tests {
     #[test]
     fn a_gated_field_with_another_value_is_a_change() {
         let ours = spec(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": true}]));
-        let theirs = spec(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": false}]));
+        let theirs =
+            spec(serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": false}]));
         assert!(!same_content(&ours, &theirs));
         // A taint the server holds that we no longer publish is a change, not a drop.
         let tainted = spec(serde_json::json!([{"name": "gpu-0",
