@@ -105,6 +105,239 @@ pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsErro
     replace(path, bytes, mode, Durability::ProcessCrash)
 }
 
+/// [`replace_atomic`] through `spare`, a scratch file next to `path` that only this caller
+/// writes, which is kept for the next call instead of a new temp file each time.
+///
+/// The new content is written over `spare` in place (no truncation to zero first), then
+/// `spare` and `path` swap names in one atomic exchange: `path` names the new content, and
+/// `spare` the old, whose inode the next call overwrites. Why: every new temp file is a new
+/// inode, and ext4 allocates inodes by scanning for a free one it has not freed recently,
+/// which under a steady stream of writes costs more than the write itself (about 0.13–0.25 ms
+/// against 0.05 ms on the bench machine); truncating a file to zero and rewriting it makes
+/// ext4 flush it on close (`auto_da_alloc`), which is worse.
+///
+/// What readers see: one who opens `path` gets the old or the new file, whole, as with
+/// [`replace_atomic`]. One who opened `path` *before* the previous call's exchange and is still
+/// reading when this call starts holds what is now `spare`, and may read a mix of the two
+/// versions: readers must verify what they read (the checkpoint carries a checksum) and read
+/// again. Durability is [`replace_atomic`]'s: a killed process leaves the old or the new file.
+///
+/// `spare` is created (with exactly `mode`) when missing and consumed when `path` did not
+/// exist yet (it is renamed into place). It must be a name no other writer uses, in `path`'s
+/// directory, and one that readers of that directory ignore (a leading dot). If it vanished
+/// under us (a sweep of stale spares), the call falls back to a fresh temp file.
+///
+/// # Errors
+/// As [`replace_atomic`]; on error `path` is unchanged and `spare` removed when possible.
+pub fn replace_atomic_reusing(
+    path: &Path,
+    spare: &Path,
+    bytes: &[u8],
+    mode: u32,
+) -> Result<(), FsError> {
+    crate::cost::count(crate::cost::Cost::FileWrite);
+    match overwrite_then_exchange(path, spare, bytes, mode) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = fs::remove_file(spare);
+            match e {
+                Reuse::Vanished => {
+                    // Not counted twice: this is the same write by another route.
+                    let temp = next_temp(path)?;
+                    let result =
+                        write_then_rename(path, &temp, bytes, mode, Durability::ProcessCrash);
+                    if result.is_err() {
+                        let _ = fs::remove_file(&temp);
+                    }
+                    result
+                }
+                Reuse::Failed(e) => Err(e),
+            }
+        }
+    }
+}
+
+/// Why writing through a spare did not complete.
+enum Reuse {
+    /// The spare's name disappeared between opening and exchanging it.
+    Vanished,
+    /// A real failure, reported as is.
+    Failed(FsError),
+}
+
+fn overwrite_then_exchange(
+    path: &Path,
+    spare: &Path,
+    bytes: &[u8],
+    mode: u32,
+) -> Result<(), Reuse> {
+    use std::os::unix::fs::FileExt;
+    let step = |step: &'static str| {
+        let (path, temp) = (path.to_path_buf(), spare.to_path_buf());
+        move |source| {
+            Reuse::Failed(FsError::WriteTemp {
+                step,
+                path,
+                temp,
+                source,
+            })
+        }
+    };
+    let reuse = match o_nofollow() {
+        Some(flag) => OpenOptions::new()
+            .write(true)
+            .custom_flags(flag)
+            .open(spare),
+        None => match fs::symlink_metadata(spare) {
+            Ok(m) if m.file_type().is_symlink() => Err(io::Error::other("the spare is a link")),
+            _ => OpenOptions::new().write(true).open(spare),
+        },
+    };
+    let file = match reuse {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            write_new_temp_file(path, spare, mode).map_err(Reuse::Failed)?
+        }
+        Err(source) => {
+            return Err(Reuse::Failed(FsError::CreateTemp {
+                path: path.to_path_buf(),
+                temp: spare.to_path_buf(),
+                source,
+            }));
+        }
+    };
+    file.write_all_at(bytes, 0).map_err(step("writing"))?;
+    file.set_len(bytes.len() as u64)
+        .map_err(step("truncating"))?;
+    drop(file);
+    if exchange(spare, path) {
+        // A directory at `path` swaps like a file: put it back and fail as `rename` would.
+        if fs::symlink_metadata(spare).is_ok_and(|m| m.is_dir()) {
+            exchange(spare, path);
+            return Err(Reuse::Failed(FsError::Rename {
+                path: path.to_path_buf(),
+                temp: spare.to_path_buf(),
+                source: io::Error::from(io::ErrorKind::IsADirectory),
+            }));
+        }
+        return Ok(());
+    }
+    match fs::rename(spare, path) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound && path.parent().is_some_and(Path::exists) =>
+        {
+            Err(Reuse::Vanished)
+        }
+        Err(source) => Err(Reuse::Failed(FsError::Rename {
+            path: path.to_path_buf(),
+            temp: spare.to_path_buf(),
+            source,
+        })),
+    }
+}
+
+/// `O_NOFOLLOW` (its value differs between architectures): a spare is only ever a file we
+/// made, and the call must not write through a link someone put in its place. On an
+/// architecture not listed, the spare is checked with `lstat` before it is opened instead.
+fn o_nofollow() -> Option<i32> {
+    if cfg!(all(
+        target_os = "linux",
+        any(target_arch = "x86_64", target_arch = "x86")
+    )) {
+        Some(0o400_000)
+    } else if cfg!(all(
+        target_os = "linux",
+        any(target_arch = "aarch64", target_arch = "arm")
+    )) {
+        Some(0o100_000)
+    } else {
+        None
+    }
+}
+
+/// A name for [`replace_atomic_reusing`]'s spare of `path`, unique to this process and call:
+/// `.<name>.spare-<pid>-<random>-<n>`, which readers of CDI and state directories ignore and
+/// [`remove_stale_temps`] recognises.
+///
+/// # Errors
+/// [`FsError::NotAFilePath`] when `path` names no file inside a directory.
+pub fn spare_path(path: &Path) -> Result<PathBuf, FsError> {
+    let (dir, name) = split(path)?;
+    Ok(dir.join(format!(
+        "{}{}-{:x}-{}",
+        spare_prefix(name),
+        std::process::id(),
+        process_nonce(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    )))
+}
+
+/// How long a spare ([`spare_path`]) must have gone unwritten before [`remove_stale_temps`]
+/// takes it for a leftover of a process that is gone (a crash, an earlier pod). A live
+/// writer's spare is either this recent or simply recreated by its next write.
+pub const SPARE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn spare_prefix(name: &str) -> String {
+    format!(".{name}.spare-")
+}
+
+/// A random number fixed for the life of the process, so spares of two processes that got
+/// the same PID (two pods in their own PID namespaces) never share a name.
+fn process_nonce() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| RandomState::new().hash_one(std::process::id()) & 0xffff_ffff)
+}
+
+fn next_temp(path: &Path) -> Result<PathBuf, FsError> {
+    let (dir, name) = split(path)?;
+    Ok(dir.join(format!(
+        "{}{}-{}",
+        temp_prefix(name),
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    )))
+}
+
+/// Creates `temp` (and `path`'s directory when missing) with exactly `mode`.
+fn write_new_temp_file(path: &Path, temp: &Path, mode: u32) -> Result<File, FsError> {
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(temp)
+    };
+    // The directory usually exists: create it only when the temp file cannot be created
+    // for want of it, which saves two system calls per write.
+    let created = match create() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let dir = temp.parent().unwrap_or(Path::new("."));
+            fs::create_dir_all(dir).map_err(|source| FsError::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
+            create()
+        }
+        other => other,
+    };
+    let file = created.map_err(|source| FsError::CreateTemp {
+        path: path.to_path_buf(),
+        temp: temp.to_path_buf(),
+        source,
+    })?;
+    // The umask may have cleared bits of `mode` at creation.
+    file.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(|source| FsError::WriteTemp {
+            step: "setting mode of",
+            path: path.to_path_buf(),
+            temp: temp.to_path_buf(),
+            source,
+        })?;
+    Ok(file)
+}
+
 /// What a finished replacement survives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Durability {
@@ -115,13 +348,8 @@ enum Durability {
 }
 
 fn replace(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Result<(), FsError> {
-    let (dir, name) = split(path)?;
-    let temp = dir.join(format!(
-        "{}{}-{}",
-        temp_prefix(name),
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    let (dir, _) = split(path)?;
+    let temp = next_temp(path)?;
     crate::cost::count(crate::cost::Cost::FileWrite);
     let result = write_then_rename(path, &temp, bytes, mode, durability);
     if result.is_err() {
@@ -155,34 +383,7 @@ fn write_then_rename(
             source,
         }
     };
-    let create = || {
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(temp)
-    };
-    // The directory usually exists: create it only when the temp file cannot be created
-    // for want of it, which saves two system calls per write.
-    let created = match create() {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let dir = temp.parent().unwrap_or(Path::new("."));
-            fs::create_dir_all(dir).map_err(|source| FsError::CreateDir {
-                dir: dir.to_path_buf(),
-                source,
-            })?;
-            create()
-        }
-        other => other,
-    };
-    let mut file = created.map_err(|source| FsError::CreateTemp {
-        path: path.to_path_buf(),
-        temp: temp.to_path_buf(),
-        source,
-    })?;
-    // The umask may have cleared bits of `mode` at creation.
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(step("setting mode of"))?;
+    let mut file = write_new_temp_file(path, temp, mode)?;
     file.write_all(bytes).map_err(step("writing"))?;
     if durability == Durability::PowerLoss {
         crate::cost::count(crate::cost::Cost::Fsync);
@@ -300,10 +501,12 @@ pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
 }
 
 /// Deletes temp files that [`write_atomic`] left next to `path` when a previous process
-/// crashed mid-write, and returns the paths it removed.
+/// crashed mid-write, and spares of [`replace_atomic_reusing`] unwritten for [`SPARE_IDLE`],
+/// and returns the paths it removed.
 ///
 /// Only call this while no other writer targets `path` (e.g. at start-up of the single
-/// process that owns the file). A missing directory means nothing to clean.
+/// process that owns the file); a spare in use is never removed in the middle of a write.
+/// A missing directory means nothing to clean.
 ///
 /// # Errors
 /// [`FsError::ListDir`] when the directory cannot be read, [`FsError::Remove`] when a
@@ -311,6 +514,7 @@ pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
 pub fn remove_stale_temps(path: &Path) -> Result<Vec<PathBuf>, FsError> {
     let (dir, name) = split(path)?;
     let prefix = temp_prefix(name);
+    let spares = spare_prefix(name);
     crate::cost::count(crate::cost::Cost::DirectoryList);
     let list_err = |source| FsError::ListDir {
         dir: dir.to_path_buf(),
@@ -321,10 +525,19 @@ pub fn remove_stale_temps(path: &Path) -> Result<Vec<PathBuf>, FsError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(list_err(e)),
     };
+    let now = std::time::SystemTime::now();
+    let idle = |entry: &fs::DirEntry| {
+        entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age >= SPARE_IDLE))
+    };
     let mut removed = Vec::new();
     for entry in entries {
         let entry = entry.map_err(list_err)?;
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) || (name.starts_with(&spares) && idle(&entry)) {
             let leftover = entry.path();
             if remove_if_exists(&leftover)? {
                 removed.push(leftover);
@@ -413,6 +626,121 @@ mod tests {
             (fs::read(&path).unwrap(), mode_of(&path)),
             (b"new".to_vec(), 0o600)
         );
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn replacing_through_a_spare_reuses_the_previous_versions_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("state/checkpoint.json");
+        let spare = spare_path(&path).unwrap();
+        assert!(
+            spare
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".checkpoint.json.spare-"),
+            "{spare:?}"
+        );
+        // The first write has nothing to swap with: the spare becomes the file.
+        replace_atomic_reusing(&path, &spare, b"first version, long", 0o600).unwrap();
+        assert_eq!(names_in(path.parent().unwrap()), vec!["checkpoint.json"]);
+        let first = fs::metadata(&path).unwrap().ino();
+
+        replace_atomic_reusing(&path, &spare, b"second", 0o600).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"second");
+        assert_eq!(
+            fs::read(&spare).unwrap(),
+            b"first version, long",
+            "the old version"
+        );
+        let second = fs::metadata(&path).unwrap().ino();
+
+        // The third write goes into the first version's inode, cut to the new length.
+        replace_atomic_reusing(&path, &spare, b"third", 0o600).unwrap();
+        assert_eq!(
+            (fs::read(&path).unwrap(), mode_of(&path)),
+            (b"third".to_vec(), 0o600)
+        );
+        assert_eq!(fs::metadata(&path).unwrap().ino(), first);
+        assert_eq!(fs::metadata(&spare).unwrap().ino(), second);
+        assert_eq!(
+            names_in(path.parent().unwrap()).len(),
+            2,
+            "the file and its spare"
+        );
+    }
+
+    #[test]
+    fn a_spare_that_vanished_or_is_a_link_is_never_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("checkpoint.json");
+        let spare = spare_path(&path).unwrap();
+        replace_atomic_reusing(&path, &spare, b"one", 0o600).unwrap();
+        replace_atomic_reusing(&path, &spare, b"two", 0o600).unwrap();
+
+        // Swept meanwhile: the next write makes a new one.
+        fs::remove_file(&spare).unwrap();
+        replace_atomic_reusing(&path, &spare, b"three", 0o600).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"three");
+
+        // Replaced by a link to another file: that file is left alone, the write fails and
+        // the link goes, so the next write starts clean.
+        let victim = tmp.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        fs::remove_file(&spare).unwrap();
+        std::os::unix::fs::symlink(&victim, &spare).unwrap();
+        assert!(replace_atomic_reusing(&path, &spare, b"four", 0o600).is_err());
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(fs::read(&path).unwrap(), b"three");
+        assert!(
+            fs::symlink_metadata(&spare).is_err(),
+            "the link was removed"
+        );
+        replace_atomic_reusing(&path, &spare, b"five", 0o600).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"five");
+    }
+
+    #[test]
+    fn replacing_a_directory_through_a_spare_fails_and_leaves_it_in_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("spec.json");
+        fs::create_dir_all(path.join("blocker")).unwrap();
+        let spare = spare_path(&path).unwrap();
+        assert!(matches!(
+            replace_atomic_reusing(&path, &spare, b"x", 0o644),
+            Err(FsError::Rename { .. })
+        ));
+        assert!(path.join("blocker").is_dir());
+        assert_eq!(names_in(tmp.path()), vec!["spec.json"]);
+    }
+
+    #[test]
+    fn the_sweep_removes_idle_spares_and_keeps_recent_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("checkpoint.json");
+        let (recent, idle) = (spare_path(&path).unwrap(), spare_path(&path).unwrap());
+        replace_atomic_reusing(&path, &recent, b"a", 0o600).unwrap();
+        replace_atomic_reusing(&path, &recent, b"b", 0o600).unwrap();
+        fs::write(&idle, b"left by a process that is gone").unwrap();
+        let old = std::time::SystemTime::now() - SPARE_IDLE - std::time::Duration::from_secs(1);
+        File::options()
+            .write(true)
+            .open(&idle)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert_eq!(remove_stale_temps(&path).unwrap(), vec![idle.clone()]);
+        assert!(recent.exists() && !idle.exists());
     }
 
     #[test]

@@ -342,3 +342,103 @@ fn a_store_is_not_current_once_its_file_is_removed_or_rewritten_in_place() {
     fs::remove_file(file(dir.path())).unwrap();
     assert_eq!((rewritten, store.is_current()), (false, false));
 }
+
+/// Readers that take no lock (telemetry, usage accounting, orphan checks) race the writer,
+/// which overwrites the previous version's inode (`fsutil::replace_atomic_reusing`). The
+/// checksum must catch every torn read and a read again must find a whole version: a reader
+/// never gets a mixed checkpoint, and almost never has to give up.
+#[test]
+fn lock_free_readers_racing_the_writer_never_get_a_mixed_checkpoint() {
+    use gpu_dra::checkpoint::{Snapshot, read_unlocked};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let (mut store, _) = CheckpointStore::open(&dir, BOOT).unwrap();
+    store
+        .update(|cp| cp.claims.insert(UID.into(), claim()))
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            // Versions of different lengths: 1 to 12 claims, each named after its version.
+            let mut version = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                version += 1;
+                store
+                    .update(|cp| {
+                        cp.claims.clear();
+                        for i in 0..1 + version % 12 {
+                            let mut c = claim();
+                            c.uid = format!("{version}-{i}");
+                            c.name = format!("v{version}");
+                            cp.claims.insert(c.uid.clone(), c);
+                        }
+                    })
+                    .unwrap();
+            }
+            version
+        })
+    };
+    let (mut whole, mut unreadable) = (0u32, 0u32);
+    for _ in 0..3000 {
+        match read_unlocked(&dir, BOOT) {
+            Snapshot::Current(cp) => {
+                // One version, whole: every claim carries the same version, as many as it wrote.
+                let names: std::collections::BTreeSet<&str> =
+                    cp.claims.values().map(|c| c.name.as_str()).collect();
+                assert_eq!(names.len(), 1, "a mixed checkpoint: {names:?}");
+                whole += 1;
+            }
+            Snapshot::Unreadable => unreadable += 1,
+            Snapshot::Empty => panic!("the file always exists"),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let versions = writer.join().unwrap();
+    assert!(versions > 10, "the writer kept writing: {versions}");
+    assert!(
+        unreadable <= 30,
+        "gave up {unreadable} times of 3000 ({whole} whole)"
+    );
+}
+
+#[test]
+fn a_lock_free_read_tells_no_checkpoint_from_an_unreadable_one() {
+    use gpu_dra::checkpoint::{Snapshot, read_unlocked};
+    let tmp = tempfile::tempdir().unwrap();
+    assert_eq!(read_unlocked(tmp.path(), BOOT), Snapshot::Empty);
+    let other_boot = saved("another-boot");
+    assert_eq!(read_unlocked(other_boot.path(), BOOT), Snapshot::Empty);
+    let ours = saved(BOOT);
+    assert!(
+        matches!(read_unlocked(ours.path(), BOOT), Snapshot::Current(cp) if cp.claims.len() == 1)
+    );
+    fs::write(
+        file(ours.path()),
+        b"{\"version\": \"v1\", \"checksum\": \"sha256:00\"",
+    )
+    .unwrap();
+    assert_eq!(read_unlocked(ours.path(), BOOT), Snapshot::Unreadable);
+    // A lock-free reader never moves the file aside; the store, under the lock, does.
+    assert!(file(ours.path()).exists());
+}
+
+#[test]
+fn a_dropped_store_takes_its_spare_with_it() {
+    let tmp = saved(BOOT);
+    let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    for _ in 0..3 {
+        store.update(|cp| cp.claims.clear()).unwrap();
+    }
+    let names = |dir: &Path| {
+        let mut n: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(tmp.path()).len(), 2, "{:?}", names(tmp.path()));
+    drop(store);
+    assert_eq!(names(tmp.path()), vec![CHECKPOINT_FILE.to_string()]);
+}

@@ -194,11 +194,18 @@ async fn a_full_state_directory_keeps_the_old_checkpoint_and_the_prepared_claims
             std::fs::read(&checkpoint).unwrap(),
             "the old checkpoint is intact"
         );
-        // The usage ledger (`usage.json`) may be there too, written before the disk filled.
-        let files: Vec<String> = state
-            .files()
+        // The usage ledger (`usage.json`) may be there too, written before the disk filled,
+        // and the checkpoint store's one spare (the previous version, overwritten by the next
+        // write: `fsutil::replace_atomic_reusing`), which is not a leftover.
+        let all = state.files();
+        let spares = all
+            .iter()
+            .filter(|f| f.starts_with(".checkpoint.json.spare-"))
+            .count();
+        assert!(spares <= 1, "one spare at most: {all:?}");
+        let files: Vec<String> = all
             .into_iter()
-            .filter(|f| f != "usage.json")
+            .filter(|f| f != "usage.json" && !f.starts_with(".checkpoint.json.spare-"))
             .collect();
         assert_eq!(
             vec!["checkpoint.json".to_string(), "sim".to_string()],

@@ -12,5 +12,7 @@ mod wire;
 
 pub use boot::{BootIdError, boot_id};
 pub use model::{Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord};
-pub use store::{CHECKPOINT_FILE, CheckpointStore, LoadOutcome, StoreError};
+pub use store::{
+    CHECKPOINT_FILE, CheckpointStore, LoadOutcome, Snapshot, StoreError, read_unlocked,
+};
 pub use wire::{CURRENT_VERSION, DecodeError, SUPPORTED_VERSIONS, checksum, decode, encode};

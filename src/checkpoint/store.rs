@@ -137,6 +137,69 @@ pub struct CheckpointStore {
     current: Checkpoint,
     /// The version of the file `current` was read from or last written as.
     seen: Seen,
+    /// The scratch file this store writes through ([`fsutil::replace_atomic_reusing`]), named
+    /// at its first update and removed when the store is dropped.
+    spare: Option<PathBuf>,
+}
+
+impl Drop for CheckpointStore {
+    fn drop(&mut self) {
+        if let Some(spare) = &self.spare {
+            // Best effort: a spare left behind is swept by a later `open`.
+            let _ = fs::remove_file(spare);
+        }
+    }
+}
+
+/// What a reader that takes no lock ([`read_unlocked`]) found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Snapshot {
+    /// The checkpoint of the current boot, verified.
+    Current(Checkpoint),
+    /// No checkpoint file, or one of an earlier boot: nothing is prepared in this boot.
+    Empty,
+    /// The file could not be read or did not verify, even read again: the caller knows
+    /// nothing and must not act as if no claim were prepared.
+    Unreadable,
+}
+
+impl Snapshot {
+    /// The checkpoint when there is one of this boot.
+    pub fn current(self) -> Option<Checkpoint> {
+        match self {
+            Snapshot::Current(checkpoint) => Some(checkpoint),
+            Snapshot::Empty | Snapshot::Unreadable => None,
+        }
+    }
+}
+
+/// How many times [`read_unlocked`] reads a file that does not verify before giving up.
+const UNLOCKED_READS: usize = 3;
+
+/// Reads the checkpoint in `state_dir` for boot `boot_id` without opening a store or taking
+/// the plugin lock (telemetry, usage accounting, orphan checks), so it may race a write.
+///
+/// A reader that opened the file just before a write's exchange can read a mix of two
+/// versions ([`fsutil::replace_atomic_reusing`]); the checksum catches that, and the file is
+/// read again, afresh, up to three times. Never moves a bad file aside (that is
+/// [`CheckpointStore::open`]'s job, under the lock).
+pub fn read_unlocked(state_dir: &Path, boot_id: &str) -> Snapshot {
+    let path = state_dir.join(CHECKPOINT_FILE);
+    for _ in 0..UNLOCKED_READS {
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Snapshot::Empty,
+            Err(_) => continue,
+        };
+        match wire::decode(&bytes) {
+            Ok(checkpoint) if checkpoint.node_boot_id == boot_id => {
+                return Snapshot::Current(checkpoint);
+            }
+            Ok(_) => return Snapshot::Empty,
+            Err(_) => continue,
+        }
+    }
+    Snapshot::Unreadable
 }
 
 /// Which version of the checkpoint file a store's content corresponds to.
@@ -200,27 +263,36 @@ impl CheckpointStore {
         let path = state_dir.join(CHECKPOINT_FILE);
         fsutil::remove_stale_temps(&path).map_err(|source| StoreError::CleanTemps { source })?;
         let fresh = Checkpoint::new(current_boot_id);
-        let before = version_of(&path);
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok((
-                    Self {
-                        path,
-                        current: fresh,
-                        seen: Seen::Absent,
-                    },
-                    LoadOutcome::Fresh,
-                ));
+        // A file replaced while it was read may have been read torn (a writer reuses the
+        // previous version's inode, `update`): read it again rather than call it corrupt.
+        let mut attempt = 0;
+        let (decoded, seen) = loop {
+            attempt += 1;
+            let before = version_of(&path);
+            let bytes = match fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Ok((
+                        Self {
+                            path,
+                            current: fresh,
+                            seen: Seen::Absent,
+                            spare: None,
+                        },
+                        LoadOutcome::Fresh,
+                    ));
+                }
+                Err(source) => return Err(StoreError::Read { path, source }),
+            };
+            let decoded = wire::decode(&bytes);
+            // A file replaced while it was read is read again at the next check.
+            match version_of(&path) {
+                after if after == before => break (decoded, after),
+                _ if decoded.is_err() && attempt < UNLOCKED_READS => continue,
+                _ => break (decoded, Seen::Unknown),
             }
-            Err(source) => return Err(StoreError::Read { path, source }),
         };
-        // A file replaced while it was read is read again at the next check.
-        let seen = match version_of(&path) {
-            after if after == before => after,
-            _ => Seen::Unknown,
-        };
-        let outcome = match wire::decode(&bytes) {
+        let outcome = match decoded {
             Ok(loaded) if loaded.node_boot_id == current_boot_id => {
                 let claims = loaded.claims.len();
                 return Ok((
@@ -228,6 +300,7 @@ impl CheckpointStore {
                         path,
                         current: loaded,
                         seen,
+                        spare: None,
                     },
                     LoadOutcome::Loaded { claims },
                 ));
@@ -259,6 +332,7 @@ impl CheckpointStore {
                 path,
                 current: fresh,
                 seen,
+                spare: None,
             },
             outcome,
         ))
@@ -303,8 +377,15 @@ impl CheckpointStore {
             path: self.path.clone(),
             source,
         })?;
-        fsutil::replace_atomic(&self.path, &bytes, CHECKPOINT_MODE)
-            .map_err(|source| StoreError::Write { source })?;
+        let spare = match self.spare.take() {
+            Some(spare) => spare,
+            None => {
+                fsutil::spare_path(&self.path).map_err(|source| StoreError::Write { source })?
+            }
+        };
+        let written = fsutil::replace_atomic_reusing(&self.path, &spare, &bytes, CHECKPOINT_MODE);
+        self.spare = Some(spare);
+        written.map_err(|source| StoreError::Write { source })?;
         self.current = next;
         self.seen = version_of(&self.path);
         Ok(result)

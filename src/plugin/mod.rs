@@ -271,7 +271,10 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     };
     let (model, first_health) = watcher.first(&inventory);
     usage.set_model(&model);
-    usage.reconcile(usage::read_checkpoint(&manager.state_dir, &manager.boot_id).as_ref());
+    usage.reconcile_snapshot(&crate::checkpoint::read_unlocked(
+        &manager.state_dir,
+        &manager.boot_id,
+    ));
     for w in &model.warnings {
         warn!(warning = %w, "device model");
     }
@@ -545,7 +548,7 @@ async fn account_usage(
         let usage = Arc::clone(&usage);
         let (dir, boot) = (state_dir.clone(), boot_id.clone());
         let _ = tokio::task::spawn_blocking(move || {
-            usage.reconcile(usage::read_checkpoint(&dir, &boot).as_ref());
+            usage.reconcile_snapshot(&crate::checkpoint::read_unlocked(&dir, &boot));
         })
         .await;
     }

@@ -92,11 +92,11 @@ pub fn device_facts(model: &DeviceModel) -> HashMap<String, DeviceFacts> {
 }
 
 /// The checkpoint in `state_dir` for boot `boot_id`, read without opening the store or
-/// taking the plugin lock; `None` when missing, unreadable or stale.
+/// taking the plugin lock ([`checkpoint::read_unlocked`]); `None` when missing, unreadable
+/// or stale. Callers that would take `None` for "nothing prepared" use
+/// [`checkpoint::read_unlocked`] and its [`checkpoint::Snapshot::Unreadable`] instead.
 pub fn read_checkpoint(state_dir: &Path, boot_id: &str) -> Option<Checkpoint> {
-    let bytes = std::fs::read(state_dir.join(checkpoint::CHECKPOINT_FILE)).ok()?;
-    let checkpoint = checkpoint::decode(&bytes).ok()?;
-    (checkpoint.node_boot_id == boot_id).then_some(checkpoint)
+    checkpoint::read_unlocked(state_dir, boot_id).current()
 }
 
 impl UsageTracker {
@@ -263,6 +263,20 @@ impl UsageTracker {
         drop(ledger);
         if changed {
             self.mark_changed();
+        }
+    }
+
+    /// [`UsageTracker::reconcile`] with what a lock-free read of the checkpoint found: a
+    /// file that could not be read or verified changes nothing (it says nothing about which
+    /// claims are prepared, and taking it for "none" would end every hold), and is retried at
+    /// the next pass.
+    pub fn reconcile_snapshot(&self, snapshot: &checkpoint::Snapshot) {
+        match snapshot {
+            checkpoint::Snapshot::Current(checkpoint) => self.reconcile(Some(checkpoint)),
+            checkpoint::Snapshot::Empty => self.reconcile(None),
+            checkpoint::Snapshot::Unreadable => {
+                warn!("checkpoint unreadable; usage left as it was until the next pass");
+            }
         }
     }
 
