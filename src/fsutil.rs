@@ -127,6 +127,9 @@ pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsErro
 /// directory, and one that readers of that directory ignore (a leading dot). If it vanished
 /// under us (a sweep of stale spares), the call falls back to a fresh temp file.
 ///
+/// Returns whether `spare` still names a file (the previous version) for the next call:
+/// `false` when `path` was new and the spare became it.
+///
 /// # Errors
 /// As [`replace_atomic`]; on error `path` is unchanged and `spare` removed when possible.
 pub fn replace_atomic_reusing(
@@ -134,10 +137,10 @@ pub fn replace_atomic_reusing(
     spare: &Path,
     bytes: &[u8],
     mode: u32,
-) -> Result<(), FsError> {
+) -> Result<bool, FsError> {
     crate::cost::count(crate::cost::Cost::FileWrite);
     match overwrite_then_exchange(path, spare, bytes, mode) {
-        Ok(()) => Ok(()),
+        Ok(kept) => Ok(kept),
         Err(e) => {
             let _ = fs::remove_file(spare);
             match e {
@@ -149,7 +152,7 @@ pub fn replace_atomic_reusing(
                     if result.is_err() {
                         let _ = fs::remove_file(&temp);
                     }
-                    result
+                    result.map(|()| false)
                 }
                 Reuse::Failed(e) => Err(e),
             }
@@ -170,7 +173,7 @@ fn overwrite_then_exchange(
     spare: &Path,
     bytes: &[u8],
     mode: u32,
-) -> Result<(), Reuse> {
+) -> Result<bool, Reuse> {
     use std::os::unix::fs::FileExt;
     let step = |step: &'static str| {
         let (path, temp) = (path.to_path_buf(), spare.to_path_buf());
@@ -220,10 +223,10 @@ fn overwrite_then_exchange(
                 source: io::Error::from(io::ErrorKind::IsADirectory),
             }));
         }
-        return Ok(());
+        return Ok(true);
     }
     match fs::rename(spare, path) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(false),
         Err(e)
             if e.kind() == io::ErrorKind::NotFound && path.parent().is_some_and(Path::exists) =>
         {
@@ -272,11 +275,6 @@ pub fn spare_path(path: &Path) -> Result<PathBuf, FsError> {
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     )))
 }
-
-/// How long a spare ([`spare_path`]) must have gone unwritten before [`remove_stale_temps`]
-/// takes it for a leftover of a process that is gone (a crash, an earlier pod). A live
-/// writer's spare is either this recent or simply recreated by its next write.
-pub const SPARE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn spare_prefix(name: &str) -> String {
     format!(".{name}.spare-")
@@ -501,11 +499,12 @@ pub fn remove_if_exists(path: &Path) -> Result<bool, FsError> {
 }
 
 /// Deletes temp files that [`write_atomic`] left next to `path` when a previous process
-/// crashed mid-write, and spares of [`replace_atomic_reusing`] unwritten for [`SPARE_IDLE`],
-/// and returns the paths it removed.
+/// crashed mid-write, and the spares of [`replace_atomic_reusing`] ([`spare_path`]), and
+/// returns the paths it removed.
 ///
-/// Only call this while no other writer targets `path` (e.g. at start-up of the single
-/// process that owns the file); a spare in use is never removed in the middle of a write.
+/// Call this while no other writer targets `path` (e.g. at start-up of the single process
+/// that owns the file). Should one be writing anyway, it loses its temp file and fails, but a
+/// spare removed under it only costs it a new file ([`replace_atomic_reusing`] falls back).
 /// A missing directory means nothing to clean.
 ///
 /// # Errors
@@ -525,19 +524,12 @@ pub fn remove_stale_temps(path: &Path) -> Result<Vec<PathBuf>, FsError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(list_err(e)),
     };
-    let now = std::time::SystemTime::now();
-    let idle = |entry: &fs::DirEntry| {
-        entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| now.duration_since(t).is_ok_and(|age| age >= SPARE_IDLE))
-    };
     let mut removed = Vec::new();
     for entry in entries {
         let entry = entry.map_err(list_err)?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with(&prefix) || (name.starts_with(&spares) && idle(&entry)) {
+        if name.starts_with(&prefix) || name.starts_with(&spares) {
             let leftover = entry.path();
             if remove_if_exists(&leftover)? {
                 removed.push(leftover);
@@ -725,22 +717,19 @@ mod tests {
     }
 
     #[test]
-    fn the_sweep_removes_idle_spares_and_keeps_recent_ones() {
+    fn the_sweep_removes_spares_and_a_write_whose_spare_was_swept_still_lands() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("checkpoint.json");
-        let (recent, idle) = (spare_path(&path).unwrap(), spare_path(&path).unwrap());
-        replace_atomic_reusing(&path, &recent, b"a", 0o600).unwrap();
-        replace_atomic_reusing(&path, &recent, b"b", 0o600).unwrap();
-        fs::write(&idle, b"left by a process that is gone").unwrap();
-        let old = std::time::SystemTime::now() - SPARE_IDLE - std::time::Duration::from_secs(1);
-        File::options()
-            .write(true)
-            .open(&idle)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
-        assert_eq!(remove_stale_temps(&path).unwrap(), vec![idle.clone()]);
-        assert!(recent.exists() && !idle.exists());
+        let (ours, gone) = (spare_path(&path).unwrap(), spare_path(&path).unwrap());
+        replace_atomic_reusing(&path, &ours, b"a", 0o600).unwrap();
+        assert!(replace_atomic_reusing(&path, &ours, b"b", 0o600).unwrap());
+        fs::write(&gone, b"left by a process that is gone").unwrap();
+        let mut want = vec![ours.clone(), gone.clone()];
+        want.sort();
+        assert_eq!(remove_stale_temps(&path).unwrap(), want);
+        assert_eq!(names_in(tmp.path()), vec!["checkpoint.json"]);
+        replace_atomic_reusing(&path, &ours, b"c", 0o600).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"c");
     }
 
     #[test]
