@@ -1,0 +1,69 @@
+//! `gpu-dra compute-domain-plugin`: the ComputeDomain kubelet plugin (driver
+//! compute-domain.nvidia.com) on this node.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::common::block_on;
+use super::flags::{NodeFlags, interval_seconds};
+
+/// Flags of `gpu-dra compute-domain-plugin`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct CdPluginArgs {
+    /// The node flags, shared with `kubelet-plugin` (its log flags are read by `main`).
+    #[command(flatten)]
+    pub(crate) node: NodeFlags,
+    /// The node's NVLink clique (`<clusterUuid>.<cliqueId>`), over what the GPUs report
+    /// through NVML; "" means none. For nodes whose NVML cannot report the fabric.
+    #[arg(long, env = "GPU_DRA_CLIQUE_ID")]
+    clique_id: Option<String>,
+    /// Namespace of the IMEX daemons' ComputeDomainNode objects (the driver's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_NAMESPACE)]
+    namespace: String,
+    /// Channel and daemon devices published per node (channel-0..N-1, daemon-0..N-1).
+    /// channel-0, the default class's, is shared by any number of claims; the others are
+    /// for admins' own classes, one claim each (docs/compute-domains-plugin.md).
+    #[arg(long, env = "GPU_DRA_MAX_DOMAINS", default_value = "8", value_parser = gpu_dra::compute_domain::plugin::config::max_domains_flag)]
+    max_domains: u32,
+    /// How long a channel prepare waits for the node's IMEX daemon to turn Ready, in seconds
+    /// (`30`, `30s`) or minutes; keep it under the kubelet's 45 s limit.
+    #[arg(long, env = "GPU_DRA_DAEMON_READY_TIMEOUT", default_value = "30", value_parser = interval_seconds)]
+    daemon_ready_timeout: u64,
+    /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
+    #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_METRICS_ADDR)]
+    metrics_addr: String,
+}
+
+/// Runs the ComputeDomain plugin until it is signalled to stop.
+///
+/// Fails when the node name cannot be found (see [`NodeFlags::backend_and_name`]), the
+/// runtime cannot start, or the plugin fails.
+pub(crate) fn run(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::compute_domain::plugin::{CdPluginConfig, config};
+    let node = args.node;
+    let (backend, node_name) = node.backend_and_name()?;
+    let plugin_dir = node
+        .kubelet_dirs
+        .plugin_dir
+        .unwrap_or_else(|| PathBuf::from(config::DEFAULT_PLUGIN_DIR));
+    block_on(gpu_dra::compute_domain::plugin::run(CdPluginConfig {
+        node_name,
+        kubeconfig: node.kubeconfig.kubeconfig,
+        backend,
+        clique_override: args.clique_id,
+        simulated_host: node.simulated_host,
+        state_dir: node
+            .state_dir
+            .state_dir
+            .unwrap_or_else(|| plugin_dir.clone()),
+        plugin_dir,
+        registry_dir: node.kubelet_dirs.registry_dir,
+        pod_uid: node.pod_uid,
+        cdi_root: node.cdi_root.cdi_root,
+        dev_root: node.dev_root.dev_root,
+        metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
+        namespace: args.namespace,
+        max_domains: args.max_domains,
+        ready_timeout: std::time::Duration::from_secs(args.daemon_ready_timeout),
+    }))
+}

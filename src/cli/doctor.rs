@@ -1,0 +1,136 @@
+//! `gpu-dra doctor`: is this node ready for GPU claims, and if not, what to fix.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+
+use super::common::emit;
+use super::flags::{
+    Backend, BackendFlags, CdiRootFlag, DevRootFlag, DriverNameFlag, DriverRootFlag,
+    KubeletDirFlags, ProcRootFlag, StateDirFlag,
+};
+
+/// `doctor` takes the plugin's own flags and environment, so it checks exactly that plugin.
+/// Where a flag's help says something doctor-specific, it is declared here; the others are
+/// the plugin's own definitions.
+#[derive(clap::Args, Debug)]
+pub(crate) struct DoctorArgs {
+    /// `--driver-name`.
+    #[command(flatten)]
+    driver_name: DriverNameFlag,
+    /// The node whose ResourceSlices are checked; default: the simulated node's name, else the
+    /// host name.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Kubeconfig for the cluster checks; in a pod, the in-cluster configuration. Without
+    /// either, the cluster is not checked.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// `--gpu-backend`, `--sim-node`.
+    #[command(flatten)]
+    backend: BackendFlags,
+    /// With --gpu-backend nvml: the NVML library to load instead of the system's.
+    #[arg(long, env = "GPU_DRA_NVML_LIB")]
+    nvml_lib: Option<PathBuf>,
+    /// The node has no NVIDIA driver files or device nodes (kind, CI); implied by
+    /// --gpu-backend sim.
+    #[arg(long, env = "GPU_DRA_SIMULATED_HOST")]
+    simulated_host: bool,
+    /// `--plugin-dir`, `--registry-dir`.
+    #[command(flatten)]
+    kubelet_dirs: KubeletDirFlags,
+    /// `--cdi-root`.
+    #[command(flatten)]
+    cdi_root: CdiRootFlag,
+    /// `--driver-root`.
+    #[command(flatten)]
+    driver_root: DriverRootFlag,
+    /// NVIDIA driver root on the host, when this process sees it elsewhere.
+    #[arg(long, env = "GPU_DRA_HOST_DRIVER_ROOT")]
+    host_driver_root: Option<PathBuf>,
+    /// `--dev-root`.
+    #[command(flatten)]
+    dev_root: DevRootFlag,
+    /// `--proc-root`.
+    #[command(flatten)]
+    proc_root: ProcRootFlag,
+    /// `--state-dir`.
+    #[command(flatten)]
+    state_dir: StateDirFlag,
+    /// containerd's configuration file.
+    #[arg(long, default_value = "/etc/containerd/config.toml")]
+    containerd_config: PathBuf,
+    /// CRI-O's configuration file (its `.d` drop-in directory is read too).
+    #[arg(long, default_value = "/etc/crio/crio.conf")]
+    crio_config: PathBuf,
+    /// Only the node's own checks that start no process and call nobody (no plugin socket,
+    /// no nvidia-smi, no cluster).
+    #[arg(long)]
+    quick: bool,
+    /// Output: a table for people, or `{"checks": [{name, status, found, fix}]}`.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: DoctorOutput,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum DoctorOutput {
+    Table,
+    Json,
+}
+
+/// Runs the checks and prints one line per check; exit 0 when all are ok, 1 on a warning,
+/// 2 on a failure.
+///
+/// Fails when the checks cannot be run at all, or stdout cannot be written.
+pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::doctor::{self, DoctorConfig, NodeGpus, RuntimePaths};
+    let backend = match args.backend.gpu_backend {
+        Backend::Nvml => gpu_dra::plugin::BackendChoice::Nvml { lib: args.nvml_lib },
+        Backend::Sim => gpu_dra::plugin::BackendChoice::Sim {
+            sim_node: args.backend.sim_node,
+        },
+    };
+    let plugin_dir = args.kubelet_dirs.plugin_dir.unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "/var/lib/kubelet/plugins/{}",
+            args.driver_name.driver_name
+        ))
+    });
+    let state_dir = args
+        .state_dir
+        .state_dir
+        .unwrap_or_else(|| plugin_dir.clone());
+    let gpus = NodeGpus {
+        simulated: args.simulated_host || args.backend.gpu_backend == Backend::Sim,
+        backend,
+        driver_root: args.driver_root.driver_root.clone(),
+        sim_state: state_dir.join("sim"),
+    };
+    let config = DoctorConfig {
+        cluster: args.kubeconfig.is_some() || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+        driver_name: args.driver_name.driver_name,
+        node_name: args.node_name,
+        kubeconfig: args.kubeconfig,
+        layout: gpu_dra::cdi::HostLayout {
+            dev_root: args.dev_root.dev_root,
+            proc_root: args.proc_root.proc_root,
+            driver_root: args.driver_root.driver_root,
+            host_driver_root: args.host_driver_root,
+        },
+        cdi_root: args.cdi_root.cdi_root,
+        plugin_dir,
+        registry_dir: args.kubelet_dirs.registry_dir,
+        runtime: RuntimePaths {
+            containerd: args.containerd_config,
+            crio: args.crio_config,
+        },
+        quick: args.quick,
+    };
+    let report = doctor::run(&config, &gpus)?;
+    match args.output {
+        DoctorOutput::Table => emit(&report.render_table())?,
+        DoctorOutput::Json => emit(&report.to_json())?,
+    }
+    Ok(ExitCode::from(report.exit_code()))
+}

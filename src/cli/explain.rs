@@ -1,0 +1,136 @@
+//! `gpu-dra explain`: why claims do or do not fit a node, per request, per device, the first
+//! reason; from files, a simulated node or a live cluster.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use gpu_dra::demo;
+use gpu_dra::devices::{DEFAULT_DRIVER_NAME, SharedGpus};
+
+use super::common::{chain, emit};
+use super::flags::{MigProfilesFlag, Output};
+
+/// Flags of `gpu-dra explain`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ExplainArgs {
+    /// A ResourceClaim, ResourceClaimTemplate or Pod manifest (with its claims and templates),
+    /// YAML or JSON, one or several documents.
+    #[arg(long)]
+    claim: PathBuf,
+    /// Slices of a simulated node (preset or node file).
+    #[arg(long, conflicts_with_all = ["slices", "kubeconfig"])]
+    sim_node: Option<String>,
+    /// With --sim-node: publish its GPUs shareable (consumable capacity), as
+    /// `kubelet-plugin --shared-gpus` would: off, memory or N shares.
+    #[arg(long, default_value = "off", value_name = "off|memory|N")]
+    shared_gpus: SharedGpus,
+    /// `--mig-profiles`.
+    #[command(flatten)]
+    mig_profiles: MigProfilesFlag,
+    /// Slices from a file (e.g. `kubectl get resourceslices -o yaml`).
+    #[arg(long, conflicts_with = "kubeconfig")]
+    slices: Option<PathBuf>,
+    /// DeviceClasses (file or directory); default: the built-in gpu.nvidia.com and
+    /// mig.nvidia.com.
+    #[arg(long)]
+    classes: Option<PathBuf>,
+    /// Claims already allocated (file or directory): what they hold is not free.
+    #[arg(long)]
+    allocated: Option<PathBuf>,
+    /// Read classes, slices and allocated claims from this cluster.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Read them from the cluster this pod runs in.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    in_cluster: bool,
+    /// With a cluster: only this node (default: every node).
+    #[arg(long)]
+    node: Option<String>,
+    /// DRA driver name of simulated slices.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    driver_name: String,
+    /// Output: reasons for people, or the allocation / reasons as JSON or YAML.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: Output,
+}
+
+/// Prints the verdict; exit 0 when the claims fit, 1 when they do not, 2 on bad input
+/// (claims, allocated claims, classes or slices that cannot be read, printed as `error: …`).
+///
+/// Fails when the cluster cannot be reached or listed, or stdout cannot be written.
+pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    use gpu_dra::explain::{self, ExplainInput};
+    use gpu_dra::explain_inputs;
+    let bad_input = |e: String| -> anyhow::Result<ExitCode> {
+        eprintln!("error: {e}");
+        Ok(ExitCode::from(2))
+    };
+    let claims = match explain::load_claims(&args.claim) {
+        Ok(c) => c,
+        Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
+    };
+    let mut allocated = match &args.allocated {
+        Some(p) => match explain::load_allocated(p) {
+            Ok(a) => a,
+            Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
+        },
+        None => Vec::new(),
+    };
+    let (classes, slices) = if args.kubeconfig.is_some() || args.in_cluster {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let state = runtime.block_on(async {
+            let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
+            anyhow::Ok(explain_inputs::cluster_state(client, args.node.as_deref()).await?)
+        })?;
+        allocated.extend(state.allocated);
+        let classes = match &args.classes {
+            Some(_) => explain_inputs::classes(args.classes.as_deref()),
+            None => Ok(state.classes),
+        };
+        (classes, Ok(state.slices))
+    } else {
+        let slices = match (&args.slices, &args.sim_node) {
+            (Some(path), _) => {
+                explain::load_slices(path).map_err(|e| chain(&anyhow::Error::new(e)))
+            }
+            (None, sim_node) => explain_inputs::sim_slices(
+                sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET),
+                &args.driver_name,
+                explain_inputs::SimSliceOptions {
+                    shared_gpus: args.shared_gpus,
+                    mig_profiles: args.mig_profiles.mig_profiles.clone(),
+                },
+            )
+            .map_err(|e| chain(&anyhow::Error::new(e))),
+        };
+        (explain_inputs::classes(args.classes.as_deref()), slices)
+    };
+    let (classes, slices) = match (classes, slices) {
+        (Ok(c), Ok(s)) => (c, s),
+        (Err(e), _) | (_, Err(e)) => return bad_input(e),
+    };
+    let input = ExplainInput {
+        classes,
+        slices,
+        allocated,
+        claims,
+    };
+    let report = explain::explain(&gpu_dra::selectors::CelEngine, &input);
+    match args.output {
+        Output::Table => emit(&report.render_human())?,
+        Output::Json => emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&report.to_json())?
+        ))?,
+        Output::Yaml => emit(&report.to_yaml())?,
+    }
+    Ok(if report.input_error().is_some() {
+        ExitCode::from(2)
+    } else if report.fits() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

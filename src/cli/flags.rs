@@ -1,0 +1,301 @@
+//! Flags several verbs take, declared once: each group below is flattened (`#[command(flatten)]`)
+//! into the verbs that take the flag with the same name, env var, default, value parser and
+//! help text. Flags that differ in any of those stay with their verb. The groups are split where
+//! the verbs' flag order differs, as `--help` lists flags in declaration order.
+//!
+//! Also the value types the flags parse into and the interval value parser.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::ValueEnum;
+use gpu_dra::demo;
+use gpu_dra::devices::{DEFAULT_DRIVER_NAME, MigProfileSet};
+use gpu_dra::hardware::MigPolicy;
+use gpu_dra::hardware::sim;
+use gpu_dra::logging;
+
+/// `--driver-name` with `GPU_DRA_DRIVER_NAME`: `demo`, `inventory`, `kubelet-plugin`, `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct DriverNameFlag {
+    /// DRA driver name.
+    #[arg(long, env = "GPU_DRA_DRIVER_NAME", default_value = DEFAULT_DRIVER_NAME)]
+    pub(crate) driver_name: String,
+}
+
+/// `--kubeconfig` of the verbs that fall back to the in-cluster configuration:
+/// the node plugins and `compute-domain-controller`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct KubeconfigFlag {
+    /// Kubeconfig file; in-cluster configuration when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    pub(crate) kubeconfig: Option<PathBuf>,
+}
+
+/// `--gpu-backend` (default nvml) and `--sim-node`: the node plugins and `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct BackendFlags {
+    /// GPU backend.
+    #[arg(long, env = "GPU_DRA_GPU_BACKEND", value_enum, default_value = "nvml")]
+    pub(crate) gpu_backend: Backend,
+    /// Simulated node (preset or node file) for --gpu-backend sim.
+    #[arg(long, env = "GPU_DRA_SIM_NODE", default_value = demo::DEFAULT_PRESET)]
+    pub(crate) sim_node: String,
+}
+
+/// `--nvml-lib`: the node plugins and `inventory`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct NvmlLibFlag {
+    /// With --gpu-backend nvml: the NVML library to load instead of the system's
+    /// libnvidia-ml.so.1, e.g. the simulated one (cargo build: target/debug/libgpu_dra_nvml_sim.so).
+    #[arg(long, env = "GPU_DRA_NVML_LIB")]
+    pub(crate) nvml_lib: Option<PathBuf>,
+}
+
+/// `--plugin-dir` and `--registry-dir`, the kubelet's directories: the node plugins and `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct KubeletDirFlags {
+    /// Directory of the DRA socket (default /var/lib/kubelet/plugins/<driver>).
+    #[arg(long, env = "GPU_DRA_PLUGIN_DIR")]
+    pub(crate) plugin_dir: Option<PathBuf>,
+    /// Directory the kubelet watches for plugin registration sockets.
+    #[arg(
+        long,
+        env = "GPU_DRA_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub(crate) registry_dir: PathBuf,
+}
+
+/// `--cdi-root`: the node plugins and `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct CdiRootFlag {
+    /// Where CDI specs are written.
+    #[arg(long, env = "GPU_DRA_CDI_ROOT", default_value = "/var/run/cdi")]
+    pub(crate) cdi_root: PathBuf,
+}
+
+/// `--dev-root`: the node plugins and `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct DevRootFlag {
+    /// Root under which /dev is found.
+    #[arg(long, env = "GPU_DRA_DEV_ROOT", default_value = "/")]
+    pub(crate) dev_root: PathBuf,
+}
+
+/// `--state-dir` defaulting to the plugin directory: the node plugins and `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct StateDirFlag {
+    /// Checkpoint and simulated-hardware state (default: the plugin directory).
+    #[arg(long, env = "GPU_DRA_STATE_DIR")]
+    pub(crate) state_dir: Option<PathBuf>,
+}
+
+/// `--driver-root`: `kubelet-plugin` and `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct DriverRootFlag {
+    /// NVIDIA driver root as this process sees it.
+    #[arg(long, env = "GPU_DRA_DRIVER_ROOT", default_value = "/")]
+    pub(crate) driver_root: PathBuf,
+}
+
+/// `--proc-root`: `kubelet-plugin` and `doctor`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ProcRootFlag {
+    /// The proc filesystem.
+    #[arg(long, env = "GPU_DRA_PROC_ROOT", default_value = "/proc")]
+    pub(crate) proc_root: PathBuf,
+}
+
+/// `--gpu-mig-policies` (parsed later by `hardware::policy_flag::parse_gpu_policies`):
+/// `kubelet-plugin` and `inventory`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct GpuMigPoliciesFlag {
+    /// MIG policy of single GPUs, over --mig-policy: INDEX=POLICY pairs, e.g. 1=dynamic,3=static.
+    #[arg(long, env = "GPU_DRA_GPU_MIG_POLICIES", default_value = "")]
+    pub(crate) gpu_mig_policies: String,
+}
+
+/// `--mig-profiles`, on every verb that builds the device model.
+#[derive(clap::Args, Debug)]
+pub(crate) struct MigProfilesFlag {
+    /// MIG profiles a dynamic-MIG GPU publishes (with explain: those of --sim-node), e.g.
+    /// 1g.10gb,3g.40gb,7g.80gb; `all` (the default) publishes every profile at every
+    /// placement (docs/configuration.md has the scheduling cost of each choice).
+    #[arg(
+        long,
+        env = "GPU_DRA_MIG_PROFILES",
+        default_value = "all",
+        value_name = "all|PROFILE,..."
+    )]
+    pub(crate) mig_profiles: MigProfileSet,
+}
+
+/// The node flags `kubelet-plugin` and `compute-domain-plugin` share.
+#[derive(clap::Args, Debug)]
+pub(crate) struct NodeFlags {
+    /// This node's name (the pool name); in a pod, from the downward API. Defaults to the
+    /// simulated node's name with --gpu-backend sim.
+    #[arg(long, env = "NODE_NAME")]
+    pub(crate) node_name: Option<String>,
+    /// `--kubeconfig`.
+    #[command(flatten)]
+    pub(crate) kubeconfig: KubeconfigFlag,
+    /// `--gpu-backend`, `--sim-node`.
+    #[command(flatten)]
+    pub(crate) backend: BackendFlags,
+    /// `--nvml-lib`.
+    #[command(flatten)]
+    pub(crate) nvml_lib: NvmlLibFlag,
+    /// The node has no NVIDIA driver files or device nodes (kind, CI): CDI specs name the
+    /// simulated device nodes and the sharing tools are the simulated ones (implied by
+    /// --gpu-backend sim; use it with --gpu-backend nvml over the simulated library).
+    #[arg(long, env = "GPU_DRA_SIMULATED_HOST")]
+    pub(crate) simulated_host: bool,
+    /// `--plugin-dir`, `--registry-dir`.
+    #[command(flatten)]
+    pub(crate) kubelet_dirs: KubeletDirFlags,
+    /// This pod's UID, for the kubelet's seamless rolling update (sockets named after it).
+    #[arg(long, env = "POD_UID")]
+    pub(crate) pod_uid: Option<String>,
+    /// `--cdi-root`.
+    #[command(flatten)]
+    pub(crate) cdi_root: CdiRootFlag,
+    /// `--dev-root`.
+    #[command(flatten)]
+    pub(crate) dev_root: DevRootFlag,
+    /// `--state-dir`.
+    #[command(flatten)]
+    pub(crate) state_dir: StateDirFlag,
+    /// Log format.
+    #[arg(long, env = "GPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
+    pub(crate) log_format: LogFormat,
+    /// Log level; GPU_DRA_LOG, when set, overrides it with a full filter
+    /// (e.g. `info,gpu_dra::k8s=debug`).
+    #[arg(long, env = "GPU_DRA_LOG_LEVEL", value_enum, default_value = "info")]
+    pub(crate) log_level: LogLevel,
+}
+
+impl NodeFlags {
+    /// The backend, and the node name (the simulated node's when not given with sim).
+    ///
+    /// Fails when the node name is missing with the nvml backend, or when the simulated node
+    /// (preset or node file) cannot be resolved or read.
+    pub(crate) fn backend_and_name(
+        &self,
+    ) -> anyhow::Result<(gpu_dra::plugin::BackendChoice, String)> {
+        use gpu_dra::plugin::BackendChoice;
+        let backend = match self.backend.gpu_backend {
+            Backend::Nvml => BackendChoice::Nvml {
+                lib: self.nvml_lib.nvml_lib.clone(),
+            },
+            Backend::Sim => BackendChoice::Sim {
+                sim_node: self.backend.sim_node.clone(),
+            },
+        };
+        let node_name = match (&self.node_name, &backend) {
+            (Some(n), _) => n.clone(),
+            (None, BackendChoice::Sim { sim_node }) => {
+                sim::NodeSource::resolve(sim_node)?.plan()?.node_name
+            }
+            (None, BackendChoice::Nvml { .. }) => {
+                bail!("--node-name (or NODE_NAME) is required with --gpu-backend nvml")
+            }
+        };
+        Ok((backend, node_name))
+    }
+}
+
+/// An interval flag: whole seconds (`30` or `30s`) or minutes (`2m`), at least one second.
+///
+/// Fails (clap prints the message as the flag's error) on anything else, and on zero.
+pub(crate) fn interval_seconds(value: &str) -> Result<u64, String> {
+    let invalid =
+        || format!("{value:?} is not an interval; give whole seconds (30 or 30s) or minutes (2m)");
+    let (number, unit) = match value.trim() {
+        v if v.ends_with('s') => (&v[..v.len() - 1], 1),
+        v if v.ends_with('m') => (&v[..v.len() - 1], 60),
+        v => (v, 1),
+    };
+    let seconds = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(invalid)?;
+    if seconds == 0 {
+        return Err(format!("{value:?} is zero; give at least 1s"));
+    }
+    Ok(seconds)
+}
+
+/// `--log-level` of the node plugins.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The level as a `tracing` filter directive, e.g. `info`.
+    pub(crate) fn directive(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// `--log-format` of the node plugins.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+impl From<LogFormat> for logging::Format {
+    fn from(f: LogFormat) -> logging::Format {
+        match f {
+            LogFormat::Text => logging::Format::Text,
+            LogFormat::Json => logging::Format::Json,
+        }
+    }
+}
+
+/// `--gpu-backend`: the simulated node or NVML.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sim,
+    Nvml,
+}
+
+/// `--mig-policy`: the MIG policy of every GPU.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Policy {
+    Disabled,
+    Static,
+    Dynamic,
+}
+
+impl From<Policy> for MigPolicy {
+    fn from(p: Policy) -> MigPolicy {
+        match p {
+            Policy::Disabled => MigPolicy::Disabled,
+            Policy::Static => MigPolicy::Static,
+            Policy::Dynamic => MigPolicy::Dynamic,
+        }
+    }
+}
+
+/// `-o` of `inventory`, `explain` and `capacity`: for people, or as YAML or JSON.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Output {
+    Table,
+    Yaml,
+    Json,
+}

@@ -1,0 +1,181 @@
+//! `gpu-dra inventory`: what a node has and the ResourceSlices it would publish; also lists and
+//! prints the simulator's presets.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use gpu_dra::devices::{ModelOptions, SharedGpus};
+use gpu_dra::hardware::sim::{self, SimBackend, presets};
+use gpu_dra::hardware::{GpuBackend, MigPolicy, catalog, nvml::NvmlBackend, policy_flag};
+use gpu_dra::{demo, inventory};
+
+use super::common::emit;
+use super::flags::{
+    Backend, DriverNameFlag, GpuMigPoliciesFlag, MigProfilesFlag, NvmlLibFlag, Output, Policy,
+};
+
+/// Flags of `gpu-dra inventory`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct InventoryArgs {
+    /// GPU backend; defaults to `sim` when --sim-node is given, else `nvml`.
+    #[arg(long, env = "GPU_DRA_GPU_BACKEND", value_enum)]
+    gpu_backend: Option<Backend>,
+    /// Simulated node: a preset name or a node file (implies --gpu-backend sim).
+    #[arg(long, env = "GPU_DRA_SIM_NODE")]
+    sim_node: Option<String>,
+    /// `--nvml-lib`.
+    #[command(flatten)]
+    nvml_lib: NvmlLibFlag,
+    /// `--gpu-mig-policies`.
+    #[command(flatten)]
+    gpu_mig_policies: GpuMigPoliciesFlag,
+    /// Directory holding the simulated hardware state (created MIG devices, MIG mode), shared
+    /// with a running plugin that uses the same directory.
+    #[arg(long, env = "GPU_DRA_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Node name (and pool name) of the slices; defaults to the node file's, or the host name
+    /// with the nvml backend.
+    #[arg(long, env = "GPU_DRA_NODE_NAME")]
+    node_name: Option<String>,
+    /// `--driver-name`.
+    #[command(flatten)]
+    driver_name: DriverNameFlag,
+    /// MIG policy for every GPU with the nvml backend (the sim takes it from the node file):
+    /// default `static` for GPUs with MIG on, `disabled` otherwise.
+    #[arg(long, env = "GPU_DRA_MIG_POLICY", value_enum)]
+    mig_policy: Option<Policy>,
+    /// Publish GPUs and MIG devices shareable (consumable capacity): off, memory or N shares.
+    #[arg(
+        long,
+        env = "GPU_DRA_SHARED_GPUS",
+        default_value = "off",
+        value_name = "off|memory|N"
+    )]
+    shared_gpus: SharedGpus,
+    /// `--mig-profiles`.
+    #[command(flatten)]
+    mig_profiles: MigProfilesFlag,
+    /// Health policy file (YAML or JSON) the GPUs' faults are judged with, as the plugin's
+    /// --health-policy (docs/health.md). Default: the built-in policy.
+    #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
+    health_policy: Option<PathBuf>,
+    /// Output: a table for people, or ResourceSlice objects for `kubectl create -f -`.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    output: Output,
+    /// List the built-in simulated nodes and GPU models, then exit.
+    #[arg(long)]
+    list_presets: bool,
+    /// Print a preset's node file (a starting point for your own), then exit.
+    #[arg(long, value_name = "PRESET")]
+    print_preset: Option<String>,
+}
+
+/// Prints the node's GPUs, devices and slices (or the presets) in the chosen output.
+///
+/// Fails on an unknown preset, `--sim-node` with `--gpu-backend nvml` (without `--nvml-lib`),
+/// a backend that cannot be opened, a bad `--gpu-mig-policies` or health policy, or an
+/// inventory that cannot be built.
+pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
+    if args.list_presets {
+        emit(&list_presets()?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(name) = &args.print_preset {
+        let Some(p) = presets::preset(name) else {
+            bail!(
+                "unknown preset {name:?}; presets: {}",
+                presets::preset_names()
+            );
+        };
+        emit(&format!(
+            "# gpu-dra simulated node: {}\n{}",
+            p.summary, p.yaml
+        ))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let backend_kind = match (args.gpu_backend, &args.sim_node) {
+        // With --nvml-lib, GPU_DRA_SIM_NODE names the simulated library's node.
+        (Some(Backend::Nvml), Some(_)) if args.nvml_lib.nvml_lib.is_none() => {
+            bail!("--sim-node needs --gpu-backend sim (or no --gpu-backend)")
+        }
+        (Some(b), _) => b,
+        (None, Some(_)) => Backend::Sim,
+        (None, None) => Backend::Nvml,
+    };
+    let mut options = ModelOptions {
+        driver_name: args.driver_name.driver_name.clone(),
+        policies: Default::default(),
+        default_policy: args.mig_policy.map(MigPolicy::from),
+        shared_gpus: args.shared_gpus,
+        mig_profiles: args.mig_profiles.mig_profiles.clone(),
+    };
+    let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
+        Backend::Sim => {
+            let node = args.sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET);
+            let sim = SimBackend::open(node, args.state_dir.as_deref())?;
+            if args.mig_policy.is_none() {
+                options.policies =
+                    ModelOptions::with_policies(&args.driver_name.driver_name, &sim.mig_policies())
+                        .policies;
+            }
+            let name = sim.node_name().to_string();
+            (Box::new(sim), name)
+        }
+        Backend::Nvml => (
+            Box::new(NvmlBackend::open_with(args.nvml_lib.nvml_lib.as_deref())?),
+            host_name(),
+        ),
+    };
+    options.policies.extend(policy_flag::parse_gpu_policies(
+        &args.gpu_mig_policies.gpu_mig_policies,
+    )?);
+    let node_name = args.node_name.unwrap_or(default_node);
+    let policy = match &args.health_policy {
+        Some(path) => gpu_dra::health::HealthPolicy::load(path)?,
+        None => gpu_dra::health::HealthPolicy::default(),
+    };
+    let now = gpu_dra::hardware::health::unix_now();
+    let view = inventory::view_judged(backend.as_ref(), &node_name, &options, &policy, now)
+        .with_context(|| format!("inventory of node {node_name}"))?;
+    match args.output {
+        Output::Table => emit(&inventory::render_table(&view))?,
+        Output::Yaml => emit(&format!(
+            "{}{}",
+            inventory::clique_comments(&view),
+            inventory::slices_yaml(&view.slices)?
+        ))?,
+        Output::Json => emit(&inventory::slices_json(&view.slices)?)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--list-presets`: the simulated nodes, the GPU models for node files, and where to start.
+fn list_presets() -> anyhow::Result<String> {
+    let mut out = String::from("Simulated nodes (--sim-node):\n");
+    for p in presets::PRESETS {
+        out.push_str(&format!("  {:<12} {}\n", p.name, p.summary));
+    }
+    out.push_str("\nGPU models for node files (gpus[].model):\n");
+    for m in catalog::models()? {
+        let mig = if m.mig_capable() {
+            let names: Vec<&str> = m.profiles.iter().map(|p| p.name.as_str()).collect();
+            format!("MIG {}", names.join(" "))
+        } else {
+            "no MIG".to_string()
+        };
+        out.push_str(&format!("  {:<15} {:<26} {mig}\n", m.key, m.product_name));
+    }
+    out.push_str(&format!(
+        "\nNode file format: gpu-dra inventory --print-preset mixed; state file: <state-dir>/{}\n",
+        sim::STATE_FILE
+    ));
+    Ok(out)
+}
+
+/// The node name of the nvml backend's slices when `--node-name` is not given.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
