@@ -144,8 +144,8 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     assert_eq!(deploy_support::container_env(container), want);
-    // The env names are the controller's flags' (src/main.rs).
-    let main = fs::read_to_string(repo().join("src/main.rs")).unwrap();
+    // The env names are the controller's flags' (src/cli/compute_domain_controller.rs).
+    let main = fs::read_to_string(repo().join("src/cli/compute_domain_controller.rs")).unwrap();
     for name in want.keys() {
         assert!(
             main.contains(&format!("env = \"{name}\"")),
