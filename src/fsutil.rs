@@ -125,7 +125,8 @@ pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsErro
 /// `spare` is created (with exactly `mode`) when missing and consumed when `path` did not
 /// exist yet (it is renamed into place). It must be a name no other writer uses, in `path`'s
 /// directory, and one that readers of that directory ignore (a leading dot). If it vanished
-/// under us (a sweep of stale spares), the call falls back to a fresh temp file.
+/// under us (a sweep of stale spares) or is not a file (a symlink, never followed: opened
+/// with `O_NOFOLLOW`), it is removed and the call falls back to a fresh temp file.
 ///
 /// Returns whether `spare` still names a file (the previous version) for the next call:
 /// `false` when `path` was new and the spare became it.
@@ -162,7 +163,8 @@ pub fn replace_atomic_reusing(
 
 /// Why writing through a spare did not complete.
 enum Reuse {
-    /// The spare's name disappeared between opening and exchanging it.
+    /// The spare cannot be used (its name disappeared between opening and exchanging it, or
+    /// it is not a regular file we can open without following a link): write afresh.
     Vanished,
     /// A real failure, reported as is.
     Failed(FsError),
@@ -201,13 +203,10 @@ fn overwrite_then_exchange(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             write_new_temp_file(path, spare, mode).map_err(Reuse::Failed)?
         }
-        Err(source) => {
-            return Err(Reuse::Failed(FsError::CreateTemp {
-                path: path.to_path_buf(),
-                temp: spare.to_path_buf(),
-                source,
-            }));
-        }
+        // Not a file we can write in place (a link put there, or the previous version was a
+        // link someone planted at `path`, now swapped to this name): it is removed, never
+        // followed, and this write takes a fresh temp file.
+        Err(_) => return Err(Reuse::Vanished),
     };
     file.write_all_at(bytes, 0).map_err(step("writing"))?;
     file.set_len(bytes.len() as u64)
@@ -685,21 +684,34 @@ mod tests {
         replace_atomic_reusing(&path, &spare, b"three", 0o600).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"three");
 
-        // Replaced by a link to another file: that file is left alone, the write fails and
-        // the link goes, so the next write starts clean.
+        // Replaced by a link to another file: that file is left alone, the link goes and the
+        // write lands through a fresh temp file.
         let victim = tmp.path().join("victim");
         fs::write(&victim, b"precious").unwrap();
         fs::remove_file(&spare).unwrap();
         std::os::unix::fs::symlink(&victim, &spare).unwrap();
-        assert!(replace_atomic_reusing(&path, &spare, b"four", 0o600).is_err());
+        replace_atomic_reusing(&path, &spare, b"four", 0o600).unwrap();
         assert_eq!(fs::read(&victim).unwrap(), b"precious");
-        assert_eq!(fs::read(&path).unwrap(), b"three");
+        assert_eq!(fs::read(&path).unwrap(), b"four");
         assert!(
             fs::symlink_metadata(&spare).is_err(),
             "the link was removed"
         );
+
+        // A link planted at the file itself is swapped to the spare's name by the next write
+        // and removed by the one after; neither writes through it.
+        fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
         replace_atomic_reusing(&path, &spare, b"five", 0o600).unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"five");
+        replace_atomic_reusing(&path, &spare, b"six", 0o600).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(fs::read(&path).unwrap(), b"six");
+        assert!(
+            !fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
     }
 
     #[test]
