@@ -205,11 +205,11 @@ fn rbac_rules_cover_exactly_the_calls_in_src_k8s() {
         ),
         (
             "resourceslices create",
-            publisher.contains("api.create(&params, slice)"),
+            publisher.contains(".create(&params, slice)"),
         ),
         (
             "resourceslices update",
-            publisher.contains("api.replace(&name, &params, slice)"),
+            publisher.contains(".replace(&name, &params, slice)"),
         ),
         (
             "resourceslices delete",
