@@ -5,8 +5,10 @@
 //!
 //! It also drops the fields of a DRA feature that is off on the API server (its feature gate):
 //! `allowMultipleAllocations` without `DRAConsumableCapacity`, say. Rewriting would not bring
-//! them back, only churn the pool's generation, so such a field counts as the same content, and
-//! [`dropped_by_server`] names it (and its gate) for the publisher to warn about once.
+//! them back, only churn the pool's generation. A missing field cannot tell "dropped" from "not
+//! written yet" (a taint just added), so the publisher learns which fields the server drops
+//! from its answers to writes ([`dropped_by_server`]) and only those are then ignored
+//! ([`same_content_ignoring`]).
 
 use std::collections::BTreeSet;
 
@@ -43,24 +45,40 @@ pub struct DroppedField {
     pub gate: &'static str,
 }
 
-/// Whether `ours` and `theirs` describe the same pool content, ignoring the pool generation
-/// and the fields the server dropped for want of a feature gate (see the module comment).
+/// Whether `ours` and `theirs` describe the same pool content, ignoring the pool generation.
 pub fn same_content(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> bool {
-    identical(ours, theirs) || equivalent_json(ours, theirs, &mut BTreeSet::new())
+    same_content_ignoring(ours, theirs, &BTreeSet::new())
 }
 
-/// The fields of `ours` that `theirs` (what the server stored) lacks because their feature gate
-/// is off on the API server, in name order; empty when it kept everything. Only meaningful
-/// when `theirs` is the server's answer to writing `ours`, or [`same_content`] holds.
-pub fn dropped_by_server(
+/// [`same_content`], where a field of `dropped` that `ours` sets and `theirs` lacks is no
+/// difference: the server is known to drop it ([`dropped_by_server`]).
+pub fn same_content_ignoring(
     ours: &ResourceSliceSpec,
     theirs: &ResourceSliceSpec,
+    dropped: &BTreeSet<DroppedField>,
+) -> bool {
+    identical(ours, theirs) || equivalent_json(ours, theirs, &mut Gated::Ignore(dropped))
+}
+
+/// The fields of `written` that `stored` (the server's answer to writing it) lacks because
+/// their feature gate is off on the API server, in name order; empty when it kept everything.
+pub fn dropped_by_server(
+    written: &ResourceSliceSpec,
+    stored: &ResourceSliceSpec,
 ) -> Vec<DroppedField> {
-    let mut dropped = BTreeSet::new();
-    if !identical(ours, theirs) {
-        equivalent_json(ours, theirs, &mut dropped);
+    let mut found = BTreeSet::new();
+    if !identical(written, stored) {
+        equivalent_json(written, stored, &mut Gated::Collect(&mut found));
     }
-    dropped.into_iter().collect()
+    found.into_iter().collect()
+}
+
+/// What a gated field that `ours` sets and `theirs` lacks means to a comparison.
+enum Gated<'a> {
+    /// A difference, unless the field is one of these.
+    Ignore(&'a BTreeSet<DroppedField>),
+    /// Dropped by the server: collected, and no difference.
+    Collect(&'a mut BTreeSet<DroppedField>),
 }
 
 /// Field-by-field equality but for the generation: the cheap common case at steady state.
@@ -96,14 +114,14 @@ fn identical(ours: &ResourceSliceSpec, theirs: &ResourceSliceSpec) -> bool {
 fn equivalent_json(
     ours: &ResourceSliceSpec,
     theirs: &ResourceSliceSpec,
-    dropped: &mut BTreeSet<DroppedField>,
+    gated: &mut Gated,
 ) -> bool {
     let mut ours = ours.clone();
     let mut theirs = theirs.clone();
     ours.pool.generation = 0;
     theirs.pool.generation = 0;
     match (serde_json::to_value(&ours), serde_json::to_value(&theirs)) {
-        (Ok(a), Ok(b)) => equivalent(&a, &b, Context::Plain, dropped),
+        (Ok(a), Ok(b)) => equivalent(&a, &b, Context::Plain, gated),
         // Specs always serialise; if one ever did not, rewriting it is the safe answer.
         _ => false,
     }
@@ -118,12 +136,7 @@ enum Context {
     Taint,
 }
 
-fn equivalent(
-    ours: &Value,
-    theirs: &Value,
-    context: Context,
-    dropped: &mut BTreeSet<DroppedField>,
-) -> bool {
+fn equivalent(ours: &Value, theirs: &Value, context: Context, gated: &mut Gated) -> bool {
     match (ours, theirs) {
         (Value::Object(a), Value::Object(b)) => {
             let keys = a.keys().chain(b.keys().filter(|k| !a.contains_key(*k)));
@@ -137,8 +150,15 @@ fn equivalent(
                     && context != Context::Taint
                     && let Some((field, gate)) = GATED_FIELDS.iter().find(|(f, _)| f == key)
                 {
-                    dropped.insert(DroppedField { field, gate });
-                    return true;
+                    let field = DroppedField { field, gate };
+                    match gated {
+                        Gated::Ignore(known) if known.contains(&field) => return true,
+                        Gated::Ignore(_) => return false,
+                        Gated::Collect(found) => {
+                            found.insert(field);
+                            return true;
+                        }
+                    }
                 }
                 let inner = if context == Context::Taint || key == "taints" {
                     Context::Taint
@@ -151,7 +171,7 @@ fn equivalent(
                     x.unwrap_or(&Value::Null),
                     y.unwrap_or(&Value::Null),
                     inner,
-                    dropped,
+                    gated,
                 )
             })
         }
@@ -159,7 +179,7 @@ fn equivalent(
             a.len() == b.len()
                 && a.iter()
                     .zip(b)
-                    .all(|(x, y)| equivalent(x, y, context, dropped))
+                    .all(|(x, y)| equivalent(x, y, context, gated))
         }
         (Value::String(a), Value::String(b)) if a != b && context == Context::Quantity => {
             matches!((quantity(a), quantity(b)), (Some(x), Some(y)) if x == y)
@@ -283,7 +303,7 @@ mod tests {
             &ours,
             &theirs,
             Context::Plain,
-            &mut BTreeSet::new()
+            &mut Gated::Ignore(&BTreeSet::new())
         ));
     }
 
@@ -295,7 +315,7 @@ mod tests {
             &ours,
             &theirs,
             Context::Plain,
-            &mut BTreeSet::new()
+            &mut Gated::Ignore(&BTreeSet::new())
         ));
     }
 
@@ -309,7 +329,7 @@ mod tests {
     }
 
     #[test]
-    fn fields_a_gate_off_on_the_server_dropped_are_the_same_content_and_named() {
+    fn fields_the_server_is_known_to_drop_are_the_same_content() {
         let ours = spec(
             serde_json::json!([{"name": "gpu-0", "allowMultipleAllocations": true,
             "capacity": {"memory": {"value": "80Gi",
@@ -317,9 +337,11 @@ mod tests {
         );
         let theirs = spec(serde_json::json!([{"name": "gpu-0",
             "capacity": {"memory": {"value": "80Gi"}}}]));
-        assert!(same_content(&ours, &theirs));
+        // Not known yet: a field we set and the server lacks may just not be written yet.
+        assert!(!same_content(&ours, &theirs));
+        let dropped = dropped_by_server(&ours, &theirs);
         assert_eq!(
-            dropped_by_server(&ours, &theirs),
+            dropped,
             vec![
                 DroppedField {
                     field: "allowMultipleAllocations",
@@ -331,7 +353,25 @@ mod tests {
                 },
             ]
         );
+        let known: BTreeSet<DroppedField> = dropped.into_iter().collect();
+        assert!(same_content_ignoring(&ours, &theirs, &known));
         assert!(dropped_by_server(&ours, &ours).is_empty());
+    }
+
+    #[test]
+    fn a_taint_not_written_yet_is_a_change_unless_the_server_drops_taints() {
+        let tainted = spec(serde_json::json!([{"name": "gpu-0",
+            "taints": [{"key": "k", "effect": "NoSchedule"}]}]));
+        let plain = spec(serde_json::json!([{"name": "gpu-0"}]));
+        let capacity: BTreeSet<DroppedField> = [DroppedField {
+            field: "allowMultipleAllocations",
+            gate: "DRAConsumableCapacity",
+        }]
+        .into();
+        assert!(!same_content_ignoring(&tainted, &plain, &capacity));
+        let taints: BTreeSet<DroppedField> =
+            dropped_by_server(&tainted, &plain).into_iter().collect();
+        assert!(same_content_ignoring(&tainted, &plain, &taints));
     }
 
     #[test]
@@ -344,6 +384,10 @@ mod tests {
         let tainted = spec(serde_json::json!([{"name": "gpu-0",
             "taints": [{"key": "k", "effect": "NoSchedule"}]}]));
         let plain = spec(serde_json::json!([{"name": "gpu-0"}]));
-        assert!(!same_content(&plain, &tainted));
+        let all: BTreeSet<DroppedField> = GATED_FIELDS
+            .iter()
+            .map(|(field, gate)| DroppedField { field, gate })
+            .collect();
+        assert!(!same_content_ignoring(&plain, &tainted, &all));
     }
 }

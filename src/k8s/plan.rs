@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use super::compare::same_content;
+use std::collections::BTreeSet;
+
+use super::compare::{DroppedField, same_content_ignoring};
 
 /// One slice to write, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +85,18 @@ pub fn plan(
     pool: &str,
     owner: &OwnerReference,
 ) -> Plan {
+    plan_ignoring(desired, existing, pool, owner, &BTreeSet::new())
+}
+
+/// [`plan`], where a field of `dropped` that the cluster's slices lack is no change: the API
+/// server is known to drop it (a feature gate off there), so writing it again cannot help.
+pub fn plan_ignoring(
+    desired: &[ResourceSlice],
+    existing: &[ResourceSlice],
+    pool: &str,
+    owner: &OwnerReference,
+    dropped: &BTreeSet<DroppedField>,
+) -> Plan {
     let by_name: BTreeMap<&str, &ResourceSlice> = existing
         .iter()
         .filter_map(|s| Some((s.metadata.name.as_deref()?, s)))
@@ -97,7 +111,7 @@ pub fn plan(
         .map(|s| s.spec.pool.generation)
         .max();
     let generation = match highest {
-        Some(g) if existing_at(existing, pool, g).all(|s| matches(&wanted, s)) => g,
+        Some(g) if existing_at(existing, pool, g).all(|s| matches(&wanted, s, dropped)) => g,
         Some(g) => g.saturating_add(1),
         None => 1,
     };
@@ -112,7 +126,7 @@ pub fn plan(
             None => writes.push(Write::Create(next)),
             Some(current) => {
                 let up_to_date = current.spec.pool.generation == generation
-                    && same_content(&next.spec, &current.spec)
+                    && same_content_ignoring(&next.spec, &current.spec, dropped)
                     && owned_by(current, owner);
                 if !up_to_date {
                     writes.push(Write::Update(replacing(current, next)));
@@ -146,11 +160,15 @@ fn existing_at<'a>(
 }
 
 /// Whether `current` is a desired slice with the desired content.
-fn matches(wanted: &BTreeMap<&str, &ResourceSlice>, current: &ResourceSlice) -> bool {
+fn matches(
+    wanted: &BTreeMap<&str, &ResourceSlice>,
+    current: &ResourceSlice,
+    dropped: &BTreeSet<DroppedField>,
+) -> bool {
     let name = current.metadata.name.as_deref().unwrap_or_default();
     wanted
         .get(name)
-        .is_some_and(|w| same_content(&w.spec, &current.spec))
+        .is_some_and(|w| same_content_ignoring(&w.spec, &current.spec, dropped))
 }
 
 fn owned_by(slice: &ResourceSlice, owner: &OwnerReference) -> bool {

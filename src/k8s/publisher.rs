@@ -104,7 +104,8 @@ pub struct SlicePublisher {
     options: PublisherOptions,
     owner: Arc<OnceCell<OwnerReference>>,
     status: Arc<watch::Sender<PublishStatus>>,
-    /// Fields the API server dropped (a feature gate off there), each warned about once.
+    /// Fields the API server dropped from our writes (a feature gate off there): each warned
+    /// about once, and no reason to rewrite a slice afterwards.
     warned_dropped: Arc<Mutex<BTreeSet<DroppedField>>>,
 }
 
@@ -267,7 +268,13 @@ impl SlicePublisher {
     ) -> Result<(), K8sError> {
         let owner = self.owner().await?;
         let existing = self.list().await?;
-        let plan = plan::plan(desired, &existing, &self.node, owner);
+        // Fields the server dropped from earlier writes are not written again for that.
+        let dropped = self
+            .warned_dropped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let plan = plan::plan_ignoring(desired, &existing, &self.node, owner, &dropped);
         outcome.generation = plan.generation;
         outcome.slices = desired.len();
         let api = self.api();

@@ -69,6 +69,9 @@ struct State {
     next_version: u64,
     faults: VecDeque<Fault>,
     requests: Vec<Recorded>,
+    /// Keys removed (at any depth) from every object written, as a kube-apiserver with a
+    /// feature gate off drops that feature's fields.
+    dropped_on_write: Vec<String>,
 }
 
 /// The fake server; dropping the client ends it.
@@ -143,6 +146,14 @@ impl FakeApi {
         state.objects.insert(path.to_string(), object);
     }
 
+    /// From now on, drops `keys` (at any depth) from every object written, as kube-apiserver
+    /// does with the fields of a feature whose gate is off (`allowMultipleAllocations`
+    /// without `DRAConsumableCapacity`, counters without `DRAPartitionableDevices`).
+    pub fn drop_fields_on_write(&self, keys: &[&str]) {
+        self.state.lock().expect("state").dropped_on_write =
+            keys.iter().map(|k| k.to_string()).collect();
+    }
+
     pub fn fail(&self, fault: Fault) {
         self.state.lock().expect("state").faults.push_back(fault);
     }
@@ -203,6 +214,18 @@ impl FakeApi {
     }
 }
 
+/// Removes every key of `keys` from `value`, at any depth.
+fn drop_keys(value: &mut Value, keys: &[String]) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|k, _| !keys.contains(k));
+            map.values_mut().for_each(|v| drop_keys(v, keys));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| drop_keys(v, keys)),
+        _ => {}
+    }
+}
+
 impl State {
     fn answer(&mut self, r: &Recorded) -> (u16, Value) {
         let path = r.path.as_str();
@@ -224,6 +247,7 @@ impl State {
                 }
                 self.next_version += 1;
                 object["metadata"]["uid"] = json!(format!("uid-{}", self.next_version));
+                drop_keys(&mut object, &self.dropped_on_write);
                 self.stamp(&mut object);
                 self.objects.insert(key, object.clone());
                 (201, object)
@@ -238,6 +262,7 @@ impl State {
                     return status(409, "Conflict", "the object has been modified");
                 }
                 object["metadata"]["uid"] = current["metadata"]["uid"].clone();
+                drop_keys(&mut object, &self.dropped_on_write);
                 self.stamp(&mut object);
                 self.objects.insert(path.to_string(), object.clone());
                 (200, object)
