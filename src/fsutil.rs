@@ -269,7 +269,7 @@ pub fn spare_path(path: &Path) -> Result<PathBuf, FsError> {
     Ok(dir.join(format!(
         "{}{}-{:x}-{}",
         spare_prefix(name),
-        std::process::id(),
+        process_id(),
         process_nonce(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     )))
@@ -284,7 +284,7 @@ fn spare_prefix(name: &str) -> String {
 fn process_nonce() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *NONCE.get_or_init(|| RandomState::new().hash_one(std::process::id()) & 0xffff_ffff)
+    *NONCE.get_or_init(|| RandomState::new().hash_one(process_id()) & 0xffff_ffff)
 }
 
 fn next_temp(path: &Path) -> Result<PathBuf, FsError> {
@@ -292,7 +292,7 @@ fn next_temp(path: &Path) -> Result<PathBuf, FsError> {
     Ok(dir.join(format!(
         "{}{}-{}",
         temp_prefix(name),
-        std::process::id(),
+        process_id(),
         TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     )))
 }
@@ -324,15 +324,36 @@ fn write_new_temp_file(path: &Path, temp: &Path, mode: u32) -> Result<File, FsEr
         temp: temp.to_path_buf(),
         source,
     })?;
-    // The umask may have cleared bits of `mode` at creation.
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(|source| FsError::WriteTemp {
-            step: "setting mode of",
-            path: path.to_path_buf(),
-            temp: temp.to_path_buf(),
-            source,
-        })?;
+    // The umask may have cleared bits of `mode` at creation: set it again, unless the umask
+    // is known to leave `mode` whole (saves a system call per write).
+    if process_umask().is_none_or(|umask| mode & umask != 0) {
+        file.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(|source| FsError::WriteTemp {
+                step: "setting mode of",
+                path: path.to_path_buf(),
+                temp: temp.to_path_buf(),
+                source,
+            })?;
+    }
     Ok(file)
+}
+
+/// The process's umask as the kernel reports it (`Umask:` in `/proc/self/status`, Linux 4.7+),
+/// read once: nothing in this program changes it. `None` when it cannot be read, and callers
+/// then set modes explicitly.
+fn process_umask() -> Option<u32> {
+    static UMASK: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let status = fs::read_to_string("/proc/self/status").ok()?;
+        let value = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(value.trim(), 8).ok()
+    })
+}
+
+/// This process's ID, asked of the kernel once (`getpid` is a system call in glibc).
+fn process_id() -> u32 {
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *PID.get_or_init(std::process::id)
 }
 
 /// What a finished replacement survives.
@@ -387,6 +408,9 @@ fn write_then_rename(
         file.sync_all().map_err(step("syncing"))?;
     }
     drop(file);
+    if durability == Durability::ProcessCrash && rename_new(temp, path) == Renamed::Done {
+        return Ok(());
+    }
     if durability == Durability::ProcessCrash && exchange(temp, path) {
         // `temp` now names the old content, which nobody needs: a reader that opened it
         // keeps its open file. Left behind by a crash, [`remove_stale_temps`] finds it.
@@ -424,6 +448,37 @@ fn write_then_rename(
 /// anyway. An exchange is not a replace, so it costs what a rename into a new name costs
 /// (about 15 µs). Readers still see the old file or the new one, never neither.
 fn exchange(temp: &Path, path: &Path) -> bool {
+    rename_with(temp, path, RenameFlag::Exchange) == Renamed::Done
+}
+
+/// Moves `temp` to `path` only if nothing is there (`renameat2(RENAME_NOREPLACE)`), the usual
+/// case of a new file (a claim's first spec): one call instead of a failed exchange and a
+/// rename. [`Renamed::Exists`] when `path` exists, [`Renamed::NotDone`] when it could not be
+/// tried (the caller goes on as without it).
+fn rename_new(temp: &Path, path: &Path) -> Renamed {
+    rename_with(temp, path, RenameFlag::NoReplace)
+}
+
+/// What [`rename_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renamed {
+    /// Done.
+    Done,
+    /// `RENAME_NOREPLACE` found a file at the target; nothing changed.
+    Exists,
+    /// Not done, for any other reason (no target for an exchange, not supported); nothing
+    /// changed.
+    NotDone,
+}
+
+/// The `renameat2` flag to use.
+#[derive(Debug, Clone, Copy)]
+enum RenameFlag {
+    NoReplace,
+    Exchange,
+}
+
+fn rename_with(temp: &Path, path: &Path, flag: RenameFlag) -> Renamed {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         use std::ffi::{CString, c_char, c_int, c_uint};
@@ -438,32 +493,36 @@ fn exchange(temp: &Path, path: &Path) -> bool {
             ) -> c_int;
         }
         const AT_FDCWD: c_int = -100;
+        const RENAME_NOREPLACE: c_uint = 1;
         const RENAME_EXCHANGE: c_uint = 1 << 1;
+        let flags = match flag {
+            RenameFlag::NoReplace => RENAME_NOREPLACE,
+            RenameFlag::Exchange => RENAME_EXCHANGE,
+        };
         let (Ok(old), Ok(new)) = (
             CString::new(temp.as_os_str().as_bytes()),
             CString::new(path.as_os_str().as_bytes()),
         ) else {
-            return false;
+            return Renamed::NotDone;
         };
         // SAFETY: `renameat2` (glibc 2.28+) reads two NUL-terminated paths, which the
         // `CString`s keep alive and unchanged for the duration of the call; it writes no
-        // memory of ours, and on any failure (ENOENT: no `path` yet; EINVAL/ENOSYS: not
-        // supported) it changes nothing and we fall back to `rename`.
-        let done = unsafe {
-            renameat2(
-                AT_FDCWD,
-                old.as_ptr(),
-                AT_FDCWD,
-                new.as_ptr(),
-                RENAME_EXCHANGE,
-            )
-        };
-        done == 0
+        // memory of ours, and on any failure (EEXIST: a file at `path` for NOREPLACE; ENOENT:
+        // no `path` for EXCHANGE; EINVAL/ENOSYS: not supported) it changes nothing and the
+        // caller falls back.
+        let done = unsafe { renameat2(AT_FDCWD, old.as_ptr(), AT_FDCWD, new.as_ptr(), flags) };
+        match done {
+            0 => Renamed::Done,
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::AlreadyExists => {
+                Renamed::Exists
+            }
+            _ => Renamed::NotDone,
+        }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
-        let _ = (temp, path);
-        false
+        let _ = (temp, path, flag);
+        Renamed::NotDone
     }
 }
 
@@ -742,6 +801,42 @@ mod tests {
         assert_eq!(names_in(tmp.path()), vec!["checkpoint.json"]);
         replace_atomic_reusing(&path, &ours, b"c", 0o600).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"c");
+    }
+
+    #[test]
+    fn the_umask_read_once_is_the_one_the_kernel_applies() {
+        let tmp = tempfile::tempdir().unwrap();
+        let probe = tmp.path().join("probe");
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o777)
+            .open(&probe)
+            .unwrap();
+        let umask = process_umask().expect("Linux reports the umask in /proc/self/status");
+        assert_eq!(mode_of(&probe), 0o777 & !umask);
+        // A mode the umask would cut is set again: 0o666 with a umask of 0o022 or more.
+        let path = tmp.path().join("wide");
+        replace_atomic(&path, b"x", 0o666).unwrap();
+        assert_eq!(mode_of(&path), 0o666);
+    }
+
+    #[test]
+    fn a_new_file_is_moved_into_place_and_an_existing_one_exchanged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("spec.json");
+        let temp = tmp.path().join(".spec.json.tmp-1");
+        fs::write(&temp, b"new").unwrap();
+        assert_eq!(rename_new(&temp, &path), Renamed::Done);
+        fs::write(&temp, b"newer").unwrap();
+        assert_eq!(rename_new(&temp, &path), Renamed::Exists);
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            b"new",
+            "NOREPLACE changed nothing"
+        );
+        replace_atomic(&path, b"newest", 0o644).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"newest");
     }
 
     #[test]
