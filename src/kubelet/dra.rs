@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
 use super::combine::{Answers, Queue};
 use super::handler::{complete_results, validate_claims};
@@ -126,7 +126,9 @@ impl<H: DraHandler> DraCore<H> {
                 for claim in &valid {
                     let _claim = claim_span(claim).entered();
                     match results.get(&claim.uid) {
-                        Some(Ok(_)) => info!("claim done"),
+                        // The handler logs each success with its fields ("prepared",
+                        // "unprepared"); one line per claim at info is enough.
+                        Some(Ok(_)) => debug!("claim done"),
                         Some(Err(error)) => warn!(%error, "claim failed"),
                         None => {}
                     }
