@@ -480,3 +480,67 @@ async fn a_daemon_set_deleted_by_hand_is_re_created_at_the_next_resync() {
         json!({"resource.nvidia.com/computeDomain": uid})
     );
 }
+
+/// An upgrade of the driver restarts the controller with a new image: the daemons of domains
+/// that already run must get it too, and a restart with the same image must not touch them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_brings_the_daemon_set_to_its_image_and_leaves_an_up_to_date_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let created = server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let ds_path = format!("{}/imex-{uid}", daemon_sets_path());
+    let image = |ds: &Value| ds["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+
+    let old = start(&server, dir.path(), "c1", false).await;
+    let ds = eventually("the DaemonSet", WAIT, || server.get(&ds_path)).await;
+    assert_eq!(image(&ds), json!("registry.example/gpu-dra:0.1.0"));
+    old.stop.cancel();
+    let _ = old.task.await;
+
+    // The same version again: it reads the DaemonSet and leaves it as it is.
+    let seen = server.requests().len();
+    let same = start(&server, dir.path(), "c2", false).await;
+    eventually(
+        "the restarted controller to read the DaemonSet",
+        WAIT,
+        || {
+            server.requests()[seen..]
+                .iter()
+                .any(|r| r.method == "GET" && r.path == ds_path)
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let puts: Vec<_> = server.requests()[seen..]
+        .iter()
+        .filter(|r| r.method == "PUT" && r.path == ds_path)
+        .cloned()
+        .collect();
+    assert!(
+        puts.is_empty(),
+        "an up-to-date DaemonSet was rewritten: {puts:?}"
+    );
+    same.stop.cancel();
+    let _ = same.task.await;
+
+    // A new version: the template gets its image; the selector (immutable) stays.
+    let mut upgraded = config("c3", false);
+    upgraded.settings.image = "registry.example/gpu-dra:0.2.0".into();
+    let _new = start_with(&server, dir.path(), upgraded).await;
+    let ds = eventually("the DaemonSet on the new image", WAIT, || {
+        server
+            .get(&ds_path)
+            .filter(|d| image(d) == json!("registry.example/gpu-dra:0.2.0"))
+    })
+    .await;
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        json!({api::DOMAIN_UID_LABEL: uid})
+    );
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["nodeSelector"],
+        json!({"resource.nvidia.com/computeDomain": uid})
+    );
+}

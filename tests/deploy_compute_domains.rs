@@ -234,6 +234,10 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
             source.contains("Api<DaemonSet>"),
         ),
         (
+            "daemonsets update (an upgrade's new image)",
+            source.contains("fn ensure_daemon_set") && source.contains("api.replace(&name"),
+        ),
+        (
             "computedomainnodes list watch",
             source.contains("watcher::watcher(node_api"),
         ),
@@ -273,7 +277,7 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
             {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomainnodes"],
              "verbs": ["list", "watch", "deletecollection"]},
             {"apiGroups": ["apps"], "resources": ["daemonsets"],
-             "verbs": ["get", "create", "delete"]},
+             "verbs": ["get", "create", "update", "delete"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
              "verbs": ["get", "create", "update"]},
         ])

@@ -262,6 +262,52 @@ pub fn daemon_set(domain: &ComputeDomain, settings: &Settings) -> DaemonSet {
     }
 }
 
+/// What of the IMEX daemons' pod template differs between `existing` (as the cluster holds
+/// it) and `desired` ([`daemon_set`]), in the fields this controller sets and an upgrade
+/// changes: the daemon container's image, command, arguments and environment, and the pod's
+/// service account. `None` when none does. Fields the API server defaults (pull policy,
+/// termination message path, DNS policy, ...) are not compared, so a DaemonSet this
+/// controller wrote is never "outdated" by the server's own additions.
+pub fn daemon_set_outdated(existing: &DaemonSet, desired: &DaemonSet) -> Option<String> {
+    let pod = |d: &DaemonSet| d.spec.template.spec.clone();
+    let (Some(have), Some(want)) = (pod(existing), pod(desired)) else {
+        return Some("the pod template is missing".to_string());
+    };
+    let container = |p: &PodSpec| {
+        p.containers
+            .iter()
+            .find(|c| c.name == DAEMON_CONTAINER)
+            .cloned()
+    };
+    let Some(want_c) = container(&want) else {
+        return None;
+    };
+    let Some(have_c) = container(&have) else {
+        return Some(format!("no {DAEMON_CONTAINER} container"));
+    };
+    let mut changed = Vec::new();
+    if have_c.image != want_c.image {
+        changed.push(format!(
+            "image {} -> {}",
+            have_c.image.unwrap_or_default(),
+            want_c.image.unwrap_or_default()
+        ));
+    }
+    if have_c.command != want_c.command {
+        changed.push("command".to_string());
+    }
+    if have_c.args != want_c.args {
+        changed.push("args".to_string());
+    }
+    if have_c.env.unwrap_or_default() != want_c.env.unwrap_or_default() {
+        changed.push("env".to_string());
+    }
+    if have.service_account_name != want.service_account_name {
+        changed.push("serviceAccountName".to_string());
+    }
+    (!changed.is_empty()).then(|| changed.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,6 +459,29 @@ mod tests {
         assert_eq!(
             got["spec"]["template"]["metadata"]["labels"][api::DOMAIN_UID_LABEL],
             json!("uid-1")
+        );
+    }
+
+    #[test]
+    fn a_daemon_set_is_outdated_only_in_what_this_controller_sets() {
+        let d = domain(channel(api::AllocationMode::Single));
+        let want = daemon_set(&d, &settings());
+        assert_eq!(daemon_set_outdated(&want, &want), None);
+
+        // What the API server adds or defaults is no difference.
+        let mut defaulted = want.clone();
+        let pod = defaulted.spec.template.spec.as_mut().unwrap();
+        pod.dns_policy = Some("ClusterFirst".into());
+        pod.containers[0].termination_message_path = Some("/dev/termination-log".into());
+        pod.containers[0].image_pull_policy = Some("Always".into());
+        assert_eq!(daemon_set_outdated(&defaulted, &want), None);
+
+        let mut upgraded = settings();
+        upgraded.image = "gpu-dra:next".into();
+        upgraded.simulated_imex = true;
+        assert_eq!(
+            daemon_set_outdated(&want, &daemon_set(&d, &upgraded)).as_deref(),
+            Some("image gpu-dra:dev -> gpu-dra:next, env")
         );
     }
 }

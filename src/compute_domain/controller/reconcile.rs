@@ -293,10 +293,57 @@ impl Reconciler {
         .await?;
         let daemon_sets: Api<DaemonSet> = Api::namespaced(self.client.clone(), ns);
         let daemon_set = desired::daemon_set(domain, &self.settings);
-        self.create_once(&daemon_sets, &daemon_set, domain, "DaemonSet")
+        self.ensure_daemon_set(&daemon_sets, &daemon_set, domain)
             .await?;
         lock(&self.ensured).insert(uid);
         Ok(None)
+    }
+
+    /// Creates the IMEX DaemonSet, or brings one of this domain's that another version of
+    /// the controller made up to date (image, arguments, environment, service account:
+    /// [`desired::daemon_set_outdated`]), so an upgrade of the driver reaches the daemons of
+    /// running domains. Checked once per domain per controller start; a DaemonSet of that name
+    /// that is not this domain's is left alone.
+    async fn ensure_daemon_set(
+        &self,
+        api: &Api<DaemonSet>,
+        desired: &DaemonSet,
+        domain: &ComputeDomain,
+    ) -> Result<(), ControllerError> {
+        let uid = domain.uid().unwrap_or_default();
+        let name = desired.metadata.name.clone().unwrap_or_default();
+        let where_ = format!("{}/{name}", self.settings.namespace);
+        self.count(false);
+        match api.create(&PostParams::default(), desired).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => {
+                return Err(self.failed(domain, format!("creating DaemonSet {where_}"))(
+                    e,
+                ));
+            }
+        }
+        let mut existing = api
+            .get(&name)
+            .await
+            .map_err(self.failed(domain, format!("reading DaemonSet {where_}")))?;
+        if existing.labels().get(api::DOMAIN_UID_LABEL) != Some(&uid) {
+            return Ok(());
+        }
+        let Some(changed) = desired::daemon_set_outdated(&existing, desired) else {
+            return Ok(());
+        };
+        existing.spec.template = desired.spec.template.clone();
+        existing.metadata.managed_fields = None;
+        self.count(false);
+        api.replace(&name, &PostParams::default(), &existing)
+            .await
+            .map_err(self.failed(domain, format!("updating DaemonSet {where_}")))?;
+        tracing::info!(
+            daemon_set = %where_, domain = %domain.name_any(), %changed,
+            "updated the IMEX daemons' DaemonSet to this controller's version"
+        );
+        Ok(())
     }
 
     /// Creates `object` unless it exists. `Ok(None)` when it exists now and carries this
