@@ -1,28 +1,30 @@
 //! `gpu-dra imex-daemon` as the DaemonSet runs it: real processes (the wrapper and the
-//! simulated `nvidia-imex` it supervises) on loopback addresses 127.0.1.x, against the fake API
-//! server's `computedomainnodes`. Three nodes reach Ready with indices 0, 1, 2 that stay put
-//! when a daemon restarts and a node joins; a killed `nvidia-imex` is restarted and its object
-//! shows the crash meanwhile; nodes of another clique or domain are not peers.
+//! simulated `nvidia-imex` it supervises) on loopback addresses 127.0.1.x, against the
+//! watch-capable fake API server's `computedomainnodes` (`cd_support`). Three nodes reach
+//! Ready with indices 0, 1, 2 that stay put when a daemon restarts and a node joins; a killed
+//! `nvidia-imex` is restarted and its object shows the crash meanwhile; nodes of another clique
+//! or domain are not peers; a peer that joins later arrives through the watch; at steady state
+//! a daemon sends nothing.
 
+mod cd_support;
 mod imex_support;
-mod plugin_support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use cd_support::{ObjServer, node_objects_path};
 use gpu_dra::compute_domain::api;
 use gpu_dra::compute_domain::imex::signal::{Signal, send};
 use imex_support::{tools, wait_for, write_config};
-use plugin_support::FakeApiServer;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const NAMESPACE: &str = "gpu-dra";
 const CLIQUE: &str = "6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f.1";
 
 struct Cluster {
     tmp: tempfile::TempDir,
-    server: FakeApiServer,
+    server: ObjServer,
     kubeconfig: PathBuf,
     imex: PathBuf,
     ctl: PathBuf,
@@ -31,7 +33,7 @@ struct Cluster {
 impl Cluster {
     fn new() -> Cluster {
         let tmp = tempfile::tempdir().unwrap();
-        let server = FakeApiServer::start("unused");
+        let server = ObjServer::start();
         let kubeconfig = tmp.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig);
         let (imex, ctl) = tools(tmp.path());
@@ -98,7 +100,7 @@ impl Cluster {
     /// (index, status, reason, message, ip) of every ComputeDomainNode of `domain`, by node.
     fn nodes(&self, domain: &str) -> BTreeMap<String, (u64, String, String, String, String)> {
         self.server
-            .custom_objects(api::COMPUTE_DOMAIN_NODE_PLURAL)
+            .list(&node_objects_path(), "")
             .into_iter()
             .filter(|o| o["spec"]["domainUID"] == domain)
             .map(|o| {
@@ -280,8 +282,29 @@ fn a_missing_domain_identity_is_refused_naming_the_variable() {
     assert!(err.contains("COMPUTE_DOMAIN_UUID is required"), "{err}");
 }
 
+/// Requests recorded from the `from`-th on, as (method, path, labelSelector, watch).
+fn calls_since(c: &Cluster, from: usize) -> Vec<(String, String, Option<String>, bool)> {
+    c.server
+        .requests()
+        .into_iter()
+        .skip(from)
+        .map(|r| {
+            let watch = r
+                .query
+                .get("watch")
+                .is_some_and(|w| w == "true" || w == "1");
+            (
+                r.method,
+                r.path,
+                r.query.get("labelSelector").cloned(),
+                watch,
+            )
+        })
+        .collect()
+}
+
 #[test]
-fn at_steady_state_a_ready_node_only_lists_its_domain_once_per_round() {
+fn at_steady_state_a_ready_node_sends_nothing_but_its_open_watch() {
     let c = Cluster::new();
     let d = "d0000005-aaaa-bbbb-cccc-000000000005";
     // As a simulated node's DaemonSet runs it: the binary links its own simulated tools.
@@ -293,34 +316,60 @@ fn at_steady_state_a_ready_node_only_lists_its_domain_once_per_round() {
         &["--simulated-imex".into()],
     );
     wait_for("ready", || c.ready(d, "tray-s"));
+    let selector = Some(format!("{}={d}", api::DOMAIN_UID_LABEL));
+    let watching = calls_since(&c, 0)
+        .into_iter()
+        .any(|(m, p, s, w)| m == "GET" && p == node_objects_path() && s == selector && w);
+    assert!(watching, "the daemon watches its domain's objects");
+    // Let the Ready write come back through the watch, then count over four ticks.
     std::thread::sleep(std::time::Duration::from_millis(600));
     let before = c.server.requests().len();
     std::thread::sleep(std::time::Duration::from_millis(2100));
-    let after: Vec<_> = c.server.requests().into_iter().skip(before).collect();
-    let calls: Vec<(String, String, Option<String>)> = after
-        .iter()
-        .map(|r| {
-            (
-                r.method.clone(),
-                r.path.clone(),
-                r.query.get("labelSelector").cloned(),
-            )
-        })
+    let calls = calls_since(&c, before);
+    let requests: Vec<_> = calls.iter().filter(|(.., watch)| !watch).collect();
+    assert!(
+        requests.is_empty(),
+        "a Ready node costs the API server no request at steady state (it polled one LIST per \
+         500 ms tick before, 2 LIST/s per node, ~2,000 LIST/s on 1,000 nodes); it sent {requests:?}"
+    );
+    assert!(
+        calls.len() <= 1,
+        "at most the watch re-opened, not re-opened per tick: {calls:?}"
+    );
+}
+
+#[test]
+fn a_peer_that_joins_after_ready_is_rendered_from_the_watch_without_a_list() {
+    let c = Cluster::new();
+    let d = "d0000007-aaaa-bbbb-cccc-000000000007";
+    let w = c.start(d, "tray-w", "127.0.1.70", CLIQUE);
+    wait_for("ready", || c.ready(d, "tray-w"));
+    assert_eq!(w.nodes_config(), "127.0.1.70\n");
+    let before = c.server.requests().len();
+    // A peer's daemon writes its object (the test writes it as that daemon would).
+    c.server.create(
+        &node_objects_path(),
+        json!({
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainNode",
+            "metadata": {"name": api::compute_domain_node_name(d, "tray-v"),
+                         "labels": {api::DOMAIN_UID_LABEL: d}},
+            "spec": {"domainUID": d, "domainNamespace": "team-a", "domainName": format!("cd-{d}"),
+                     "nodeName": "tray-v", "cliqueID": CLIQUE},
+            "status": {"ipAddress": "127.0.1.71", "index": 1, "status": "NotReady",
+                       "reason": "DaemonStarting"},
+        }),
+    );
+    wait_for("the peer in tray-w's nodes config", || {
+        w.nodes_config() == "127.0.1.70\n127.0.1.71\n"
+    });
+    let lists: Vec<_> = calls_since(&c, before)
+        .into_iter()
+        .filter(|(m, p, _, watch)| m == "GET" && *p == node_objects_path() && !watch)
         .collect();
-    let list = (
-        "GET".to_string(),
-        format!("/apis/resource.nvidia.com/v1beta1/namespaces/{NAMESPACE}/computedomainnodes"),
-        Some(format!("{}={d}", api::DOMAIN_UID_LABEL)),
-    );
-    assert!(!calls.is_empty(), "the daemon keeps watching its domain");
     assert!(
-        calls.iter().all(|c| *c == list),
-        "only the domain LIST per round, no reads or writes of its own object: {calls:?}"
-    );
-    assert!(
-        calls.len() <= 6,
-        "one LIST per 500 ms round: {}",
-        calls.len()
+        lists.is_empty(),
+        "the peer arrived through the watch, with no LIST after Ready: {lists:?}"
     );
 }
 

@@ -1,11 +1,12 @@
 //! `gpu-dra imex-daemon`: what each node's IMEX DaemonSet pod runs.
 //!
-//! Every tick (half a second) it
-//! 1. lists its domain's `ComputeDomainNode` objects (one LIST, by the domain-UID label) and
-//!    creates or updates its own: its IP, clique and stable index ([`plan`]: the lowest index
-//!    free in its clique on creation; a concurrent starter that picked the same index and was
-//!    created later re-picks before it turns Ready; afterwards the index never changes, across
-//!    restarts of this process too);
+//! It watches its domain's `ComputeDomainNode` objects (one WATCH, by the domain-UID label,
+//! after one LIST) into a local store, and runs a round every tick (half a second) and
+//! whenever the store changes (a peer joined, changed its IP or its readiness). A round
+//! 1. creates or updates its own object: its IP, clique and stable index ([`plan`]: the
+//!    lowest index free in its clique on creation; a concurrent starter that picked the same
+//!    index and was created later re-picks before it turns Ready; afterwards the index never
+//!    changes, across restarts of this process too);
 //! 2. renders the nodes config (`IMEX_NODE_CONFIG_FILE` of the config the plugin wrote) from
 //!    the objects of its clique in index order, and when it changed tells `nvidia-imex` to
 //!    re-read it (SIGUSR1);
@@ -15,6 +16,13 @@
 //!    with a reason (`DaemonStarting`, `WaitingForQuorum`, `DaemonCrashed`, `ConfigError`)
 //!    and a message. Only changes are written.
 //!
+//! At steady state it sends no request: the rounds read the store, and the open watch (which
+//! the API server ends every few minutes and kube re-opens from where it was) is all it
+//! costs. Until the first full list is in the store it neither creates its object nor starts
+//! `nvidia-imex`. When the watch fails (API server restart, 410 Gone) the daemon re-lists with
+//! a doubling backoff; meanwhile rounds keep supervising `nvidia-imex` but write nothing and
+//! keep the readiness last written, as they would have with a failed LIST.
+//!
 //! It writes no object but its own. On SIGTERM it stops `nvidia-imex` and marks its object
 //! NotReady (`DaemonStopped`) without deleting it, so a restart keeps the index; removing the
 //! objects of a departed node or a deleted domain is the controller's job.
@@ -22,12 +30,16 @@
 pub mod plan;
 pub mod process;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
+use kube::runtime::reflector::store::{Store, Writer};
+use kube::runtime::watcher::{self, ListSemantic};
+use tokio_stream::StreamExt;
 
 use crate::compute_domain::api::{
     self, ComputeDomainNode, ComputeDomainNodeSpec, ComputeDomainNodeState, Readiness,
@@ -36,8 +48,15 @@ use crate::compute_domain::imex::config::{ImexConfig, ImexConfigError};
 use plan::{INDEX_CONFIRMED_ANNOTATION, Member};
 use process::ImexProcess;
 
-/// Time between two rounds.
+/// Time between two rounds when the store does not change.
 const TICK: Duration = Duration::from_millis(500);
+/// First wait before re-listing after the watch failed; doubles per failure up to
+/// [`MAX_RELIST_BACKOFF`], and starts afresh once a list succeeded.
+const FIRST_RELIST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_RELIST_BACKOFF: Duration = Duration::from_secs(30);
+/// How many resourceVersions of the own object, as the watch delivered them, are kept to tell
+/// that a write of ours came back (more than the writes between two rounds).
+const OWN_VERSIONS_KEPT: usize = 16;
 
 /// What the daemon needs to know; the verb's flags and the `api::daemon_env` variables.
 #[derive(Debug, Clone)]
@@ -94,6 +113,17 @@ pub enum DaemonError {
         /// Cause.
         #[source]
         source: Box<kube::Error>,
+    },
+    /// Watching the domain's `ComputeDomainNode` objects failed (the API server restarted,
+    /// 410 Gone, a list failed); the daemon re-lists with a backoff and meanwhile keeps the
+    /// readiness last written.
+    #[error("watching the ComputeDomainNodes {selector} failed")]
+    Watch {
+        /// The label selector watched.
+        selector: String,
+        /// Cause.
+        #[source]
+        source: Box<watcher::Error>,
     },
     /// Reading the IMEX config failed.
     #[error("reading the IMEX config failed")]
@@ -174,8 +204,9 @@ fn desired_state(
 }
 
 /// Runs the daemon until `shutdown` resolves; see the module docs. Transient API and process
-/// failures are retried every tick (and reported in the object where they can be); the
-/// function fails only on a missing setting or an unusable kubeconfig.
+/// failures are retried (a failed round at the next tick, a failed watch by re-listing with a
+/// doubling backoff) and reported in the object where they can be; the function fails only
+/// on a missing setting or an unusable kubeconfig.
 pub async fn run(
     config: DaemonConfig,
     shutdown: impl std::future::Future<Output = ()>,
@@ -205,11 +236,24 @@ pub async fn run(
         None => (config.imex_bin.clone(), config.imex_ctl_bin.clone()),
     };
     let mut imex = ImexProcess::new(&config.pod_ip, imex_bin, ctl_bin, config_file.clone());
+    let writer = Writer::new(api::compute_domain_node_resource());
+    let store = writer.as_reader();
+    let shared = Arc::new(Shared::default());
+    let watch = tokio::spawn(watch_domain(
+        objects.clone(),
+        writer,
+        shared.clone(),
+        config.domain_uid.clone(),
+        config.object_name(),
+    ));
     let mut round = Round {
         config: &config,
         objects: &objects,
         config_file,
         rendered: None,
+        store,
+        shared: shared.clone(),
+        written: None,
     };
     tokio::pin!(shutdown);
     loop {
@@ -219,8 +263,10 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep(TICK) => {}
+            _ = shared.changed.notified() => {}
         }
     }
+    watch.abort();
     imex.stop().await;
     if let Some(dir) = sim_dir {
         let _ = std::fs::remove_dir_all(dir);
@@ -236,6 +282,139 @@ pub async fn run(
     Ok(())
 }
 
+/// What the watch task tells the rounds, besides the store itself.
+#[derive(Default)]
+struct Shared {
+    state: Mutex<WatchState>,
+    /// Woken after every change the watch applied to the store, and when the watch failed.
+    changed: tokio::sync::Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WatchState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct WatchState {
+    /// A full list is in the store and the watch has not failed since: the store is the
+    /// domain's objects as of some resourceVersion, behind the API server only by the events
+    /// on their way.
+    synced: bool,
+    /// Why the store is not synced, for the rounds' logs.
+    unsynced_because: Option<String>,
+    /// resourceVersions the own object had as the watch delivered it, newest last (at most
+    /// [`OWN_VERSIONS_KEPT`]); see [`Round::own`].
+    own_versions: VecDeque<String>,
+    /// The resourceVersion the own object's last create or replace returned (set by the
+    /// rounds).
+    last_write: Option<String>,
+    /// `last_write` when the list in progress was started: that list was read after that
+    /// write, so it shows it (or its deletion).
+    listing_after: Option<String>,
+}
+
+impl WatchState {
+    fn saw_own(&mut self, version: Option<&String>) {
+        let Some(version) = version else { return };
+        if self.own_versions.back() != Some(version) {
+            self.own_versions.push_back(version.clone());
+            if self.own_versions.len() > OWN_VERSIONS_KEPT {
+                self.own_versions.pop_front();
+            }
+        }
+    }
+}
+
+/// Keeps `writer`'s store the domain's `ComputeDomainNode` objects: a kube watcher by the
+/// domain-UID label, its first list a consistent (quorum) read. On any watcher error the store
+/// is marked unsynced, the watcher dropped and a new one started after a doubling backoff:
+/// a fresh list is the one event that says the store is complete again (a watch that kube
+/// resumed quietly says nothing), and the store keeps its last complete content until that
+/// list is in. Runs until aborted.
+async fn watch_domain(
+    objects: Api<ComputeDomainNode>,
+    mut writer: Writer<ComputeDomainNode>,
+    shared: Arc<Shared>,
+    domain_uid: String,
+    own: String,
+) {
+    let selector = format!("{}={domain_uid}", api::DOMAIN_UID_LABEL);
+    let config = watcher::Config::default()
+        .labels(&selector)
+        .list_semantic(ListSemantic::MostRecent);
+    let store = writer.as_reader();
+    let is_own = |o: &ComputeDomainNode| o.metadata.name.as_deref() == Some(own.as_str());
+    let mut backoff = FIRST_RELIST_BACKOFF;
+    loop {
+        let mut events = std::pin::pin!(watcher::watcher(objects.clone(), config.clone()));
+        let failure = loop {
+            let event = match events.next().await {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => {
+                    let error = DaemonError::Watch {
+                        selector: selector.clone(),
+                        source: Box::new(e),
+                    };
+                    break crate::errors::error_chain(&error);
+                }
+                None => break "the watch stream ended".to_string(),
+            };
+            writer.apply_watcher_event(&event);
+            let mut state = shared.lock();
+            match &event {
+                watcher::Event::Init => {
+                    state.listing_after = state.last_write.clone();
+                    continue;
+                }
+                watcher::Event::InitApply(_) => continue,
+                watcher::Event::InitDone => {
+                    let listed = store.find(|o| is_own(o));
+                    state.saw_own(
+                        listed
+                            .and_then(|o| o.metadata.resource_version.clone())
+                            .as_ref(),
+                    );
+                    let after = state.listing_after.take();
+                    state.saw_own(after.as_ref());
+                    state.synced = true;
+                    state.unsynced_because = None;
+                    backoff = FIRST_RELIST_BACKOFF;
+                    tracing::debug!(domain.uid = %domain_uid, objects = store.len(), "the domain's ComputeDomainNodes are listed");
+                }
+                watcher::Event::Apply(o) if is_own(o) => {
+                    state.saw_own(o.metadata.resource_version.as_ref());
+                }
+                watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
+            }
+            drop(state);
+            shared.changed.notify_one();
+        };
+        {
+            let mut state = shared.lock();
+            state.synced = false;
+            state.unsynced_because = Some(failure.clone());
+        }
+        shared.changed.notify_one();
+        tracing::warn!(domain.uid = %domain_uid, retry_in_ms = backoff.as_millis() as u64, error = %failure, "watching the domain's ComputeDomainNodes failed; re-listing");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_RELIST_BACKOFF);
+    }
+}
+
+/// The own object as a round may use it.
+enum Own {
+    /// Neither in the store nor (still) written by this process: to be created.
+    Missing,
+    /// This process wrote it and the watch has not delivered that write yet: the object as the
+    /// write returned it. Nothing may be decided from the store about it yet.
+    Pending(ComputeDomainNode),
+    /// The store's copy, which shows the last write of ours (or, before this process wrote
+    /// it, the copy the first full list found).
+    Current(ComputeDomainNode),
+}
+
 /// The state one round needs.
 struct Round<'a> {
     config: &'a DaemonConfig,
@@ -243,22 +422,14 @@ struct Round<'a> {
     config_file: PathBuf,
     /// The nodes config last written, to signal only on change.
     rendered: Option<String>,
+    /// The domain's objects, kept by [`watch_domain`].
+    store: Store<ComputeDomainNode>,
+    shared: Arc<Shared>,
+    /// The own object as this process's last create or replace returned it.
+    written: Option<ComputeDomainNode>,
 }
 
 impl Round<'_> {
-    async fn list(&self) -> Result<Vec<ComputeDomainNode>, DaemonError> {
-        let selector = format!("{}={}", api::DOMAIN_UID_LABEL, self.config.domain_uid);
-        self.objects
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map(|l| l.items)
-            .map_err(|source| DaemonError::Api {
-                step: "listing the domain's",
-                name: selector,
-                source: Box::new(source),
-            })
-    }
-
     fn api_err(&self, step: &'static str) -> impl FnOnce(kube::Error) -> DaemonError + '_ {
         move |source| DaemonError::Api {
             step,
@@ -267,95 +438,167 @@ impl Round<'_> {
         }
     }
 
-    /// Creates the own object, or fixes its index (concurrent start) and IP. Also says whether
-    /// the index is settled: the object existed when `all` was listed and its index was not
-    /// changed now, so `all` (listed after the index was written) shows every member that
-    /// could collide with it. Only a settled node may turn Ready, which makes its index final:
-    /// of two nodes with one index, the one whose quiet listing came later sees the other.
-    async fn ensure_own(
-        &self,
-        all: &[ComputeDomainNode],
-    ) -> Result<(ComputeDomainNode, bool), DaemonError> {
-        let name = self.config.object_name();
-        let members: Vec<Member> = all.iter().filter_map(Member::of).collect();
-        let existing = all
-            .iter()
-            .find(|o| o.metadata.name.as_deref() == Some(&name));
-        let Some(existing) = existing else {
-            let mut object = ComputeDomainNode::new(
-                &name,
-                &api::compute_domain_node_resource(),
-                ComputeDomainNodeSpec {
-                    domain_uid: self.config.domain_uid.clone(),
-                    domain_namespace: self.config.domain_namespace.clone(),
-                    domain_name: self.config.domain_name.clone(),
-                    node_name: self.config.node_name.clone(),
-                    clique_id: self.config.clique.clone(),
-                },
-            );
-            object.metadata.namespace = Some(self.config.namespace.clone());
-            object.metadata.labels = Some(BTreeMap::from([(
-                api::DOMAIN_UID_LABEL.to_string(),
-                self.config.domain_uid.clone(),
-            )]));
-            object.status = Some(ComputeDomainNodeState {
-                ip_address: self.config.pod_ip.clone(),
-                index: plan::lowest_free_index(&members, &self.config.clique, &name),
-                status: Readiness::NotReady,
-                reason: Some("DaemonStarting".into()),
-                message: Some("the IMEX daemon is starting".into()),
-            });
-            return self
-                .objects
-                .create(&PostParams::default(), &object)
-                .await
-                .map(|o| (o, false))
-                .map_err(self.api_err("creating"));
-        };
-        let mut object = existing.clone();
-        let mut state = object.status.clone().unwrap_or_default();
-        let mut settled = true;
-        if let Some(own) = Member::of(existing)
-            && plan::must_repick(&members, &own)
-        {
-            state.index = plan::lowest_free_index(&members, &self.config.clique, &name);
-            settled = false;
-        }
-        let moved = state.ip_address != self.config.pod_ip;
-        if settled && !moved {
-            return Ok((object, true));
-        }
-        state.ip_address = self.config.pod_ip.clone();
-        object.status = Some(state);
-        self.objects
-            .replace(&name, &PostParams::default(), &object)
-            .await
-            .map(|o| (o, settled))
-            .map_err(self.api_err("updating"))
+    /// Remembers `object` as our last write, for [`Round::own`] and the watch.
+    fn wrote(&mut self, object: ComputeDomainNode) -> ComputeDomainNode {
+        self.shared.lock().last_write = object.metadata.resource_version.clone();
+        self.written = Some(object.clone());
+        object
     }
 
-    /// One round: own object, nodes config, process, readiness.
-    async fn step(&mut self, imex: &mut ImexProcess) -> Result<(), DaemonError> {
-        let mut all = self.list().await?;
-        let (own, settled) = self.ensure_own(&all).await?;
+    /// The own object in `all` (the store's content), checked against our last write.
+    ///
+    /// STABLE INDICES rest on this. Our last write is known to be in the store when the watch
+    /// delivered the own object with the resourceVersion that write returned (the store's copy
+    /// has it, or had it: it is kept in [`WatchState::own_versions`]), or when a list started
+    /// after that write completed. Watch events arrive in resourceVersion order, so then every
+    /// object written before our write, in particular every member that took an index before
+    /// we took ours, is in the store too: the store says as much as a LIST taken after our
+    /// write would. Only this process writes its object, so equality is the test, and
+    /// resourceVersions are never compared for order (they are opaque). Before this process
+    /// wrote the object, the first full list (a quorum read, made after this process started)
+    /// is read after every earlier write, the previous run's too. A write of someone else to
+    /// our object does not stall this: our version was still delivered before theirs.
+    fn own(&self, all: &[ComputeDomainNode]) -> Own {
         let name = self.config.object_name();
+        let stored = all
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(&name));
+        let Some(written) = &self.written else {
+            return stored.map_or(Own::Missing, |o| Own::Current(o.clone()));
+        };
+        let version = written.metadata.resource_version.as_ref();
+        let delivered = version.is_some_and(|v| {
+            stored.is_some_and(|o| o.metadata.resource_version.as_ref() == Some(v))
+                || self.shared.lock().own_versions.contains(v)
+        });
+        match (stored, delivered) {
+            (Some(o), true) => Own::Current(o.clone()),
+            // Delivered, then deleted (the controller removes the objects of a departed node).
+            (None, true) => Own::Missing,
+            (_, false) => Own::Pending(written.clone()),
+        }
+    }
+
+    /// Creates the own object with the lowest index free in its clique, NotReady.
+    async fn create(&mut self, members: &[Member]) -> Result<ComputeDomainNode, DaemonError> {
+        let name = self.config.object_name();
+        let mut object = ComputeDomainNode::new(
+            &name,
+            &api::compute_domain_node_resource(),
+            ComputeDomainNodeSpec {
+                domain_uid: self.config.domain_uid.clone(),
+                domain_namespace: self.config.domain_namespace.clone(),
+                domain_name: self.config.domain_name.clone(),
+                node_name: self.config.node_name.clone(),
+                clique_id: self.config.clique.clone(),
+            },
+        );
+        object.metadata.namespace = Some(self.config.namespace.clone());
+        object.metadata.labels = Some(BTreeMap::from([(
+            api::DOMAIN_UID_LABEL.to_string(),
+            self.config.domain_uid.clone(),
+        )]));
+        object.status = Some(ComputeDomainNodeState {
+            ip_address: self.config.pod_ip.clone(),
+            index: plan::lowest_free_index(members, &self.config.clique, &name),
+            status: Readiness::NotReady,
+            reason: Some("DaemonStarting".into()),
+            message: Some("the IMEX daemon is starting".into()),
+        });
+        let created = self
+            .objects
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(self.api_err("creating"))?;
+        Ok(self.wrote(created))
+    }
+
+    /// Fixes the index of `existing` (the store's current copy; a concurrent starter with the
+    /// same index was created first or is Ready) and its IP (a new pod IP). Returns the object
+    /// as written, or `None` when nothing needed fixing.
+    async fn fix_own(
+        &mut self,
+        existing: &ComputeDomainNode,
+        members: &[Member],
+    ) -> Result<Option<ComputeDomainNode>, DaemonError> {
+        let name = self.config.object_name();
+        let mut state = existing.status.clone().unwrap_or_default();
+        let repick = Member::of(existing).is_some_and(|own| plan::must_repick(members, &own));
+        if repick {
+            state.index = plan::lowest_free_index(members, &self.config.clique, &name);
+            state.status = Readiness::NotReady;
+            state.reason = Some("DaemonStarting".into());
+            state.message = Some("choosing a stable index among concurrent starters".into());
+        }
+        if !repick && state.ip_address == self.config.pod_ip {
+            return Ok(None);
+        }
+        state.ip_address = self.config.pod_ip.clone();
+        let mut object = existing.clone();
+        object.status = Some(state);
+        let written = self
+            .objects
+            .replace(&name, &PostParams::default(), &object)
+            .await
+            .map_err(self.api_err("updating"))?;
+        Ok(Some(self.wrote(written)))
+    }
+
+    /// One round: own object, nodes config, process, readiness. When the store cannot be
+    /// trusted (no full list yet, or the watch failed and the re-list is not in), it only
+    /// supervises an `nvidia-imex` already started and keeps the readiness last written.
+    async fn step(&mut self, imex: &mut ImexProcess) -> Result<(), DaemonError> {
+        let unsynced = {
+            let state = self.shared.lock();
+            (!state.synced).then(|| {
+                state
+                    .unsynced_because
+                    .clone()
+                    .unwrap_or_else(|| "waiting for the first list".into())
+            })
+        };
+        if let Some(reason) = unsynced {
+            tracing::debug!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, reason = %reason, "the domain's store is not synced; supervising only, readiness kept");
+            return match self.rendered {
+                Some(_) => imex.supervise().await,
+                None => Ok(()),
+            };
+        }
+        let name = self.config.object_name();
+        let mut all: Vec<ComputeDomainNode> =
+            self.store.state().iter().map(|o| (**o).clone()).collect();
+        let others: Vec<Member> = all
+            .iter()
+            .filter(|o| o.metadata.name.as_deref() != Some(&name))
+            .filter_map(Member::of)
+            .collect();
+        let (own, current) = match self.own(&all) {
+            Own::Missing => (self.create(&others).await?, false),
+            Own::Pending(o) => (o, false),
+            Own::Current(o) => match self.fix_own(&o, &others).await? {
+                Some(written) => (written, false),
+                None => (o, true),
+            },
+        };
         all.retain(|o| o.metadata.name.as_deref() != Some(&name));
         all.push(own.clone());
         let members: Vec<Member> = all.iter().filter_map(Member::of).collect();
+        // Settled: the store shows our last write (so every member that could collide) and
+        // no member of the clique shares our index, or our index is already final.
+        let settled = current && Member::of(&own).is_some_and(|m| !plan::must_wait(&members, &m));
         let nodes = plan::nodes_config(&members, &self.config.clique);
         let imex_config = match ImexConfig::load(&self.config_file) {
             Ok(c) => c,
             Err(e) => {
-                let message = crate::errors::error_chain(&e);
-                self.write_own_status(
-                    (
+                if current {
+                    let message = crate::errors::error_chain(&e);
+                    let config_error = (
                         Readiness::NotReady,
                         Some("ConfigError".into()),
                         Some(message),
-                    ),
-                    Some(own),
-                )
-                .await?;
+                    );
+                    self.write_own_status(config_error, Some(own)).await?;
+                }
                 return Err(DaemonError::Config(e));
             }
         };
@@ -367,6 +610,11 @@ impl Round<'_> {
             imex.reload()?;
         }
         let spawned = imex.supervise().await;
+        if !current {
+            // Our write is on its way back through the watch, which runs the next round.
+            tracing::debug!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, "waiting for the own object's last write in the store; readiness kept");
+            return spawned;
+        }
         let readiness = if !settled {
             (
                 Readiness::NotReady,
@@ -406,11 +654,11 @@ impl Round<'_> {
         spawned
     }
 
-    /// Writes the own object's status when it differs from `current` (the object as this
-    /// round read or wrote it; read afresh when `None`), and marks the index confirmed on
+    /// Writes the own object's status when it differs from `current` (the store's current
+    /// copy; read with a GET when `None`, as on shutdown), and marks the index confirmed on
     /// Ready. At steady state it sends nothing.
     async fn write_own_status(
-        &self,
+        &mut self,
         readiness: (Readiness, Option<String>, Option<String>),
         current: Option<ComputeDomainNode>,
     ) -> Result<(), DaemonError> {
@@ -444,11 +692,13 @@ impl Round<'_> {
             tracing::info!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, status = ?want.status, reason = ?want.reason, "node readiness changed");
         }
         object.status = Some(want);
-        self.objects
+        let written = self
+            .objects
             .replace(&name, &PostParams::default(), &object)
             .await
-            .map(|_| ())
-            .map_err(self.api_err("updating the status of"))
+            .map_err(self.api_err("updating the status of"))?;
+        self.wrote(written);
+        Ok(())
     }
 }
 

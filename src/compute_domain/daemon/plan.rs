@@ -79,6 +79,21 @@ pub fn must_repick(members: &[Member], own: &Member) -> bool {
         })
 }
 
+/// Whether `own` may not turn Ready yet: it is not Ready (nor ever was) and shares its index
+/// with another member of its clique. Of two such members [`must_repick`] moves one (the one
+/// created later, or the one that finds the other Ready); the other waits until it sees that.
+///
+/// This is what makes a Ready node's index unique, given that a node decides from a view that
+/// shows every member whose index was written before its own last write: of two nodes with one
+/// index, the one whose index was written later sees the other, so it waits or re-picks, and
+/// cannot turn Ready until the other re-picked or turned Ready (then it re-picks itself).
+pub fn must_wait(members: &[Member], own: &Member) -> bool {
+    !own.ready
+        && members
+            .iter()
+            .any(|m| m.name != own.name && m.clique == own.clique && m.index == own.index)
+}
+
 /// The nodes config of `clique`: the IPs of its members that reported one, in index order
 /// (ties by creation order), one per line.
 pub fn nodes_config(members: &[Member], clique: &str) -> String {
@@ -147,6 +162,24 @@ mod tests {
         let other = m("z", "c2", 0, "t0", true);
         let own = m("a", "c1", 0, "t1", false);
         assert!(!must_repick(&[other, own.clone()], &own));
+    }
+
+    #[test]
+    fn a_node_sharing_its_index_waits_until_the_other_moves_unless_its_index_is_final() {
+        // Created in the same second, a counts as first (by name): b re-picks once it sees a,
+        // and a, which does not re-pick, must not turn Ready while b still has index 0 (its
+        // write may have come after a's, so b need not have seen a yet).
+        let a = m("a", "c1", 0, "t1", false);
+        let b = m("b", "c1", 0, "t1", false);
+        assert!(!must_repick(&[a.clone(), b.clone()], &a));
+        assert!(must_wait(&[a.clone(), b.clone()], &a));
+        assert!(must_repick(&[a.clone(), b.clone()], &b));
+        let moved = m("b", "c1", 1, "t1", false);
+        assert!(!must_wait(&[a.clone(), moved], &a));
+        let final_index = m("a", "c1", 0, "t1", true);
+        assert!(!must_wait(&[final_index.clone(), b], &final_index));
+        let other_clique = m("z", "c2", 0, "t0", false);
+        assert!(!must_wait(&[a.clone(), other_clique], &a));
     }
 
     #[test]
