@@ -279,9 +279,7 @@ pub fn daemon_set_outdated(existing: &DaemonSet, desired: &DaemonSet) -> Option<
             .find(|c| c.name == DAEMON_CONTAINER)
             .cloned()
     };
-    let Some(want_c) = container(&want) else {
-        return None;
-    };
+    let want_c = container(&want)?;
     let Some(have_c) = container(&have) else {
         return Some(format!("no {DAEMON_CONTAINER} container"));
     };
