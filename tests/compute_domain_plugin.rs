@@ -743,6 +743,84 @@ async fn a_channel_prepare_and_unprepare_cost_one_request_per_fact_they_need() {
     );
 }
 
+/// What one call of `operation` cost on the request path (file system and checkpoint), as the
+/// plugin counts it in `gpu_dra_request_path_costs_total`: the costs that grew during `call`.
+async fn file_costs<F: std::future::Future<Output = ()>>(
+    plugin: &plugin_support::Plugin,
+    operation: &str,
+    call: F,
+) -> std::collections::BTreeMap<String, u64> {
+    let scrape =
+        || plugin_support::probe::request_path_costs(&plugin.log(), operation).unwrap_or_default();
+    let (calls_before, before) = scrape();
+    call.await;
+    let (calls_after, after) = scrape();
+    assert_eq!(
+        calls_after - calls_before,
+        1,
+        "{operation}: one call counted"
+    );
+    after
+        .into_iter()
+        .map(|(cost, n)| (cost.clone(), n - before.get(&cost).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// House rule 15 for the second driver: what a channel prepare and unprepare cost on the
+/// kubelet's request path is counted, so a change that adds an fsync, a re-read or a write
+/// fails here, naming the cost. The state file is read once per call (no cache: channel
+/// claims are one per pod) and written twice per claim, preparing then prepared.
+#[tokio::test]
+async fn a_channel_prepare_and_unprepare_cost_a_fixed_number_of_file_operations() {
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    node.api.put_claim(cdnode::claim(
+        "w1",
+        "uid-w1",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    eventually("the pool", || published(&node)).await;
+    eventually("the metrics", || {
+        plugin_support::probe::request_path_costs(&plugin.log(), "prepare")
+    })
+    .await;
+    let costs = |pairs: &[(&str, u64)]| -> std::collections::BTreeMap<String, u64> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    };
+
+    // A first prepare: no state file yet (nothing to parse); the record as preparing, the
+    // spec, the record as prepared. No fsync: a reboot invalidates both files.
+    let prepare = file_costs(&plugin, "prepare", async {
+        prepare_one(&mut kubelet, "w1", "uid-w1").await.unwrap();
+    })
+    .await;
+    assert_eq!(prepare, costs(&[("cdi_spec_write", 1), ("file_write", 3)]));
+    // Prepared already: one read of the state, nothing written.
+    let again = file_costs(&plugin, "prepare", async {
+        prepare_one(&mut kubelet, "w1", "uid-w1").await.unwrap();
+    })
+    .await;
+    assert_eq!(again, costs(&[("checkpoint_parse", 1)]));
+    // Unprepare: one read, the spec and NVIDIA's `.yaml` name removed, one state write.
+    let unprepare = file_costs(&plugin, "unprepare", async {
+        unprepare_one(&mut kubelet, "w1", "uid-w1").await;
+    })
+    .await;
+    assert_eq!(
+        unprepare,
+        costs(&[
+            ("checkpoint_parse", 1),
+            ("file_remove", 2),
+            ("file_write", 1)
+        ])
+    );
+}
+
 #[tokio::test]
 async fn a_channel_waiting_for_its_daemon_never_holds_up_the_daemons_own_claim() {
     let node = Node::new();

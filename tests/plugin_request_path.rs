@@ -14,31 +14,15 @@ use std::collections::BTreeMap;
 
 use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims;
-use plugin_support::probe::{get, metrics_addr};
+use plugin_support::probe::metrics_addr;
 use plugin_support::{Node, Plugin, eventually, prepare_all, unprepare_all};
 
 /// A cost's counter, for one operation.
 type Costs = BTreeMap<String, u64>;
 
 fn costs(plugin: &Plugin, operation: &str) -> (u64, Costs) {
-    let addr = metrics_addr(&plugin.log()).expect("metrics address in the log");
-    let (_, text) = get(addr, "/metrics").expect("scrape");
-    let calls_prefix = format!("gpu_dra_request_path_calls_total{{operation=\"{operation}\"}} ");
-    let calls = text
-        .lines()
-        .find_map(|l| l.strip_prefix(&calls_prefix))
-        .and_then(|v| v.parse().ok())
-        .expect("calls series");
-    let prefix = format!("gpu_dra_request_path_costs_total{{operation=\"{operation}\",cost=\"");
-    let costs = text
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|rest| {
-            let (cost, value) = rest.split_once("\"} ")?;
-            Some((cost.to_string(), value.parse().ok()?))
-        })
-        .collect();
-    (calls, costs)
+    plugin_support::probe::request_path_costs(&plugin.log(), operation)
+        .expect("the request-path series in a scrape")
 }
 
 /// What one call of `operation` cost: the difference of the counters around `call`.

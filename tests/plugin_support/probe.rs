@@ -35,3 +35,28 @@ pub fn metric(log: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(&format!("{series} ")))
         .and_then(|v| v.trim().parse().ok())
 }
+
+/// The plugin's `gpu_dra_request_path_calls_total` and `gpu_dra_request_path_costs_total`
+/// series for `operation` (`prepare`, `unprepare`) in one scrape: the calls, and each cost's
+/// count by its name (`fsync`, `file_write`, ...). `None` before it serves metrics.
+pub fn request_path_costs(
+    log: &str,
+    operation: &str,
+) -> Option<(u64, std::collections::BTreeMap<String, u64>)> {
+    let (_, text) = get(metrics_addr(log)?, "/metrics")?;
+    let calls_prefix = format!("gpu_dra_request_path_calls_total{{operation=\"{operation}\"}} ");
+    let calls = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&calls_prefix))
+        .and_then(|v| v.parse().ok())?;
+    let prefix = format!("gpu_dra_request_path_costs_total{{operation=\"{operation}\",cost=\"");
+    let costs = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (cost, value) = rest.split_once("\"} ")?;
+            Some((cost.to_string(), value.parse().ok()?))
+        })
+        .collect();
+    Some((calls, costs))
+}

@@ -135,6 +135,8 @@ pub struct CdHandlerParts<C> {
     pub max_domains: u32,
     /// How long a channel prepare waits for the daemon.
     pub ready_timeout: Duration,
+    /// Where the request path's costs are counted (`gpu_dra_request_path_costs_total`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The compute-domain plugin's [`DraHandler`].
@@ -666,6 +668,25 @@ impl<C: DomainCluster> DraHandler for CdHandler<C> {
     }
 
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
+        let (results, cost) = crate::cost::measure(self.prepare_counted(claims)).await;
+        self.parts
+            .metrics
+            .record_request_path(crate::metrics::Operation::Prepare, &cost);
+        results
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        let (results, cost) = crate::cost::measure(self.unprepare_counted(claims)).await;
+        self.parts
+            .metrics
+            .record_request_path(crate::metrics::Operation::Unprepare, &cost);
+        results
+    }
+}
+
+impl<C: DomainCluster> CdHandler<C> {
+    /// [`DraHandler::prepare`], inside the scope that counts its costs.
+    async fn prepare_counted(&self, claims: Vec<ClaimRef>) -> PrepareResults {
         let mut checkpoint = match self.load() {
             Ok(c) => c,
             Err(e) => {
@@ -688,7 +709,8 @@ impl<C: DomainCluster> DraHandler for CdHandler<C> {
         results
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+    /// [`DraHandler::unprepare`], inside the scope that counts its costs.
+    async fn unprepare_counted(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
         let mut checkpoint = match self.load() {
             Ok(c) => c,
             Err(e) => return fail_all(claims, &e),

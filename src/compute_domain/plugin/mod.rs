@@ -134,6 +134,7 @@ pub async fn run(config: CdPluginConfig) -> Result<(), CdPluginError> {
         clique: clique.clone(),
         max_domains: config.max_domains,
         ready_timeout: config.ready_timeout,
+        metrics: metrics.clone(),
     }));
     let sockets = PluginSockets {
         driver_name: api::DRIVER_NAME.to_string(),

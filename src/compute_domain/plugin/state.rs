@@ -192,6 +192,7 @@ pub fn load(state_dir: &Path) -> Result<Checkpoint, StateError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Checkpoint::default()),
         Err(source) => return Err(StateError::Read { path, source }),
     };
+    crate::cost::count(crate::cost::Cost::CheckpointParse);
     let invalid = |problem: String| StateError::Invalid {
         path: path.clone(),
         problem,
