@@ -266,10 +266,10 @@ fn main() {
         if shm.is_dir() {
             on(shm, "tmpfs: the plugin's own cost").await;
         }
-        // The Helm chart tunes glibc's malloc for a mostly idle server (one arena, large
+        // The Helm chart tunes glibc's malloc for a mostly idle server (two arenas, large
         // buffers mmapped, early trim); the image runs the dist build (GPU_DRA_PLUGIN_BIN).
         let chart: &[(&str, &str)] = &[
-            ("MALLOC_ARENA_MAX", "1"),
+            ("MALLOC_ARENA_MAX", "2"),
             ("MALLOC_MMAP_THRESHOLD_", "65536"),
             ("MALLOC_TRIM_THRESHOLD_", "131072"),
         ];

@@ -41,7 +41,7 @@ const CONCURRENT: usize = 8;
 
 /// The Helm chart's malloc settings (deployments/helm/gpu-dra).
 const CHART_ENV: &[(&str, &str)] = &[
-    ("MALLOC_ARENA_MAX", "1"),
+    ("MALLOC_ARENA_MAX", "2"),
     ("MALLOC_MMAP_THRESHOLD_", "65536"),
     ("MALLOC_TRIM_THRESHOLD_", "131072"),
 ];

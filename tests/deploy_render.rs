@@ -228,7 +228,7 @@ fn real_gpu_plugin_is_privileged_with_host_mounts_probes_and_downward_env() {
     let want = vec![
         ("NODE_NAME", Some("fieldRef:spec.nodeName")),
         ("POD_UID", Some("fieldRef:metadata.uid")),
-        ("MALLOC_ARENA_MAX", Some("1")),
+        ("MALLOC_ARENA_MAX", Some("2")),
         ("MALLOC_MMAP_THRESHOLD_", Some("65536")),
         ("MALLOC_TRIM_THRESHOLD_", Some("131072")),
         ("GPU_DRA_GPU_BACKEND", Some("nvml")),
