@@ -310,24 +310,17 @@ impl Reconciler {
         desired: &DaemonSet,
         domain: &ComputeDomain,
     ) -> Result<(), ControllerError> {
-        let uid = domain.uid().unwrap_or_default();
-        let name = desired.metadata.name.clone().unwrap_or_default();
-        let where_ = format!("{}/{name}", self.settings.namespace);
-        self.count(false);
-        match api.create(&PostParams::default(), desired).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => {
-                return Err(self.failed(domain, format!("creating DaemonSet {where_}"))(
-                    e,
-                ));
-            }
-        }
-        let mut existing = api
-            .get(&name)
-            .await
-            .map_err(self.failed(domain, format!("reading DaemonSet {where_}")))?;
-        if existing.labels().get(api::DOMAIN_UID_LABEL) != Some(&uid) {
+        let Some(Existing {
+            object: mut existing,
+            owner,
+            at,
+        }) = self
+            .create_or_get(api, desired, domain, "DaemonSet")
+            .await?
+        else {
+            return Ok(());
+        };
+        if owner != domain.uid().unwrap_or_default() {
             return Ok(());
         }
         let Some(changed) = desired::daemon_set_outdated(&existing, desired) else {
@@ -336,11 +329,12 @@ impl Reconciler {
         existing.spec.template = desired.spec.template.clone();
         existing.metadata.managed_fields = None;
         self.count(false);
+        let name = existing.name_any();
         api.replace(&name, &PostParams::default(), &existing)
             .await
-            .map_err(self.failed(domain, format!("updating DaemonSet {where_}")))?;
+            .map_err(self.failed(domain, format!("updating DaemonSet {at}")))?;
         tracing::info!(
-            daemon_set = %where_, domain = %domain.name_any(), %changed,
+            daemon_set = %at, domain = %domain.name_any(), %changed,
             "updated the IMEX daemons' DaemonSet to this controller's version"
         );
         Ok(())
@@ -364,8 +358,31 @@ impl Reconciler {
             + std::fmt::Debug,
     {
         let uid = domain.uid().unwrap_or_default();
+        Ok(self
+            .create_or_get(api, object, domain, kind)
+            .await?
+            .map(|existing| existing.owner)
+            .filter(|owner| *owner != uid))
+    }
+
+    /// Creates `object`; `Ok(None)` when that made it, or the object of that name that
+    /// already existed (409), read back with the domain UID its label names.
+    async fn create_or_get<K>(
+        &self,
+        api: &Api<K>,
+        object: &K,
+        domain: &ComputeDomain,
+        kind: &str,
+    ) -> Result<Option<Existing<K>>, ControllerError>
+    where
+        K: kube::Resource
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
         let name = object.meta().name.clone().unwrap_or_default();
-        let where_ = format!(
+        let at = format!(
             "{}/{name}",
             object.meta().namespace.clone().unwrap_or_default()
         );
@@ -373,18 +390,22 @@ impl Reconciler {
         match api.create(&PostParams::default(), object).await {
             Ok(_) => return Ok(None),
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(self.failed(domain, format!("creating {kind} {where_}"))(e)),
+            Err(e) => return Err(self.failed(domain, format!("creating {kind} {at}"))(e)),
         }
         let existing = api
             .get(&name)
             .await
-            .map_err(self.failed(domain, format!("reading {kind} {where_}")))?;
+            .map_err(self.failed(domain, format!("reading {kind} {at}")))?;
         let owner = existing
             .labels()
             .get(api::DOMAIN_UID_LABEL)
             .cloned()
             .unwrap_or_default();
-        Ok((owner != uid).then_some(owner))
+        Ok(Some(Existing {
+            object: existing,
+            owner,
+            at,
+        }))
     }
 
     /// Deletes what the domain made outside its namespace's garbage collection (the daemon
@@ -540,4 +561,13 @@ impl Reconciler {
             );
         }
     }
+}
+
+/// An object [`Reconciler::create_or_get`] found already there.
+struct Existing<K> {
+    object: K,
+    /// The domain UID its label names ("" when none).
+    owner: String,
+    /// `namespace/name`, for errors and logs.
+    at: String,
 }
