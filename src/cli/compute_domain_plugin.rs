@@ -42,20 +42,15 @@ pub(crate) fn run(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
     use gpu_dra::compute_domain::plugin::{CdPluginConfig, config};
     let node = args.node;
     let (backend, node_name) = node.backend_and_name()?;
-    let plugin_dir = node
-        .kubelet_dirs
-        .plugin_dir
-        .unwrap_or_else(|| PathBuf::from(config::DEFAULT_PLUGIN_DIR));
+    let (plugin_dir, state_dir) =
+        node.plugin_and_state_dirs(PathBuf::from(config::DEFAULT_PLUGIN_DIR));
     block_on(gpu_dra::compute_domain::plugin::run(CdPluginConfig {
         node_name,
         kubeconfig: node.kubeconfig.kubeconfig,
         backend,
         clique_override: args.clique_id,
         simulated_host: node.simulated_host,
-        state_dir: node
-            .state_dir
-            .state_dir
-            .unwrap_or_else(|| plugin_dir.clone()),
+        state_dir,
         plugin_dir,
         registry_dir: node.kubelet_dirs.registry_dir,
         pod_uid: node.pod_uid,

@@ -204,6 +204,18 @@ impl NodeFlags {
         };
         Ok((backend, node_name))
     }
+
+    /// The plugin directory (`--plugin-dir`, else `default`) and the state directory
+    /// (`--state-dir`, else the plugin directory), as both node plugins resolve them.
+    pub(crate) fn plugin_and_state_dirs(&self, default: PathBuf) -> (PathBuf, PathBuf) {
+        let plugin_dir = self.kubelet_dirs.plugin_dir.clone().unwrap_or(default);
+        let state_dir = self
+            .state_dir
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| plugin_dir.clone());
+        (plugin_dir, state_dir)
+    }
 }
 
 /// An interval flag: whole seconds (`30` or `30s`) or minutes (`2m`), at least one second.

@@ -92,12 +92,10 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
     use gpu_dra::plugin::PluginConfig;
     let node = args.node;
     let (backend, node_name) = node.backend_and_name()?;
-    let plugin_dir = node.kubelet_dirs.plugin_dir.unwrap_or_else(|| {
-        PathBuf::from(format!(
-            "/var/lib/kubelet/plugins/{}",
-            args.driver_name.driver_name
-        ))
-    });
+    let (plugin_dir, state_dir) = node.plugin_and_state_dirs(PathBuf::from(format!(
+        "/var/lib/kubelet/plugins/{}",
+        args.driver_name.driver_name
+    )));
     let config = PluginConfig {
         driver_name: args.driver_name.driver_name,
         node_name,
@@ -107,10 +105,7 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         gpu_mig_policies: policy_flag::parse_gpu_policies(&args.gpu_mig_policies.gpu_mig_policies)?,
         mig_profiles: args.mig_profiles.mig_profiles,
         simulated_host: node.simulated_host,
-        state_dir: node
-            .state_dir
-            .state_dir
-            .unwrap_or_else(|| plugin_dir.clone()),
+        state_dir,
         plugin_dir,
         registry_dir: node.kubelet_dirs.registry_dir,
         pod_uid: node.pod_uid,
