@@ -49,21 +49,28 @@ pub fn publishable(
 }
 
 /// The devices prepared claims hold, from the checkpoint in `state_dir` (read without
-/// opening the store); none when there is no checkpoint of this boot.
-pub fn prepared_devices(state_dir: &std::path::Path, boot_id: &str) -> Vec<PreparedDevice> {
-    let Some(checkpoint) = super::usage::read_checkpoint(state_dir, boot_id) else {
-        return Vec::new();
+/// opening the store): empty when there is no checkpoint of this boot, `None` when the file
+/// could not be read whole just now (a write raced every re-read, or it is damaged). A caller
+/// keeps what it knew then: reading "nothing prepared" from a torn read would stop publishing
+/// the prepared devices of a vanished GPU, and the scheduler would forget their counters.
+pub fn prepared_devices(state_dir: &std::path::Path, boot_id: &str) -> Option<Vec<PreparedDevice>> {
+    let checkpoint = match crate::checkpoint::read_unlocked(state_dir, boot_id) {
+        crate::checkpoint::Snapshot::Current(checkpoint) => checkpoint,
+        crate::checkpoint::Snapshot::Empty => return Some(Vec::new()),
+        crate::checkpoint::Snapshot::Unreadable => return None,
     };
-    checkpoint
-        .claims
-        .values()
-        .flat_map(|c| &c.devices)
-        .map(|d| PreparedDevice {
-            device: d.device.clone(),
-            gpu_uuid: d.gpu_uuid.clone(),
-            mig_uuid: d.mig.as_ref().and_then(|m| m.uuid.clone()),
-        })
-        .collect()
+    Some(
+        checkpoint
+            .claims
+            .values()
+            .flat_map(|c| &c.devices)
+            .map(|d| PreparedDevice {
+                device: d.device.clone(),
+                gpu_uuid: d.gpu_uuid.clone(),
+                mig_uuid: d.mig.as_ref().and_then(|m| m.uuid.clone()),
+            })
+            .collect(),
+    )
 }
 
 /// The kubelet's health list: one entry per published device, `Unhealthy` for degraded and
@@ -176,7 +183,13 @@ impl Watcher {
     /// The first round, at start-up: the model and health list to start publishing with.
     pub fn first(&self, inventory: &NodeInventory) -> (DeviceModel, Vec<DeviceHealth>) {
         let now = unix_now();
-        let prepared = prepared_devices(&self.state_dir, &self.boot_id);
+        let prepared = prepared_devices(&self.state_dir, &self.boot_id).unwrap_or_else(|| {
+            warn!(
+                state_dir = %self.state_dir.display(),
+                "checkpoint unreadable at start-up; devices of vanished GPUs are not kept published this round"
+            );
+            Vec::new()
+        });
         let (model, verdicts) = publishable(
             inventory,
             &self.options,
@@ -233,7 +246,8 @@ impl Watcher {
             gpu_states(&this.policy, &published, &kept, now)
         };
         let mut last_inventory = Some(published);
-        let mut last_prepared = prepared_devices(&this.state_dir, &this.boot_id);
+        let mut last_prepared =
+            prepared_devices(&this.state_dir, &this.boot_id).unwrap_or_default();
         loop {
             let regular = tokio::select! {
                 _ = ticker.tick() => true,
@@ -259,6 +273,8 @@ impl Watcher {
             let Ok((inventory, prepared)) = read else {
                 continue;
             };
+            // A checkpoint that could not be read whole this round says nothing new.
+            let prepared = prepared.unwrap_or_else(|| last_prepared.clone());
             let inventory = match inventory {
                 Ok(inv) => inv,
                 Err(e) => {
@@ -353,4 +369,71 @@ fn strip_times(h: &[DeviceHealth]) -> Vec<(&str, &str, HealthStatus, &str)> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{
+        CHECKPOINT_FILE, Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, encode,
+    };
+
+    const BOOT: &str = "boot-1";
+
+    fn checkpoint_with_one_device() -> Vec<u8> {
+        let mut checkpoint = Checkpoint::new(BOOT);
+        checkpoint.claims.insert(
+            "uid-1".into(),
+            ClaimRecord {
+                uid: "uid-1".into(),
+                namespace: "ml".into(),
+                name: "train".into(),
+                phase: ClaimPhase::PrepareCompleted,
+                devices: vec![DeviceRecord {
+                    request_names: vec!["gpu".into()],
+                    pool: "node-a".into(),
+                    device: "gpu-3".into(),
+                    share_id: None,
+                    cdi_device_ids: vec!["k8s.gpu.nvidia.com/claim=uid-1-gpu-3".into()],
+                    gpu_uuid: "GPU-ccc".into(),
+                    mig: None,
+                    sharing: None,
+                }],
+                updated_unix: 1_760_000_000,
+            },
+        );
+        encode(&checkpoint).unwrap()
+    }
+
+    #[test]
+    fn prepared_devices_tell_none_prepared_from_a_checkpoint_that_cannot_be_read() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(prepared_devices(dir.path(), BOOT), Some(vec![]), "no file");
+
+        std::fs::write(
+            dir.path().join(CHECKPOINT_FILE),
+            checkpoint_with_one_device(),
+        )
+        .unwrap();
+        let read = prepared_devices(dir.path(), BOOT).expect("a whole file");
+        assert_eq!(
+            read,
+            vec![PreparedDevice {
+                device: "gpu-3".into(),
+                gpu_uuid: "GPU-ccc".into(),
+                mig_uuid: None,
+            }]
+        );
+        assert_eq!(
+            prepared_devices(dir.path(), "another-boot"),
+            Some(vec![]),
+            "records of another boot are stale"
+        );
+
+        // A torn or damaged file is not "nothing prepared".
+        let mut torn = checkpoint_with_one_device();
+        torn.truncate(torn.len() / 2);
+        std::fs::write(dir.path().join(CHECKPOINT_FILE), torn).unwrap();
+        assert_eq!(prepared_devices(dir.path(), BOOT), None);
+    }
 }
