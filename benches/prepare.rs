@@ -5,8 +5,10 @@
 //! speaks TLS and requires a client certificate as kube-apiserver does, whose GETs take
 //! `GPU_DRA_BENCH_GET_LATENCY_US` (default 500 µs) and whose writes — the claim-status
 //! `PUT`s — take `GPU_DRA_BENCH_WRITE_LATENCY_US` (default 2,000 µs, an etcd write), and
-//! state, checkpoint and CDI specs on disk (the system temp directory; its file system type
-//! is printed).
+//! state and checkpoint on disk (the system temp directory, as the chart's `/var/lib` state
+//! directory), CDI specs on a tmpfs, as the chart's `cdiRoot` (`/var/run/cdi`, which is `/run`,
+//! a tmpfs, on systemd hosts and kind nodes): `/run` or `/dev/shm`, whichever is a tmpfs, or
+//! `GPU_DRA_BENCH_CDI_DIR` (file system types are printed).
 //!
 //! The node has 64 devices like the reference driver's side-by-side harness: 8 A100-80GB
 //! with 7 static 1g.10gb MIG devices each and 8 L4 GPUs, so a prepare is the plugin's own
@@ -26,7 +28,7 @@
 #[path = "../tests/plugin_support/mod.rs"]
 mod plugin_support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpu_dra::kubelet::ClaimRef;
@@ -118,6 +120,22 @@ fn fs_type(path: &Path) -> String {
         .map_or_else(|| "unknown".to_string(), |(_, kind)| kind)
 }
 
+/// Where the CDI specs go: `GPU_DRA_BENCH_CDI_DIR`, else the first of `/run` and `/dev/shm`
+/// that is a tmpfs (where a node's `/var/run/cdi` is), else `root`.
+fn cdi_parent(root: &Path) -> PathBuf {
+    if let Some(dir) = std::env::var_os("GPU_DRA_BENCH_CDI_DIR") {
+        return PathBuf::from(dir);
+    }
+    ["/run", "/dev/shm"]
+        .iter()
+        .map(Path::new)
+        .find(|dir| {
+            fs_type(dir) == "tmpfs"
+                && tempfile::tempdir_in(dir).is_ok_and(|probe| probe.close().is_ok())
+        })
+        .map_or_else(|| root.to_path_buf(), Path::to_path_buf)
+}
+
 /// The API server's answer times.
 #[derive(Clone, Copy)]
 struct Latency {
@@ -142,8 +160,8 @@ struct Bench {
 }
 
 impl Bench {
-    async fn start(root: &Path, latency: Latency, env: &[(&str, &str)]) -> Bench {
-        let node = Node::new_tls_in(root);
+    async fn start(root: &Path, cdi: &Path, latency: Latency, env: &[(&str, &str)]) -> Bench {
+        let node = Node::new_tls_in(root).with_cdi_in(cdi);
         let node_file = node.root().join("bench-node.yaml");
         std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).expect("node file");
         node.api.set_get_latency(latency.get);
@@ -298,6 +316,7 @@ fn main() {
         write: micros_from_env("GPU_DRA_BENCH_WRITE_LATENCY_US", 2000),
     };
     let root = std::env::temp_dir();
+    let cdi = cdi_parent(&root);
     let hz = clock_ticks_per_second();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -309,14 +328,17 @@ fn main() {
         println!("gpu-dra kubelet-plugin: {binary}");
         println!(
             "64 devices (56 static MIG, 8 full GPUs), 64 claims; API server over TLS with \
-             client certificates, GET latency {:?}, write latency {:?}; state on {} ({})",
+             client certificates, GET latency {:?}, write latency {:?}; state on {} ({}), CDI \
+             specs on {} ({})",
             latency.get,
             latency.write,
             root.display(),
-            fs_type(&root)
+            fs_type(&root),
+            cdi.display(),
+            fs_type(&cdi)
         );
 
-        let idle = Bench::start(&root, latency, CHART_ENV).await;
+        let idle = Bench::start(&root, &cdi, latency, CHART_ENV).await;
         tokio::time::sleep(IDLE).await;
         println!(
             "idle plugin (chart's malloc settings), before any call: {}",
@@ -324,7 +346,7 @@ fn main() {
         );
         drop(idle);
 
-        let b = Bench::start(&root, latency, CHART_ENV).await;
+        let b = Bench::start(&root, &cdi, latency, CHART_ENV).await;
         let refs = &b.refs;
         println!("\n-- latency per call");
         let (p1, u1) = latencies(&b, &refs[..1], LATENCY_CYCLES, "1 claim").await;
@@ -359,13 +381,13 @@ fn main() {
         // another running instance maps stay resident (MADV_PAGEOUT skips shared pages).
         drop(b);
 
-        let fresh = Bench::start(&root, latency, CHART_ENV).await;
+        let fresh = Bench::start(&root, &cdi, latency, CHART_ENV).await;
         tokio::time::sleep(IDLE).await;
         let idle_rss = memory(fresh.pid());
         println!("idle plugin (chart's malloc settings), fresh: {idle_rss}");
         drop(fresh);
         // The `plugin` bench's node (8 H100 with dynamic MIG: a larger device model).
-        let h100 = Node::new_tls_in(&root);
+        let h100 = Node::new_tls_in(&root).with_cdi_in(&cdi);
         let mut plugin =
             h100.spawn_command(h100.chart_command_on(plugin_support::PRESET), CHART_ENV);
         plugin.wait_registrable().await;

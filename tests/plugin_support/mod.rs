@@ -91,6 +91,8 @@ pub const SIGTERM: i32 = 15;
 /// A simulated kubelet host.
 pub struct Node {
     dir: tempfile::TempDir,
+    /// CDI specs in a directory of their own (another file system), when set.
+    cdi_dir: Option<tempfile::TempDir>,
     runs: AtomicUsize,
     sim_node: String,
     /// The cluster's API server.
@@ -133,6 +135,7 @@ impl Node {
         api.write_kubeconfig(&dir.path().join("kubeconfig"));
         Node {
             dir,
+            cdi_dir: None,
             runs: AtomicUsize::new(0),
             sim_node: claims::NODE.to_string(),
             api,
@@ -146,6 +149,13 @@ impl Node {
         self
     }
 
+    /// The same node with its CDI specs in a fresh directory under `parent`, as a node keeps
+    /// `/var/run/cdi` on another file system (a tmpfs) than its state.
+    pub fn with_cdi_in(mut self, parent: &Path) -> Node {
+        self.cdi_dir = Some(tempfile::tempdir_in(parent).expect("CDI temp dir"));
+        self
+    }
+
     pub fn root(&self) -> &Path {
         self.dir.path()
     }
@@ -156,7 +166,10 @@ impl Node {
         self.root().join("registry")
     }
     pub fn cdi_root(&self) -> PathBuf {
-        self.root().join("cdi")
+        match &self.cdi_dir {
+            Some(dir) => dir.path().to_path_buf(),
+            None => self.root().join("cdi"),
+        }
     }
     pub fn state_dir(&self) -> PathBuf {
         self.root().join("state")
