@@ -154,7 +154,7 @@ fn micros_from_env(name: &str, default: u64) -> Duration {
 
 struct Bench {
     /// Kept for its directories and API server while the plugin runs.
-    _node: Node,
+    node: Node,
     plugin: Plugin,
     refs: Vec<ClaimRef>,
 }
@@ -171,11 +171,7 @@ impl Bench {
         let mut plugin = node.spawn_command(command, env);
         plugin.wait_registrable().await;
         eventually("slices", || node.api.complete_pool()).await;
-        Bench {
-            _node: node,
-            plugin,
-            refs,
-        }
+        Bench { node, plugin, refs }
     }
 
     async fn kubelet(&self) -> KubeletClient {
@@ -351,6 +347,12 @@ fn main() {
         println!("\n-- latency per call");
         let (p1, u1) = latencies(&b, &refs[..1], LATENCY_CYCLES, "1 claim").await;
         latencies(&b, &refs[..10], BATCH_CYCLES, "10 claims").await;
+        if let Some(served) = b.node.api.served_get_latency_p50() {
+            println!(
+                "(the API server answered GETs {served:.2?} after they arrived, p50; set {:?})",
+                latency.get
+            );
+        }
 
         println!("\n-- throughput, {SUSTAIN:?} each");
         let mut per_10 = 0.0;

@@ -164,11 +164,16 @@ async fn answer(
     };
     if wait_ns > 0 {
         let until = arrived + Duration::from_nanos(wait_ns);
-        // A blocking sleep: tokio's timer rounds up to whole milliseconds.
+        // A blocking sleep: tokio's timer rounds up to whole milliseconds. Without timer
+        // slack, or the kernel's default 50 µs would be added to a 500 µs GET.
         let _ = tokio::task::spawn_blocking(move || {
+            let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
             std::thread::sleep(until.saturating_duration_since(Instant::now()));
         })
         .await;
+        if is_get {
+            latency.record_get(arrived.elapsed());
+        }
     }
     if is_get {
         gets.now.fetch_sub(1, Ordering::SeqCst);

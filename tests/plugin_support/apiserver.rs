@@ -77,6 +77,24 @@ pub struct FakeApiServer {
 pub(super) struct Latency {
     pub(super) get_ns: AtomicU64,
     pub(super) write_ns: AtomicU64,
+    /// How long after arrival each delayed GET was actually answered, in nanoseconds (the
+    /// last [`Latency::KEPT`]).
+    pub(super) served_gets_ns: Mutex<std::collections::VecDeque<u64>>,
+}
+
+impl Latency {
+    pub(super) const KEPT: usize = 4096;
+
+    pub(super) fn record_get(&self, took: Duration) {
+        let mut kept = self
+            .served_gets_ns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if kept.len() == Self::KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+    }
 }
 
 /// What a client needs to reach a TLS server: PEM texts for its kubeconfig.
@@ -158,6 +176,22 @@ impl FakeApiServer {
     }
 
     /// The most GETs the server was answering at one time so far.
+    /// The median time after arrival at which the server let delayed GETs go (what the
+    /// latency set with [`FakeApiServer::set_get_latency`] came to), over the last 4,096 of
+    /// them; `None` before any.
+    pub fn served_get_latency_p50(&self) -> Option<Duration> {
+        let kept = self
+            .latency
+            .served_gets_ns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut sorted: Vec<u64> = kept.iter().copied().collect();
+        sorted.sort_unstable();
+        sorted
+            .get(sorted.len() / 2)
+            .map(|ns| Duration::from_nanos(*ns))
+    }
+
     pub fn peak_concurrent_gets(&self) -> usize {
         self.gets.peak.load(Ordering::SeqCst)
     }
