@@ -163,16 +163,19 @@ async fn answer(
         latency.write_ns.load(Ordering::Relaxed)
     };
     if wait_ns > 0 {
-        let until = arrived + Duration::from_nanos(wait_ns);
+        let until = latency.wake_at(arrived, wait_ns);
         // A blocking sleep: tokio's timer rounds up to whole milliseconds. Without timer
-        // slack, or the kernel's default 50 µs would be added to a 500 µs GET.
+        // slack, or the kernel's default 50 µs would be added to a 500 µs GET; and ending as
+        // early as waking up takes (`Latency::learn`), so the answer leaves on time.
         let _ = tokio::task::spawn_blocking(move || {
             let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
             std::thread::sleep(until.saturating_duration_since(Instant::now()));
         })
         .await;
+        let took = arrived.elapsed();
+        latency.learn(took, wait_ns);
         if is_get {
-            latency.record_get(arrived.elapsed());
+            latency.record_get(took);
         }
     }
     if is_get {
