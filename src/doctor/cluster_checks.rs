@@ -125,6 +125,77 @@ pub fn check_slices(node: &str, slices: &Result<Vec<ResourceSlice>, String>) -> 
     }
 }
 
+/// The minor version of a `gitVersion` such as `v1.36.2` or `v1.37.0-gke.1`; `None` when it
+/// is not of that form.
+fn minor_version(git_version: &str) -> Option<u32> {
+    let rest = git_version.strip_prefix('v').unwrap_or(git_version);
+    let mut parts = rest.split(['.', '-', '+']);
+    (parts.next()? == "1").then_some(())?;
+    parts.next()?.parse().ok()
+}
+
+/// `scheduling-cost`: how many of this node's published devices consume shared counters, and
+/// whether the control plane's version may still run the scheduler that converts every node's
+/// counter-consuming devices for each node it filters (before Kubernetes PR 138917, in 1.37;
+/// a 1.36 patch release may carry it). Warns with the figure when both hold: scheduling slows
+/// with nodes × those devices (docs/configuration.md, "Scheduling cost of the MIG layout").
+/// Nothing to say without slices (that is `resource-slices`).
+pub fn check_scheduling_cost(
+    version: &Result<(bool, String), String>,
+    slices: &Result<Vec<ResourceSlice>, String>,
+) -> Check {
+    const NAME: &str = "scheduling-cost";
+    let Ok(slices) = slices else {
+        return Check::ok(NAME, "no slices to weigh (see resource-slices)");
+    };
+    let generation = slices
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0);
+    let devices: Vec<&k8s_openapi::api::resource::v1::Device> = slices
+        .iter()
+        .filter(|s| s.spec.pool.generation == generation)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .collect();
+    let with_counters = devices
+        .iter()
+        .filter(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
+        .count();
+    let found = format!(
+        "{} devices published, {with_counters} consuming shared counters",
+        devices.len()
+    );
+    if with_counters == 0 {
+        return Check::ok(
+            NAME,
+            format!("{found}: each node costs the scheduler its own devices only"),
+        );
+    }
+    let git_version = version.as_ref().map(|(_, v)| v.as_str()).unwrap_or("");
+    match minor_version(git_version) {
+        Some(minor) if minor >= 37 => Check::ok(
+            NAME,
+            format!("{found}; {git_version}: the scheduler converts a node's own devices only"),
+        ),
+        _ => Check::warn(
+            NAME,
+            format!(
+                "{found}; control plane {}: a kube-scheduler without Kubernetes PR 138917 \
+                 (1.37, or a 1.36 patch carrying it) converts every node's counter-consuming \
+                 devices for each node it filters, so pods/s falls with nodes x {with_counters}",
+                if git_version.is_empty() {
+                    "of unknown version"
+                } else {
+                    git_version
+                }
+            ),
+            "If pods schedule slowly, publish only the MIG profiles you hand out (chart value migProfiles), run a scheduler carrying PR 138917, or use static MIG, which has no shared counters; docs/configuration.md has the cost of each",
+            NAME,
+        ),
+    }
+}
+
 /// The DeviceClasses the chart installs for `driver`: the GPU class (named after the
 /// driver) and `mig.nvidia.com`.
 pub fn expected_classes(driver: &str) -> Vec<String> {
@@ -221,6 +292,7 @@ pub fn checks(driver: &str, node: &str, facts: &ClusterFacts) -> Vec<Check> {
         check_resource_api(&facts.resource_v1),
         check_gates(&facts.gates),
         check_slices(node, &facts.slices),
+        check_scheduling_cost(&facts.resource_v1, &facts.slices),
         check_classes(driver, &facts.classes),
         check_policy(&facts.policies),
         check_rbac(&facts.access),
@@ -244,6 +316,85 @@ mod tests {
                      "devices": devices},
         }))
         .unwrap()
+    }
+
+    /// A slice of `n` MIG-like devices consuming counters of set `gpu-0`.
+    fn counter_slice(generation: i64, n: usize) -> ResourceSlice {
+        let devices: Vec<serde_json::Value> = (0..n)
+            .map(|i| {
+                serde_json::json!({"name": format!("gpu-0-mig-1g10gb-{i}"),
+                    "consumesCounters": [{"counterSet": "gpu-0-counter-set",
+                                          "counters": {"memory-slice-0": {"value": "1"}}}]})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("m-{generation}")},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                     "pool": {"name": "n1", "generation": generation, "resourceSliceCount": 2},
+                     "devices": devices},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn counter_consuming_devices_warn_on_a_control_plane_older_than_1_37() {
+        let slices = Ok(vec![
+            slice("full", 3, 2, 2),
+            counter_slice(3, 5),
+            counter_slice(2, 40),
+        ]);
+        let old = check_scheduling_cost(&Ok((true, "v1.36.2".into())), &slices);
+        assert_eq!(old.status, Status::Warn);
+        assert!(
+            old.found.starts_with(
+                "7 devices published, 5 consuming shared counters; control plane v1.36.2:"
+            ),
+            "only the newest generation counts: {}",
+            old.found
+        );
+        assert!(old.found.contains("nodes x 5"), "{}", old.found);
+        assert!(old.fix.as_deref().unwrap().contains("migProfiles"));
+
+        let unknown = check_scheduling_cost(&Err("unreachable".into()), &slices);
+        assert_eq!(unknown.status, Status::Warn);
+        assert!(
+            unknown.found.contains("of unknown version"),
+            "{}",
+            unknown.found
+        );
+
+        for fixed in ["v1.37.0", "v1.38.1-gke.100", "1.40.0"] {
+            let c = check_scheduling_cost(&Ok((true, fixed.into())), &slices);
+            assert_eq!(c.status, Status::Ok, "{fixed}: {}", c.found);
+        }
+    }
+
+    #[test]
+    fn devices_without_counters_cost_their_own_node_only_whatever_the_version() {
+        let c = check_scheduling_cost(
+            &Ok((true, "v1.35.0".into())),
+            &Ok(vec![slice("a", 1, 1, 8)]),
+        );
+        assert_eq!(
+            (c.status, c.found.as_str()),
+            (
+                Status::Ok,
+                "8 devices published, 0 consuming shared counters: each node costs the scheduler its own devices only"
+            )
+        );
+        let none = check_scheduling_cost(&Ok((true, "v1.36.0".into())), &Err("403".into()));
+        assert_eq!(none.status, Status::Ok);
+    }
+
+    #[test]
+    fn minor_versions_are_read_from_git_versions() {
+        assert_eq!(minor_version("v1.36.2"), Some(36));
+        assert_eq!(minor_version("v1.37.0-fake"), Some(37));
+        assert_eq!(minor_version("v1.38+k3s1"), Some(38));
+        assert_eq!(minor_version("1.34.1"), Some(34));
+        assert_eq!(minor_version("v2.1.0"), None);
+        assert_eq!(minor_version(""), None);
+        assert_eq!(minor_version("vX"), None);
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub const DOCS: &str = "docs/troubleshooting.md";
 
 /// Every section of [`DOCS`] a fix links to: one per check (`gpu-index` for the `gpu-<index>`
 /// checks). A test keeps them in step with the guide's headings.
-pub const ANCHORS: [&str; 19] = [
+pub const ANCHORS: [&str; 20] = [
     "nvml",
     "gpus",
     "gpu-index",
@@ -62,6 +62,7 @@ pub const ANCHORS: [&str; 19] = [
     "resource-api",
     "feature-gates",
     "resource-slices",
+    "scheduling-cost",
     "device-classes",
     "admission-policy",
     "rbac",
