@@ -10,6 +10,13 @@
 //! order `inventory` publishes (new) against the order before it (old: every profile's
 //! placements by ascending start). Target: ≥ 90 % for both profiles. Prints figures; asserts
 //! only that the allocator never beats the exact search (which would mean a wrong search).
+//!
+//! Slice order: our allocator walks a pool's slices in the order given; kube-scheduler walks
+//! them in the order its ResourceSlice cache lists them, which is a Go map's (unordered, new
+//! each call). The `random` rows shuffle the device slices before every allocation (seeded)
+//! to measure what the scheduler does with the published layout; `by profile` is a layout
+//! (not shipped) whose slices each hold whole profiles, so a one-profile request finds all its
+//! candidates in one slice and the order inside it decides, whatever the slice order.
 //! Run: `cargo bench --bench churn`.
 
 use std::collections::BTreeMap;
@@ -21,7 +28,7 @@ use gpu_dra::hardware::MigProfile;
 use gpu_dra::hardware::catalog;
 use gpu_dra::hardware::geometry::fill_placements;
 use gpu_dra::selectors::CelEngine;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::json;
 
 const NODE: &str = "dgx-h100";
@@ -97,6 +104,79 @@ fn old_order(slices: &[ResourceSlice], profiles: &[MigProfile]) -> Vec<ResourceS
         .collect()
 }
 
+/// How the allocator walks a pool's slices.
+#[derive(Clone, Copy)]
+enum Walk {
+    /// In the published order (our allocator's).
+    InOrder,
+    /// In a fresh random order for every allocation (kube-scheduler's: its cache is a map).
+    Random,
+}
+
+/// The slices with the device slices in a random order (counter slices stay first; their
+/// place does not matter to the walk).
+fn shuffled(slices: &[ResourceSlice], rng: &mut Rng) -> Vec<ResourceSlice> {
+    let mut out = slices.to_vec();
+    let first = out
+        .iter()
+        .position(|s| s.spec.devices.is_some())
+        .unwrap_or(out.len());
+    for i in (first + 1..out.len()).rev() {
+        let j = first + rng.below((i - first + 1) as u64) as usize;
+        out.swap(i, j);
+    }
+    out
+}
+
+/// The layout by profile (not shipped): the same devices, in the same order within each
+/// profile (GPU order, then placement order), regrouped so that each slice holds whole
+/// profiles (full GPUs with the first), at most 64 devices per slice, smallest profile first.
+fn by_profile(slices: &[ResourceSlice], profiles: &[MigProfile]) -> Vec<ResourceSlice> {
+    let profile_of = |d: &Device| -> Option<String> {
+        d.attributes
+            .as_ref()?
+            .get("profile")
+            .and_then(|a| a.string.clone())
+    };
+    let mut groups: BTreeMap<usize, Vec<Device>> = BTreeMap::new();
+    for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+        let rank = match profile_of(d) {
+            None => 0,
+            Some(p) => 1 + profiles.iter().position(|x| x.name == p).expect("profile"),
+        };
+        groups.entry(rank).or_default().push(d.clone());
+    }
+    let mut packed: Vec<Vec<Device>> = Vec::new();
+    let mut current: Vec<Device> = Vec::new();
+    for (_, group) in groups {
+        if !current.is_empty() && current.len() + group.len() > 64 {
+            packed.push(std::mem::take(&mut current));
+        }
+        current.extend(group);
+    }
+    packed.push(current);
+    let template = slices
+        .iter()
+        .find(|s| s.spec.devices.is_some())
+        .expect("a device slice");
+    let mut out: Vec<ResourceSlice> = slices
+        .iter()
+        .filter(|s| s.spec.devices.is_none())
+        .cloned()
+        .collect();
+    let count = (out.len() + packed.len()) as i64;
+    for (i, devices) in packed.into_iter().enumerate() {
+        let mut slice = template.clone();
+        slice.metadata.name = Some(format!("by-profile-{i}"));
+        slice.spec.devices = Some(devices);
+        out.push(slice);
+    }
+    for slice in &mut out {
+        slice.spec.pool.resource_slice_count = count;
+    }
+    out
+}
+
 /// A held claim: its profile, the GPU (minor) it landed on, and the claim with its allocation.
 struct Held {
     profile: &'static str,
@@ -136,8 +216,11 @@ fn run(
     profiles: &[MigProfile],
     seed: u64,
     tally: &mut Tally,
+    walk: Walk,
 ) {
     let mut rng = Rng(seed);
+    // Its own stream, so every row sees the same arrivals and departures.
+    let mut shuffle = Rng(seed ^ 0x0051_f1ed);
     let node = Node::named(NODE);
     let total: u32 = MIX.iter().map(|(_, w)| w).sum();
     let probes: Vec<ResourceClaim> = BIG
@@ -164,7 +247,11 @@ fn run(
                 .map_or(MIX[0].0, |(p, _)| p);
             let mut claim = request(&format!("c-{seed:x}-{event}"), profile);
             let allocated: Vec<ResourceClaim> = held.iter().map(|h| h.claim.clone()).collect();
-            let allocator = Allocator::new(engine, classes, slices, &allocated).expect("allocator");
+            let walked = match walk {
+                Walk::InOrder => slices.to_vec(),
+                Walk::Random => shuffled(slices, &mut shuffle),
+            };
+            let allocator = Allocator::new(engine, classes, &walked, &allocated).expect("allocator");
             let prepared = allocator
                 .prepare(std::slice::from_ref(&claim))
                 .expect("claim");
@@ -224,6 +311,7 @@ fn main() {
     let profiles = catalog::model("h100").expect("h100").profiles.clone();
     let new = sim_slices(NODE, "gpu.nvidia.com", Default::default()).expect("slices");
     let old = old_order(&new, &profiles);
+    let grouped = by_profile(&new, &profiles);
     assert_ne!(
         old.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),
         new.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),
@@ -234,17 +322,22 @@ fn main() {
         EVENTS
     );
     println!(
-        "{:<6} {:>9} {:>24} {:>24} {:>40}",
-        "order",
+        "{:<24} {:>9} {:>24} {:>24} {:>40}",
+        "order, slice walk",
         "held",
         "7g.80gb fits/could",
         "4g.40gb fits/could",
         "arrivals placed (1g 2g 3g 4g 7g)"
     );
-    for (label, slices) in [("old", &old), ("new", &new)] {
+    for (label, slices, walk) in [
+        ("old, in order", &old, Walk::InOrder),
+        ("new, in order", &new, Walk::InOrder),
+        ("new, random", &new, Walk::Random),
+        ("by profile, random", &grouped, Walk::Random),
+    ] {
         let mut tally = Tally::default();
         for seed in SEEDS {
-            run(&engine, &classes, slices, &profiles, seed, &mut tally);
+            run(&engine, &classes, slices, &profiles, seed, &mut tally, walk);
         }
         let share = |big: &str| {
             let (fits, could) = tally.fits[big];
@@ -261,7 +354,7 @@ fn main() {
             })
             .collect();
         println!(
-            "{label:<6} {:>8.1}% {:>24} {:>24} {:>40}",
+            "{label:<24} {:>8.1}% {:>24} {:>24} {:>40}",
             100.0 * tally.held_slices as f64 / (tally.events * 64) as f64,
             share("7g.80gb"),
             share("4g.40gb"),
