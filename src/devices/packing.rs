@@ -17,6 +17,11 @@
 //!
 //! Only the order within a profile changes: profiles stay in table order (smallest first),
 //! names and attributes stay exactly as they are.
+//!
+//! The order holds within a slice. kube-scheduler walks a pool's slices in its cache's order,
+//! which is arbitrary and changes from call to call, so across slices (two GPUs each on an
+//! 8-GPU node) the first GPU pair tried is a matter of chance: `cargo bench --bench churn`
+//! measures both walks (docs/device-model.md, "Packing order (dynamic MIG)").
 
 use std::cmp::Reverse;
 
