@@ -251,7 +251,8 @@ fn run(
                 Walk::InOrder => slices.to_vec(),
                 Walk::Random => shuffled(slices, &mut shuffle),
             };
-            let allocator = Allocator::new(engine, classes, &walked, &allocated).expect("allocator");
+            let allocator =
+                Allocator::new(engine, classes, &walked, &allocated).expect("allocator");
             let prepared = allocator
                 .prepare(std::slice::from_ref(&claim))
                 .expect("claim");
