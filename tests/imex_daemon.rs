@@ -418,3 +418,78 @@ fn the_plugins_config_runs_as_written_outside_a_container() {
         domain().contains("Domain State: UP")
     });
 }
+
+#[test]
+fn an_expired_watch_is_listed_again_and_a_peer_that_joined_meanwhile_is_rendered() {
+    let c = Cluster::new();
+    let d = "d0000009-aaaa-bbbb-cccc-000000000009";
+    let w = c.start(d, "tray-x", "127.0.1.90", CLIQUE);
+    wait_for("ready", || c.ready(d, "tray-x"));
+    assert_eq!(w.nodes_config(), "127.0.1.90\n");
+    // Let the Ready write come back through the watch before the history goes.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let before = c.server.requests().len();
+
+    // The API server compacts: the open watch ends with 410 Expired, and a watch resumed from
+    // its last resourceVersion would be refused the same way. A peer joins right after.
+    c.server.expire_watches();
+    c.server.create(
+        &node_objects_path(),
+        json!({
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainNode",
+            "metadata": {"name": api::compute_domain_node_name(d, "tray-y"),
+                         "labels": {api::DOMAIN_UID_LABEL: d}},
+            "spec": {"domainUID": d, "domainNamespace": "team-a", "domainName": format!("cd-{d}"),
+                     "nodeName": "tray-y", "cliqueID": CLIQUE},
+            "status": {"ipAddress": "127.0.1.91", "index": 1, "status": "NotReady",
+                       "reason": "DaemonStarting"},
+        }),
+    );
+    wait_for(
+        "the peer in tray-x's nodes config after the re-list",
+        || w.nodes_config() == "127.0.1.90\n127.0.1.91\n",
+    );
+
+    let calls = calls_since(&c, before);
+    let selector = Some(format!("{}={d}", api::DOMAIN_UID_LABEL));
+    let relisted = calls.iter().any(|(m, p, s, watch)| {
+        m == "GET" && *p == node_objects_path() && *s == selector && !watch
+    });
+    assert!(
+        relisted,
+        "the daemon listed its domain's objects again after the 410: {calls:?}"
+    );
+    assert!(
+        c.server.expired_watches() >= 1,
+        "the open watch was expired"
+    );
+    // It watches again, from the new list, and stays Ready throughout.
+    let rewatched = calls
+        .iter()
+        .filter(|(m, p, s, watch)| {
+            m == "GET" && *p == node_objects_path() && *s == selector && *watch
+        })
+        .count();
+    assert!(rewatched >= 1, "a new watch after the re-list: {calls:?}");
+    let own = c
+        .server
+        .get(&format!(
+            "{}/{}",
+            node_objects_path(),
+            api::compute_domain_node_name(d, "tray-x")
+        ))
+        .expect("own object");
+    // Writes resumed after the re-list: the object now says what nvidia-imex says with a
+    // peer in its config that has not come up (quorum), not a watch failure.
+    wait_for("tray-x's object reporting the quorum wait", || {
+        c.server
+            .get(&format!(
+                "{}/{}",
+                node_objects_path(),
+                api::compute_domain_node_name(d, "tray-x")
+            ))
+            .is_some_and(|o| o["status"]["reason"] == "WaitingForQuorum")
+    });
+    assert_eq!(own["status"]["index"], 0, "its index survived the re-list");
+}

@@ -4,7 +4,10 @@
 //! kube-apiserver does, one JSON event per line (`ADDED`, `MODIFIED`, `DELETED`) from the
 //! resourceVersion asked for, until `timeoutSeconds`. Every request is recorded with the code
 //! it got. Writes can be made to take a set time ([`ObjServer::set_write_latency`], an etcd
-//! write), as `tests/plugin_support`'s server does.
+//! write), as `tests/plugin_support`'s server does. Watches can be expired
+//! ([`ObjServer::expire_watches`]) as kube-apiserver expires them after a compaction: every
+//! open watch ends with an `ERROR` event of 410 `Expired`, and so does any new watch from an
+//! older resourceVersion, until the client lists again.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -45,6 +48,9 @@ struct Shared {
     requests: Mutex<Vec<Recorded>>,
     write_latency_ns: AtomicU64,
     get_latency_ns: AtomicU64,
+    /// Bumped by [`ObjServer::expire_watches`], with the resourceVersion below which watches
+    /// are refused from then on.
+    expired: tokio::sync::watch::Sender<(u64, u64)>,
 }
 
 /// The running server; dropping it stops it.
@@ -81,6 +87,7 @@ impl ObjServer {
             requests: Mutex::new(Vec::new()),
             write_latency_ns: AtomicU64::new(0),
             get_latency_ns: AtomicU64::new(0),
+            expired: tokio::sync::watch::channel((0, 0)).0,
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -141,6 +148,28 @@ impl ObjServer {
             tls: client,
             stop: Some(stop),
         }
+    }
+
+    /// Expires every watch, as kube-apiserver does when the history a watch needs was
+    /// compacted away: open watches end with an `ERROR` event (410 `Expired`), and a watch
+    /// from a resourceVersion older than the current one is refused the same way. A fresh
+    /// list (whose resourceVersion is the current one) and a watch from it work again.
+    pub fn expire_watches(&self) {
+        let current = self
+            .shared
+            .store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .version;
+        self.shared.expired.send_modify(|(generation, below)| {
+            *generation += 1;
+            *below = current;
+        });
+    }
+
+    /// How many watches were refused or ended with 410 `Expired` so far.
+    pub fn expired_watches(&self) -> usize {
+        self.requests().iter().filter(|r| r.code == 410).count()
     }
 
     /// Every write (POST, PUT, PATCH, DELETE) from now on is answered `latency` after it
@@ -295,8 +324,17 @@ async fn answer(
     let target = parse(&path);
     let watch = method == "GET" && query.get("watch").is_some_and(|w| w == "true" || w == "1");
     if watch && let Some(target) = target.clone() {
+        let from: u64 = query
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let below = shared.expired.borrow().1;
+        if from != 0 && from < below {
+            record(&shared, &method, &path, &query, &body, 410);
+            return Ok(expired_response(from, below));
+        }
         record(&shared, &method, &path, &query, &body, 200);
-        return Ok(watch_response(&shared, target, &query));
+        return Ok(watch_response(&shared, target, &query, &path));
     }
     let (code, value) = match target {
         None if path == "/version" => (
@@ -420,7 +458,12 @@ fn route(
 /// The watch: changes after `resourceVersion` to objects of the target's collection (and
 /// namespace) matching the label selector, one JSON line each, then new ones as they happen
 /// until `timeoutSeconds`.
-fn watch_response(shared: &Shared, t: Target, query: &BTreeMap<String, String>) -> Response<Body> {
+fn watch_response(
+    shared: &Arc<Shared>,
+    t: Target,
+    query: &BTreeMap<String, String>,
+    path: &str,
+) -> Response<Body> {
     let from: u64 = query
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -452,6 +495,10 @@ fn watch_response(shared: &Shared, t: Target, query: &BTreeMap<String, String>) 
         (backlog, store.changes.subscribe())
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1024);
+    let mut expired = shared.expired.subscribe();
+    expired.mark_unchanged();
+    let recorder = Arc::clone(shared);
+    let watched_path = path.to_string();
     tokio::spawn(async move {
         let mut last = from;
         for (version, text) in backlog {
@@ -465,6 +512,23 @@ fn watch_response(shared: &Shared, t: Target, query: &BTreeMap<String, String>) 
             let change = tokio::select! {
                 c = live.recv() => c,
                 _ = tokio::time::sleep_until(deadline) => return,
+                Ok(()) = expired.changed() => {
+                    let below = expired.borrow_and_update().1;
+                    recorder
+                        .requests
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(Recorded {
+                            // The watch that ended, recorded again with the code it got.
+                            method: "GET".into(),
+                            path: watched_path.clone(),
+                            query: BTreeMap::from([("watch".to_string(), "true".to_string())]),
+                            body: None,
+                            code: 410,
+                        });
+                    let _ = tx.send(Ok(Frame::data(Bytes::from(expired_line(last, below))))).await;
+                    return;
+                }
             };
             match change {
                 Ok(c) if c.version > last && matches(&c.key, &c.object) => {
@@ -486,6 +550,30 @@ fn watch_response(shared: &Shared, t: Target, query: &BTreeMap<String, String>) 
         .header("content-type", "application/json")
         .body(StreamBody::new(stream).boxed())
         .expect("response")
+}
+
+/// The `ERROR` event kube-apiserver sends for a watch whose history is gone.
+fn expired_line(from: u64, current: u64) -> String {
+    format!(
+        "{}\n",
+        json!({"type": "ERROR", "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("too old resource version: {from} ({current})"),
+            "reason": "Expired", "code": 410}})
+    )
+}
+
+/// A watch refused at once: 200 with the one `ERROR` event, as kube-apiserver answers.
+fn expired_response(from: u64, current: u64) -> Response<Body> {
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(full_text(expired_line(from, current)))
+        .expect("response")
+}
+
+fn full_text(text: String) -> Body {
+    Full::new(Bytes::from(text)).boxed()
 }
 
 fn line(kind: &str, object: &Value) -> String {
