@@ -76,6 +76,8 @@ pub struct SimSliceOptions {
     pub shared_gpus: crate::devices::SharedGpus,
     /// `--mig-profiles`.
     pub mig_profiles: crate::devices::MigProfileSet,
+    /// How devices are grouped into slices (`--slice-layout`).
+    pub slice_layout: crate::devices::SliceLayout,
 }
 
 /// The slices a simulated node (preset or node file) publishes, as `inventory -o yaml` prints
@@ -98,6 +100,7 @@ pub fn sim_slices(
     let model_options = ModelOptions {
         shared_gpus: options.shared_gpus,
         mig_profiles: options.mig_profiles,
+        slice_layout: options.slice_layout,
         ..ModelOptions::with_policies(driver, &sim.mig_policies())
     };
     let model = crate::devices::build(&inventory, &model_options);

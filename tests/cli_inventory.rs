@@ -273,3 +273,51 @@ fn inventory_shows_each_gpus_nvlink_clique_on_fabric_nodes() {
         "{list}"
     );
 }
+
+#[test]
+fn slice_layout_by_profile_groups_each_profile_in_one_slice_and_a_bad_layout_names_the_choices() {
+    let (code, out, err) = gpu_dra(&[
+        "inventory",
+        "--sim-node",
+        "dgx-h100",
+        "--slice-layout",
+        "by-profile",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mut home: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut devices = 0;
+    for (i, slice) in list["items"].as_array().unwrap().iter().enumerate() {
+        for d in slice["spec"]["devices"].as_array().into_iter().flatten() {
+            devices += 1;
+            let profile = d["attributes"]["profile"]["string"]
+                .as_str()
+                .unwrap_or("gpu")
+                .to_string();
+            assert_eq!(
+                *home.entry(profile.clone()).or_insert(i),
+                i,
+                "{profile} split"
+            );
+        }
+    }
+    assert_eq!(devices, 208);
+    assert_eq!(home.len(), 8, "whole GPUs and 7 profiles: {home:?}");
+
+    let (code, _, err) = gpu_dra(&[
+        "inventory",
+        "--sim-node",
+        "dgx-h100",
+        "--slice-layout",
+        "by-node",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--slice-layout")
+            && err.contains("by-node")
+            && err.contains("by-gpu, by-profile"),
+        "{err}"
+    );
+}

@@ -413,3 +413,48 @@ async fn mig_changes_made_behind_the_plugins_back_are_republished() {
         after.keys()
     );
 }
+
+/// Per published device, the index of the stored slice holding it.
+fn slice_of_each_device(node: &Node) -> BTreeMap<String, String> {
+    node.api
+        .slices()
+        .into_iter()
+        .flat_map(|(slice, s)| {
+            s["spec"]["devices"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |d| (d["name"].as_str().unwrap().to_string(), slice.clone()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn by_profile_slices_are_published_and_a_faulty_gpu_is_tainted_across_them() {
+    let node = Node::new();
+    let _plugin = node
+        .start_with(&[("GPU_DRA_SLICE_LAYOUT", "by-profile")])
+        .await;
+    let all = eventually("the first slices", || devices(&node)).await;
+    assert_eq!(all.len(), 208);
+    let homes = slice_of_each_device(&node);
+    // Each profile of every GPU in one slice: gpu-2's devices spread over all device slices.
+    let gpu2: Vec<&String> = names_of_gpu(&all, "gpu-2");
+    let gpu2_slices: std::collections::BTreeSet<&String> =
+        gpu2.iter().map(|n| &homes[n.as_str()]).collect();
+    assert_eq!(gpu2_slices.len(), 4, "{gpu2_slices:?}");
+    assert_eq!(homes["gpu-0-mig-1g10gb-6"], homes["gpu-7-mig-1g10gb-0"]);
+    assert_eq!(homes["gpu-0"], homes["gpu-7"]);
+
+    node.sim_fault(&["xid", "--gpu", "2", "--code", "79"]);
+    let tainted = eventually("gpu-2's taints in every slice", || {
+        let t = taints(&devices(&node)?);
+        (t.len() == gpu2.len()).then_some(t)
+    })
+    .await;
+    assert!(
+        tainted.keys().all(|n| n.starts_with("gpu-2")),
+        "{tainted:?}"
+    );
+}

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use gpu_dra::devices::{self, DeviceKind, DeviceModel, ModelOptions};
+use gpu_dra::devices::{self, DeviceKind, DeviceModel, ModelOptions, SliceLayout};
 use gpu_dra::hardware::sim::SimBackend;
 use gpu_dra::hardware::{GpuBackend, MigPolicy};
 use gpu_dra::inventory;
@@ -375,5 +375,178 @@ fn health_taints_are_checked_against_the_taint_limits() {
     assert!(
         err.contains("taints[k].effect") && err.contains("None, NoSchedule, NoExecute"),
         "{err}"
+    );
+}
+
+fn slices_with(preset: &str, layout: SliceLayout) -> (DeviceModel, Vec<ResourceSlice>) {
+    let sim = SimBackend::open(preset, None).unwrap();
+    let model = devices::build(
+        &sim.inventory().unwrap(),
+        &ModelOptions {
+            slice_layout: layout,
+            ..options(&sim)
+        },
+    );
+    let pool = PoolOptions {
+        driver_name: "gpu.nvidia.com".into(),
+        node_name: sim.node_name().into(),
+        generation: 1,
+    };
+    let slices = slices::build(&model, &pool).unwrap();
+    (model, slices)
+}
+
+/// Per device slice: (device names in order, the profile of each, or "gpu").
+fn profiles_per_slice(slices: &[ResourceSlice]) -> Vec<Vec<(String, String)>> {
+    slices
+        .iter()
+        .filter_map(|s| s.spec.devices.as_ref())
+        .map(|devices| {
+            devices
+                .iter()
+                .map(|d| {
+                    let profile = d
+                        .attributes
+                        .as_ref()
+                        .and_then(|a| a.get("profile"))
+                        .and_then(|a| a.string.clone())
+                        .unwrap_or_else(|| "gpu".into());
+                    (d.name.clone(), profile)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn by_profile_puts_each_profile_of_every_gpu_in_one_slice_in_gpu_then_packing_order() {
+    let (model, slices) = slices_with("dgx-h100", SliceLayout::ByProfile);
+    let (_, by_gpu) = slices_with("dgx-h100", SliceLayout::ByGpu);
+    let per_slice = profiles_per_slice(&slices);
+    // The same devices, the same counter sets, the same number of slices.
+    let names = |s: &[ResourceSlice]| -> BTreeMap<String, ()> {
+        s.iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| (d.name.clone(), ()))
+            .collect()
+    };
+    assert_eq!(names(&slices), names(&by_gpu));
+    assert_eq!(
+        slices.len(),
+        by_gpu.len(),
+        "1 counter slice + 4 device slices"
+    );
+    assert_eq!(
+        slices[0].spec.shared_counters,
+        by_gpu[0].spec.shared_counters
+    );
+    // Each profile (and the whole GPUs) in exactly one slice.
+    let mut home: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, devices) in per_slice.iter().enumerate() {
+        assert!(devices.len() <= 64, "slice {i}: {}", devices.len());
+        for (_, profile) in devices {
+            assert_eq!(
+                *home.entry(profile.clone()).or_insert(i),
+                i,
+                "{profile} split"
+            );
+        }
+    }
+    assert_eq!(
+        per_slice
+            .iter()
+            .map(|d| {
+                let mut p: Vec<&str> = d.iter().map(|(_, p)| p.as_str()).collect();
+                p.dedup();
+                p.join(" ")
+            })
+            .collect::<Vec<_>>(),
+        [
+            "gpu 1g.10gb",
+            "1g.10gb+me",
+            "1g.20gb 2g.20gb",
+            "3g.40gb 4g.40gb 7g.80gb"
+        ]
+    );
+    // Within a profile: GPU order, then each GPU's packing order, as the model has them.
+    let in_model = |profile: &str| -> Vec<String> {
+        model
+            .devices
+            .iter()
+            .filter(|d| match &d.kind {
+                DeviceKind::MigDynamic { profile: p, .. } => p == profile,
+                DeviceKind::Gpu => profile == "gpu",
+                _ => false,
+            })
+            .map(|d| d.name().to_string())
+            .collect()
+    };
+    for profile in ["gpu", "1g.10gb", "1g.10gb+me", "3g.40gb"] {
+        let published: Vec<String> = per_slice
+            .iter()
+            .flatten()
+            .filter(|(_, p)| p == profile)
+            .map(|(n, _)| n.clone())
+            .collect();
+        assert_eq!(published, in_model(profile), "{profile}");
+    }
+    assert_eq!(per_slice[1][0].0, "gpu-0-mig-1g10gb-me-6");
+}
+
+#[test]
+fn by_profile_splits_a_profile_only_when_it_alone_exceeds_a_slice_and_keeps_every_limit() {
+    // 16 H100s: 112 placements of 1g.10gb, more than one slice of 64 holds.
+    let (_, slices) = slices_with("hgx-h100-16", SliceLayout::ByProfile);
+    let per_slice = profiles_per_slice(&slices);
+    for devices in &per_slice {
+        assert!(devices.len() <= 64);
+    }
+    let holding = |profile: &str| {
+        per_slice
+            .iter()
+            .filter(|d| d.iter().any(|(_, p)| p == profile))
+            .count()
+    };
+    assert_eq!(holding("1g.10gb"), 2);
+    assert_eq!(holding("7g.80gb"), 1);
+    // Every preset, both layouts: the same devices, within the limits.
+    for preset in [
+        "mixed",
+        "dgx-a100",
+        "a30-x4",
+        "l4-x4",
+        "dgx-b200",
+        "hgx-h100-16",
+    ] {
+        let (_, a) = slices_with(preset, SliceLayout::ByGpu);
+        let (_, b) = slices_with(preset, SliceLayout::ByProfile);
+        let count = |s: &[ResourceSlice]| -> usize {
+            s.iter()
+                .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                .sum()
+        };
+        assert_eq!(count(&a), count(&b), "{preset}");
+        for s in &b {
+            assert!(
+                s.spec.devices.as_ref().is_none_or(|d| d.len() <= 64),
+                "{preset}"
+            );
+            assert_eq!(s.spec.pool.resource_slice_count, b.len() as i64);
+        }
+    }
+}
+
+#[test]
+fn slice_layout_names_parse_and_an_unknown_one_names_the_valid_ones() {
+    assert_eq!("by-gpu".parse::<SliceLayout>(), Ok(SliceLayout::ByGpu));
+    assert_eq!(
+        "by-profile".parse::<SliceLayout>(),
+        Ok(SliceLayout::ByProfile)
+    );
+    assert_eq!(SliceLayout::default(), SliceLayout::ByGpu);
+    let err = "by-node".parse::<SliceLayout>().unwrap_err();
+    assert_eq!(
+        err,
+        "slice layout \"by-node\" is not one of by-gpu, by-profile"
     );
 }

@@ -8,7 +8,7 @@ use gpu_dra::demo;
 use gpu_dra::devices::{DEFAULT_DRIVER_NAME, SharedGpus};
 
 use super::common::{chain, emit};
-use super::flags::{MigProfilesFlag, Output};
+use super::flags::{MigProfilesFlag, Output, SliceLayoutFlag};
 
 /// Flags of `gpu-dra explain`.
 #[derive(clap::Args, Debug)]
@@ -27,6 +27,9 @@ pub(crate) struct ExplainArgs {
     /// `--mig-profiles`.
     #[command(flatten)]
     mig_profiles: MigProfilesFlag,
+    /// `--slice-layout`.
+    #[command(flatten)]
+    slice_layout: SliceLayoutFlag,
     /// Slices from a file (e.g. `kubectl get resourceslices -o yaml`).
     #[arg(long, conflicts_with = "kubeconfig")]
     slices: Option<PathBuf>,
@@ -101,6 +104,7 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 explain_inputs::SimSliceOptions {
                     shared_gpus: args.shared_gpus,
                     mig_profiles: args.mig_profiles.mig_profiles.clone(),
+                    slice_layout: args.slice_layout.slice_layout,
                 },
             )
             .map_err(|e| chain(&anyhow::Error::new(e))),

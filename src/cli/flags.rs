@@ -131,6 +131,22 @@ pub(crate) struct MigProfilesFlag {
     pub(crate) mig_profiles: MigProfileSet,
 }
 
+/// `--slice-layout`, on every verb that builds the device model.
+#[derive(clap::Args, Debug)]
+pub(crate) struct SliceLayoutFlag {
+    /// How devices are grouped into ResourceSlices: by-gpu (default: short scheduler walks;
+    /// the packing order holds within each slice of two GPUs) or by-profile (each MIG profile
+    /// of every GPU in one slice: one GPU filled before the next across the node, for longer
+    /// walks). docs/device-model.md, "Packing order", has the measured trade.
+    #[arg(
+        long,
+        env = "GPU_DRA_SLICE_LAYOUT",
+        default_value = "by-gpu",
+        value_name = "by-gpu|by-profile"
+    )]
+    pub(crate) slice_layout: gpu_dra::devices::SliceLayout,
+}
+
 /// The node flags `kubelet-plugin` and `compute-domain-plugin` share.
 #[derive(clap::Args, Debug)]
 pub(crate) struct NodeFlags {

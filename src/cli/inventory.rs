@@ -13,6 +13,7 @@ use gpu_dra::{demo, inventory};
 use super::common::emit;
 use super::flags::{
     Backend, DriverNameFlag, GpuMigPoliciesFlag, MigProfilesFlag, NvmlLibFlag, Output, Policy,
+    SliceLayoutFlag,
 };
 
 /// Flags of `gpu-dra inventory`.
@@ -56,6 +57,9 @@ pub(crate) struct InventoryArgs {
     /// `--mig-profiles`.
     #[command(flatten)]
     mig_profiles: MigProfilesFlag,
+    /// `--slice-layout`.
+    #[command(flatten)]
+    slice_layout: SliceLayoutFlag,
     /// Health policy file (YAML or JSON) the GPUs' faults are judged with, as the plugin's
     /// --health-policy (docs/health.md). Default: the built-in policy.
     #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
@@ -109,6 +113,7 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         default_policy: args.mig_policy.map(MigPolicy::from),
         shared_gpus: args.shared_gpus,
         mig_profiles: args.mig_profiles.mig_profiles.clone(),
+        slice_layout: args.slice_layout.slice_layout,
     };
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
         Backend::Sim => {

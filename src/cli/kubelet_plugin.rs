@@ -10,7 +10,7 @@ use gpu_dra::hardware::{MigPolicy, policy_flag};
 use super::common::block_on;
 use super::flags::{
     DriverNameFlag, DriverRootFlag, GpuMigPoliciesFlag, MigProfilesFlag, NodeFlags, Policy,
-    ProcRootFlag, interval_seconds,
+    ProcRootFlag, SliceLayoutFlag, interval_seconds,
 };
 
 /// Flags of `gpu-dra kubelet-plugin`.
@@ -32,6 +32,9 @@ pub(crate) struct PluginArgs {
     /// `--mig-profiles`.
     #[command(flatten)]
     mig_profiles: MigProfilesFlag,
+    /// `--slice-layout`.
+    #[command(flatten)]
+    slice_layout: SliceLayoutFlag,
     /// `--driver-root`.
     #[command(flatten)]
     driver_root: DriverRootFlag,
@@ -104,6 +107,7 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         mig_policy: args.mig_policy.map(MigPolicy::from),
         gpu_mig_policies: policy_flag::parse_gpu_policies(&args.gpu_mig_policies.gpu_mig_policies)?,
         mig_profiles: args.mig_profiles.mig_profiles,
+        slice_layout: args.slice_layout.slice_layout,
         simulated_host: node.simulated_host,
         state_dir,
         plugin_dir,

@@ -113,6 +113,56 @@ pub struct DeviceModel {
     pub counter_sets: Vec<CounterSet>,
     /// Things a person should know (e.g. a GPU left out and why).
     pub warnings: Vec<String>,
+    /// How the devices are grouped into slices ([`SliceLayout::ByGpu`] by default).
+    pub slice_layout: SliceLayout,
+}
+
+/// How a node's devices are grouped into ResourceSlices (`--slice-layout`).
+///
+/// kube-scheduler walks a pool's slices in no fixed order (its slice cache is a map), and the
+/// devices of each slice in published order: the packing order holds within a slice only
+/// (docs/device-model.md, "Packing order").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SliceLayout {
+    /// Each GPU's devices together, two H100s to a slice: a request usually finds a match in
+    /// the first slice walked (short walks), and first fit fills one GPU before the next
+    /// within each slice.
+    #[default]
+    ByGpu,
+    /// Whole GPUs together, then each MIG profile's devices of every GPU together (GPU order,
+    /// then packing order): a one-profile request finds every candidate in one slice, so
+    /// first fit fills one GPU before the next across the node, whatever the slice order;
+    /// a request walks the devices of the other slices that come up first (longer walks).
+    ByProfile,
+}
+
+impl SliceLayout {
+    /// The flag values, in the order `--help` lists them.
+    pub const NAMES: [&str; 2] = ["by-gpu", "by-profile"];
+
+    /// The flag value.
+    pub fn name(self) -> &'static str {
+        match self {
+            SliceLayout::ByGpu => Self::NAMES[0],
+            SliceLayout::ByProfile => Self::NAMES[1],
+        }
+    }
+}
+
+impl std::str::FromStr for SliceLayout {
+    type Err = String;
+
+    /// Parses a flag value; the error names the value and the valid ones.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "by-gpu" => Ok(SliceLayout::ByGpu),
+            "by-profile" => Ok(SliceLayout::ByProfile),
+            other => Err(format!(
+                "slice layout {other:?} is not one of {}",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
 }
 
 impl DeviceModel {
@@ -138,6 +188,8 @@ pub struct ModelOptions {
     /// Which MIG profiles dynamic-MIG GPUs publish (`--mig-profiles`); every profile by
     /// default. Check it against the node with [`profiles::check`].
     pub mig_profiles: MigProfileSet,
+    /// How the devices are grouped into slices (`--slice-layout`); by GPU by default.
+    pub slice_layout: SliceLayout,
 }
 
 impl Default for ModelOptions {
@@ -148,6 +200,7 @@ impl Default for ModelOptions {
             default_policy: None,
             shared_gpus: SharedGpus::Off,
             mig_profiles: MigProfileSet::All,
+            slice_layout: SliceLayout::ByGpu,
         }
     }
 }
@@ -162,6 +215,7 @@ impl ModelOptions {
             default_policy: None,
             shared_gpus: SharedGpus::Off,
             mig_profiles: MigProfileSet::All,
+            slice_layout: SliceLayout::ByGpu,
         }
     }
 
@@ -181,7 +235,10 @@ impl ModelOptions {
 /// Builds the device model of a node. Pure and deterministic: the same inventory and options
 /// give the same model.
 pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
-    let mut model = DeviceModel::default();
+    let mut model = DeviceModel {
+        slice_layout: options.slice_layout,
+        ..DeviceModel::default()
+    };
     for gpu in &inventory.gpus {
         let policy = options.policy_for(gpu);
         let common = attributes::common(inventory, gpu);

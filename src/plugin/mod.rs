@@ -149,6 +149,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         .extend(config.gpu_mig_policies.clone());
     model_options.shared_gpus = config.shared_gpus;
     model_options.mig_profiles = config.mig_profiles.clone();
+    model_options.slice_layout = config.slice_layout;
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
         ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {

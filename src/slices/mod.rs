@@ -2,9 +2,11 @@
 //! of one node's pool, within every API limit.
 //!
 //! Layout (Kubernetes ≥ 1.35): counter sets go in device-less slices, at most 8 per slice;
-//! devices go in slices of at most 128 (64 when any of them consumes counters), a GPU's
-//! devices never split across slices. Counter-set slices come first, then device slices in GPU
-//! order; slice `i` is named `<node>-<driver>-<i>`. Every slice carries the pool's generation
+//! devices go in slices of at most 128 (64 when any of them consumes counters). Devices are
+//! grouped as the model's [`SliceLayout`] says — by GPU (default: a GPU's devices never split
+//! across slices) or by profile (whole GPUs, then each MIG profile of every GPU; a group split
+//! only when it alone exceeds a slice) — and groups fill slices in order. Counter-set slices
+//! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`. Every slice carries the pool's generation
 //! and the total slice count. Output is deterministic: the same model gives byte-identical
 //! YAML.
 
@@ -16,7 +18,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::devices::DeviceModel;
+use crate::devices::{DeviceKind, DeviceModel, PublishedDevice, SliceLayout};
 
 pub use limits::{
     MAX_ATTRIBUTES_AND_CAPACITIES, MAX_COUNTER_SETS_PER_SLICE, MAX_COUNTERS_PER_SET,
@@ -92,37 +94,71 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
 }
 
 /// Groups devices into slices: whole GPUs, greedily, under the per-slice device limit.
+/// The group a device belongs to under `layout`: its GPU, or (by profile) whole GPUs first,
+/// then MIG profiles from the smallest placement up, by name within a size (`1g.10gb` before
+/// `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
+fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
+    match (layout, &d.kind) {
+        (SliceLayout::ByGpu, _) => (d.gpu_index, 0, ""),
+        (SliceLayout::ByProfile, DeviceKind::Gpu) => (0, 0, ""),
+        (
+            SliceLayout::ByProfile,
+            DeviceKind::MigStatic {
+                profile, placement, ..
+            }
+            | DeviceKind::MigDynamic {
+                profile, placement, ..
+            },
+        ) => (1, placement.size, profile.as_str()),
+    }
+}
+
+/// Devices in groups (see [`group_of`]; by GPU, the model's order, whose GPUs are already
+/// together; by profile, a stable sort keeps GPU order and packing order within a group),
+/// groups packed into slices in order without splitting one unless it alone exceeds
+/// a slice.
 fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
-    let mut gpus: Vec<Vec<&Device>> = Vec::new();
-    let mut last_gpu = None;
-    for d in &model.devices {
-        if last_gpu != Some(d.gpu_index) {
-            gpus.push(Vec::new());
-            last_gpu = Some(d.gpu_index);
+    let layout = model.slice_layout;
+    let mut ordered: Vec<&PublishedDevice> = model.devices.iter().collect();
+    if layout == SliceLayout::ByProfile {
+        ordered.sort_by_key(|d| group_of(layout, d));
+    }
+    let mut groups: Vec<Vec<&Device>> = Vec::new();
+    let mut last_group = None;
+    for d in ordered {
+        let group = group_of(layout, d);
+        if last_group != Some(group) {
+            groups.push(Vec::new());
+            last_group = Some(group);
         }
-        if let Some(g) = gpus.last_mut() {
+        if let Some(g) = groups.last_mut() {
             g.push(&d.device);
         }
     }
+    let limit = |counts: bool| {
+        if counts {
+            MAX_DEVICES_PER_SLICE_WITH_COUNTERS
+        } else {
+            MAX_DEVICES_PER_SLICE
+        }
+    };
     let mut slices: Vec<Vec<Device>> = Vec::new();
     let mut current: Vec<Device> = Vec::new();
     let mut current_counts = false;
-    for gpu in gpus {
-        let gpu_counts = gpu.iter().any(|d| limits::uses_counters_or_taints(d));
-        let limit = |counts: bool| {
-            if counts {
-                MAX_DEVICES_PER_SLICE_WITH_COUNTERS
-            } else {
-                MAX_DEVICES_PER_SLICE
-            }
-        };
-        let together = current.len() + gpu.len();
-        if !current.is_empty() && together > limit(current_counts || gpu_counts) {
+    for group in groups {
+        let group_counts = group.iter().any(|d| limits::uses_counters_or_taints(d));
+        let together = current.len() + group.len();
+        if !current.is_empty() && together > limit(current_counts || group_counts) {
             slices.push(std::mem::take(&mut current));
             current_counts = false;
         }
-        current_counts |= gpu_counts;
-        current.extend(gpu.into_iter().cloned());
+        current_counts |= group_counts;
+        for d in group {
+            if current.len() == limit(current_counts) {
+                slices.push(std::mem::take(&mut current));
+            }
+            current.push(d.clone());
+        }
     }
     if !current.is_empty() {
         slices.push(current);

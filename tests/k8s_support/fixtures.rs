@@ -86,5 +86,6 @@ pub fn first_gpus(model: &DeviceModel, gpus: u32) -> DeviceModel {
             .cloned()
             .collect(),
         warnings: model.warnings.clone(),
+        slice_layout: model.slice_layout,
     }
 }

@@ -100,6 +100,7 @@ pub fn model(max_domains: u32) -> DeviceModel {
         devices,
         counter_sets: Vec::new(),
         warnings: Vec::new(),
+        slice_layout: Default::default(),
     }
 }
 
