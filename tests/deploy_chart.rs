@@ -86,6 +86,7 @@ fn schema_rejects_values_outside_their_choices() {
         ("migPolicy", json!({"migPolicy": "auto"})),
         ("migProfiles", json!({"migProfiles": "1g.10gb,,7g.80gb"})),
         ("migProfiles", json!({"migProfiles": "1g.10gb, 7g.80gb"})),
+        ("sliceLayout", json!({"sliceLayout": "by-node"})),
         ("logging.format", json!({"logging": {"format": "xml"}})),
         ("logging.level", json!({"logging": {"level": "verbose"}})),
         (
@@ -118,6 +119,8 @@ fn schema_accepts_every_documented_choice() {
         json!({"migProfiles": "1g.10gb,3g.40gb,7g.80gb"}),
         json!({"migProfiles": "1g.10gb+me,7g.80gb", "migPolicy": "dynamic"}),
         json!({"migProfiles": "all"}),
+        json!({"sliceLayout": "by-profile"}),
+        json!({"sliceLayout": "by-gpu"}),
         json!({"sharing": {"sharedGpus": "memory"}}),
         json!({"sharing": {"sharedGpus": 4}}),
         json!({"sharing": {"sharedGpus": "4"}}),

@@ -171,6 +171,24 @@ fn mig_profiles_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_default
 }
 
 #[test]
+fn slice_layout_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_default() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let layout = |args: &[&str]| {
+        let objects = render_chart(&helm, args);
+        env(of_kind(&objects, "DaemonSet")[0])
+            .get("GPU_DRA_SLICE_LAYOUT")
+            .cloned()
+    };
+    assert_eq!(None, layout(&[]));
+    assert_eq!(
+        Some("by-profile".to_string()),
+        layout(&["--set", "sliceLayout=by-profile"])
+    );
+}
+
+#[test]
 fn admission_policy_applies_to_the_plugin_service_account_only() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
