@@ -14,21 +14,23 @@
 //! Slice order: our allocator walks a pool's slices in the order given; kube-scheduler walks
 //! them in the order its ResourceSlice cache lists them, which is a Go map's (unordered, new
 //! each call). The `random` rows shuffle the device slices before every allocation (seeded)
-//! to measure what the scheduler does with the published layout; `by profile` is a layout
-//! (not shipped) whose slices each hold whole profiles, so a one-profile request finds all its
-//! candidates in one slice and the order inside it decides, whatever the slice order.
+//! to measure what the scheduler does with the published layout; `by profile` is
+//! `--slice-layout by-profile`, whose slices each hold whole profiles, so a one-profile
+//! request finds all its candidates in one slice and the order inside it decides, whatever the
+//! slice order.
 //! Run: `cargo bench --bench churn`.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use gpu_dra::alloc::{Allocator, Detail, Node};
-use gpu_dra::explain_inputs::{builtin_classes, sim_slices};
+use gpu_dra::devices::SliceLayout;
+use gpu_dra::explain_inputs::{SimSliceOptions, builtin_classes, sim_slices};
 use gpu_dra::hardware::MigProfile;
 use gpu_dra::hardware::catalog;
 use gpu_dra::hardware::geometry::fill_placements;
 use gpu_dra::selectors::CelEngine;
-use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::json;
 
 const NODE: &str = "dgx-h100";
@@ -124,55 +126,6 @@ fn shuffled(slices: &[ResourceSlice], rng: &mut Rng) -> Vec<ResourceSlice> {
     for i in (first + 1..out.len()).rev() {
         let j = first + rng.below((i - first + 1) as u64) as usize;
         out.swap(i, j);
-    }
-    out
-}
-
-/// The layout by profile (not shipped): the same devices, in the same order within each
-/// profile (GPU order, then placement order), regrouped so that each slice holds whole
-/// profiles (full GPUs with the first), at most 64 devices per slice, smallest profile first.
-fn by_profile(slices: &[ResourceSlice], profiles: &[MigProfile]) -> Vec<ResourceSlice> {
-    let profile_of = |d: &Device| -> Option<String> {
-        d.attributes
-            .as_ref()?
-            .get("profile")
-            .and_then(|a| a.string.clone())
-    };
-    let mut groups: BTreeMap<usize, Vec<Device>> = BTreeMap::new();
-    for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
-        let rank = match profile_of(d) {
-            None => 0,
-            Some(p) => 1 + profiles.iter().position(|x| x.name == p).expect("profile"),
-        };
-        groups.entry(rank).or_default().push(d.clone());
-    }
-    let mut packed: Vec<Vec<Device>> = Vec::new();
-    let mut current: Vec<Device> = Vec::new();
-    for (_, group) in groups {
-        if !current.is_empty() && current.len() + group.len() > 64 {
-            packed.push(std::mem::take(&mut current));
-        }
-        current.extend(group);
-    }
-    packed.push(current);
-    let template = slices
-        .iter()
-        .find(|s| s.spec.devices.is_some())
-        .expect("a device slice");
-    let mut out: Vec<ResourceSlice> = slices
-        .iter()
-        .filter(|s| s.spec.devices.is_none())
-        .cloned()
-        .collect();
-    let count = (out.len() + packed.len()) as i64;
-    for (i, devices) in packed.into_iter().enumerate() {
-        let mut slice = template.clone();
-        slice.metadata.name = Some(format!("by-profile-{i}"));
-        slice.spec.devices = Some(devices);
-        out.push(slice);
-    }
-    for slice in &mut out {
-        slice.spec.pool.resource_slice_count = count;
     }
     out
 }
@@ -312,7 +265,15 @@ fn main() {
     let profiles = catalog::model("h100").expect("h100").profiles.clone();
     let new = sim_slices(NODE, "gpu.nvidia.com", Default::default()).expect("slices");
     let old = old_order(&new, &profiles);
-    let grouped = by_profile(&new, &profiles);
+    let grouped = sim_slices(
+        NODE,
+        "gpu.nvidia.com",
+        SimSliceOptions {
+            slice_layout: SliceLayout::ByProfile,
+            ..Default::default()
+        },
+    )
+    .expect("slices by profile");
     assert_ne!(
         old.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),
         new.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),
