@@ -11,6 +11,10 @@
 //! dgx-h100 nodes for a claim that fits nowhere. docs/configuration.md has the figures and
 //! docs/architecture.md ("Scheduling cost") how they relate to the real scheduler.
 //!
+//! Our allocator walks a pool's slices in the order given; kube-scheduler in its cache's (a
+//! map's) order. The `random walk` rows shuffle each node's device slices before every pod,
+//! for the default layout and for `--slice-layout by-profile`, to show what that costs.
+//!
 //! Run: `cargo bench --bench schedule` (about 5 minutes on 2 cores). `GPU_DRA_SCHEDULE_PODS`
 //! sets the pods per run (default 200 over 100 nodes, 100 over more), `GPU_DRA_SCHEDULE_NODES`
 //! the node counts (default `100,1000`).
@@ -20,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpu_dra::alloc::{Allocator, Detail, Node};
-use gpu_dra::devices::MigProfileSet;
+use gpu_dra::devices::{MigProfileSet, SliceLayout};
 use gpu_dra::explain::{ExplainInput, explain, load_claims};
 use gpu_dra::explain_inputs::{SimSliceOptions, builtin_classes, sim_slices};
 use gpu_dra::selectors::CelEngine;
@@ -42,6 +46,38 @@ struct Layout {
     /// Model of "publish only what is carvable now": after each allocation the node
     /// re-publishes, per GPU and profile, only the first free placement (plus what is held).
     carvable_now: bool,
+    /// How the node's devices are grouped into slices (`--slice-layout`).
+    slice_layout: SliceLayout,
+    /// Walk each node's slices in a fresh random order per pod, as kube-scheduler does (its
+    /// slice cache is a map), instead of in the published order.
+    random_walk: bool,
+}
+
+/// splitmix64: a small seeded generator for the random slice walk.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+/// Shuffles the device slices within each node's block of `per_node` slices, in place.
+fn shuffle_walk(slices: &mut [ResourceSlice], per_node: usize, rng: &mut Rng) {
+    for block in slices.chunks_mut(per_node) {
+        let first = block
+            .iter()
+            .position(|s| s.spec.devices.is_some())
+            .unwrap_or(block.len());
+        for i in (first + 1..block.len()).rev() {
+            let j = first + rng.below(i - first + 1);
+            block.swap(i, j);
+        }
+    }
 }
 
 /// `template` (one node's slices) repeated for `nodes` nodes named `node-0000`, ….
@@ -129,7 +165,9 @@ fn schedule(
     template: &ResourceClaim,
     pods: usize,
     carvable_now: bool,
+    random_walk: bool,
 ) -> Run {
+    let mut rng = Rng(0x5ced_u64);
     let per_node = all.len() / nodes;
     let mut held: Vec<BTreeSet<String>> = vec![BTreeSet::new(); nodes];
     let mut slices: Vec<ResourceSlice> = if carvable_now {
@@ -156,6 +194,9 @@ fn schedule(
         let name = format!("pod-{pod}");
         pending.metadata.name = Some(name.clone());
         pending.metadata.uid = Some(format!("uid-{name}"));
+        if random_walk {
+            shuffle_walk(&mut slices, per_node, &mut rng);
+        }
         let t0 = Instant::now();
         let chosen: Option<(usize, AllocationResult)> = {
             let allocator =
@@ -287,6 +328,7 @@ fn slices_of(layout: &Layout) -> Vec<ResourceSlice> {
         "gpu.nvidia.com",
         SimSliceOptions {
             mig_profiles: profiles,
+            slice_layout: layout.slice_layout,
             ..Default::default()
         },
     )
@@ -311,10 +353,12 @@ fn main() {
         one_g,
         full,
         carvable_now,
+        slice_layout: SliceLayout::ByGpu,
+        random_walk: false,
     };
     let base = baseline.display().to_string();
     let g1 = Some("1g.10gb");
-    let layouts = [
+    let mut layouts = vec![
         layout("8×H100 MIG disabled", &base, "all", None, true, false),
         layout("dgx-h100 all (default)", "dgx-h100", "all", g1, true, false),
         layout(
@@ -360,6 +404,17 @@ fn main() {
             false,
         ),
     ];
+    // The two slice layouts walked as kube-scheduler walks them.
+    for (name, slice_layout) in [
+        ("dgx-h100 all, random walk", SliceLayout::ByGpu),
+        ("dgx-h100 all by-profile, rnd", SliceLayout::ByProfile),
+    ] {
+        layouts.push(Layout {
+            slice_layout,
+            random_walk: true,
+            ..layout(name, "dgx-h100", "all", g1, true, false)
+        });
+    }
     for &nodes in &node_counts {
         let pods = pods_env.unwrap_or(if nodes <= 100 { 200 } else { 100 });
         println!(
@@ -386,7 +441,14 @@ fn main() {
                 claims.push(("1g", claim("c", "mig.nvidia.com", Some(p))));
             }
             for (label, c) in &claims {
-                let run = schedule(&slices, nodes, c, pods, layout.carvable_now);
+                let run = schedule(
+                    &slices,
+                    nodes,
+                    c,
+                    pods,
+                    layout.carvable_now,
+                    layout.random_walk,
+                );
                 if base_pod.is_none() {
                     base_pod = Some(run.per_pod());
                 }
@@ -424,6 +486,8 @@ fn explain_nowhere() {
             one_g: None,
             full: true,
             carvable_now: false,
+            slice_layout: SliceLayout::ByGpu,
+            random_walk: false,
         });
         let input = ExplainInput {
             classes: classes.clone(),
