@@ -514,18 +514,9 @@ fn watch_response(
                 _ = tokio::time::sleep_until(deadline) => return,
                 Ok(()) = expired.changed() => {
                     let below = expired.borrow_and_update().1;
-                    recorder
-                        .requests
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(Recorded {
-                            // The watch that ended, recorded again with the code it got.
-                            method: "GET".into(),
-                            path: watched_path.clone(),
-                            query: BTreeMap::from([("watch".to_string(), "true".to_string())]),
-                            body: None,
-                            code: 410,
-                        });
+                    // The watch that ended, recorded again with the code it got.
+                    let watch = BTreeMap::from([("watch".to_string(), "true".to_string())]);
+                    record(&recorder, "GET", &watched_path, &watch, &None, 410);
                     let _ = tx.send(Ok(Frame::data(Bytes::from(expired_line(last, below))))).await;
                     return;
                 }
