@@ -137,14 +137,14 @@ pub enum SliceLayout {
 }
 
 impl SliceLayout {
-    /// The flag values, in the order `--help` lists them.
-    pub const NAMES: [&str; 2] = ["by-gpu", "by-profile"];
+    /// Every layout, in the order `--help` and errors list them.
+    pub const ALL: [SliceLayout; 2] = [SliceLayout::ByGpu, SliceLayout::ByProfile];
 
     /// The flag value.
     pub fn name(self) -> &'static str {
         match self {
-            SliceLayout::ByGpu => Self::NAMES[0],
-            SliceLayout::ByProfile => Self::NAMES[1],
+            SliceLayout::ByGpu => "by-gpu",
+            SliceLayout::ByProfile => "by-profile",
         }
     }
 }
@@ -154,14 +154,14 @@ impl std::str::FromStr for SliceLayout {
 
     /// Parses a flag value; the error names the value and the valid ones.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "by-gpu" => Ok(SliceLayout::ByGpu),
-            "by-profile" => Ok(SliceLayout::ByProfile),
-            other => Err(format!(
-                "slice layout {other:?} is not one of {}",
-                Self::NAMES.join(", ")
-            )),
-        }
+        let wanted = s.trim();
+        Self::ALL
+            .into_iter()
+            .find(|layout| layout.name() == wanted)
+            .ok_or_else(|| {
+                let valid: Vec<&str> = Self::ALL.iter().map(|l| l.name()).collect();
+                format!("slice layout {wanted:?} is not one of {}", valid.join(", "))
+            })
     }
 }
 
@@ -212,10 +212,7 @@ impl ModelOptions {
         ModelOptions {
             driver_name: driver_name.to_string(),
             policies: (0u32..).zip(policies.iter().copied()).collect(),
-            default_policy: None,
-            shared_gpus: SharedGpus::Off,
-            mig_profiles: MigProfileSet::All,
-            slice_layout: SliceLayout::ByGpu,
+            ..ModelOptions::default()
         }
     }
 

@@ -6,8 +6,8 @@
 //! grouped as the model's [`SliceLayout`] says — by GPU (default: a GPU's devices never split
 //! across slices) or by profile (whole GPUs, then each MIG profile of every GPU; a group split
 //! only when it alone exceeds a slice) — and groups fill slices in order. Counter-set slices
-//! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`. Every slice carries the pool's generation
-//! and the total slice count. Output is deterministic: the same model gives byte-identical
+//! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`. Every slice
+//! carries the pool's generation and the total slice count. Output is deterministic: the same model gives byte-identical
 //! YAML.
 
 mod limits;
@@ -93,7 +93,6 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
         .collect())
 }
 
-/// Groups devices into slices: whole GPUs, greedily, under the per-slice device limit.
 /// The group a device belongs to under `layout`: its GPU, or (by profile) whole GPUs first,
 /// then MIG profiles from the smallest placement up, by name within a size (`1g.10gb` before
 /// `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
