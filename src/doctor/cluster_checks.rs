@@ -70,6 +70,30 @@ pub fn check_gates(gates: &Gates) -> Check {
     )
 }
 
+/// Per pool, its newest generation and the slices of that generation (older ones are being
+/// replaced and no longer count).
+fn current_slices(slices: &[ResourceSlice]) -> BTreeMap<&str, (i64, Vec<&ResourceSlice>)> {
+    let mut pools: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
+    for s in slices {
+        pools.entry(s.spec.pool.name.as_str()).or_default().push(s);
+    }
+    pools
+        .into_iter()
+        .map(|(pool, members)| {
+            let generation = members
+                .iter()
+                .map(|s| s.spec.pool.generation)
+                .max()
+                .unwrap_or(0);
+            let current = members
+                .into_iter()
+                .filter(|s| s.spec.pool.generation == generation)
+                .collect();
+            (pool, (generation, current))
+        })
+        .collect()
+}
+
 /// `resource-slices`: this node's pool published and complete (every slice of the newest
 /// generation present, as `resourceSliceCount` says), with devices.
 pub fn check_slices(node: &str, slices: &Result<Vec<ResourceSlice>, String>) -> Check {
@@ -82,22 +106,9 @@ pub fn check_slices(node: &str, slices: &Result<Vec<ResourceSlice>, String>) -> 
     if slices.is_empty() {
         return Check::fail(NAME, format!("no ResourceSlices of node {node}"), fix, NAME);
     }
-    let mut pools: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
-    for s in slices {
-        pools.entry(s.spec.pool.name.as_str()).or_default().push(s);
-    }
     let mut found = Vec::new();
     let mut incomplete = Vec::new();
-    for (pool, members) in pools {
-        let generation = members
-            .iter()
-            .map(|s| s.spec.pool.generation)
-            .max()
-            .unwrap_or(0);
-        let current: Vec<&&ResourceSlice> = members
-            .iter()
-            .filter(|s| s.spec.pool.generation == generation)
-            .collect();
+    for (pool, (generation, current)) in current_slices(slices) {
         let want = current
             .iter()
             .map(|s| s.spec.pool.resource_slice_count)
@@ -148,14 +159,9 @@ pub fn check_scheduling_cost(
     let Ok(slices) = slices else {
         return Check::ok(NAME, "no slices to weigh (see resource-slices)");
     };
-    let generation = slices
-        .iter()
-        .map(|s| s.spec.pool.generation)
-        .max()
-        .unwrap_or(0);
-    let devices: Vec<&k8s_openapi::api::resource::v1::Device> = slices
-        .iter()
-        .filter(|s| s.spec.pool.generation == generation)
+    let devices: Vec<&k8s_openapi::api::resource::v1::Device> = current_slices(slices)
+        .into_values()
+        .flat_map(|(_, current)| current)
         .flat_map(|s| s.spec.devices.iter().flatten())
         .collect();
     let with_counters = devices
