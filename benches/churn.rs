@@ -20,6 +20,9 @@
 //! slice order.
 //! Run: `cargo bench --bench churn`.
 
+#[path = "support/walk.rs"]
+mod walk;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -32,6 +35,7 @@ use gpu_dra::hardware::geometry::fill_placements;
 use gpu_dra::selectors::CelEngine;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::json;
+use walk::{Rng, shuffle_device_slices};
 
 const NODE: &str = "dgx-h100";
 const EVENTS: usize = 1500;
@@ -47,23 +51,6 @@ const MIX: [(&str, u32); 5] = [
 /// Percent of events that are arrivals (the rest are departures of a random held claim).
 const ARRIVALS: u64 = 55;
 const BIG: [&str; 2] = ["7g.80gb", "4g.40gb"];
-
-/// splitmix64: a small seeded generator, enough for a reproducible stream.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn request(name: &str, profile: &str) -> ResourceClaim {
     serde_json::from_value(json!({
@@ -113,21 +100,6 @@ enum Walk {
     InOrder,
     /// In a fresh random order for every allocation (kube-scheduler's: its cache is a map).
     Random,
-}
-
-/// The slices with the device slices in a random order (counter slices stay first; their
-/// place does not matter to the walk).
-fn shuffled(slices: &[ResourceSlice], rng: &mut Rng) -> Vec<ResourceSlice> {
-    let mut out = slices.to_vec();
-    let first = out
-        .iter()
-        .position(|s| s.spec.devices.is_some())
-        .unwrap_or(out.len());
-    for i in (first + 1..out.len()).rev() {
-        let j = first + rng.below((i - first + 1) as u64) as usize;
-        out.swap(i, j);
-    }
-    out
 }
 
 /// A held claim: its profile, the GPU (minor) it landed on, and the claim with its allocation.
@@ -202,7 +174,11 @@ fn run(
             let allocated: Vec<ResourceClaim> = held.iter().map(|h| h.claim.clone()).collect();
             let walked = match walk {
                 Walk::InOrder => slices.to_vec(),
-                Walk::Random => shuffled(slices, &mut shuffle),
+                Walk::Random => {
+                    let mut walked = slices.to_vec();
+                    shuffle_device_slices(&mut walked, &mut shuffle);
+                    walked
+                }
             };
             let allocator =
                 Allocator::new(engine, classes, &walked, &allocated).expect("allocator");

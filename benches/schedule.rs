@@ -19,6 +19,9 @@
 //! sets the pods per run (default 200 over 100 nodes, 100 over more), `GPU_DRA_SCHEDULE_NODES`
 //! the node counts (default `100,1000`).
 
+#[path = "support/walk.rs"]
+mod walk;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -33,6 +36,7 @@ use k8s_openapi::api::resource::v1::{
     ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use walk::{Rng, shuffle_device_slices};
 
 /// A node layout: a simulated node and the MIG profiles its GPUs publish.
 struct Layout {
@@ -53,30 +57,10 @@ struct Layout {
     random_walk: bool,
 }
 
-/// splitmix64: a small seeded generator for the random slice walk.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) % n as u64) as usize
-    }
-}
-
 /// Shuffles the device slices within each node's block of `per_node` slices, in place.
 fn shuffle_walk(slices: &mut [ResourceSlice], per_node: usize, rng: &mut Rng) {
-    for block in slices.chunks_mut(per_node) {
-        let first = block
-            .iter()
-            .position(|s| s.spec.devices.is_some())
-            .unwrap_or(block.len());
-        for i in (first + 1..block.len()).rev() {
-            let j = first + rng.below(i - first + 1);
-            block.swap(i, j);
-        }
+    for node in slices.chunks_mut(per_node) {
+        shuffle_device_slices(node, rng);
     }
 }
 
