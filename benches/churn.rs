@@ -55,6 +55,9 @@ use serde_json::json;
 use walk::{Rng, shuffle_device_slices};
 
 const NODE: &str = "dgx-h100";
+/// GPUs of the node, and memory slices of each (H100).
+const GPUS: u32 = 8;
+const MEMORY_SLICES: u32 = 8;
 const EVENTS: usize = 1500;
 const SEEDS: [u64; 3] = [0x5eed_0001, 0x5eed_0002, 0x5eed_0003];
 /// Claim mix: profile and weight.
@@ -188,36 +191,36 @@ type Counts = [u8; MIX.len()];
 fn gpu_loads(profiles: &[MigProfile]) -> Vec<Counts> {
     let by_name = |name: &str| profiles.iter().find(|p| p.name == name).expect("profile");
     let mix: Vec<&MigProfile> = MIX.iter().map(|(p, _)| by_name(p)).collect();
-    let mut feasible: Vec<Counts> = Vec::new();
-    let mut counts: Counts = [0; MIX.len()];
-    loop {
+    let fits = |counts: &Counts| {
         let wanted: Vec<(&MigProfile, Option<u32>)> = counts
             .iter()
             .zip(&mix)
             .flat_map(|(&n, p)| std::iter::repeat_n((*p, None), usize::from(n)))
             .collect();
-        if fill_placements(profiles, &[], &wanted).is_some() {
+        fill_placements(profiles, &[], &wanted).is_some()
+    };
+    // Every vector with each count up to what fits alone, odometer style.
+    let mut feasible: Vec<Counts> = Vec::new();
+    let mut counts: Counts = [0; MIX.len()];
+    'next: loop {
+        if fits(&counts) {
             feasible.push(counts);
         }
-        // Next vector, each count up to what fits alone.
-        let mut i = 0;
-        loop {
-            if i == counts.len() {
-                let dominated = |a: &Counts| {
-                    feasible
-                        .iter()
-                        .any(|b| b != a && a.iter().zip(b).all(|(x, y)| x <= y))
-                };
-                return feasible.iter().filter(|a| !dominated(a)).copied().collect();
+        for (count, profile) in counts.iter_mut().zip(&mix) {
+            if u32::from(*count + 1) * profile.memory_slices <= MEMORY_SLICES {
+                *count += 1;
+                continue 'next;
             }
-            counts[i] += 1;
-            if u32::from(counts[i]) * mix[i].memory_slices <= 8 {
-                break;
-            }
-            counts[i] = 0;
-            i += 1;
+            *count = 0;
         }
+        break;
     }
+    let dominated = |a: &Counts| {
+        feasible
+            .iter()
+            .any(|b| b != a && a.iter().zip(b).all(|(x, y)| x <= y))
+    };
+    feasible.iter().filter(|a| !dominated(a)).copied().collect()
 }
 
 /// Whether `counts` held claims fit on `gpus` GPUs if every claim could be re-placed on any
@@ -363,7 +366,7 @@ fn run(
                 .prepare(std::slice::from_ref(probe))
                 .expect("probe");
             let fits = allocator.allocate(&prepared, &node, Detail::Brief).fits();
-            let best = best_fits(&held, big, profiles, 8);
+            let best = best_fits(&held, big, profiles, GPUS);
             assert!(
                 best || !fits,
                 "{big} fits where the exact search says it cannot"
@@ -372,7 +375,7 @@ fn run(
             for h in held.iter().map(|h| h.profile).chain([big]) {
                 counts[MIX.iter().position(|(p, _)| *p == h).expect("mix")] += 1;
             }
-            let anywhere = fits_across(counts, 8, loads, &mut HashMap::new());
+            let anywhere = fits_across(counts, GPUS, loads, &mut HashMap::new());
             assert!(
                 anywhere || !best,
                 "{big} fits by re-placing on each GPU where re-placing anywhere says it cannot"
@@ -458,7 +461,8 @@ fn main() {
                 .collect();
             println!(
                 "{label:<20} {:>5.1}% {:>19} {:>19} {:>19} {:>19} {:>22}",
-                100.0 * tally.held_slices as f64 / (tally.events * 64) as f64,
+                100.0 * tally.held_slices as f64
+                    / (tally.events * (GPUS * MEMORY_SLICES) as usize) as f64,
                 share(&tally.fits, "7g.80gb"),
                 share(&tally.fits, "4g.40gb"),
                 share(&tally.across, "7g.80gb"),
