@@ -78,6 +78,8 @@ pub struct SimSliceOptions {
     pub mig_profiles: crate::devices::MigProfileSet,
     /// How devices are grouped into slices (`--slice-layout`).
     pub slice_layout: crate::devices::SliceLayout,
+    /// What MIG devices carry (`--mig-attributes`).
+    pub mig_attributes: crate::devices::MigAttributes,
 }
 
 /// The slices a simulated node (preset or node file) publishes, as `inventory -o yaml` prints
@@ -101,6 +103,7 @@ pub fn sim_slices(
         shared_gpus: options.shared_gpus,
         mig_profiles: options.mig_profiles,
         slice_layout: options.slice_layout,
+        mig_attributes: options.mig_attributes,
         ..ModelOptions::with_policies(driver, &sim.mig_policies())
     };
     let model = crate::devices::build(&inventory, &model_options);

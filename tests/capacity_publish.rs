@@ -21,10 +21,15 @@ const OPTIONS: [SharedGpus; 5] = [
 ];
 
 fn model(preset: &str, shared: SharedGpus) -> DeviceModel {
+    model_with(preset, shared, devices::MigAttributes::Compact)
+}
+
+fn model_with(preset: &str, shared: SharedGpus, detail: devices::MigAttributes) -> DeviceModel {
     let sim = SimBackend::open(preset, None).unwrap();
     let mut options =
         ModelOptions::with_policies(devices::DEFAULT_DRIVER_NAME, &sim.mig_policies());
     options.shared_gpus = shared;
+    options.mig_attributes = detail;
     devices::build(&sim.inventory().unwrap(), &options)
 }
 
@@ -146,12 +151,35 @@ fn a_full_h100_gets_the_documented_policies() {
 
 #[test]
 fn a_mig_device_shares_memory_and_multiprocessors_and_never_blocks_on_engines() {
-    let model = model("dgx-h100", SharedGpus::Shares(2));
-    let mig = model
-        .devices
+    let three_g = |model: &DeviceModel| {
+        model
+            .devices
+            .iter()
+            .find(|d| matches!(&d.kind, DeviceKind::MigDynamic { profile, .. } if profile == "3g.40gb"))
+            .unwrap()
+            .device
+            .clone()
+    };
+    let shares = [
+        (
+            "memory",
+            range("20224Mi", "842Mi", Some("40448Mi"), Some("1Mi")),
+        ),
+        ("multiprocessors", range("30", "0", Some("60"), Some("1"))),
+    ];
+    // Compact MIG devices (the default) publish no engine capacity to block on.
+    let compact = three_g(&model("dgx-h100", SharedGpus::Shares(2)));
+    let want: BTreeMap<String, Option<CapacityRequestPolicy>> = shares
         .iter()
-        .find(|d| matches!(&d.kind, DeviceKind::MigDynamic { profile, .. } if profile == "3g.40gb"))
-        .unwrap();
+        .map(|(k, p)| (k.to_string(), Some(p.clone())))
+        .collect();
+    assert_eq!(want, policies(&compact));
+    // With every attribute, the engines default to nothing, so they never block a share.
+    let mig = three_g(&model_with(
+        "dgx-h100",
+        SharedGpus::Shares(2),
+        devices::MigAttributes::Full,
+    ));
     let engines = range("0", "0", None, None);
     let want: BTreeMap<String, Option<CapacityRequestPolicy>> = [
         ("copyEngines", engines.clone()),
@@ -168,7 +196,7 @@ fn a_mig_device_shares_memory_and_multiprocessors_and_never_blocks_on_engines() 
     .into_iter()
     .map(|(k, p)| (k.to_string(), Some(p)))
     .collect();
-    assert_eq!(want, policies(&mig.device));
+    assert_eq!(want, policies(&mig));
 }
 
 fn device(memory: &str, sms: Option<&str>) -> Device {

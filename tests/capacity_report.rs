@@ -362,7 +362,7 @@ fn a_claim_on_a_device_no_slice_publishes_is_a_warning_and_an_incomplete_pool_to
 fn an_unparsable_counter_names_the_slice_the_field_and_the_value() {
     let mut slices = sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).unwrap();
     let set = &mut slices[0].spec.shared_counters.as_mut().unwrap()[0];
-    set.counters.get_mut("memory").unwrap().value.0 = "lots".into();
+    set.counters.get_mut("memory-slice-0").unwrap().value.0 = "lots".into();
     let err = build(
         &CapacityInput {
             slices,
@@ -375,7 +375,7 @@ fn an_unparsable_counter_names_the_slice_the_field_and_the_value() {
     let text = err.to_string();
     assert!(
         text.starts_with(
-            "ResourceSlice dgx-h100-gpu.nvidia.com-0: spec.sharedCounters[gpu-0-counter-set].counters.memory.value is \"lots\""
+            "ResourceSlice dgx-h100-gpu.nvidia.com-0: spec.sharedCounters[gpu-0-counter-set].counters.memory-slice-0.value is \"lots\""
         ),
         "{text}"
     );

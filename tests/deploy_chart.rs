@@ -87,6 +87,7 @@ fn schema_rejects_values_outside_their_choices() {
         ("migProfiles", json!({"migProfiles": "1g.10gb,,7g.80gb"})),
         ("migProfiles", json!({"migProfiles": "1g.10gb, 7g.80gb"})),
         ("sliceLayout", json!({"sliceLayout": "by-node"})),
+        ("migAttributes", json!({"migAttributes": "lean"})),
         ("logging.format", json!({"logging": {"format": "xml"}})),
         ("logging.level", json!({"logging": {"level": "verbose"}})),
         (
@@ -121,6 +122,8 @@ fn schema_accepts_every_documented_choice() {
         json!({"migProfiles": "all"}),
         json!({"sliceLayout": "by-profile"}),
         json!({"sliceLayout": "by-gpu"}),
+        json!({"migAttributes": "compact"}),
+        json!({"migAttributes": "full"}),
         json!({"sharing": {"sharedGpus": "memory"}}),
         json!({"sharing": {"sharedGpus": 4}}),
         json!({"sharing": {"sharedGpus": "4"}}),

@@ -189,6 +189,24 @@ fn slice_layout_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_default
 }
 
 #[test]
+fn mig_attributes_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_default() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let detail = |args: &[&str]| {
+        let objects = render_chart(&helm, args);
+        env(of_kind(&objects, "DaemonSet")[0])
+            .get("GPU_DRA_MIG_ATTRIBUTES")
+            .cloned()
+    };
+    assert_eq!(None, detail(&[]));
+    assert_eq!(
+        Some("full".to_string()),
+        detail(&["--set", "migAttributes=full"])
+    );
+}
+
+#[test]
 fn admission_policy_applies_to_the_plugin_service_account_only() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;

@@ -550,3 +550,189 @@ fn slice_layout_names_parse_and_an_unknown_one_names_the_valid_ones() {
         "slice layout \"by-node\" is not one of by-gpu, by-profile"
     );
 }
+
+/// Every set of a GPU's MIG placements (and the full GPU) that one family admits, found by a
+/// depth-first search that extends a set only while `admits` holds (both families are closed
+/// under taking subsets, so the search visits each admitted set once).
+fn admitted_sets<'a>(names: &[&'a str], admits: &mut dyn FnMut(&[&'a str]) -> bool) -> usize {
+    fn walk<'a>(
+        names: &[&'a str],
+        from: usize,
+        set: &mut Vec<&'a str>,
+        admits: &mut dyn FnMut(&[&'a str]) -> bool,
+    ) -> usize {
+        let mut count = 1;
+        for i in from..names.len() {
+            set.push(names[i]);
+            if admits(set) {
+                count += walk(names, i + 1, set, admits);
+            }
+            set.pop();
+        }
+        count
+    }
+    walk(names, 0, &mut Vec::new(), admits)
+}
+
+/// The trimmed counters (memory slices, the media engine, instance limits where slices do not
+/// imply them) admit exactly the layouts the simulated hardware accepts, for every set of
+/// placements of every MIG-capable model: not only pairs and triples.
+#[test]
+fn counters_admit_exactly_the_sets_of_placements_the_hardware_accepts_on_every_model() {
+    let models = gpu_dra::hardware::catalog::models().unwrap();
+    let mut checked = 0;
+    for gpu_model in models.iter().filter(|m| m.mig_capable()) {
+        let yaml = format!("gpus:\n  - model: {}\n    mig: dynamic\n", gpu_model.key);
+        let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", &yaml)
+            .unwrap()
+            .plan("t", "t")
+            .unwrap();
+        let sim = SimBackend::from_plan(plan, None);
+        let opts = ModelOptions {
+            default_policy: Some(MigPolicy::Dynamic),
+            ..Default::default()
+        };
+        let model = devices::build(&sim.inventory().unwrap(), &opts);
+        let names: Vec<&str> = dynamic_mig_names(&model);
+        let by_counters = admitted_sets(&names, &mut |set| {
+            let ok = counters_allow(&model, set);
+            if ok {
+                assert!(
+                    hardware_allows(&yaml, &model, set),
+                    "{}: counters admit {set:?}, the hardware refuses it",
+                    gpu_model.key
+                );
+            }
+            ok
+        });
+        let by_hardware = admitted_sets(&names, &mut |set| {
+            let ok = hardware_allows(&yaml, &model, set);
+            if ok {
+                assert!(
+                    counters_allow(&model, set),
+                    "{}: the hardware accepts {set:?}, the counters refuse it",
+                    gpu_model.key
+                );
+            }
+            ok
+        });
+        assert_eq!(by_counters, by_hardware, "{}", gpu_model.key);
+        // The full GPU consumes every counter, so it excludes every MIG device.
+        if let Some(full) = model.devices.iter().find(|d| d.kind == DeviceKind::Gpu) {
+            for m in &names {
+                assert!(!counters_allow(&model, &[full.name(), m]));
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} MIG-capable models");
+}
+
+/// Compact JSON bytes of `slices`, as the API server stores and sends them.
+fn json_bytes(slices: &[ResourceSlice]) -> usize {
+    slices
+        .iter()
+        .map(|s| serde_json::to_vec(s).unwrap().len())
+        .sum()
+}
+
+/// House rule 16: a node's slices are sized for 1,000 nodes. A DGX H100 with every profile at
+/// every placement (the default) stays within 120 KB of compact JSON, and every preset within
+/// 600 B per device; a change that adds bytes to every device fails here with the figure.
+#[test]
+fn a_dgx_h100_with_every_profile_publishes_at_most_120_kb_and_every_preset_under_600_b_a_device() {
+    let (_, model, slices) = model_and_slices("dgx-h100");
+    assert_eq!(208, model.devices.len());
+    let bytes = json_bytes(&slices);
+    assert!(bytes <= 120_000, "dgx-h100 publishes {bytes} bytes");
+    for preset in [
+        "dgx-h200",
+        "dgx-b200",
+        "dgx-a100-80",
+        "hgx-h100-16",
+        "a30-x4",
+        "mixed",
+    ] {
+        let (_, model, slices) = model_and_slices(preset);
+        let per_device = json_bytes(&slices) / model.devices.len();
+        assert!(per_device < 600, "{preset}: {per_device} bytes per device");
+    }
+}
+
+/// What a MIG device carries in each `--mig-attributes` choice: compact keeps exactly the
+/// documented names (NVIDIA's class, profile, parent and model names among them); full adds
+/// the parent GPU's attributes and the engine capacities; full GPUs are the same either way.
+#[test]
+fn compact_mig_devices_keep_the_names_claims_select_on_and_full_adds_the_rest() {
+    let sim = SimBackend::open("dgx-h100", None).unwrap();
+    let inventory = sim.inventory().unwrap();
+    let build = |detail| {
+        let mut opts = options(&sim);
+        opts.mig_attributes = detail;
+        devices::build(&inventory, &opts)
+    };
+    let compact = build(devices::MigAttributes::Compact);
+    let full = build(devices::MigAttributes::Full);
+    let keys = |d: &devices::PublishedDevice| -> (Vec<String>, Vec<String>) {
+        (
+            d.device
+                .attributes
+                .iter()
+                .flatten()
+                .map(|(k, _)| k.clone())
+                .collect(),
+            d.device
+                .capacity
+                .iter()
+                .flatten()
+                .map(|(k, _)| k.clone())
+                .collect(),
+        )
+    };
+    let mig = compact.device("gpu-0-mig-1g10gb-0").unwrap();
+    let (attrs, caps) = keys(mig);
+    let mut want: Vec<String> = devices::COMPACT_MIG_ATTRIBUTES
+        .iter()
+        .filter(|a| **a != "uuid") // a placement to carve has no UUID yet
+        .map(|a| a.to_string())
+        .collect();
+    want.sort();
+    assert_eq!(want, attrs);
+    assert_eq!(vec!["memory", "multiprocessors"], caps);
+    let (full_attrs, full_caps) = keys(full.device("gpu-0-mig-1g10gb-0").unwrap());
+    for name in [
+        "brand",
+        "architecture",
+        "driverVersion",
+        "cudaDriverVersion",
+        "resource.kubernetes.io/pciBusID",
+        "resource.kubernetes.io/numaNode",
+        "parentIndex",
+        "parentMinor",
+    ] {
+        assert!(full_attrs.iter().any(|a| a == name), "{name} missing");
+    }
+    assert!(attrs.iter().all(|a| full_attrs.contains(a)));
+    assert_eq!(
+        vec![
+            "copyEngines",
+            "decoders",
+            "encoders",
+            "jpegEngines",
+            "memory",
+            "multiprocessors",
+            "ofaEngines"
+        ],
+        full_caps
+    );
+    assert_eq!(compact.device("gpu-0"), full.device("gpu-0"));
+    // Same devices, same names, same counters: only what each MIG device carries differs.
+    let names = |m: &DeviceModel| {
+        m.devices
+            .iter()
+            .map(|d| d.name().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&compact), names(&full));
+    assert_eq!(compact.counter_sets, full.counter_sets);
+}

@@ -105,6 +105,7 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                     shared_gpus: args.shared_gpus,
                     mig_profiles: args.mig_profiles.mig_profiles.clone(),
                     slice_layout: args.slice_layout.slice_layout,
+                    mig_attributes: args.slice_layout.mig_attributes,
                 },
             )
             .map_err(|e| chain(&anyhow::Error::new(e))),

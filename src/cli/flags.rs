@@ -145,6 +145,18 @@ pub(crate) struct SliceLayoutFlag {
         value_name = "by-gpu|by-profile"
     )]
     pub(crate) slice_layout: gpu_dra::devices::SliceLayout,
+    /// What each MIG device carries: compact (default: type, uuid, profile, parentUUID,
+    /// productName, cudaComputeCapability, pcieRoot; capacities memory and multiprocessors) or
+    /// full (also the parent GPU's other attributes, parentIndex, parentMinor and the engine
+    /// capacities, at about twice the bytes per node). docs/configuration.md, "What a node
+    /// publishes", has the bytes of each.
+    #[arg(
+        long,
+        env = "GPU_DRA_MIG_ATTRIBUTES",
+        default_value = "compact",
+        value_name = "compact|full"
+    )]
+    pub(crate) mig_attributes: gpu_dra::devices::MigAttributes,
 }
 
 /// The node flags `kubelet-plugin` and `compute-domain-plugin` share.

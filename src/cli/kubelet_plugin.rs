@@ -108,6 +108,7 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         gpu_mig_policies: policy_flag::parse_gpu_policies(&args.gpu_mig_policies.gpu_mig_policies)?,
         mig_profiles: args.mig_profiles.mig_profiles,
         slice_layout: args.slice_layout.slice_layout,
+        mig_attributes: args.slice_layout.mig_attributes,
         simulated_host: node.simulated_host,
         state_dir,
         plugin_dir,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use super::MigAttributes;
 use crate::hardware::{GpuInfo, MigProfile, NodeInventory};
 
 /// Domain of the standard, driver-independent attributes.
@@ -125,37 +126,71 @@ pub fn full_gpu(common: &BTreeMap<String, DeviceAttribute>, gpu: &GpuInfo) -> De
     }
 }
 
-/// A MIG device of `profile` named `name`; `uuid` when it exists.
+/// Attribute names every MIG device keeps in [`MigAttributes::Compact`]: what identifies it and
+/// what claims written for NVIDIA's driver select MIG devices by (profile, parent GPU, model,
+/// compute capability, PCIe root for NIC alignment).
+pub const COMPACT_MIG_ATTRIBUTES: [&str; 7] = [
+    "type",
+    "uuid",
+    "profile",
+    "parentUUID",
+    "productName",
+    "cudaComputeCapability",
+    "resource.kubernetes.io/pcieRoot",
+];
+
+/// Capacity names every MIG device keeps in [`MigAttributes::Compact`].
+pub const COMPACT_MIG_CAPACITIES: [&str; 2] = ["memory", "multiprocessors"];
+
+/// A MIG device of `profile` named `name`; `uuid` when it exists. With
+/// [`MigAttributes::Compact`] it carries only [`COMPACT_MIG_ATTRIBUTES`] and
+/// [`COMPACT_MIG_CAPACITIES`]; with [`MigAttributes::Full`] every attribute of its GPU and every
+/// engine capacity as well.
 pub fn mig(
     common: &BTreeMap<String, DeviceAttribute>,
     gpu: &GpuInfo,
     profile: &MigProfile,
     name: String,
     uuid: Option<&str>,
+    detail: MigAttributes,
 ) -> Device {
-    let mut attributes = common.clone();
+    let mut attributes = match detail {
+        MigAttributes::Full => common.clone(),
+        MigAttributes::Compact => common
+            .iter()
+            .filter(|(k, _)| COMPACT_MIG_ATTRIBUTES.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    };
     attributes.insert("type".to_string(), string("mig"));
     if let Some(uuid) = uuid {
         attributes.insert("uuid".to_string(), string(uuid));
     }
     attributes.insert("profile".to_string(), string(&profile.name));
     attributes.insert("parentUUID".to_string(), string(&gpu.uuid));
-    attributes.insert("parentIndex".to_string(), int(i64::from(gpu.index)));
-    attributes.insert("parentMinor".to_string(), int(i64::from(gpu.minor)));
+    if detail == MigAttributes::Full {
+        attributes.insert("parentIndex".to_string(), int(i64::from(gpu.index)));
+        attributes.insert("parentMinor".to_string(), int(i64::from(gpu.minor)));
+    }
     let mut cap = BTreeMap::new();
     cap.insert(
         "memory".to_string(),
         capacity(mib_quantity(profile.memory_mib)),
     );
-    for (key, value) in [
-        ("multiprocessors", profile.multiprocessors),
-        ("copyEngines", profile.copy_engines),
-        ("decoders", profile.decoders),
-        ("encoders", profile.encoders),
-        ("jpegEngines", profile.jpeg_engines),
-        ("ofaEngines", profile.ofa_engines),
-    ] {
-        cap.insert(key.to_string(), capacity(value.to_string()));
+    cap.insert(
+        "multiprocessors".to_string(),
+        capacity(profile.multiprocessors.to_string()),
+    );
+    if detail == MigAttributes::Full {
+        for (key, value) in [
+            ("copyEngines", profile.copy_engines),
+            ("decoders", profile.decoders),
+            ("encoders", profile.encoders),
+            ("jpegEngines", profile.jpeg_engines),
+            ("ofaEngines", profile.ofa_engines),
+        ] {
+            cap.insert(key.to_string(), capacity(value.to_string()));
+        }
     }
     Device {
         name,

@@ -39,7 +39,7 @@ use k8s_openapi::api::resource::v1::{CounterSet, Device, DeviceAttribute};
 
 use crate::hardware::{GpuInfo, MigPolicy, MigProfile, NodeInventory, Placement};
 
-pub use attributes::semver_of;
+pub use attributes::{COMPACT_MIG_ATTRIBUTES, COMPACT_MIG_CAPACITIES, mib_quantity, semver_of};
 pub use counters::counter_set_name;
 pub use packing::placement_order;
 pub use profiles::{MigProfileSet, MigProfilesError};
@@ -165,6 +165,58 @@ impl std::str::FromStr for SliceLayout {
     }
 }
 
+/// What each MIG device carries (`--mig-attributes`).
+///
+/// A node publishes up to 26 MIG devices per GPU with dynamic MIG, and every attribute and
+/// capacity of each is bytes in every copy of the slice (API server, etcd, every watcher) and
+/// work for the scheduler on every node it evaluates (docs/configuration.md, "What a node
+/// publishes"). Full GPUs always carry every attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigAttributes {
+    /// What identifies a MIG device and what claims select MIG devices by: `type`, `uuid`
+    /// (when it exists), `profile`, `parentUUID`, `productName`, `cudaComputeCapability`,
+    /// `resource.kubernetes.io/pcieRoot`; capacities `memory` and `multiprocessors`.
+    #[default]
+    Compact,
+    /// Also every attribute of the parent GPU (`brand`, `architecture`, `driverVersion`,
+    /// `cudaDriverVersion`, `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/numaNode`),
+    /// `parentIndex`, `parentMinor`, and the engine capacities (`copyEngines`, `decoders`,
+    /// `encoders`, `jpegEngines`, `ofaEngines`).
+    Full,
+}
+
+impl MigAttributes {
+    /// Every choice, in the order `--help` and errors list them.
+    pub const ALL: [MigAttributes; 2] = [MigAttributes::Compact, MigAttributes::Full];
+
+    /// The flag value.
+    pub fn name(self) -> &'static str {
+        match self {
+            MigAttributes::Compact => "compact",
+            MigAttributes::Full => "full",
+        }
+    }
+}
+
+impl std::str::FromStr for MigAttributes {
+    type Err = String;
+
+    /// Parses a flag value; the error names the value and the valid ones.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim();
+        Self::ALL
+            .into_iter()
+            .find(|choice| choice.name() == wanted)
+            .ok_or_else(|| {
+                let valid: Vec<&str> = Self::ALL.iter().map(|c| c.name()).collect();
+                format!(
+                    "MIG attributes {wanted:?} is not one of {}",
+                    valid.join(", ")
+                )
+            })
+    }
+}
+
 impl DeviceModel {
     /// The device named `name`, if published.
     pub fn device(&self, name: &str) -> Option<&PublishedDevice> {
@@ -190,6 +242,8 @@ pub struct ModelOptions {
     pub mig_profiles: MigProfileSet,
     /// How the devices are grouped into slices (`--slice-layout`); by GPU by default.
     pub slice_layout: SliceLayout,
+    /// What MIG devices carry (`--mig-attributes`); compact by default.
+    pub mig_attributes: MigAttributes,
 }
 
 impl Default for ModelOptions {
@@ -201,6 +255,7 @@ impl Default for ModelOptions {
             shared_gpus: SharedGpus::Off,
             mig_profiles: MigProfileSet::All,
             slice_layout: SliceLayout::ByGpu,
+            mig_attributes: MigAttributes::Compact,
         }
     }
 }
@@ -282,7 +337,14 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                             ci_id: mig.ci_id,
                             placement: mig.placement,
                         },
-                        device: attributes::mig(&common, gpu, profile, name, Some(&mig.uuid)),
+                        device: attributes::mig(
+                            &common,
+                            gpu,
+                            profile,
+                            name,
+                            Some(&mig.uuid),
+                            options.mig_attributes,
+                        ),
                     });
                 }
             }
@@ -295,8 +357,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                     model.devices.push(full());
                     continue;
                 }
-                let totals = counters::totals(&gpu.mig_profiles);
-                let set = counters::counter_set(gpu, &totals);
+                let set = counters::counter_set(gpu);
                 let needs_reset = gpu.architecture.mig_toggle_needs_reset();
                 if !needs_reset || !gpu.mig.current {
                     let mut device = full();
@@ -314,7 +375,7 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                         for &start in &profile.placement_starts {
                             model
                                 .devices
-                                .push(dynamic_mig(&common, gpu, profile, start));
+                                .push(dynamic_mig(&common, gpu, profile, start, options));
                         }
                     }
                     if model.devices.len() == before && options.mig_profiles != MigProfileSet::All {
@@ -361,13 +422,14 @@ fn dynamic_mig(
     gpu: &GpuInfo,
     profile: &MigProfile,
     start: u32,
+    options: &ModelOptions,
 ) -> PublishedDevice {
     let placement = Placement {
         start,
         size: profile.memory_slices,
     };
     let name = mig_device_name(gpu.minor, &profile.name, start);
-    let mut device = attributes::mig(common, gpu, profile, name, None);
+    let mut device = attributes::mig(common, gpu, profile, name, None, options.mig_attributes);
     device.consumes_counters = Some(vec![counters::mig_consumption(gpu, profile, placement)]);
     PublishedDevice {
         gpu_index: gpu.index,

@@ -42,6 +42,8 @@ pub struct PluginConfig {
     pub mig_profiles: crate::devices::MigProfileSet,
     /// How devices are grouped into slices (`--slice-layout`).
     pub slice_layout: crate::devices::SliceLayout,
+    /// What MIG devices carry (`--mig-attributes`).
+    pub mig_attributes: crate::devices::MigAttributes,
     /// `--simulated-host`: the node has no NVIDIA driver files or device nodes (kind, CI):
     /// CDI specs name the simulated device nodes and the sharing tools are the simulated
     /// ones, as with the sim backend. For the NVML backend over the simulated library.

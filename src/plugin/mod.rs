@@ -150,6 +150,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     model_options.shared_gpus = config.shared_gpus;
     model_options.mig_profiles = config.mig_profiles.clone();
     model_options.slice_layout = config.slice_layout;
+    model_options.mig_attributes = config.mig_attributes;
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
         ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {
