@@ -22,6 +22,11 @@ pub use smi::SmiGpuState;
 
 use crate::sharing::tools::SIM_LOG_ENV;
 
+/// What `nvidia-smi` answers (exit 2) to a command line it does not take; both its query and
+/// its compute-mode halves use it, so it lives here rather than in either.
+const BAD_ARGS: &str =
+    "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.";
+
 /// Set on the detached daemon copy so its internal `-f` start is not logged as a call.
 const INTERNAL_ENV: &str = "GPU_DRA_SIM_TOOLS_INTERNAL";
 

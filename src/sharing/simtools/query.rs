@@ -86,7 +86,7 @@ const FIELDS: [&str; 10] = [
 ];
 
 fn parse(args: &[String]) -> Result<Request, (u8, String)> {
-    let bad = || (2, super::smi::BAD_ARGS.to_string());
+    let bad = || (2, super::BAD_ARGS.to_string());
     let mut fields = None;
     let mut format = None;
     let mut id = None;

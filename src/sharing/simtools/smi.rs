@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use serde::{Deserialize, Serialize};
 
+use super::BAD_ARGS;
 use crate::sharing::spec::validate_uuid;
 
 const STATE_FILE: &str = "nvidia-smi-state.json";
@@ -28,9 +29,6 @@ impl Default for SmiGpuState {
         }
     }
 }
-
-pub(super) const BAD_ARGS: &str =
-    "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.";
 
 enum Action {
     ComputeMode(String, &'static str),
