@@ -56,12 +56,12 @@ struct Layout {
     /// slice cache is a map), instead of in the published order.
     random_walk: bool,
     /// What the MIG devices carry.
-    detail: Detail,
+    detail: Carries,
 }
 
 /// What each device carries.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Detail {
+enum Carries {
     /// `--mig-attributes compact` (the default).
     Compact,
     /// `--mig-attributes full`.
@@ -246,11 +246,13 @@ const MEASURED_BASE_PODS_PER_S: f64 = 13.4;
 const MEASURED_BEFORE_PODS_PER_S: f64 = 3.7;
 
 /// The rate relative to MIG-disabled nodes that the real scheduler would reach, calibrated on
-/// the held-out run: the real per-pod time is the baseline's plus the layout's extra work,
-/// where the extra work scales the model's extra time by the factor that maps the model's
-/// extra time of the measured layout (`before`) onto the measured one. Only meaningful at
-/// 1,000 nodes, the scale it was measured at; it assumes the scheduler's extra work per
-/// layout is in proportion to our allocator's (docs/architecture.md, "Scheduling cost").
+/// the held-out run: the real per-pod time is the baseline's plus the layout's extra work per
+/// node evaluation (the scheduler with PR 138917 converts and walks each evaluated node's
+/// slices anew, and nothing cluster-wide per pod grows with devices the way our PreFilter
+/// does), scaled by the factor that maps the model's extra time per node evaluation of the
+/// measured layout (`before`) onto the measured one. Only meaningful at 1,000 nodes, the
+/// scale it was measured at; it assumes the scheduler's extra work per node is in proportion
+/// to our allocator's (docs/architecture.md, "Scheduling cost").
 fn calibrated_ratio(nodes: usize, extra: Duration, before: Duration) -> Option<f64> {
     if nodes != 1000 || before.is_zero() {
         return None;
@@ -443,14 +445,14 @@ fn slices_of(layout: &Layout) -> Vec<ResourceSlice> {
             mig_profiles: profiles,
             slice_layout: layout.slice_layout,
             mig_attributes: match layout.detail {
-                Detail::Compact => MigAttributes::Compact,
-                Detail::Full | Detail::Before => MigAttributes::Full,
+                Carries::Compact => MigAttributes::Compact,
+                Carries::Full | Carries::Before => MigAttributes::Full,
             },
             ..Default::default()
         },
     )
     .expect("slices");
-    if layout.detail == Detail::Before {
+    if layout.detail == Carries::Before {
         with_old_counters(&mut slices);
     }
     slices
@@ -484,14 +486,14 @@ fn main() {
         carvable_now,
         slice_layout: SliceLayout::ByGpu,
         random_walk: false,
-        detail: Detail::Compact,
+        detail: Carries::Compact,
     };
     let base = baseline.display().to_string();
     let g1 = Some("1g.10gb");
     let mut layouts = vec![
         layout("8×H100 MIG disabled", &base, "all", None, true, false),
         Layout {
-            detail: Detail::Before,
+            detail: Carries::Before,
             ..layout(
                 "dgx-h100 all, before (issue 34)",
                 "dgx-h100",
@@ -502,7 +504,7 @@ fn main() {
             )
         },
         Layout {
-            detail: Detail::Full,
+            detail: Carries::Full,
             ..layout(
                 "dgx-h100 all, --mig-attr. full",
                 "dgx-h100",
@@ -586,6 +588,7 @@ fn main() {
             "calibrated"
         );
         let mut base_pod: Option<Duration> = None;
+        let mut base_eval: Option<Duration> = None;
         // Calibration (see `calibrated`): the model's extra per-pod time of the layout the
         // held-out run measured, keyed by claim.
         let mut before_extra: Vec<(&str, Duration)> = Vec::new();
@@ -615,11 +618,14 @@ fn main() {
                 );
                 if base_pod.is_none() {
                     base_pod = Some(run.per_pod());
+                    base_eval = Some(run.per_eval());
                 }
                 let base = base_pod.expect("baseline measured first");
                 let ratio = base.as_secs_f64() / run.per_pod().as_secs_f64();
-                let extra = run.per_pod().saturating_sub(base);
-                if layout.detail == Detail::Before {
+                let extra = run
+                    .per_eval()
+                    .saturating_sub(base_eval.expect("baseline measured first"));
+                if layout.detail == Carries::Before {
                     before_extra.push((label, extra));
                 }
                 let calibrated = before_extra
@@ -664,7 +670,7 @@ fn explain_nowhere() {
             carvable_now: false,
             slice_layout: SliceLayout::ByGpu,
             random_walk: false,
-            detail: Detail::Compact,
+            detail: Carries::Compact,
         });
         let input = ExplainInput {
             classes: classes.clone(),
