@@ -25,38 +25,42 @@
 //!
 //! It writes no object but its own. On SIGTERM it stops `nvidia-imex` and marks its object
 //! NotReady (`DaemonStopped`) without deleting it, so a restart keeps the index; removing the
-//! objects of a departed node or a deleted domain is the controller's job.
+//! objects of a deleted domain is the controller's job.
+//!
+//! **When the domain goes away.** Before it creates its object, and before any write after an
+//! object of the domain went away (the controller deletes them when the domain is deleted;
+//! nothing else does), a round reads the `ComputeDomain` (one GET). If it is gone, being
+//! deleted, or another domain of the same name, the daemon *leaves*: it never writes its
+//! object again (so it cannot re-create one the controller deleted), stops rendering the nodes
+//! config and signalling `nvidia-imex` (whose running process it leaves alone until the pod
+//! stops), and exits with status 0 once its claim is unprepared (the plugin removes the
+//! config directory) or on SIGTERM, whichever comes first.
 
 pub mod plan;
 pub mod process;
+mod watch;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::reflector::store::{Store, Writer};
-use kube::runtime::watcher::{self, ListSemantic};
-use tokio_stream::StreamExt;
+use kube::runtime::watcher;
 
 use crate::compute_domain::api::{
-    self, ComputeDomainNode, ComputeDomainNodeSpec, ComputeDomainNodeState, Readiness,
+    self, ComputeDomain, ComputeDomainNode, ComputeDomainNodeSpec, ComputeDomainNodeState,
+    Readiness,
 };
 use crate::compute_domain::imex::config::{ImexConfig, ImexConfigError};
 use plan::{INDEX_CONFIRMED_ANNOTATION, Member};
 use process::ImexProcess;
+use watch::{Shared, watch_domain};
 
 /// Time between two rounds when the store does not change.
 const TICK: Duration = Duration::from_millis(500);
-/// First wait before re-listing after the watch failed; doubles per failure up to
-/// [`MAX_RELIST_BACKOFF`], and starts afresh once a list succeeded.
-const FIRST_RELIST_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_RELIST_BACKOFF: Duration = Duration::from_secs(30);
-/// How many resourceVersions of the own object, as the watch delivered them, are kept to tell
-/// that a write of ours came back (more than the writes between two rounds).
-const OWN_VERSIONS_KEPT: usize = 16;
 
 /// What the daemon needs to know; the verb's flags and the `api::daemon_env` variables.
 #[derive(Debug, Clone)]
@@ -114,6 +118,18 @@ pub enum DaemonError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// Reading the daemon's `ComputeDomain` failed (is it still there?); the round writes
+    /// nothing and is retried.
+    #[error("reading ComputeDomain {namespace}/{name} failed")]
+    Domain {
+        /// The domain's namespace.
+        namespace: String,
+        /// The domain's name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// Watching the domain's `ComputeDomainNode` objects failed (the API server restarted,
     /// 410 Gone, a list failed); the daemon re-lists with a backoff and meanwhile keeps the
     /// readiness last written.
@@ -157,7 +173,7 @@ pub enum DaemonError {
 impl DaemonConfig {
     /// Checks that every identity setting is present, naming the missing flag and variable.
     pub fn validate(&self) -> Result<(), DaemonError> {
-        let required: [(&str, &'static str, &'static str); 6] = [
+        let required: [(&str, &'static str, &'static str); 7] = [
             (&self.node_name, "--node-name", "or NODE_NAME"),
             (&self.pod_ip, "--pod-ip", "or POD_IP, from the downward API"),
             (&self.namespace, "--namespace", "or POD_NAMESPACE"),
@@ -174,6 +190,11 @@ impl DaemonConfig {
             (
                 &self.domain_name,
                 api::daemon_env::DOMAIN_NAME,
+                "set by the daemon claim's CDI spec",
+            ),
+            (
+                &self.domain_namespace,
+                api::daemon_env::DOMAIN_NAMESPACE,
                 "set by the daemon claim's CDI spec",
             ),
         ];
@@ -216,9 +237,14 @@ pub async fn run(
         .await
         .map_err(|e| DaemonError::Connect(Box::new(e)))?;
     let objects: Api<ComputeDomainNode> = Api::namespaced_with(
-        client,
+        client.clone(),
         &config.namespace,
         &api::compute_domain_node_resource(),
+    );
+    let domains: Api<ComputeDomain> = Api::namespaced_with(
+        client,
+        &config.domain_namespace,
+        &api::compute_domain_resource(),
     );
     let config_file = config.config_dir.join(api::IMEX_CONFIG_FILE);
     let sim_dir = config
@@ -249,16 +275,26 @@ pub async fn run(
     let mut round = Round {
         config: &config,
         objects: &objects,
+        domains: &domains,
         config_file,
         rendered: None,
         store,
         shared: shared.clone(),
         written: None,
+        checked_deletions: None,
+        leaving: None,
     };
     tokio::pin!(shutdown);
     loop {
-        if let Err(e) = round.step(&mut imex).await {
-            tracing::warn!(domain.uid = %config.domain_uid, node = %config.node_name, error = %crate::errors::error_chain(&e), "IMEX daemon round failed; retrying");
+        match round.step(&mut imex).await {
+            Ok(Next::Continue) => {}
+            Ok(Next::Exit) => {
+                tracing::info!(domain.uid = %config.domain_uid, node = %config.node_name, "the daemon claim was unprepared after the domain went away; exiting");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(domain.uid = %config.domain_uid, node = %config.node_name, error = %crate::errors::error_chain(&e), "IMEX daemon round failed; retrying");
+            }
         }
         tokio::select! {
             _ = &mut shutdown => break,
@@ -271,6 +307,10 @@ pub async fn run(
     if let Some(dir) = sim_dir {
         let _ = std::fs::remove_dir_all(dir);
     }
+    if round.leaving.is_some() {
+        // The domain is gone: its objects are the controller's to delete, not ours to write.
+        return Ok(());
+    }
     let stopped = (
         Readiness::NotReady,
         Some("DaemonStopped".to_string()),
@@ -280,127 +320,6 @@ pub async fn run(
         tracing::warn!(domain.uid = %config.domain_uid, error = %crate::errors::error_chain(&e), "marking the node stopped failed");
     }
     Ok(())
-}
-
-/// What the watch task tells the rounds, besides the store itself.
-#[derive(Default)]
-struct Shared {
-    state: Mutex<WatchState>,
-    /// Woken after every change the watch applied to the store, and when the watch failed.
-    changed: tokio::sync::Notify,
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, WatchState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[derive(Default)]
-struct WatchState {
-    /// A full list is in the store and the watch has not failed since: the store is the
-    /// domain's objects as of some resourceVersion, behind the API server only by the events
-    /// on their way.
-    synced: bool,
-    /// Why the store is not synced, for the rounds' logs.
-    unsynced_because: Option<String>,
-    /// resourceVersions the own object had as the watch delivered it, newest last (at most
-    /// [`OWN_VERSIONS_KEPT`]); see [`Round::own`].
-    own_versions: VecDeque<String>,
-    /// The resourceVersion the own object's last create or replace returned (set by the
-    /// rounds).
-    last_write: Option<String>,
-    /// `last_write` when the list in progress was started: that list was read after that
-    /// write, so it shows it (or its deletion).
-    listing_after: Option<String>,
-}
-
-impl WatchState {
-    fn saw_own(&mut self, version: Option<&String>) {
-        let Some(version) = version else { return };
-        if self.own_versions.back() != Some(version) {
-            self.own_versions.push_back(version.clone());
-            if self.own_versions.len() > OWN_VERSIONS_KEPT {
-                self.own_versions.pop_front();
-            }
-        }
-    }
-}
-
-/// Keeps `writer`'s store the domain's `ComputeDomainNode` objects: a kube watcher by the
-/// domain-UID label, its first list a consistent (quorum) read. On any watcher error the store
-/// is marked unsynced, the watcher dropped and a new one started after a doubling backoff:
-/// a fresh list is the one event that says the store is complete again (a watch that kube
-/// resumed quietly says nothing), and the store keeps its last complete content until that
-/// list is in. Runs until aborted.
-async fn watch_domain(
-    objects: Api<ComputeDomainNode>,
-    mut writer: Writer<ComputeDomainNode>,
-    shared: Arc<Shared>,
-    domain_uid: String,
-    own: String,
-) {
-    let selector = format!("{}={domain_uid}", api::DOMAIN_UID_LABEL);
-    let config = watcher::Config::default()
-        .labels(&selector)
-        .list_semantic(ListSemantic::MostRecent);
-    let store = writer.as_reader();
-    let is_own = |o: &ComputeDomainNode| o.metadata.name.as_deref() == Some(own.as_str());
-    let mut backoff = FIRST_RELIST_BACKOFF;
-    loop {
-        let mut events = std::pin::pin!(watcher::watcher(objects.clone(), config.clone()));
-        let failure = loop {
-            let event = match events.next().await {
-                Some(Ok(event)) => event,
-                Some(Err(e)) => {
-                    let error = DaemonError::Watch {
-                        selector: selector.clone(),
-                        source: Box::new(e),
-                    };
-                    break crate::errors::error_chain(&error);
-                }
-                None => break "the watch stream ended".to_string(),
-            };
-            writer.apply_watcher_event(&event);
-            let mut state = shared.lock();
-            match &event {
-                watcher::Event::Init => {
-                    state.listing_after = state.last_write.clone();
-                    continue;
-                }
-                watcher::Event::InitApply(_) => continue,
-                watcher::Event::InitDone => {
-                    let listed = store.find(|o| is_own(o));
-                    state.saw_own(
-                        listed
-                            .and_then(|o| o.metadata.resource_version.clone())
-                            .as_ref(),
-                    );
-                    let after = state.listing_after.take();
-                    state.saw_own(after.as_ref());
-                    state.synced = true;
-                    state.unsynced_because = None;
-                    backoff = FIRST_RELIST_BACKOFF;
-                    tracing::debug!(domain.uid = %domain_uid, objects = store.len(), "the domain's ComputeDomainNodes are listed");
-                }
-                watcher::Event::Apply(o) if is_own(o) => {
-                    state.saw_own(o.metadata.resource_version.as_ref());
-                }
-                watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
-            }
-            drop(state);
-            shared.changed.notify_one();
-        };
-        {
-            let mut state = shared.lock();
-            state.synced = false;
-            state.unsynced_because = Some(failure.clone());
-        }
-        shared.changed.notify_one();
-        tracing::warn!(domain.uid = %domain_uid, retry_in_ms = backoff.as_millis() as u64, error = %failure, "watching the domain's ComputeDomainNodes failed; re-listing");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_RELIST_BACKOFF);
-    }
 }
 
 /// The own object as a round may use it.
@@ -415,10 +334,20 @@ enum Own {
     Current(ComputeDomainNode),
 }
 
-/// The state one round needs.
+/// What the main loop does after a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Wait for the next tick or change.
+    Continue,
+    /// The domain went away and the claim is unprepared: stop.
+    Exit,
+}
+
 struct Round<'a> {
     config: &'a DaemonConfig,
     objects: &'a Api<ComputeDomainNode>,
+    /// The domain's namespace, where the daemon reads whether its domain still exists.
+    domains: &'a Api<ComputeDomain>,
     config_file: PathBuf,
     /// The nodes config last written, to signal only on change.
     rendered: Option<String>,
@@ -427,6 +356,11 @@ struct Round<'a> {
     shared: Arc<Shared>,
     /// The own object as this process's last create or replace returned it.
     written: Option<ComputeDomainNode>,
+    /// [`watch::WatchState::deletions`] when the domain was last read and found alive.
+    checked_deletions: Option<u64>,
+    /// Why the daemon has no domain to serve any more, once it found that out: from then on
+    /// it writes nothing.
+    leaving: Option<String>,
 }
 
 impl Round<'_> {
@@ -443,6 +377,56 @@ impl Round<'_> {
         self.shared.lock().last_write = object.metadata.resource_version.clone();
         self.written = Some(object.clone());
         object
+    }
+
+    /// Whether the domain is still there to serve, read before a write when it must be: at the
+    /// first round, before the own object is created (`creating`), and after an object of the
+    /// domain went away since the last read. Sets [`Round::leaving`] when the domain is gone.
+    async fn domain_alive(&mut self, creating: bool) -> Result<bool, DaemonError> {
+        if self.leaving.is_some() {
+            return Ok(false);
+        }
+        let deletions = self.shared.lock().deletions;
+        if !creating && self.checked_deletions == Some(deletions) {
+            return Ok(true);
+        }
+        let found = self
+            .domains
+            .get_opt(&self.config.domain_name)
+            .await
+            .map_err(|source| DaemonError::Domain {
+                namespace: self.config.domain_namespace.clone(),
+                name: self.config.domain_name.clone(),
+                source: Box::new(source),
+            })?;
+        match plan::domain_gone(found.as_ref(), &self.config.domain_uid) {
+            None => {
+                self.checked_deletions = Some(deletions);
+                Ok(true)
+            }
+            Some(why) => {
+                tracing::info!(
+                    domain.uid = %self.config.domain_uid,
+                    domain.namespace = %self.config.domain_namespace,
+                    domain.name = %self.config.domain_name,
+                    node = %self.config.node_name,
+                    why = %why,
+                    "the domain went away: this daemon writes nothing more and exits once its claim is unprepared"
+                );
+                self.leaving = Some(why);
+                Ok(false)
+            }
+        }
+    }
+
+    /// A round of a daemon whose domain went away: no request, no file write, no signal.
+    /// Exits once the plugin removed the claim's config (the daemon claim was unprepared).
+    fn leaving_round(&self) -> Next {
+        if self.config_file.exists() {
+            Next::Continue
+        } else {
+            Next::Exit
+        }
     }
 
     /// The own object in `all` (the store's content), checked against our last write.
@@ -547,7 +531,10 @@ impl Round<'_> {
     /// One round: own object, nodes config, process, readiness. When the store cannot be
     /// trusted (no full list yet, or the watch failed and the re-list is not in), it only
     /// supervises an `nvidia-imex` already started and keeps the readiness last written.
-    async fn step(&mut self, imex: &mut ImexProcess) -> Result<(), DaemonError> {
+    async fn step(&mut self, imex: &mut ImexProcess) -> Result<Next, DaemonError> {
+        if self.leaving.is_some() {
+            return Ok(self.leaving_round());
+        }
         let unsynced = {
             let state = self.shared.lock();
             (!state.synced).then(|| {
@@ -560,8 +547,8 @@ impl Round<'_> {
         if let Some(reason) = unsynced {
             tracing::debug!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, reason = %reason, "the domain's store is not synced; supervising only, readiness kept");
             return match self.rendered {
-                Some(_) => imex.supervise().await,
-                None => Ok(()),
+                Some(_) => imex.supervise().await.map(|()| Next::Continue),
+                None => Ok(Next::Continue),
             };
         }
         let name = self.config.object_name();
@@ -572,7 +559,11 @@ impl Round<'_> {
             .filter(|o| o.metadata.name.as_deref() != Some(&name))
             .filter_map(Member::of)
             .collect();
-        let (own, current) = match self.own(&all) {
+        let own = self.own(&all);
+        if !self.domain_alive(matches!(own, Own::Missing)).await? {
+            return Ok(self.leaving_round());
+        }
+        let (own, current) = match own {
             Own::Missing => (self.create(&others).await?, false),
             Own::Pending(o) => (o, false),
             Own::Current(o) => match self.fix_own(&o, &others).await? {
@@ -609,7 +600,7 @@ impl Round<'_> {
             self.rendered = Some(nodes);
             imex.reload()?;
         }
-        let spawned = imex.supervise().await;
+        let spawned = imex.supervise().await.map(|()| Next::Continue);
         if !current {
             // Our write is on its way back through the watch, which runs the next round.
             tracing::debug!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, "waiting for the own object's last write in the store; readiness kept");
