@@ -34,6 +34,8 @@ fn config(identity: &str, leader_election: bool) -> ControllerConfig {
         retry_after: Duration::from_millis(100),
         metrics_addr: None,
         resync_period: controller::RESYNC_PERIOD,
+        daemon_stop_wait: controller::DAEMON_STOP_WAIT,
+        own_pod: None,
     }
 }
 

@@ -150,11 +150,10 @@ mod tests {
             domain_gone(None, "u1").as_deref(),
             Some("the ComputeDomain no longer exists")
         );
-        domain.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        domain.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-        );
+            ));
         assert_eq!(
             domain_gone(Some(&domain), "u1").as_deref(),
             Some("the ComputeDomain is being deleted")
