@@ -531,13 +531,19 @@ fn a_daemon_whose_domain_is_being_deleted_never_recreates_its_object_nor_rewrite
     let selector = format!("{}={d}", api::DOMAIN_UID_LABEL);
     for o in c.server.list(&node_objects_path(), &selector) {
         let name = o["metadata"]["name"].as_str().unwrap();
-        assert_eq!(c.server.delete(&format!("{}/{name}", node_objects_path())), 200);
+        assert_eq!(
+            c.server.delete(&format!("{}/{name}", node_objects_path())),
+            200
+        );
     }
     let deleted_at = c.server.requests().len();
 
     // Several rounds later: nothing was re-created, no config rewritten, nothing written.
     std::thread::sleep(std::time::Duration::from_millis(1600));
-    assert_eq!(c.server.list(&node_objects_path(), &selector), Vec::<Value>::new());
+    assert_eq!(
+        c.server.list(&node_objects_path(), &selector),
+        Vec::<Value>::new()
+    );
     assert_eq!([nodes_file(&w0), nodes_file(&w1)], before);
     let writes: Vec<String> = c.server.requests()[deleted_at..]
         .iter()
@@ -552,9 +558,14 @@ fn a_daemon_whose_domain_is_being_deleted_never_recreates_its_object_nor_rewrite
     let exited = wait_exit(&mut w0.child, std::time::Duration::from_secs(5));
     assert_eq!(exited, Some(0));
     assert_eq!(w1.stop(), Some(0));
-    assert_eq!(c.server.list(&node_objects_path(), &selector), Vec::<Value>::new());
+    assert_eq!(
+        c.server.list(&node_objects_path(), &selector),
+        Vec::<Value>::new()
+    );
     assert!(
-        c.server.requests()[deleted_at..].iter().all(|r| !r.is_write()),
+        c.server.requests()[deleted_at..]
+            .iter()
+            .all(|r| !r.is_write()),
         "a daemon of a deleted domain wrote"
     );
 }
@@ -573,8 +584,15 @@ fn a_daemon_started_for_a_domain_that_is_gone_creates_nothing_and_exits_once_unp
             .any(|r| r.method == "GET" && r.path == domain)
     });
     std::thread::sleep(std::time::Duration::from_millis(700));
-    assert_eq!(c.nodes(d), BTreeMap::new(), "no object for a domain that is gone");
-    assert!(imex_pid(&w.dir).is_none(), "no nvidia-imex for a domain that is gone");
+    assert_eq!(
+        c.nodes(d),
+        BTreeMap::new(),
+        "no object for a domain that is gone"
+    );
+    assert!(
+        imex_pid(&w.dir).is_none(),
+        "no nvidia-imex for a domain that is gone"
+    );
     std::fs::remove_dir_all(&w.dir).unwrap();
     assert_eq!(
         wait_exit(&mut w.child, std::time::Duration::from_secs(5)),
