@@ -546,3 +546,64 @@ async fn a_restarted_controller_brings_the_daemon_set_to_its_image_and_leaves_an
         json!({"resource.nvidia.com/computeDomain": uid})
     );
 }
+
+/// A real API server answers a write before its watch event reaches the controller, so the
+/// controller's copy of a new domain can already be older than the domain: a label another
+/// tool sets right after `kubectl apply` must not make the finalizer write fail. (A merge patch
+/// carrying the copy's resourceVersion did: 409, a warning and a retry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_racing_the_finalizer_on_a_new_domain_does_not_fail_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    server.set_watch_latency(Duration::from_millis(50));
+    let _c = start(&server, dir.path(), "c1", false).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let (code, _) = server.patch(
+        &domain_path(WORKLOAD_NS, "imex"),
+        json!({"metadata": {"labels": {"team": "a"}}}),
+    );
+    assert_eq!(code, 200);
+    let got = wait_status(&server, "imex", |s| !s.is_null()).await;
+    assert_eq!(
+        (&got["metadata"]["finalizers"], &got["metadata"]["labels"]),
+        (&json!([api::FINALIZER]), &json!({"team": "a"}))
+    );
+    let refused: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.code >= 400)
+        .map(|r| format!("{} {} -> {}", r.method, r.path, r.code))
+        .collect();
+    assert_eq!(refused, Vec::<String>::new());
+}
+
+/// Removing the finalizer tests that it is still where it was read, so a finalizer another
+/// party holds (the garbage collector's `foregroundDeletion`) is never dropped with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_finalizer_keeps_the_finalizers_of_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let created = server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let _c = start(&server, dir.path(), "c1", false).await;
+    let path = domain_path(WORKLOAD_NS, "imex");
+    eventually("the finalizer", WAIT, || {
+        server
+            .get(&path)
+            .filter(|d| d["metadata"]["finalizers"] == json!([api::FINALIZER]))
+    })
+    .await;
+    let (code, _) = server.patch(
+        &path,
+        json!({"metadata": {"finalizers": ["example.com/keep", api::FINALIZER]}}),
+    );
+    assert_eq!(code, 200);
+    assert_eq!(server.delete(&path), 200);
+    let kept = eventually("our finalizer removed", WAIT, || {
+        server
+            .get(&path)
+            .filter(|d| d["metadata"]["finalizers"] == json!(["example.com/keep"]))
+    })
+    .await;
+    assert_eq!(kept["metadata"]["uid"], created["metadata"]["uid"]);
+}

@@ -213,17 +213,26 @@ pub async fn own_image(
             name: name.to_string(),
             source,
         })?;
-    let containers = pod.spec.map(|s| s.containers).unwrap_or_default();
+    image_of(&pod).ok_or_else(|| ControllerError::OwnPodNoImage {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    })
+}
+
+/// The image of `pod`'s [`CONTROLLER_CONTAINER`], else of its first container; `None` when
+/// that container names none.
+pub fn image_of(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| &s.containers[..])
+        .unwrap_or_default();
     containers
         .iter()
         .find(|c| c.name == CONTROLLER_CONTAINER)
         .or(containers.first())
         .and_then(|c| c.image.clone())
         .filter(|image| !image.is_empty())
-        .ok_or_else(|| ControllerError::OwnPodNoImage {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        })
 }
 
 /// Stops the metrics server with the controller.
@@ -480,5 +489,41 @@ async fn work(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+
+    fn pod(containers: &[(&str, Option<&str>)]) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                containers: containers
+                    .iter()
+                    .map(|(name, image)| Container {
+                        name: name.to_string(),
+                        image: image.map(str::to_string),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_own_image_is_the_controller_containers_else_the_first_containers() {
+        let with_sidecar = pod(&[
+            ("log-shipper", Some("busybox:1")),
+            ("controller", Some("gpu-dra:2")),
+        ]);
+        assert_eq!(image_of(&with_sidecar).as_deref(), Some("gpu-dra:2"));
+        let renamed = pod(&[("main", Some("gpu-dra:3")), ("other", Some("x:1"))]);
+        assert_eq!(image_of(&renamed).as_deref(), Some("gpu-dra:3"));
+        assert_eq!(image_of(&pod(&[("controller", None)])), None);
+        assert_eq!(image_of(&pod(&[])), None);
     }
 }
