@@ -607,3 +607,56 @@ async fn removing_the_finalizer_keeps_the_finalizers_of_others() {
     .await;
     assert_eq!(kept["metadata"]["uid"], created["metadata"]["uid"]);
 }
+
+/// What a writer that raced a finished clean-up left (a node labelled by a channel prepared
+/// as its domain went, a node object of an older daemon) is swept at the next resync; what a
+/// live domain owns is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_of_a_domain_that_no_longer_exists_are_swept_at_the_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let live = server.create(&domains_path(WORKLOAD_NS), domain("live", 0));
+    let live_uid = live["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut gone = live.clone();
+    gone["metadata"]["uid"] = json!("0dead000-0000-4000-8000-000000000000");
+    gone["metadata"]["name"] = json!("gone");
+    server.create(NODES, node("node-live", Some(&live_uid)));
+    server.create(
+        NODES,
+        node("node-stale", Some("0dead000-0000-4000-8000-000000000000")),
+    );
+    server.create(NODES, node("node-free", None));
+    server.create(
+        &node_objects_path(),
+        node_object(&live, "node-live", "c.1", 0, true, None),
+    );
+    server.create(
+        &node_objects_path(),
+        node_object(
+            &gone,
+            "node-stale",
+            "c.1",
+            0,
+            false,
+            Some(("DaemonStopped", "x")),
+        ),
+    );
+    let mut config = config("c1", false);
+    config.resync_period = Duration::from_millis(300);
+    let _c = start_with(&server, dir.path(), config).await;
+    eventually("the stale label and node object swept", WAIT, || {
+        let labelled: Vec<Value> = server
+            .list(NODES, api::NODE_LABEL)
+            .iter()
+            .map(|n| n["metadata"]["name"].clone())
+            .collect();
+        let objects: Vec<Value> = server
+            .list(&node_objects_path(), "")
+            .iter()
+            .map(|o| o["spec"]["nodeName"].clone())
+            .collect();
+        (labelled == vec![json!("node-live")] && objects == vec![json!("node-live")]).then_some(())
+    })
+    .await;
+    wait_status(&server, "live", |s| s["status"] == "Ready").await;
+}
