@@ -8,8 +8,8 @@
 //! would). So the clean-up holds the finalizer until no daemon of the domain runs: it deletes
 //! the DaemonSet in the foreground (the API server keeps the DaemonSet until the garbage
 //! collector deleted its pods, and a pod object goes only after its containers stopped), and
-//! re-checks every [`STOP_POLL`] until the DaemonSet is gone, or until the reconciler's daemon
-//! stop wait passed (a node that does not answer keeps its pods `Terminating`). Only then does
+//! re-checks (after [`FIRST_STOP_POLL`], doubling up to [`MAX_STOP_POLL`]) until the DaemonSet
+//! is gone, or until the reconciler's daemon stop wait passed (a node that does not answer keeps its pods `Terminating`). Only then does
 //! it delete the node objects a last time, remove the node labels and the finalizer: whatever
 //! order the kubelet stops things in, nothing of the domain remains.
 
@@ -28,8 +28,11 @@ use super::error::ControllerError;
 use super::reconcile::{Reconciler, lock};
 use crate::compute_domain::api::{self, ComputeDomain, ComputeDomainNode};
 
-/// How often a deleted domain's clean-up looks again whether its daemons stopped.
-pub const STOP_POLL: Duration = Duration::from_millis(500);
+/// How soon a deleted domain's clean-up first looks again whether its daemons stopped; the
+/// wait doubles per look up to [`MAX_STOP_POLL`]. One GET of the DaemonSet per look.
+pub const FIRST_STOP_POLL: Duration = Duration::from_millis(100);
+/// The longest wait between two looks.
+pub const MAX_STOP_POLL: Duration = Duration::from_secs(2);
 
 /// How far the clean-up of one deleted domain got.
 #[derive(Debug, Clone)]
@@ -40,6 +43,8 @@ pub struct Deleting {
     daemon_set_deleted: bool,
     /// The two templates were deleted.
     templates_deleted: bool,
+    /// Looks at the DaemonSet so far.
+    looks: u32,
 }
 
 fn gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
@@ -68,6 +73,7 @@ impl Reconciler {
                 since: Instant::now(),
                 daemon_set_deleted: false,
                 templates_deleted: false,
+                looks: 0,
             })
             .clone();
         let first = !progress.daemon_set_deleted;
@@ -78,6 +84,7 @@ impl Reconciler {
         if let Some(p) = lock(&self.deleting).get_mut(&uid) {
             p.daemon_set_deleted = true;
             p.templates_deleted = true;
+            p.looks += 1;
         }
         let waited = progress.since.elapsed();
         if !daemons_stopped && waited < self.daemon_stop_wait {
@@ -90,7 +97,8 @@ impl Reconciler {
                 waited_ms = waited.as_millis() as u64,
                 "the domain's IMEX daemons still run; the finalizer stays"
             );
-            return Ok(Some(STOP_POLL));
+            let wait = FIRST_STOP_POLL.saturating_mul(1 << progress.looks.min(5));
+            return Ok(Some(wait.min(MAX_STOP_POLL)));
         }
         if !daemons_stopped {
             tracing::warn!(
