@@ -660,3 +660,104 @@ async fn leftovers_of_a_domain_that_no_longer_exists_are_swept_at_the_resync() {
     .await;
     wait_status(&server, "live", |s| s["status"] == "Ready").await;
 }
+
+/// An IMEX daemon of an older version re-creates its object while the domain is deleted: the
+/// clean-up, which waits for the DaemonSet's pods to be gone, deletes it again before it lets
+/// the domain go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_object_recreated_while_the_daemons_stop_is_deleted_before_the_domain_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    server.hold_foreground_deletions();
+    server.set_watch_latency(Duration::from_millis(30));
+    let created = server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let _c = start(&server, dir.path(), "c1", false).await;
+    let ds_path = format!("{}/imex-{uid}", daemon_sets_path());
+    eventually("the DaemonSet", WAIT, || server.get(&ds_path)).await;
+    let object = node_object(&created, "node-a", "c.1", 0, true, None);
+    server.create(&node_objects_path(), object.clone());
+    wait_status(&server, "imex", |s| s["status"] == "Ready").await;
+
+    let path = domain_path(WORKLOAD_NS, "imex");
+    assert_eq!(server.delete(&path), 200);
+    let selector = format!("{}={uid}", api::DOMAIN_UID_LABEL);
+    eventually("the node objects deleted", WAIT, || {
+        server
+            .list(&node_objects_path(), &selector)
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    // The old daemon, still running, writes its object again.
+    server.create(&node_objects_path(), object);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        server.get(&path).is_some(),
+        "the finalizer stays while the DaemonSet's pods run"
+    );
+    // Its pod is gone: the garbage collector lets the DaemonSet go.
+    assert!(server.finish_foreground_deletion(&ds_path));
+    eventually("the domain gone", WAIT, || {
+        server.get(&path).is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        server.list(&node_objects_path(), &selector),
+        Vec::<Value>::new()
+    );
+    let domain_writes: Vec<(String, u16)> = server
+        .requests()
+        .iter()
+        .filter(|r| r.path == path && r.is_write())
+        .map(|r| (r.method.clone(), r.code))
+        .collect();
+    assert_eq!(
+        domain_writes,
+        [("PATCH".to_string(), 200), ("PATCH".to_string(), 200)]
+    );
+    let not_found: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.code == 404 && r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(not_found, Vec::<String>::new());
+}
+
+/// The watch delivers a domain's deletion after the finalizer removal that caused it: a
+/// reconcile in between runs on a copy of the domain that is already gone. It must not clean
+/// up again: every request would find nothing, and the finalizer patch's 404 was logged as
+/// `reconcile failed … setting the finalizers` on every delete with node objects (their
+/// DELETE events of the clean-up marked the domain again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_clean_up_is_not_run_again_on_a_stale_copy_of_the_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let mut object = domain("imex", 0);
+    object["metadata"]["finalizers"] = json!([api::FINALIZER]);
+    server.create(&domains_path(WORKLOAD_NS), object);
+    let path = domain_path(WORKLOAD_NS, "imex");
+    assert_eq!(server.delete(&path), 200);
+    let stale: api::ComputeDomain = serde_json::from_value(server.get(&path).unwrap()).unwrap();
+    let reconciler = controller::Reconciler::new(
+        server.client(dir.path()).await,
+        config("c1", false).settings,
+    );
+    assert_eq!(
+        reconciler.reconcile(&stale, &[]).await.unwrap(),
+        controller::Outcome::Done
+    );
+    assert_eq!(server.get(&path), None, "the finalizer was removed");
+    let before = server.requests().len();
+    assert_eq!(
+        reconciler.reconcile(&stale, &[]).await.unwrap(),
+        controller::Outcome::Done
+    );
+    let again: Vec<String> = server.requests()[before..]
+        .iter()
+        .map(|r| format!("{} {} -> {}", r.method, r.path, r.code))
+        .collect();
+    assert_eq!(again, Vec::<String>::new());
+}

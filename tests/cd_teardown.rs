@@ -232,6 +232,27 @@ fn delete_while_daemons_run(delay: Duration, ips: [&str; 2]) {
         after, before,
         "a nodes config was rewritten after the delete"
     );
+    // The finalizer was added once and removed once: no clean-up ran again on a cached copy
+    // of the domain after it was gone (its requests would all answer 404).
+    let domain_writes: Vec<(String, u16)> = server
+        .requests()
+        .iter()
+        .filter(|r| r.path == domain_path(WORKLOAD_NS, "imex-job") && r.is_write())
+        .map(|r| (r.method.clone(), r.code))
+        .collect();
+    assert_eq!(
+        domain_writes,
+        [("PATCH".to_string(), 200), ("PATCH".to_string(), 200)]
+    );
+    // Reads may find nothing (is the DaemonSet gone yet?); a write that finds nothing was
+    // sent for a domain already cleaned up.
+    let not_found: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.code == 404 && r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(not_found, Vec::<String>::new());
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(
         !log.contains("WARN"),

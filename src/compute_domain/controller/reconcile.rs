@@ -67,6 +67,8 @@ pub struct Reconciler {
     finalized: Mutex<BTreeSet<String>>,
     /// Per UID of a deleted domain, how far its clean-up got.
     pub(super) deleting: Mutex<BTreeMap<String, Deleting>>,
+    /// UIDs of deleted domains whose finalizer this reconciler removed, and when.
+    released: Mutex<BTreeMap<String, std::time::Instant>>,
     /// How long a clean-up waits for the domain's IMEX daemons to stop.
     pub(super) daemon_stop_wait: Duration,
     stats: Arc<Stats>,
@@ -92,6 +94,7 @@ impl Reconciler {
             ensured: Mutex::default(),
             finalized: Mutex::default(),
             deleting: Mutex::default(),
+            released: Mutex::default(),
             daemon_stop_wait: DAEMON_STOP_WAIT,
             stats: Arc::default(),
         }
@@ -113,6 +116,8 @@ impl Reconciler {
     /// checks them again (re-creating one deleted by hand): the periodic resync calls it.
     pub fn forget_ensured(&self) {
         lock(&self.ensured).clear();
+        // By now the watch delivered the deletion of every domain released a minute ago.
+        lock(&self.released).retain(|_, at| at.elapsed() < Duration::from_secs(60));
     }
 
     /// Requests written so far.
@@ -159,10 +164,18 @@ impl Reconciler {
     ) -> Result<Outcome, ControllerError> {
         let uid = domain.uid().unwrap_or_default();
         if domain.meta().deletion_timestamp.is_some() {
-            if domain.finalizers().iter().any(|f| f == api::FINALIZER)
-                && let Some(wait) = self.clean_up(domain, nodes).await?
-            {
-                return Ok(Outcome::Again(wait));
+            // Our finalizer was removed, so the domain is gone: the copy here is older than
+            // that (the watch has not delivered the deletion yet). Cleaning up again would
+            // only send requests that 404; the first version did, and logged the finalizer
+            // patch's 404 as `reconcile failed … setting the finalizers` on every delete.
+            if lock(&self.released).contains_key(&uid) {
+                return Ok(Outcome::Done);
+            }
+            if domain.finalizers().iter().any(|f| f == api::FINALIZER) {
+                if let Some(wait) = self.clean_up(domain, nodes).await? {
+                    return Ok(Outcome::Again(wait));
+                }
+                lock(&self.released).insert(uid.clone(), std::time::Instant::now());
             }
             lock(&self.written).remove(&uid);
             lock(&self.ensured).remove(&uid);
