@@ -3,14 +3,13 @@
 //! Why JSON patches with `test` operations, not a merge patch carrying the resourceVersion
 //! read: a merge patch replaces the whole `metadata.finalizers` list, so it needs a
 //! precondition, and the resourceVersion of the informer's copy fails whenever *anything*
-//! wrote the object after that copy was taken: the controller's own status patch of a
-//! reconcile that ran on an older copy, the garbage collector taking its `foregroundDeletion`
-//! finalizer away, a label or annotation another tool sets. Every such write turned the
-//! finalizer write into a 409 and a retry. These patches test only what they depend on: the
-//! object's UID (not a re-created namesake) and the finalizer list as read (or, to remove,
-//! that our finalizer is still at the index read). A write elsewhere in the object no longer
-//! conflicts; a concurrent change to the finalizers still fails the `test` (422), and the
-//! caller reads the object again.
+//! wrote the object after that copy was taken (a label another tool sets, the controller's
+//! own status patch of a reconcile that ran on an older copy, the garbage collector taking
+//! its `foregroundDeletion` finalizer away): a 409 and a retry each time. These patches test
+//! only what they depend on: the object's UID (not a re-created namesake) and the finalizer
+//! list as read (or, to remove, that our finalizer is still at the index read). A write
+//! elsewhere in the object no longer conflicts; a concurrent change to the finalizers still
+//! fails the `test` (422), and the caller reads the object again.
 
 use serde_json::{Value, json};
 
