@@ -23,12 +23,14 @@ use serde_json::{Value, json};
 const CLIQUE: &str = "6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f.1";
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A process killed (SIGKILL) when dropped, if it still runs.
+/// A process stopped when dropped, if it still runs: SIGTERM (a daemon then stops its
+/// `nvidia-imex`, which would otherwise keep its address and fail the next run), SIGKILL
+/// after 5 s.
 struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
+        if self.0.try_wait().ok().flatten().is_none() && self.terminate().is_none() {
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
@@ -36,10 +38,10 @@ impl Drop for Proc {
 }
 
 impl Proc {
-    /// SIGTERM, then its exit code (within 10 s).
+    /// SIGTERM, then its exit code (within 5 s).
     fn terminate(&mut self) -> Option<i32> {
         let _ = send(self.0.id(), Signal::Terminate);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Some(status) = self.0.try_wait().unwrap() {
                 return status.code();
