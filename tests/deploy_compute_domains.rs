@@ -303,7 +303,7 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}])
     );
     // A daemon reads its domain before it creates its object (src/compute_domain/daemon/).
-    let daemon = fs::read_to_string(repo().join("src/compute_domain/daemon/mod.rs")).unwrap();
+    let daemon = fs::read_to_string(repo().join("src/compute_domain/daemon/round.rs")).unwrap();
     assert!(daemon.contains(".get_opt(&self.config.domain_name)"));
     assert_eq!(
         rules("ClusterRole", "gpu-dra-imex-daemon"),
