@@ -370,6 +370,8 @@ fn main() {
             retry_after: Duration::from_secs(1),
             metrics_addr: None,
             resync_period: controller::RESYNC_PERIOD,
+            daemon_stop_wait: controller::DAEMON_STOP_WAIT,
+            own_pod: None,
         };
         let running = tokio::spawn(controller::run_with_client(
             controller_client,

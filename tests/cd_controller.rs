@@ -34,6 +34,8 @@ fn config(identity: &str, leader_election: bool) -> ControllerConfig {
         retry_after: Duration::from_millis(100),
         metrics_addr: None,
         resync_period: controller::RESYNC_PERIOD,
+        daemon_stop_wait: controller::DAEMON_STOP_WAIT,
+        own_pod: None,
     }
 }
 
@@ -543,4 +545,219 @@ async fn a_restarted_controller_brings_the_daemon_set_to_its_image_and_leaves_an
         ds["spec"]["template"]["spec"]["nodeSelector"],
         json!({"resource.nvidia.com/computeDomain": uid})
     );
+}
+
+/// A real API server answers a write before its watch event reaches the controller, so the
+/// controller's copy of a new domain can already be older than the domain: a label another
+/// tool sets right after `kubectl apply` must not make the finalizer write fail. (A merge patch
+/// carrying the copy's resourceVersion did: 409, a warning and a retry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_racing_the_finalizer_on_a_new_domain_does_not_fail_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    server.set_watch_latency(Duration::from_millis(50));
+    let _c = start(&server, dir.path(), "c1", false).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let (code, _) = server.patch(
+        &domain_path(WORKLOAD_NS, "imex"),
+        json!({"metadata": {"labels": {"team": "a"}}}),
+    );
+    assert_eq!(code, 200);
+    let got = wait_status(&server, "imex", |s| !s.is_null()).await;
+    assert_eq!(
+        (&got["metadata"]["finalizers"], &got["metadata"]["labels"]),
+        (&json!([api::FINALIZER]), &json!({"team": "a"}))
+    );
+    let refused: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.code >= 400)
+        .map(|r| format!("{} {} -> {}", r.method, r.path, r.code))
+        .collect();
+    assert_eq!(refused, Vec::<String>::new());
+}
+
+/// Removing the finalizer tests that it is still where it was read, so a finalizer another
+/// party holds (the garbage collector's `foregroundDeletion`) is never dropped with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_finalizer_keeps_the_finalizers_of_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let created = server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let _c = start(&server, dir.path(), "c1", false).await;
+    let path = domain_path(WORKLOAD_NS, "imex");
+    eventually("the finalizer", WAIT, || {
+        server
+            .get(&path)
+            .filter(|d| d["metadata"]["finalizers"] == json!([api::FINALIZER]))
+    })
+    .await;
+    let (code, _) = server.patch(
+        &path,
+        json!({"metadata": {"finalizers": ["example.com/keep", api::FINALIZER]}}),
+    );
+    assert_eq!(code, 200);
+    assert_eq!(server.delete(&path), 200);
+    let kept = eventually("our finalizer removed", WAIT, || {
+        server
+            .get(&path)
+            .filter(|d| d["metadata"]["finalizers"] == json!(["example.com/keep"]))
+    })
+    .await;
+    assert_eq!(kept["metadata"]["uid"], created["metadata"]["uid"]);
+}
+
+/// What a writer that raced a finished clean-up left (a node labelled by a channel prepared
+/// as its domain went, a node object of an older daemon) is swept at the next resync; what a
+/// live domain owns is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_of_a_domain_that_no_longer_exists_are_swept_at_the_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let live = server.create(&domains_path(WORKLOAD_NS), domain("live", 0));
+    let live_uid = live["metadata"]["uid"].as_str().unwrap().to_string();
+    let mut gone = live.clone();
+    gone["metadata"]["uid"] = json!("0dead000-0000-4000-8000-000000000000");
+    gone["metadata"]["name"] = json!("gone");
+    server.create(NODES, node("node-live", Some(&live_uid)));
+    server.create(
+        NODES,
+        node("node-stale", Some("0dead000-0000-4000-8000-000000000000")),
+    );
+    server.create(NODES, node("node-free", None));
+    server.create(
+        &node_objects_path(),
+        node_object(&live, "node-live", "c.1", 0, true, None),
+    );
+    server.create(
+        &node_objects_path(),
+        node_object(
+            &gone,
+            "node-stale",
+            "c.1",
+            0,
+            false,
+            Some(("DaemonStopped", "x")),
+        ),
+    );
+    let mut config = config("c1", false);
+    config.resync_period = Duration::from_millis(300);
+    let _c = start_with(&server, dir.path(), config).await;
+    eventually("the stale label and node object swept", WAIT, || {
+        let labelled: Vec<Value> = server
+            .list(NODES, api::NODE_LABEL)
+            .iter()
+            .map(|n| n["metadata"]["name"].clone())
+            .collect();
+        let objects: Vec<Value> = server
+            .list(&node_objects_path(), "")
+            .iter()
+            .map(|o| o["spec"]["nodeName"].clone())
+            .collect();
+        (labelled == vec![json!("node-live")] && objects == vec![json!("node-live")]).then_some(())
+    })
+    .await;
+    wait_status(&server, "live", |s| s["status"] == "Ready").await;
+}
+
+/// An IMEX daemon of an older version re-creates its object while the domain is deleted: the
+/// clean-up, which waits for the DaemonSet's pods to be gone, deletes it again before it lets
+/// the domain go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_object_recreated_while_the_daemons_stop_is_deleted_before_the_domain_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    server.hold_foreground_deletions();
+    server.set_watch_latency(Duration::from_millis(30));
+    let created = server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let _c = start(&server, dir.path(), "c1", false).await;
+    let ds_path = format!("{}/imex-{uid}", daemon_sets_path());
+    eventually("the DaemonSet", WAIT, || server.get(&ds_path)).await;
+    let object = node_object(&created, "node-a", "c.1", 0, true, None);
+    server.create(&node_objects_path(), object.clone());
+    wait_status(&server, "imex", |s| s["status"] == "Ready").await;
+
+    let path = domain_path(WORKLOAD_NS, "imex");
+    assert_eq!(server.delete(&path), 200);
+    let selector = format!("{}={uid}", api::DOMAIN_UID_LABEL);
+    eventually("the node objects deleted", WAIT, || {
+        server
+            .list(&node_objects_path(), &selector)
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    // The old daemon, still running, writes its object again.
+    server.create(&node_objects_path(), object);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        server.get(&path).is_some(),
+        "the finalizer stays while the DaemonSet's pods run"
+    );
+    // Its pod is gone: the garbage collector lets the DaemonSet go.
+    assert!(server.finish_foreground_deletion(&ds_path));
+    eventually("the domain gone", WAIT, || {
+        server.get(&path).is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        server.list(&node_objects_path(), &selector),
+        Vec::<Value>::new()
+    );
+    let domain_writes: Vec<(String, u16)> = server
+        .requests()
+        .iter()
+        .filter(|r| r.path == path && r.is_write())
+        .map(|r| (r.method.clone(), r.code))
+        .collect();
+    assert_eq!(
+        domain_writes,
+        [("PATCH".to_string(), 200), ("PATCH".to_string(), 200)]
+    );
+    let not_found: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.code == 404 && r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(not_found, Vec::<String>::new());
+}
+
+/// The watch delivers a domain's deletion after the finalizer removal that caused it: a
+/// reconcile in between runs on a copy of the domain that is already gone. It must not clean
+/// up again: every request would find nothing, and the finalizer patch's 404 was logged as
+/// `reconcile failed … setting the finalizers` on every delete with node objects (their
+/// DELETE events of the clean-up marked the domain again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_clean_up_is_not_run_again_on_a_stale_copy_of_the_domain() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ObjServer::start();
+    let mut object = domain("imex", 0);
+    object["metadata"]["finalizers"] = json!([api::FINALIZER]);
+    server.create(&domains_path(WORKLOAD_NS), object);
+    let path = domain_path(WORKLOAD_NS, "imex");
+    assert_eq!(server.delete(&path), 200);
+    let stale: api::ComputeDomain = serde_json::from_value(server.get(&path).unwrap()).unwrap();
+    let reconciler = controller::Reconciler::new(
+        server.client(dir.path()).await,
+        config("c1", false).settings,
+    );
+    assert_eq!(
+        reconciler.reconcile(&stale, &[]).await.unwrap(),
+        controller::Outcome::Done
+    );
+    assert_eq!(server.get(&path), None, "the finalizer was removed");
+    let before = server.requests().len();
+    assert_eq!(
+        reconciler.reconcile(&stale, &[]).await.unwrap(),
+        controller::Outcome::Done
+    );
+    let again: Vec<String> = server.requests()[before..]
+        .iter()
+        .map(|r| format!("{} {} -> {}", r.method, r.path, r.code))
+        .collect();
+    assert_eq!(again, Vec::<String>::new());
 }

@@ -156,7 +156,7 @@ fn node_patches_since(node: &Node, from: usize) -> usize {
 }
 
 #[tokio::test]
-async fn four_pods_of_one_domain_all_get_channel_0_and_the_last_unprepare_releases_the_label() {
+async fn four_pods_of_one_domain_all_get_channel_0_and_the_label_outlives_their_unprepares() {
     let node = Node::new();
     node.api
         .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
@@ -226,25 +226,79 @@ async fn four_pods_of_one_domain_all_get_channel_0_and_the_last_unprepare_releas
     );
 
     let mut kubelet = plugin.register(DraApi::V1).await;
-    for (name, uid, _) in &pods[..3] {
+    let from = node.api.requests().len();
+    for (name, uid, _) in &pods {
         unprepare_one(&mut kubelet, name, uid).await;
         assert_eq!(node.cd_spec(uid), None);
-        assert_eq!(
-            label(&node).as_deref(),
-            Some(DOMAIN),
-            "{uid} unprepared, other pods of the domain still hold channel-0"
-        );
+        assert_eq!(label(&node).as_deref(), Some(DOMAIN), "{uid} unprepared");
     }
-    assert!(node.cd_spec("uid-w4").is_some());
-    unprepare_one(&mut kubelet, "w4", "uid-w4").await;
-    assert_eq!(label(&node), None, "the last pod of the domain is gone");
+    // The domain still exists: its IMEX daemon stays on the node for the next pod, and only
+    // the controller removes the label, when the domain is deleted.
+    assert_eq!(node_patches_since(&node, from), 0);
     assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}
+
+/// A job whose pods restart one at a time (the Job controller replaces a failed pod, a
+/// rolling restart) must not lose its IMEX daemon in between: with the label gone, the
+/// DaemonSet would take the daemon away, the domain would turn NotReady, and the next pod
+/// would wait for a new daemon to start and settle its index.
+#[tokio::test]
+async fn a_pod_of_the_domain_restarting_on_the_node_keeps_the_label_and_its_daemon() {
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    for (name, uid) in [("w-a", "uid-w-a"), ("w-b", "uid-w-b")] {
+        node.api
+            .put_claim(channel_0_share(name, uid, DOMAIN, &format!("s-{uid}")));
+    }
+    let plugin = node.cd_start(5).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    prepare_one(&mut kubelet, "w-a", "uid-w-a").await.unwrap();
+    let from = node.api.requests().len();
+    // The pod ends (its claim is unprepared), and its replacement's claim is prepared.
+    unprepare_one(&mut kubelet, "w-a", "uid-w-a").await;
+    assert_eq!(
+        label(&node).as_deref(),
+        Some(DOMAIN),
+        "kept between the pods"
+    );
+    prepare_one(&mut kubelet, "w-b", "uid-w-b").await.unwrap();
+    assert_eq!(
+        node_patches_since(&node, from),
+        0,
+        "the node was neither unlabelled nor labelled again"
+    );
+}
+
+/// The label outlives the pods only while its domain exists: a label whose domain is gone
+/// (a channel prepared just as that domain's clean-up finished) does not keep another
+/// domain off the node.
+#[tokio::test]
+async fn a_label_whose_domain_no_longer_exists_is_taken_over_by_another_domain() {
+    let node = Node::new();
+    node.api
+        .put_domain_node(domain_node(DOMAIN, NODE, CLIQUE, 0, "10.0.0.1", true));
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    let plugin = node.cd_start(5).await;
+    node.api.set_node_label(NODE_LABEL, Some(OTHER_DOMAIN));
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    prepare_one(&mut kubelet, "work", "uid-work")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", plugin.log()));
+    assert_eq!(label(&node).as_deref(), Some(DOMAIN));
 }
 
 #[tokio::test]
 async fn two_domains_reaching_a_free_node_at_once_label_it_once_and_the_other_is_refused() {
     let node = Node::new();
-    for domain in [DOMAIN, OTHER_DOMAIN] {
+    for (name, domain) in [("imex", DOMAIN), ("other", OTHER_DOMAIN)] {
+        node.api
+            .put_compute_domain(compute_domain("team-a", name, domain));
         node.api
             .put_domain_node(domain_node(domain, NODE, CLIQUE, 0, "10.0.0.1", true));
     }
@@ -322,7 +376,11 @@ async fn a_channel_prepare_labels_the_node_waits_for_its_daemon_then_injects_the
 
     unprepare_one(&mut kubelet, "work", "uid-work").await;
     assert_eq!(node.cd_spec("uid-work"), None);
-    assert_eq!(label(&node), None, "the last channel of the domain is gone");
+    assert_eq!(
+        label(&node).as_deref(),
+        Some(DOMAIN),
+        "the domain's until it is deleted"
+    );
     assert_eq!(node.cd_leftovers(), Vec::<String>::new());
 }
 
@@ -355,10 +413,11 @@ async fn a_daemon_that_never_turns_ready_fails_the_prepare_naming_domain_node_an
         assert!(error.contains(part), "{part:?} missing in: {error}");
     }
     assert_eq!(node.cd_spec("uid-work"), None);
-    // The label stays for the kubelet's retry; unpreparing the claim releases it.
+    // The label stays for the kubelet's retry, and after the claim is unprepared: it is the
+    // domain's until the domain is deleted.
     assert_eq!(label(&node).as_deref(), Some(DOMAIN));
     unprepare_one(&mut kubelet, "work", "uid-work").await;
-    assert_eq!(label(&node), None);
+    assert_eq!(label(&node).as_deref(), Some(DOMAIN));
 }
 
 #[tokio::test]
@@ -390,6 +449,8 @@ async fn all_mode_injects_every_channel_of_the_node() {
 #[tokio::test]
 async fn a_node_serving_another_domain_refuses_a_channel_naming_both_domains() {
     let node = Node::new();
+    node.api
+        .put_compute_domain(compute_domain("team-b", "other", OTHER_DOMAIN));
     node.api.set_node_label(NODE_LABEL, Some(OTHER_DOMAIN));
     node.api.put_claim(cdnode::claim(
         "work",
@@ -397,10 +458,12 @@ async fn a_node_serving_another_domain_refuses_a_channel_naming_both_domains() {
         "channel-0",
         channel_config(DOMAIN, "Single"),
     ));
-    // Restarting with the label of a domain it holds no claim of would remove it: the
-    // label here is set after start-up, as by another instance.
     let plugin = node.cd_start(5).await;
-    node.api.set_node_label(NODE_LABEL, Some(OTHER_DOMAIN));
+    assert_eq!(
+        label(&node).as_deref(),
+        Some(OTHER_DOMAIN),
+        "a start-up keeps the label of a domain it holds no claim of"
+    );
     let mut kubelet = plugin.register(DraApi::V1).await;
     let error = prepare_one(&mut kubelet, "work", "uid-work")
         .await
@@ -410,6 +473,10 @@ async fn a_node_serving_another_domain_refuses_a_channel_naming_both_domains() {
         "{error}"
     );
     assert!(error.contains("one ComputeDomain at a time"), "{error}");
+    assert!(
+        error.contains(&format!("once ComputeDomain {OTHER_DOMAIN} is deleted")),
+        "{error}"
+    );
     assert_eq!(label(&node).as_deref(), Some(OTHER_DOMAIN));
 }
 
@@ -562,7 +629,7 @@ async fn two_domains_in_one_clique_get_separate_configs_that_never_list_each_oth
 }
 
 #[tokio::test]
-async fn a_crash_between_prepare_steps_leaves_no_spec_config_or_label_after_restart() {
+async fn a_crash_between_prepare_steps_leaves_no_spec_or_config_after_restart() {
     let node = Node::new();
     node.api
         .put_compute_domain(compute_domain("team-a", "imex", DOMAIN));
@@ -603,7 +670,12 @@ async fn a_crash_between_prepare_steps_leaves_no_spec_config_or_label_after_rest
         "{}",
         plugin.log()
     );
-    assert_eq!(label(&node), None, "{}", plugin.log());
+    assert_eq!(
+        label(&node).as_deref(),
+        Some(DOMAIN),
+        "the label is the domain's: a restart keeps it\n{}",
+        plugin.log()
+    );
     // The kubelet's retry prepares both from scratch.
     let mut kubelet = plugin.register(DraApi::V1).await;
     prepare_one(&mut kubelet, "d", "uid-d").await.unwrap();
@@ -727,20 +799,12 @@ async fn a_channel_prepare_and_unprepare_cost_one_request_per_fact_they_need() {
         "prepared already"
     );
 
-    let from = node.api.requests().len();
-    unprepare_one(&mut kubelet, "w1", "uid-w1").await;
-    assert_eq!(
-        requests_since(&node, from),
-        vec![get_node.clone()],
-        "w2 holds the label"
-    );
-    let from = node.api.requests().len();
-    unprepare_one(&mut kubelet, "w2", "uid-w2").await;
-    assert_eq!(
-        requests_since(&node, from),
-        vec![get_node, patch_node],
-        "the last one"
-    );
+    // The label is the domain's until the domain is deleted: an unprepare asks nothing.
+    for (name, uid) in [("w1", "uid-w1"), ("w2", "uid-w2")] {
+        let from = node.api.requests().len();
+        unprepare_one(&mut kubelet, name, uid).await;
+        assert_eq!(requests_since(&node, from), Vec::<String>::new(), "{name}");
+    }
 }
 
 /// What one call of `operation` cost on the request path (file system and checkpoint), as the

@@ -86,8 +86,8 @@ fn enabling_compute_domains_adds_the_controller_the_plugin_their_rbac_and_classe
         .filter(|(_, n)| *n > 0)
         .collect();
     let want: BTreeMap<String, usize> = [
-        ("ClusterRole", 2),
-        ("ClusterRoleBinding", 2),
+        ("ClusterRole", 3),
+        ("ClusterRoleBinding", 3),
         ("DaemonSet", 1),
         ("Deployment", 1),
         ("DeviceClass", 2),
@@ -135,7 +135,6 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
     let want: BTreeMap<String, String> = [
         ("POD_NAMESPACE", "fieldRef:metadata.namespace"),
         ("POD_NAME", "fieldRef:metadata.name"),
-        ("GPU_DRA_IMEX_IMAGE", "gpu-dra:1.2.3"),
         ("GPU_DRA_IMEX_SERVICE_ACCOUNT", "gpu-dra-imex-daemon"),
         ("GPU_DRA_LEADER_ELECTION", "true"),
         ("GPU_DRA_METRICS_ADDR", "0.0.0.0:8080"),
@@ -144,7 +143,9 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     assert_eq!(deploy_support::container_env(container), want);
-    // The env names are the controller's flags' (src/cli/compute_domain_controller.rs).
+    // The env names are the controller's flags' (src/cli/compute_domain_controller.rs), but
+    // POD_NAME, which it also reads as such (with POD_NAMESPACE: its own pod, whose image the
+    // daemons run); the container's name is the one it looks for in that pod.
     let main = fs::read_to_string(repo().join("src/cli/compute_domain_controller.rs")).unwrap();
     for name in want.keys() {
         assert!(
@@ -152,6 +153,11 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
             "{name} is no flag's env"
         );
     }
+    assert!(main.contains("env(\"POD_NAMESPACE\").zip(env(\"POD_NAME\"))"));
+    assert_eq!(
+        container["name"],
+        json!(gpu_dra::compute_domain::controller::CONTROLLER_CONTAINER)
+    );
 }
 
 #[test]
@@ -208,7 +214,7 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
         return;
     };
     let dir = repo().join("src/compute_domain/controller");
-    let source: String = ["mod.rs", "reconcile.rs", "leader.rs"]
+    let source: String = ["mod.rs", "reconcile.rs", "cleanup.rs", "leader.rs"]
         .iter()
         .map(|f| fs::read_to_string(dir.join(f)).unwrap())
         .collect();
@@ -219,7 +225,11 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
         ),
         (
             "computedomains patch",
-            source.contains("\"setting the finalizers\""),
+            source.contains("fn set_finalizer") && source.contains("Method::PATCH"),
+        ),
+        (
+            "computedomains get (the finalizers again after a failed test)",
+            source.contains("(reading it again)"),
         ),
         (
             "computedomains/status patch",
@@ -231,7 +241,7 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
         ),
         (
             "daemonsets create get delete",
-            source.contains("Api<DaemonSet>"),
+            source.contains("Api<DaemonSet>") && source.contains("DeleteParams::foreground()"),
         ),
         (
             "daemonsets update (an upgrade's new image)",
@@ -249,6 +259,10 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
         ("nodes patch", source.contains("Patch::Merge(&unlabel)")),
         ("events create", source.contains("Api::<Event>::namespaced")),
         ("leases get create update", source.contains("Api<Lease>")),
+        (
+            "pods get (its own, for the daemons' image)",
+            source.contains("Api<k8s_openapi::api::core::v1::Pod>"),
+        ),
     ];
     let want: Vec<(&str, bool)> = calls.iter().map(|(c, _)| (*c, true)).collect();
     assert_eq!(calls.to_vec(), want);
@@ -260,7 +274,7 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
         rules("ClusterRole", controller),
         json!([
             {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"],
-             "verbs": ["list", "watch", "patch"]},
+             "verbs": ["get", "list", "watch", "patch"]},
             {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains/status"],
              "verbs": ["patch"]},
             {"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains/finalizers"],
@@ -280,6 +294,7 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
              "verbs": ["get", "create", "update", "delete"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
              "verbs": ["get", "create", "update"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         ])
     );
     assert_eq!(
@@ -287,10 +302,24 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
         json!([{"apiGroups": ["resource.nvidia.com"], "resources": ["computedomainnodes"],
                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}])
     );
+    // A daemon reads its domain before it creates its object (src/compute_domain/daemon/).
+    let daemon = fs::read_to_string(repo().join("src/compute_domain/daemon/round.rs")).unwrap();
+    assert!(daemon.contains(".get_opt(&self.config.domain_name)"));
+    assert_eq!(
+        rules("ClusterRole", "gpu-dra-imex-daemon"),
+        json!([{"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"],
+                "verbs": ["get"]}])
+    );
     let plugin = rules("ClusterRole", "gpu-dra-compute-domain-plugin");
     assert_eq!(
         plugin[0],
         json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]})
+    );
+    // find_domain lists ComputeDomains in every namespace (src/compute_domain/plugin/).
+    assert_eq!(
+        plugin[3],
+        json!({"apiGroups": ["resource.nvidia.com"], "resources": ["computedomains"],
+               "verbs": ["list"]})
     );
     let policy = named(
         &objects,

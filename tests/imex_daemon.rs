@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use cd_support::{ObjServer, node_objects_path};
+use cd_support::{ObjServer, WORKLOAD_NS as DOMAIN_NS, domains_path, node_objects_path};
 use gpu_dra::compute_domain::api;
 use gpu_dra::compute_domain::imex::signal::{Signal, send};
 use imex_support::{tools, wait_for, write_config};
@@ -28,6 +28,8 @@ struct Cluster {
     kubeconfig: PathBuf,
     imex: PathBuf,
     ctl: PathBuf,
+    /// Domain UID to name, of the domains [`Cluster::domain`] created.
+    names: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Cluster {
@@ -43,7 +45,26 @@ impl Cluster {
             kubeconfig,
             imex,
             ctl,
+            names: Default::default(),
         }
+    }
+
+    /// Creates ComputeDomain `name` in `team-a` (a daemon serves only a domain that exists)
+    /// and returns its UID.
+    fn domain(&self, name: &str) -> String {
+        let created = self
+            .server
+            .create(&domains_path(DOMAIN_NS), cd_support::domain(name, 0));
+        let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+        self.names
+            .lock()
+            .unwrap()
+            .insert(uid.clone(), name.to_string());
+        uid
+    }
+
+    fn domain_name(&self, uid: &str) -> String {
+        self.names.lock().unwrap()[uid].clone()
     }
 
     /// The config dir of `node` in `domain`, with the config the plugin would write (FULL
@@ -86,8 +107,8 @@ impl Cluster {
             .arg(&dir)
             .args(extra)
             .env(api::daemon_env::DOMAIN_UID, domain)
-            .env(api::daemon_env::DOMAIN_NAME, format!("cd-{domain}"))
-            .env(api::daemon_env::DOMAIN_NAMESPACE, "team-a")
+            .env(api::daemon_env::DOMAIN_NAME, self.domain_name(domain))
+            .env(api::daemon_env::DOMAIN_NAMESPACE, DOMAIN_NS)
             .env(api::daemon_env::CLIQUE_ID, clique)
             .env_remove("POD_IP")
             .stdout(Stdio::null())
@@ -138,8 +159,8 @@ impl Cluster {
                 "kind": "ComputeDomainNode",
                 "metadata": {"name": api::compute_domain_node_name(domain, node),
                              "labels": {api::DOMAIN_UID_LABEL: domain}},
-                "spec": {"domainUID": domain, "domainNamespace": "team-a",
-                         "domainName": format!("cd-{domain}"), "nodeName": node,
+                "spec": {"domainUID": domain, "domainNamespace": DOMAIN_NS,
+                         "domainName": self.domain_name(domain), "nodeName": node,
                          "cliqueID": CLIQUE},
                 "status": {"ipAddress": ip, "index": 1, "status": "NotReady",
                            "reason": "DaemonStarting"},
@@ -188,7 +209,7 @@ fn imex_pid(dir: &Path) -> Option<u32> {
 #[test]
 fn three_nodes_reach_ready_with_indices_that_survive_a_restart_and_a_join() {
     let c = Cluster::new();
-    let d = "d0000001-aaaa-bbbb-cccc-000000000001";
+    let d = &c.domain("imex-1");
     let mut w0 = c.start(d, "tray-0", "127.0.1.2", CLIQUE);
     wait_for("tray-0's object", || c.nodes(d).contains_key("tray-0"));
     let mut w1 = c.start(d, "tray-1", "127.0.1.3", CLIQUE);
@@ -202,7 +223,7 @@ fn three_nodes_reach_ready_with_indices_that_survive_a_restart_and_a_join() {
     // clique: neither is a peer.
     let other_clique = "6d9c2f5e-3b1a-4e7d-8c0f-2a4b6c8d0e1f.2";
     let _x = c.start(d, "tray-x", "127.0.1.9", other_clique);
-    let d2 = "d0000002-aaaa-bbbb-cccc-000000000002";
+    let d2 = &c.domain("imex-2");
     let _y = c.start(d2, "tray-y", "127.0.1.10", CLIQUE);
     wait_for("the outsiders ready", || {
         c.ready(d, "tray-x") && c.ready(d2, "tray-y")
@@ -247,7 +268,7 @@ fn three_nodes_reach_ready_with_indices_that_survive_a_restart_and_a_join() {
 #[test]
 fn a_killed_nvidia_imex_is_restarted_and_its_object_shows_the_crash_meanwhile() {
     let c = Cluster::new();
-    let d = "d0000003-aaaa-bbbb-cccc-000000000003";
+    let d = &c.domain("imex-3");
     let w = c.start(d, "tray-k", "127.0.1.20", CLIQUE);
     wait_for("ready", || c.ready(d, "tray-k"));
     let first = imex_pid(&w.dir).expect("nvidia-imex runs");
@@ -272,7 +293,7 @@ fn a_killed_nvidia_imex_is_restarted_and_its_object_shows_the_crash_meanwhile() 
 #[test]
 fn concurrent_starters_end_with_distinct_indices() {
     let c = Cluster::new();
-    let d = "d0000004-aaaa-bbbb-cccc-000000000004";
+    let d = &c.domain("imex-4");
     let nodes = [
         ("tray-a", "127.0.1.30"),
         ("tray-b", "127.0.1.31"),
@@ -325,7 +346,7 @@ fn calls_since(c: &Cluster, from: usize) -> Vec<(String, String, Option<String>,
 #[test]
 fn at_steady_state_a_ready_node_sends_nothing_but_its_open_watch() {
     let c = Cluster::new();
-    let d = "d0000005-aaaa-bbbb-cccc-000000000005";
+    let d = &c.domain("imex-5");
     // As a simulated node's DaemonSet runs it: the binary links its own simulated tools.
     let _w = c.start_with(
         d,
@@ -360,7 +381,7 @@ fn at_steady_state_a_ready_node_sends_nothing_but_its_open_watch() {
 #[test]
 fn a_peer_that_joins_after_ready_is_rendered_from_the_watch_without_a_list() {
     let c = Cluster::new();
-    let d = "d0000007-aaaa-bbbb-cccc-000000000007";
+    let d = &c.domain("imex-7");
     let w = c.start(d, "tray-w", "127.0.1.70", CLIQUE);
     wait_for("ready", || c.ready(d, "tray-w"));
     assert_eq!(w.nodes_config(), "127.0.1.70\n");
@@ -386,7 +407,7 @@ fn the_plugins_config_runs_as_written_outside_a_container() {
     // container's mount. Outside a container each node binds its POD_IP and keeps its nodes
     // file in its own directory; the daemon's stderr is drained into the wrapper's log.
     let c = Cluster::new();
-    let d = "d0000006-aaaa-bbbb-cccc-000000000006";
+    let d = &c.domain("imex-6");
     let nodes = [("tray-p0", "127.0.1.60"), ("tray-p1", "127.0.1.61")];
     let plugin_config = "LOG_LEVEL=4\nLOG_FILE_NAME=\nSERVER_PORT=50000\nSECURITY_MODE=0\nIMEX_CMD_PORT=50005\nIMEX_CMD_ENABLED=1\nIMEX_WAIT_FOR_QUORUM=RECOVERY\nIMEX_CONN_WAIT_TIMEOUT=70\nIMEX_NODE_CONFIG_FILE=/etc/nvidia-imex/nodes_config.cfg\n";
     for (node, _) in nodes {
@@ -429,7 +450,7 @@ fn the_plugins_config_runs_as_written_outside_a_container() {
 #[test]
 fn an_expired_watch_is_listed_again_and_a_peer_that_joined_meanwhile_is_rendered() {
     let c = Cluster::new();
-    let d = "d0000009-aaaa-bbbb-cccc-000000000009";
+    let d = &c.domain("imex-9");
     let w = c.start(d, "tray-x", "127.0.1.90", CLIQUE);
     wait_for("ready", || c.ready(d, "tray-x"));
     assert_eq!(w.nodes_config(), "127.0.1.90\n");
@@ -473,4 +494,121 @@ fn an_expired_watch_is_listed_again_and_a_peer_that_joined_meanwhile_is_rendered
         c.nodes(d)["tray-x"].2 == "WaitingForQuorum"
     });
     assert_eq!(c.index(d, "tray-x"), 0, "its index survived the re-list");
+}
+
+/// The nodes config's content and modification time.
+fn nodes_file(w: &Wrapper) -> (String, std::time::SystemTime) {
+    let path = w.dir.join("nodes_config.cfg");
+    let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+    (std::fs::read_to_string(&path).unwrap(), modified)
+}
+
+#[test]
+fn a_daemon_whose_domain_is_being_deleted_never_recreates_its_object_nor_rewrites_its_config() {
+    let c = Cluster::new();
+    let d = &c.domain("imex-10");
+    let mut w0 = c.start(d, "tray-d0", "127.0.1.100", CLIQUE);
+    let mut w1 = c.start(d, "tray-d1", "127.0.1.101", CLIQUE);
+    wait_for("both ready", || {
+        c.ready(d, "tray-d0") && c.ready(d, "tray-d1")
+    });
+    // Whichever started first took index 0: both files list both, in the same order.
+    wait_for("both nodes files list both", || {
+        let (a, b) = (w0.nodes_config(), w1.nodes_config());
+        a == b && a.lines().count() == 2
+    });
+    let before = [nodes_file(&w0), nodes_file(&w1)];
+
+    // `kubectl delete`: the controller's finalizer keeps the domain while it deletes the
+    // domain's objects, as it does with daemons still running.
+    let domain = domains_path(DOMAIN_NS) + "/imex-10";
+    let (code, _) = c.server.patch(
+        &domain,
+        json!({"metadata": {"finalizers": [api::FINALIZER]}}),
+    );
+    assert_eq!(code, 200);
+    assert_eq!(c.server.delete(&domain), 200);
+    let selector = format!("{}={d}", api::DOMAIN_UID_LABEL);
+    for o in c.server.list(&node_objects_path(), &selector) {
+        let name = o["metadata"]["name"].as_str().unwrap();
+        assert_eq!(
+            c.server.delete(&format!("{}/{name}", node_objects_path())),
+            200
+        );
+    }
+    let deleted_at = c.server.requests().len();
+
+    // Several rounds later: nothing was re-created, no config rewritten, nothing written.
+    std::thread::sleep(std::time::Duration::from_millis(1600));
+    assert_eq!(
+        c.server.list(&node_objects_path(), &selector),
+        Vec::<Value>::new()
+    );
+    assert_eq!([nodes_file(&w0), nodes_file(&w1)], before);
+    let writes: Vec<String> = c.server.requests()[deleted_at..]
+        .iter()
+        .filter(|r| r.is_write())
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(writes, Vec::<String>::new());
+
+    // The kubelet unprepares tray-d0's daemon claim (the plugin removes its config): that
+    // daemon exits by itself, with status 0; SIGTERM ends the other one, also writing nothing.
+    std::fs::remove_dir_all(&w0.dir).unwrap();
+    let exited = wait_exit(&mut w0.child, std::time::Duration::from_secs(5));
+    assert_eq!(exited, Some(0));
+    assert_eq!(w1.stop(), Some(0));
+    assert_eq!(
+        c.server.list(&node_objects_path(), &selector),
+        Vec::<Value>::new()
+    );
+    assert!(
+        c.server.requests()[deleted_at..]
+            .iter()
+            .all(|r| !r.is_write()),
+        "a daemon of a deleted domain wrote"
+    );
+}
+
+#[test]
+fn a_daemon_started_for_a_domain_that_is_gone_creates_nothing_and_exits_once_unprepared() {
+    let c = Cluster::new();
+    let d = &c.domain("imex-11");
+    let domain = domains_path(DOMAIN_NS) + "/imex-11";
+    assert_eq!(c.server.delete(&domain), 200);
+    let mut w = c.start(d, "tray-g", "127.0.1.110", CLIQUE);
+    wait_for("the daemon to read its domain", || {
+        c.server
+            .requests()
+            .iter()
+            .any(|r| r.method == "GET" && r.path == domain)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert_eq!(
+        c.nodes(d),
+        BTreeMap::new(),
+        "no object for a domain that is gone"
+    );
+    assert!(
+        imex_pid(&w.dir).is_none(),
+        "no nvidia-imex for a domain that is gone"
+    );
+    std::fs::remove_dir_all(&w.dir).unwrap();
+    assert_eq!(
+        wait_exit(&mut w.child, std::time::Duration::from_secs(5)),
+        Some(0)
+    );
+    assert!(c.server.requests().iter().all(|r| !r.is_write()));
+}
+
+/// Waits up to `within` for `child` to exit by itself; its exit code.
+fn wait_exit(child: &mut Child, within: std::time::Duration) -> Option<i32> {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    None
 }

@@ -17,9 +17,11 @@ pub(crate) struct ComputeDomainControllerArgs {
     /// the ComputeDomainNode objects.
     #[arg(long, env = "POD_NAMESPACE")]
     namespace: String,
-    /// Image of the IMEX daemon pods (`gpu-dra imex-daemon`), normally the controller's own.
+    /// Image of the IMEX daemon pods (`gpu-dra imex-daemon`). Default: the image of the
+    /// controller's own pod (read through POD_NAME and POD_NAMESPACE: its container
+    /// `controller`, else its first).
     #[arg(long, env = "GPU_DRA_IMEX_IMAGE")]
-    image: String,
+    image: Option<String>,
     /// Service account of the IMEX daemon pods.
     #[arg(
         long,
@@ -52,11 +54,15 @@ pub(crate) fn run(args: ComputeDomainControllerArgs) -> anyhow::Result<ExitCode>
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| format!("compute-domain-controller-{}", std::process::id()))
     });
+    // The pod's own name and namespace, from the downward API, whatever --identity and
+    // --namespace say: that is the pod whose image the daemons run when --image is absent.
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let own_pod = env("POD_NAMESPACE").zip(env("POD_NAME"));
     let config = ControllerConfig {
         kubeconfig: args.kubeconfig.kubeconfig,
         settings: Settings {
             namespace: args.namespace,
-            image: args.image,
+            image: args.image.unwrap_or_default(),
             daemon_service_account: args.daemon_service_account,
             simulated_imex: args.simulated_imex,
         },
@@ -66,6 +72,8 @@ pub(crate) fn run(args: ComputeDomainControllerArgs) -> anyhow::Result<ExitCode>
         retry_after: std::time::Duration::from_secs(1),
         metrics_addr: args.metrics_addr.filter(|a| !a.is_empty() && a != "off"),
         resync_period: controller::RESYNC_PERIOD,
+        daemon_stop_wait: controller::DAEMON_STOP_WAIT,
+        own_pod,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

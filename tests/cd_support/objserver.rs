@@ -24,7 +24,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
-use super::objstore::{Key, ObjectStore, Target, parse, selects, status};
+use super::objstore::{Key, ObjectStore, PatchKind, Target, parse, selects, status};
 
 /// One request as the server saw it, with the code it answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +48,9 @@ struct Shared {
     requests: Mutex<Vec<Recorded>>,
     write_latency_ns: AtomicU64,
     get_latency_ns: AtomicU64,
+    watch_latency_ns: AtomicU64,
+    /// Requests to answer with an error instead: (method, path, code, how many more times).
+    faults: Mutex<Vec<(String, String, u16, usize)>>,
     /// Bumped by [`ObjServer::expire_watches`], with the resourceVersion below which watches
     /// are refused from then on.
     expired: tokio::sync::watch::Sender<(u64, u64)>,
@@ -87,6 +90,8 @@ impl ObjServer {
             requests: Mutex::new(Vec::new()),
             write_latency_ns: AtomicU64::new(0),
             get_latency_ns: AtomicU64::new(0),
+            watch_latency_ns: AtomicU64::new(0),
+            faults: Mutex::new(Vec::new()),
             expired: tokio::sync::watch::channel((0, 0)).0,
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -186,6 +191,39 @@ impl ObjServer {
         self.shared.get_latency_ns.store(ns, Ordering::Relaxed);
     }
 
+    /// Every watch event from now on reaches the watcher `latency` after the change was made,
+    /// not at once: kube-apiserver answers a write when etcd committed it and delivers the
+    /// event through etcd's watch and its own watch cache afterwards, so a client's cached
+    /// copy trails its own writes.
+    pub fn set_watch_latency(&self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.watch_latency_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The next `times` requests `method path` are answered `code` (a Status of that code,
+    /// as kube-apiserver answers a refused request), and not carried out.
+    pub fn fail_next(&self, method: &str, path: &str, code: u16, times: usize) {
+        self.shared.faults.lock().unwrap().push((
+            method.to_string(),
+            path.to_string(),
+            code,
+            times,
+        ));
+    }
+
+    /// From now on a deletion with `propagationPolicy: Foreground` keeps the object (with
+    /// `foregroundDeletion`) until [`ObjServer::finish_foreground_deletion`]: the test plays
+    /// the garbage collector, which ends it once the dependents (a DaemonSet's pods) are gone.
+    pub fn hold_foreground_deletions(&self) {
+        self.lock().hold_foreground = true;
+    }
+
+    /// Ends the foreground deletion of the object at `path`, as the garbage collector does
+    /// once its dependents are gone; `false` when no such object exists.
+    pub fn finish_foreground_deletion(&self, path: &str) -> bool {
+        self.lock().finish_foreground_deletion(&object_key(path))
+    }
+
     /// Writes a kubeconfig for this server.
     pub fn write_kubeconfig(&self, path: &Path) {
         use base64::Engine as _;
@@ -229,12 +267,12 @@ impl ObjServer {
     /// Merge-patches the object at `path` (`…/<name>` or `…/<name>/status`).
     pub fn patch(&self, path: &str, patch: Value) -> (u16, Value) {
         let target = parse(path).expect("an object path");
-        self.lock().update(&target, &patch, true)
+        self.lock().update(&target, &patch, Some(PatchKind::Merge))
     }
 
     /// Deletes the object at `path` as `kubectl delete` does.
     pub fn delete(&self, path: &str) -> u16 {
-        self.lock().delete(&object_key(path), None).0
+        self.lock().delete(&object_key(path), None, false).0
     }
 
     /// The object at `path`, if it exists.
@@ -322,6 +360,37 @@ async fn answer(
     let query = parts.uri.query().map(query_pairs).unwrap_or_default();
     let body: Option<Value> = serde_json::from_slice(&bytes).ok();
     let target = parse(&path);
+    let patch_kind = match parts
+        .headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+    {
+        Some("application/json-patch+json") => PatchKind::Json,
+        _ => PatchKind::Merge,
+    };
+    let fault = {
+        let mut faults = shared.faults.lock().unwrap();
+        let found = faults
+            .iter_mut()
+            .find(|(m, p, _, left)| *m == method && *p == path && *left > 0);
+        found.map(|(_, _, code, left)| {
+            *left -= 1;
+            *code
+        })
+    };
+    if let Some(code) = fault {
+        let (code, value) = status(
+            code,
+            "InjectedFault",
+            &format!("injected {code} for {method} {path}"),
+        );
+        record(&shared, &method, &path, &query, &body, code);
+        return Ok(Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(full(&value))
+            .expect("response"));
+    }
     let watch = method == "GET" && query.get("watch").is_some_and(|w| w == "true" || w == "1");
     if watch && let Some(target) = target.clone() {
         let from: u64 = query
@@ -346,7 +415,7 @@ async fn answer(
             "NotFound",
             &format!("the server could not find {path}"),
         ),
-        Some(t) => route(&shared, &method, &t, &query, body.as_ref()),
+        Some(t) => route(&shared, &method, &t, &query, body.as_ref(), patch_kind),
     };
     record(&shared, &method, &path, &query, &body, code);
     let ns = if method == "GET" {
@@ -391,6 +460,7 @@ fn route(
     t: &Target,
     query: &BTreeMap<String, String>,
     body: Option<&Value>,
+    patch_kind: PatchKind,
 ) -> (u16, Value) {
     let mut store = shared.store.lock().unwrap_or_else(|p| p.into_inner());
     let selector = query.get("labelSelector").map(String::as_str).unwrap_or("");
@@ -425,11 +495,12 @@ fn route(
             }
         },
         ("POST", None) => store.create(t, body.cloned().unwrap_or_default()),
-        ("PUT", Some(_)) => store.update(t, body.unwrap_or(&Value::Null), false),
-        ("PATCH", Some(_)) => store.update(t, body.unwrap_or(&Value::Null), true),
+        ("PUT", Some(_)) => store.update(t, body.unwrap_or(&Value::Null), None),
+        ("PATCH", Some(_)) => store.update(t, body.unwrap_or(&Value::Null), Some(patch_kind)),
         ("DELETE", Some(name)) => {
             let uid = body.and_then(|b| b["preconditions"]["uid"].as_str().map(str::to_string));
-            store.delete(&key(name), uid.as_deref())
+            let foreground = body.is_some_and(|b| b["propagationPolicy"] == "Foreground");
+            store.delete(&key(name), uid.as_deref(), foreground)
         }
         ("DELETE", None) => {
             let items = store.list(&t.prefix, &t.resource, t.namespace.as_deref(), selector);
@@ -439,7 +510,7 @@ fn route(
                     .as_str()
                     .unwrap_or_default()
                     .to_string();
-                let (_, gone) = store.delete(&key(&name), None);
+                let (_, gone) = store.delete(&key(&name), None, false);
                 deleted.push(gone);
             }
             (
@@ -499,6 +570,7 @@ fn watch_response(
     expired.mark_unchanged();
     let recorder = Arc::clone(shared);
     let watched_path = path.to_string();
+    let lag = Duration::from_nanos(shared.watch_latency_ns.load(Ordering::Relaxed));
     tokio::spawn(async move {
         let mut last = from;
         for (version, text) in backlog {
@@ -524,6 +596,9 @@ fn watch_response(
             match change {
                 Ok(c) if c.version > last && matches(&c.key, &c.object) => {
                     last = c.version;
+                    if !lag.is_zero() {
+                        tokio::time::sleep_until((c.at + lag).into()).await;
+                    }
                     let text = line(c.kind, &c.object);
                     if tx.send(Ok(Frame::data(Bytes::from(text)))).await.is_err() {
                         return;

@@ -2,11 +2,16 @@
 //! namespaced or not, kept as JSON and answered the way kube-apiserver does for the requests
 //! the ComputeDomain controller and daemons make: get, list (label selectors, every namespace
 //! or one), create (names from `generateName`, 409 `AlreadyExists`), replace and merge patch
-//! (409 `Conflict` on a stale `metadata.resourceVersion`), the `status` subresource of the
-//! resources that have one (a write to the main resource keeps the status; a status write
-//! keeps the rest), delete (with a UID precondition; an object with finalizers only gets a
-//! `deletionTimestamp` and goes when the last finalizer is removed) and delete of a
-//! collection. Every change is kept in a log with its resourceVersion, for watches.
+//! (409 `Conflict` on a stale `metadata.resourceVersion`), JSON patch (RFC 6902 `test`, `add`,
+//! `remove`, `replace`; a failed `test` is 422 as kube-apiserver answers it), the `status`
+//! subresource of the resources that have one (a write to the main resource keeps the status;
+//! a status write keeps the rest), delete (with a UID precondition; an object with finalizers
+//! only gets a `deletionTimestamp` and goes when the last finalizer is removed; with
+//! `propagationPolicy: Foreground` it gets the `foregroundDeletion` finalizer, which the
+//! garbage collector removes once the dependents are gone: tests play that part) and delete
+//! of a collection. A finalizer added to an object being deleted is refused (422), as
+//! kube-apiserver refuses it. Every change is kept in a log with its resourceVersion, for
+//! watches.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -52,12 +57,19 @@ pub fn parse(path: &str) -> Option<Target> {
 #[derive(Debug, Clone)]
 pub struct Change {
     pub version: u64,
+    /// When the change was made (a watch may deliver it later, as kube-apiserver's watch
+    /// cache does).
+    pub at: std::time::Instant,
     pub key: Key,
     pub kind: &'static str,
     pub object: Value,
 }
 
 pub struct ObjectStore {
+    /// Whether a foreground deletion waits for [`ObjectStore::finish_foreground_deletion`]
+    /// (a test playing the garbage collector and the pods it waits for); otherwise it ends at
+    /// once, as it does for an object without dependents.
+    pub hold_foreground: bool,
     objects: BTreeMap<Key, Value>,
     pub version: u64,
     pub log: Vec<Change>,
@@ -96,6 +108,111 @@ pub fn selects(selector: &str, labels: &Value) -> bool {
     })
 }
 
+/// How a PATCH body applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchKind {
+    /// `application/merge-patch+json` (RFC 7386).
+    Merge,
+    /// `application/json-patch+json` (RFC 6902).
+    Json,
+}
+
+/// The finalizer kube-apiserver puts on an object deleted with `propagationPolicy:
+/// Foreground`; the garbage collector removes it once the dependents are gone.
+pub const FOREGROUND_DELETION: &str = "foregroundDeletion";
+
+/// RFC 6901 pointer `/a/b/0` into (parent pointer, last token), tokens unescaped.
+fn split_pointer(pointer: &str) -> Option<(Vec<String>, String)> {
+    let mut tokens: Vec<String> = pointer
+        .strip_prefix('/')?
+        .split('/')
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let last = tokens.pop()?;
+    Some((tokens, last))
+}
+
+fn walk<'a>(doc: &'a mut Value, tokens: &[String]) -> Option<&'a mut Value> {
+    tokens.iter().try_fold(doc, |at, t| match at {
+        Value::Object(map) => map.get_mut(t),
+        Value::Array(items) => t.parse::<usize>().ok().and_then(|i| items.get_mut(i)),
+        _ => None,
+    })
+}
+
+/// RFC 6902 JSON patch with the operations controllers send (`test`, `add`, `remove`,
+/// `replace`), applied as kube-apiserver's library does: a `test` of a missing member
+/// passes only for `null`. `Err` names the failed operation.
+pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), String> {
+    let ops = ops.as_array().ok_or("a JSON patch is an array")?;
+    for op in ops {
+        let kind = op["op"].as_str().unwrap_or_default();
+        let path = op["path"].as_str().unwrap_or_default();
+        let (parent, last) = split_pointer(path).ok_or(format!("bad path {path}"))?;
+        let at = walk(target, &parent).ok_or(format!("missing path: {path}"))?;
+        let failed = |why: &str| format!("{kind} operation does not apply: {why}: {path}");
+        match kind {
+            "test" => {
+                let current = match at {
+                    Value::Object(map) => map.get(&last).cloned(),
+                    Value::Array(items) => last
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|i| items.get(i).cloned()),
+                    _ => None,
+                };
+                let want = &op["value"];
+                let ok = match current {
+                    None => want.is_null(),
+                    Some(v) => v == *want,
+                };
+                if !ok {
+                    return Err(format!("testing value {path} failed"));
+                }
+            }
+            "add" | "replace" => {
+                let value = op["value"].clone();
+                match at {
+                    Value::Object(map) => {
+                        if kind == "replace" && !map.contains_key(&last) {
+                            return Err(failed("missing path"));
+                        }
+                        map.insert(last, value);
+                    }
+                    Value::Array(items) => {
+                        let i = if last == "-" {
+                            items.len()
+                        } else {
+                            last.parse::<usize>().map_err(|_| failed("bad index"))?
+                        };
+                        match kind {
+                            "add" if i <= items.len() => items.insert(i, value),
+                            "replace" if i < items.len() => items[i] = value,
+                            _ => return Err(failed("index out of range")),
+                        }
+                    }
+                    _ => return Err(failed("not a container")),
+                }
+            }
+            "remove" => match at {
+                Value::Object(map) => {
+                    map.remove(&last).ok_or(failed("missing path"))?;
+                }
+                Value::Array(items) => {
+                    let i = last.parse::<usize>().map_err(|_| failed("bad index"))?;
+                    if i >= items.len() {
+                        return Err(failed("index out of range"));
+                    }
+                    items.remove(i);
+                }
+                _ => return Err(failed("not a container")),
+            },
+            other => return Err(format!("operation {other} is not supported here")),
+        }
+    }
+    Ok(())
+}
+
 /// RFC 7386 JSON merge patch.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
     let Value::Object(patch) = patch else {
@@ -119,6 +236,7 @@ impl ObjectStore {
     /// A store whose `with_status` resources (plurals) have a status subresource.
     pub fn new(with_status: &[&str]) -> Self {
         ObjectStore {
+            hold_foreground: false,
             objects: BTreeMap::new(),
             version: 1000,
             log: Vec::new(),
@@ -131,6 +249,7 @@ impl ObjectStore {
     fn record(&mut self, key: Key, kind: &'static str, object: Value) {
         let change = Change {
             version: self.version,
+            at: std::time::Instant::now(),
             key,
             kind,
             object,
@@ -218,9 +337,14 @@ impl ObjectStore {
         (201, object)
     }
 
-    /// A PUT (`merge == false`) or merge PATCH of `target`, of its status subresource when
-    /// the target names it.
-    pub fn update(&mut self, target: &Target, body: &Value, merge: bool) -> (u16, Value) {
+    /// A PUT (`patch == None`) or PATCH of `target`, of its status subresource when the
+    /// target names it.
+    pub fn update(
+        &mut self,
+        target: &Target,
+        body: &Value,
+        patch: Option<PatchKind>,
+    ) -> (u16, Value) {
         let key: Key = (
             target.prefix.clone(),
             target.resource.clone(),
@@ -242,12 +366,20 @@ impl ObjectStore {
             );
             return status(409, "Conflict", &message);
         }
-        let mut next = if merge {
-            let mut next = current.clone();
-            merge_patch(&mut next, body);
-            next
-        } else {
-            body.clone()
+        let mut next = match patch {
+            Some(PatchKind::Merge) => {
+                let mut next = current.clone();
+                merge_patch(&mut next, body);
+                next
+            }
+            Some(PatchKind::Json) => {
+                let mut next = current.clone();
+                if let Err(why) = json_patch(&mut next, body) {
+                    return status(422, "Invalid", &why);
+                }
+                next
+            }
+            None => body.clone(),
         };
         let status_write = target.subresource.as_deref() == Some("status");
         if status_write {
@@ -283,6 +415,26 @@ impl ObjectStore {
             }
         }
         let deleting = !current["metadata"]["deletionTimestamp"].is_null();
+        let finalizers = |o: &Value| -> Vec<Value> {
+            o["metadata"]["finalizers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        };
+        let added: Vec<Value> = finalizers(&next)
+            .into_iter()
+            .filter(|f| !finalizers(&current).contains(f))
+            .collect();
+        if deleting && !added.is_empty() {
+            let message = format!(
+                "{} \"{}\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be \
+                 added if the object is being deleted, found new finalizers {}",
+                target.resource,
+                key.3,
+                Value::Array(added)
+            );
+            return status(422, "Invalid", &message);
+        }
         let finalizers_left = next["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
@@ -297,8 +449,39 @@ impl ObjectStore {
         (200, next)
     }
 
-    /// Deletes `key`: at once without finalizers, else marks it deleting.
-    pub fn delete(&mut self, key: &Key, precondition_uid: Option<&str>) -> (u16, Value) {
+    /// What the garbage collector does once the dependents of an object deleted in the
+    /// foreground are gone: removes [`FOREGROUND_DELETION`] (the object goes with its last
+    /// finalizer). `false` when there is no such object.
+    pub fn finish_foreground_deletion(&mut self, key: &Key) -> bool {
+        let Some(current) = self.objects.get(key) else {
+            return false;
+        };
+        let finalizers: Vec<Value> = current["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != FOREGROUND_DELETION)
+            .collect();
+        let target = Target {
+            prefix: key.0.clone(),
+            resource: key.1.clone(),
+            namespace: Some(key.2.clone()).filter(|n| !n.is_empty()),
+            name: Some(key.3.clone()),
+            subresource: None,
+        };
+        let patch = json!({"metadata": {"finalizers": finalizers}});
+        self.update(&target, &patch, Some(PatchKind::Merge)).0 == 200
+    }
+
+    /// Deletes `key`: at once without finalizers, else marks it deleting; `foreground`
+    /// (`propagationPolicy: Foreground`) adds [`FOREGROUND_DELETION`] first.
+    pub fn delete(
+        &mut self,
+        key: &Key,
+        precondition_uid: Option<&str>,
+        foreground: bool,
+    ) -> (u16, Value) {
         let Some(current) = self.objects.get(key).cloned() else {
             let message = format!("{} \"{}\" not found", key.1, key.3);
             let (code, mut body) = status(404, "NotFound", &message);
@@ -311,11 +494,22 @@ impl ObjectStore {
             return status(409, "Conflict", "Precondition failed: UID in precondition");
         }
         let mut next = current.clone();
-        let has_finalizers = current["metadata"]["finalizers"]
+        let deleting = !current["metadata"]["deletionTimestamp"].is_null();
+        if foreground && !deleting && self.hold_foreground {
+            let mut finalizers = next["metadata"]["finalizers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if !finalizers.contains(&json!(FOREGROUND_DELETION)) {
+                finalizers.push(json!(FOREGROUND_DELETION));
+            }
+            next["metadata"]["finalizers"] = Value::Array(finalizers);
+        }
+        let has_finalizers = next["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
         if has_finalizers {
-            if current["metadata"]["deletionTimestamp"].is_null() {
+            if !deleting {
                 next["metadata"]["deletionTimestamp"] = json!(now());
                 self.bump(&mut next);
                 self.objects.insert(key.clone(), next.clone());

@@ -39,6 +39,49 @@ pub enum ControllerError {
         #[source]
         source: kube::Error,
     },
+    /// The finalizers changed again between reading the domain afresh and patching them
+    /// (someone else writes them at the same moment); retried with a backoff.
+    #[error(
+        "{step} of ComputeDomain {namespace}/{name}: its finalizers changed twice while \
+         being written"
+    )]
+    FinalizerRace {
+        /// The domain's namespace.
+        namespace: String,
+        /// The domain's name.
+        name: String,
+        /// `adding the finalizer` or `removing the finalizer`.
+        step: &'static str,
+    },
+    /// The controller's own pod could not be read for the image of the IMEX daemons.
+    #[error(
+        "reading the controller's own pod {namespace}/{name} for the IMEX daemons' image \
+         (pass --image, or GPU_DRA_IMEX_IMAGE, to name it instead)"
+    )]
+    OwnPod {
+        /// `POD_NAMESPACE`.
+        namespace: String,
+        /// `POD_NAME`.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The controller's own pod has no container with an image.
+    #[error("the controller's own pod {namespace}/{name} names no container image")]
+    OwnPodNoImage {
+        /// `POD_NAMESPACE`.
+        namespace: String,
+        /// `POD_NAME`.
+        name: String,
+    },
+    /// Neither an image nor the controller's own pod is known.
+    #[error(
+        "no image for the IMEX daemon pods: pass --image (or GPU_DRA_IMEX_IMAGE), or run the \
+         controller in a pod with POD_NAME and POD_NAMESPACE set from the downward API \
+         (metadata.name, metadata.namespace) so it uses its own image"
+    )]
+    NoImage,
     /// A watch ended for good (the stream of a watcher does not end while the controller
     /// runs).
     #[error("the watch of {resource} ended")]

@@ -199,7 +199,9 @@ impl Elector {
                 Ok(Attempt::Following { holder }) => {
                     tracing::debug!(lease = %self.name, %holder, "following");
                 }
-                Err(e) => tracing::warn!(lease = %self.name, error = %e, "lease attempt failed"),
+                Err(e) => {
+                    tracing::warn!(lease = %self.name, error = %crate::errors::error_chain(&e), "lease attempt failed")
+                }
             }
             tokio::time::sleep(self.timing.retry_period).await;
         }
@@ -221,7 +223,7 @@ impl Elector {
                     };
                 }
                 Err(e) => {
-                    tracing::warn!(lease = %self.name, error = %e, "lease renewal failed");
+                    tracing::warn!(lease = %self.name, error = %crate::errors::error_chain(&e), "lease renewal failed");
                     if last_renewed.elapsed() >= self.timing.renew_deadline {
                         return ControllerError::LostLease {
                             name: self.name.clone(),

@@ -4,19 +4,26 @@
 //! (in the domain's namespace, owned by the domain), the IMEX daemons' ResourceClaimTemplate
 //! and DaemonSet (in the driver's namespace, labelled with the domain's UID), and aggregates
 //! the domain's `ComputeDomainNode` objects into its status ([`status`]). When the domain is
-//! deleted it deletes those objects, the node objects and the nodes' domain labels, then
-//! removes the finalizer.
+//! deleted it deletes those objects, waits until the domain's IMEX daemons stopped (or a
+//! bounded time), deletes the node objects and the nodes' domain labels, then removes the
+//! finalizer ([`cleanup`]). Every resync it also sweeps node objects and node labels of
+//! domains that no longer exist.
 //!
 //! It watches `ComputeDomain`s (every namespace) and `ComputeDomainNode`s (the driver's
-//! namespace) into in-memory stores; a change marks its domain dirty and one worker
+//! namespace) into in-memory stores, keeping of each object what it reads (managed fields and
+//! kubectl's last-applied copy of the spec are dropped); nothing it watches grows with the
+//! cluster's nodes, only with the nodes that joined a domain. A change marks its domain dirty
+//! and one worker
 //! reconciles dirty domains one at a time, so a burst of node updates (64 daemons turning
 //! Ready) coalesces into few status writes. The status is the controller's alone: it is
 //! written as a merge patch of the status subresource only when it changed, so it never
 //! conflicts. With leader election (the default) only the holder of a Lease acts; see
 //! [`leader`].
 
+pub mod cleanup;
 pub mod desired;
 pub mod error;
+pub mod finalizer;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;
@@ -40,7 +47,7 @@ use tracing::Instrument;
 use crate::compute_domain::api::{self, ComputeDomain, ComputeDomainNode};
 pub use desired::Settings;
 pub use error::ControllerError;
-pub use reconcile::{Reconciler, Writes};
+pub use reconcile::{DAEMON_STOP_WAIT, Outcome, Reconciler, Writes};
 
 /// Name of the controller's Lease in its namespace.
 pub const LEASE_NAME: &str = "gpu-dra-compute-domain-controller";
@@ -71,16 +78,29 @@ pub struct ControllerConfig {
     /// Address (`host:port`) serving `/metrics` and `/healthz`; none when `None`.
     pub metrics_addr: Option<String>,
     /// Every domain is reconciled again this often even without a change, and its objects
-    /// checked again (one deleted by hand is re-created); [`RESYNC_PERIOD`] by default.
+    /// checked again (one deleted by hand is re-created); leftovers of deleted domains are
+    /// swept then too. [`RESYNC_PERIOD`] by default.
     pub resync_period: Duration,
+    /// How long the clean-up of a deleted domain waits for its IMEX daemons to stop
+    /// ([`DAEMON_STOP_WAIT`] by default).
+    pub daemon_stop_wait: Duration,
+    /// `(namespace, name)` of the controller's own pod (`POD_NAMESPACE`, `POD_NAME`): when
+    /// `settings.image` is empty, the IMEX daemons run that pod's image.
+    pub own_pod: Option<(String, String)>,
 }
+
+/// The name of the controller's container in the chart's Deployment: its image is the IMEX
+/// daemons' when `--image` is not given (else the pod's first container's).
+pub const CONTROLLER_CONTAINER: &str = "controller";
 
 /// Runs the controller until `shutdown` is cancelled (then `Ok`, after giving up the Lease)
 /// or leadership is lost (then [`ControllerError::LostLease`]: the process should exit and be
 /// restarted as a follower, as client-go's controllers do).
 ///
 /// # Errors
-/// [`ControllerError::Connect`] when no client can be built; [`ControllerError::LostLease`];
+/// [`ControllerError::Connect`] when no client can be built; [`ControllerError::NoImage`],
+/// [`ControllerError::OwnPod`] or [`ControllerError::OwnPodNoImage`] when no image is given
+/// and the own pod's cannot be read; [`ControllerError::LostLease`];
 /// [`ControllerError::WatchEnded`] if a watch stream ends. API errors while reconciling are
 /// retried, not returned.
 pub async fn run(
@@ -122,10 +142,18 @@ pub async fn run_until_signalled(config: ControllerConfig) -> Result<(), Control
 /// As [`run`].
 pub async fn run_with_client(
     client: Client,
-    config: ControllerConfig,
+    mut config: ControllerConfig,
     shutdown: CancellationToken,
 ) -> Result<(), ControllerError> {
-    let reconciler = Arc::new(Reconciler::new(client.clone(), config.settings.clone()));
+    if config.settings.image.is_empty() {
+        let (namespace, name) = config.own_pod.clone().ok_or(ControllerError::NoImage)?;
+        config.settings.image = own_image(&client, &namespace, &name).await?;
+        tracing::info!(image = %config.settings.image, pod = %name, "the IMEX daemons run the controller's own image");
+    }
+    let reconciler = Arc::new(
+        Reconciler::new(client.clone(), config.settings.clone())
+            .with_daemon_stop_wait(config.daemon_stop_wait),
+    );
     let stats = reconciler.stats();
     let _metrics = match &config.metrics_addr {
         Some(addr) => Some(AbortOnDrop(metrics::serve(addr, stats.clone()).await?)),
@@ -163,6 +191,48 @@ pub async fn run_with_client(
         elector.release().await;
     }
     outcome
+}
+
+/// The image of the controller's pod `namespace/name`: its [`CONTROLLER_CONTAINER`]'s, else
+/// its first container's. One GET (RBAC: `pods` `get` in its namespace).
+///
+/// # Errors
+/// [`ControllerError::OwnPod`] when the pod cannot be read, [`ControllerError::OwnPodNoImage`]
+/// when no container names an image.
+pub async fn own_image(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<String, ControllerError> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = pods
+        .get(name)
+        .await
+        .map_err(|source| ControllerError::OwnPod {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            source,
+        })?;
+    image_of(&pod).ok_or_else(|| ControllerError::OwnPodNoImage {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    })
+}
+
+/// The image of `pod`'s [`CONTROLLER_CONTAINER`], else of its first container; `None` when
+/// that container names none.
+pub fn image_of(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| &s.containers[..])
+        .unwrap_or_default();
+    containers
+        .iter()
+        .find(|c| c.name == CONTROLLER_CONTAINER)
+        .or(containers.first())
+        .and_then(|c| c.image.clone())
+        .filter(|image| !image.is_empty())
 }
 
 /// Stops the metrics server with the controller.
@@ -236,7 +306,9 @@ async fn lead(
     let wc = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
     let domain_events = reflector::reflector(
         domain_writer,
-        watcher::watcher(domain_api, wc.clone()).default_backoff(),
+        watcher::watcher(domain_api, wc.clone())
+            .default_backoff()
+            .modify(trim_domain),
     );
     let node_api: Api<ComputeDomainNode> = Api::namespaced_with(
         client.clone(),
@@ -245,7 +317,9 @@ async fn lead(
     );
     let node_events = reflector::reflector(
         node_writer,
-        watcher::watcher(node_api, wc.labels(api::DOMAIN_UID_LABEL)).default_backoff(),
+        watcher::watcher(node_api, wc.labels(api::DOMAIN_UID_LABEL))
+            .default_backoff()
+            .modify(|n: &mut ComputeDomainNode| trim_meta(&mut n.metadata)),
     );
 
     let mark_domains = {
@@ -258,7 +332,9 @@ async fn lead(
                         &domain.namespace().unwrap_or_default(),
                         &domain.name_any(),
                     )),
-                    Err(e) => tracing::warn!(error = %e, "watching ComputeDomains"),
+                    Err(e) => {
+                        tracing::warn!(error = %crate::errors::error_chain(&e), "watching ComputeDomains")
+                    }
                 }
             }
             ControllerError::WatchEnded {
@@ -276,7 +352,9 @@ async fn lead(
                         &node.spec.domain_namespace,
                         &node.spec.domain_name,
                     )),
-                    Err(e) => tracing::warn!(error = %e, "watching ComputeDomainNodes"),
+                    Err(e) => {
+                        tracing::warn!(error = %crate::errors::error_chain(&e), "watching ComputeDomainNodes")
+                    }
                 }
             }
             ControllerError::WatchEnded {
@@ -297,6 +375,22 @@ async fn lead(
         e = mark_nodes => Err(e),
         () = work => Ok(()),
     }
+}
+
+/// The annotation `kubectl apply` keeps a copy of the applied object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What the stores keep of an object's metadata: no managed fields (one entry per writer,
+/// often as large as the object) and no `kubectl apply` copy; nothing here reads them.
+fn trim_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+fn trim_domain(domain: &mut ComputeDomain) {
+    trim_meta(&mut domain.metadata);
 }
 
 fn reconciler_namespace(reconciler: &Reconciler) -> String {
@@ -329,6 +423,11 @@ async fn work(
                 _ = resync.tick() => {
                     reconciler.forget_ensured();
                     mark_all(&dirty, &domains);
+                    let known: BTreeSet<String> =
+                        domains.state().iter().filter_map(|d| d.uid()).collect();
+                    let all = nodes.state();
+                    let all: Vec<&ComputeDomainNode> = all.iter().map(|n| &**n).collect();
+                    reconciler.sweep(&known, &all).await;
                 }
             }
             continue;
@@ -354,8 +453,16 @@ async fn work(
                 .reconciles
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match reconciler.reconcile(&domain, &mine).instrument(span).await {
-                Ok(()) => {
+                Ok(Outcome::Done) => {
                     failures.remove(&key);
+                }
+                Ok(Outcome::Again(delay)) => {
+                    failures.remove(&key);
+                    let dirty = dirty.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        dirty.mark(key);
+                    });
                 }
                 Err(e) => {
                     stats
@@ -366,7 +473,14 @@ async fn work(
                     let delay = retry_after
                         .saturating_mul(1 << (*n - 1).min(10))
                         .min(Duration::from_secs(300));
-                    tracing::warn!(error = %e, retry_in = ?delay, "reconcile failed");
+                    tracing::warn!(
+                        domain.namespace = %key.0,
+                        domain.name = %key.1,
+                        domain.uid = %uid,
+                        error = %crate::errors::error_chain(&e),
+                        retry_in = ?delay,
+                        "reconcile failed"
+                    );
                     let dirty = dirty.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(delay).await;
@@ -375,5 +489,41 @@ async fn work(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+
+    fn pod(containers: &[(&str, Option<&str>)]) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                containers: containers
+                    .iter()
+                    .map(|(name, image)| Container {
+                        name: name.to_string(),
+                        image: image.map(str::to_string),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_own_image_is_the_controller_containers_else_the_first_containers() {
+        let with_sidecar = pod(&[
+            ("log-shipper", Some("busybox:1")),
+            ("controller", Some("gpu-dra:2")),
+        ]);
+        assert_eq!(image_of(&with_sidecar).as_deref(), Some("gpu-dra:2"));
+        let renamed = pod(&[("main", Some("gpu-dra:3")), ("other", Some("x:1"))]);
+        assert_eq!(image_of(&renamed).as_deref(), Some("gpu-dra:3"));
+        assert_eq!(image_of(&pod(&[("controller", None)])), None);
+        assert_eq!(image_of(&pod(&[])), None);
     }
 }

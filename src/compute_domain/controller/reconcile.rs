@@ -1,26 +1,35 @@
-//! Acting on one `ComputeDomain`: the finalizer, the three objects, the status, and the
-//! clean-up when the domain is deleted. Each call brings one domain one step closer to what
-//! [`super::desired`] and [`super::status`] say; an error is retried by the caller.
+//! Acting on one `ComputeDomain`: the finalizer, the three objects, the status, and (in
+//! [`super::cleanup`]) the clean-up when the domain is deleted. Each call brings one domain one
+//! step closer to what [`super::desired`] and [`super::status`] say; an error is retried by the
+//! caller.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Client;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::ResourceExt;
 use serde_json::json;
 
+use super::cleanup::Deleting;
 use super::desired::{self, Settings};
 use super::error::ControllerError;
+use super::finalizer;
 use super::metrics::Stats;
 use super::status;
 use crate::compute_domain::api::{self, ComputeDomain, ComputeDomainNode, ComputeDomainStatus};
+
+/// The default of [`Reconciler::with_daemon_stop_wait`]: how long a deleted domain's clean-up
+/// waits for its IMEX daemons to stop. A daemon pod gets 30 s to stop after SIGTERM (the pod
+/// default; ours stops at once); the rest is the kubelet's and the garbage collector's slack.
+pub const DAEMON_STOP_WAIT: Duration = Duration::from_secs(40);
 
 /// `reportingController` and `source.component` of the controller's Events.
 pub const EVENT_COMPONENT: &str = "gpu-dra-compute-domain-controller";
@@ -34,11 +43,21 @@ pub struct Writes {
     pub other: u64,
 }
 
+/// What a reconcile left for later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing until the domain or one of its node objects changes.
+    Done,
+    /// Reconcile again after this long: a deleted domain whose IMEX daemons still run.
+    Again(Duration),
+}
+
 /// The reconciler: one per leader term. What it remembers (statuses written, objects known
-/// to exist) only saves requests; after a restart it is rebuilt from the API server.
+/// to exist, deletions in progress) only saves requests or bounds a wait; after a restart it
+/// is rebuilt from the API server.
 pub struct Reconciler {
-    client: Client,
-    settings: Settings,
+    pub(super) client: Client,
+    pub(super) settings: Settings,
     /// Per domain UID, the last status written: a status the watch has not delivered back
     /// yet is not written twice.
     written: Mutex<BTreeMap<String, ComputeDomainStatus>>,
@@ -46,10 +65,16 @@ pub struct Reconciler {
     ensured: Mutex<BTreeSet<String>>,
     /// Domain UIDs this reconciler put the finalizer on.
     finalized: Mutex<BTreeSet<String>>,
+    /// Per UID of a deleted domain, how far its clean-up got.
+    pub(super) deleting: Mutex<BTreeMap<String, Deleting>>,
+    /// UIDs of deleted domains whose finalizer this reconciler removed, and when.
+    released: Mutex<BTreeMap<String, std::time::Instant>>,
+    /// How long a clean-up waits for the domain's IMEX daemons to stop.
+    pub(super) daemon_stop_wait: Duration,
     stats: Arc<Stats>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -68,8 +93,18 @@ impl Reconciler {
             written: Mutex::default(),
             ensured: Mutex::default(),
             finalized: Mutex::default(),
+            deleting: Mutex::default(),
+            released: Mutex::default(),
+            daemon_stop_wait: DAEMON_STOP_WAIT,
             stats: Arc::default(),
         }
+    }
+
+    /// How long the clean-up of a deleted domain waits for its IMEX daemons to stop before it
+    /// deletes what is left anyway ([`DAEMON_STOP_WAIT`] unless set).
+    pub fn with_daemon_stop_wait(mut self, wait: Duration) -> Self {
+        self.daemon_stop_wait = wait;
+        self
     }
 
     /// The settings the objects are made with.
@@ -81,6 +116,8 @@ impl Reconciler {
     /// checks them again (re-creating one deleted by hand): the periodic resync calls it.
     pub fn forget_ensured(&self) {
         lock(&self.ensured).clear();
+        // By now the watch delivered the deletion of every domain released a minute ago.
+        lock(&self.released).retain(|_, at| at.elapsed() < Duration::from_secs(60));
     }
 
     /// Requests written so far.
@@ -96,7 +133,7 @@ impl Reconciler {
         self.stats.clone()
     }
 
-    fn count(&self, status_write: bool) {
+    pub(super) fn count(&self, status_write: bool) {
         let counter = if status_write {
             &self.stats.status_writes
         } else {
@@ -105,7 +142,7 @@ impl Reconciler {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn domains(&self, namespace: &str) -> Api<ComputeDomain> {
+    pub(super) fn domains(&self, namespace: &str) -> Api<ComputeDomain> {
         Api::namespaced_with(
             self.client.clone(),
             namespace,
@@ -114,7 +151,8 @@ impl Reconciler {
     }
 
     /// Brings `domain` one step closer to its desired state, given its node objects
-    /// `nodes`: clean-up when it is being deleted, else finalizer, objects and status.
+    /// `nodes`: clean-up when it is being deleted ([`super::cleanup`]), else finalizer,
+    /// objects and status.
     ///
     /// # Errors
     /// [`ControllerError::Reconcile`] naming the step whose request failed; the caller
@@ -123,24 +161,36 @@ impl Reconciler {
         &self,
         domain: &ComputeDomain,
         nodes: &[&ComputeDomainNode],
-    ) -> Result<(), ControllerError> {
+    ) -> Result<Outcome, ControllerError> {
         let uid = domain.uid().unwrap_or_default();
         if domain.meta().deletion_timestamp.is_some() {
+            // Our finalizer was removed, so the domain is gone: the copy here is older than
+            // that (the watch has not delivered the deletion yet). Cleaning up again would
+            // only send requests that 404; the first version did, and logged the finalizer
+            // patch's 404 as `reconcile failed … setting the finalizers` on every delete.
+            if lock(&self.released).contains_key(&uid) {
+                return Ok(Outcome::Done);
+            }
             if domain.finalizers().iter().any(|f| f == api::FINALIZER) {
-                self.clean_up(domain).await?;
+                if let Some(wait) = self.clean_up(domain, nodes).await? {
+                    return Ok(Outcome::Again(wait));
+                }
+                lock(&self.released).insert(uid.clone(), std::time::Instant::now());
             }
             lock(&self.written).remove(&uid);
             lock(&self.ensured).remove(&uid);
             lock(&self.finalized).remove(&uid);
-            return Ok(());
+            lock(&self.deleting).remove(&uid);
+            return Ok(Outcome::Done);
         }
-        // The watch may not have delivered the finalizer written by an earlier reconcile yet:
-        // adding it again with that stale resourceVersion would only conflict.
+        // The watch may not have delivered the finalizer written by an earlier reconcile yet.
         let has_finalizer = domain.finalizers().iter().any(|f| f == api::FINALIZER);
         if !has_finalizer && !lock(&self.finalized).contains(&uid) {
-            let mut finalizers = domain.finalizers().to_vec();
-            finalizers.push(api::FINALIZER.to_string());
-            self.patch_finalizers(domain, finalizers).await?;
+            if !self.set_finalizer(domain, true).await? {
+                // Deleted (or replaced) before it got the finalizer: nothing was made yet,
+                // and the watch brings the rest.
+                return Ok(Outcome::Done);
+            }
             lock(&self.finalized).insert(uid.clone());
         }
         let new_status = match self.ensure_objects(domain).await? {
@@ -152,7 +202,7 @@ impl Reconciler {
             .cloned()
             .or_else(|| domain.status.clone());
         if current.as_ref() == Some(&new_status) {
-            return Ok(());
+            return Ok(Outcome::Done);
         }
         self.write_status(domain, &new_status).await?;
         let spec_problem = new_status
@@ -166,10 +216,10 @@ impl Reconciler {
                 .await;
         }
         lock(&self.written).insert(uid, new_status);
-        Ok(())
+        Ok(Outcome::Done)
     }
 
-    fn failed(
+    pub(super) fn failed(
         &self,
         domain: &ComputeDomain,
         step: String,
@@ -183,27 +233,82 @@ impl Reconciler {
         }
     }
 
-    /// Sets `metadata.finalizers`, guarded by the resourceVersion read (a 409 is retried
-    /// with the newer object).
-    async fn patch_finalizers(
+    /// Adds (`add`) or removes the controller's finalizer with a JSON patch that tests only
+    /// the UID and the finalizers it read ([`finalizer`]): a write elsewhere in the object
+    /// does not conflict with it. When the finalizers changed since they were read (the test
+    /// fails, 422, or the API server says 409), it reads the domain once more and tries again
+    /// with what it read. Returns whether the domain now carries the finalizer (`add`), or is
+    /// rid of it; `false` when the domain was deleted (adding) or replaced meanwhile.
+    pub(super) async fn set_finalizer(
         &self,
         domain: &ComputeDomain,
-        finalizers: Vec<String>,
-    ) -> Result<(), ControllerError> {
-        let patch = json!({"metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": domain.resource_version(),
-        }});
-        self.count(false);
-        self.domains(&domain.namespace().unwrap_or_default())
-            .patch(
-                &domain.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(self.failed(domain, "setting the finalizers".into()))?;
-        Ok(())
+        add: bool,
+    ) -> Result<bool, ControllerError> {
+        let (namespace, name) = (domain.namespace().unwrap_or_default(), domain.name_any());
+        let uid = domain.uid().unwrap_or_default();
+        let step = if add {
+            "adding the finalizer"
+        } else {
+            "removing the finalizer"
+        };
+        let api = self.domains(&namespace);
+        let mut finalizers = domain.finalizers().to_vec();
+        let mut deleting = domain.meta().deletion_timestamp.is_some();
+        for attempt in 0..2 {
+            if add && deleting {
+                return Ok(false);
+            }
+            let patch = if add {
+                finalizer::add(&uid, &finalizers)
+            } else {
+                finalizer::remove(&uid, &finalizers)
+            };
+            let Some(patch) = patch else {
+                return Ok(true);
+            };
+            self.count(false);
+            match self.json_patch(&api, &name, &patch).await {
+                Ok(_) => return Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(!add),
+                Err(kube::Error::Api(s)) if attempt == 0 && (s.code == 409 || s.code == 422) => {
+                    let fresh = api
+                        .get_opt(&name)
+                        .await
+                        .map_err(self.failed(domain, format!("{step} (reading it again)")))?;
+                    match fresh {
+                        Some(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => {
+                            finalizers = fresh.finalizers().to_vec();
+                            deleting = fresh.meta().deletion_timestamp.is_some();
+                        }
+                        _ => return Ok(!add),
+                    }
+                }
+                Err(e) => return Err(self.failed(domain, step.to_string())(e)),
+            }
+        }
+        Err(ControllerError::FinalizerRace {
+            namespace,
+            name,
+            step,
+        })
+    }
+
+    /// A JSON patch (`application/json-patch+json`) of the domain `name`.
+    async fn json_patch(
+        &self,
+        api: &Api<ComputeDomain>,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<ComputeDomain, kube::Error> {
+        let body = serde_json::to_vec(patch).map_err(kube::Error::SerdeError)?;
+        let request = http::Request::builder()
+            .method(http::Method::PATCH)
+            .uri(format!("{}/{name}", api.resource_url()))
+            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .header(http::header::ACCEPT, "application/json")
+            .body(body)
+            .map_err(kube::Error::HttpError)?;
+        self.client.request::<ComputeDomain>(request).await
     }
 
     /// The whole status as a merge patch of the status subresource: the controller is its
@@ -408,109 +513,6 @@ impl Reconciler {
         }))
     }
 
-    /// Deletes what the domain made outside its namespace's garbage collection (the daemon
-    /// template, the DaemonSet, the node objects, the node labels) and the workload template
-    /// (at once, not when the garbage collector gets to it), then removes the finalizer.
-    async fn clean_up(&self, domain: &ComputeDomain) -> Result<(), ControllerError> {
-        let uid = domain.uid().unwrap_or_default();
-        let ns = &self.settings.namespace;
-        let name = desired::daemon_object_name(&uid);
-        let gone = |r: Result<(), kube::Error>| match r {
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            other => other,
-        };
-        let daemon_sets: Api<DaemonSet> = Api::namespaced(self.client.clone(), ns);
-        self.count(false);
-        gone(
-            daemon_sets
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map(|_| ()),
-        )
-        .map_err(self.failed(domain, format!("deleting DaemonSet {ns}/{name}")))?;
-        let templates: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
-        self.count(false);
-        gone(
-            templates
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map(|_| ()),
-        )
-        .map_err(self.failed(
-            domain,
-            format!("deleting ResourceClaimTemplate {ns}/{name}"),
-        ))?;
-
-        if let Some(workload) = desired::workload_template(domain) {
-            let namespace = domain.namespace().unwrap_or_default();
-            let template = workload.metadata.name.unwrap_or_default();
-            let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), &namespace);
-            let step = format!("deleting ResourceClaimTemplate {namespace}/{template}");
-            let existing = api
-                .get_opt(&template)
-                .await
-                .map_err(self.failed(domain, step.clone()))?;
-            if let Some(existing) = existing
-                && existing.labels().get(api::DOMAIN_UID_LABEL) == Some(&uid)
-            {
-                let only_that_one = DeleteParams {
-                    preconditions: Some(kube::api::Preconditions {
-                        uid: existing.uid(),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                self.count(false);
-                gone(api.delete(&template, &only_that_one).await.map(|_| ()))
-                    .map_err(self.failed(domain, step))?;
-            }
-        }
-
-        let selector = format!("{}={uid}", api::DOMAIN_UID_LABEL);
-        let node_objects: Api<ComputeDomainNode> = Api::namespaced_with(
-            self.client.clone(),
-            ns,
-            &api::compute_domain_node_resource(),
-        );
-        self.count(false);
-        node_objects
-            .delete_collection(
-                &DeleteParams::default(),
-                &ListParams::default().labels(&selector),
-            )
-            .await
-            .map_err(self.failed(domain, format!("deleting the ComputeDomainNodes in {ns}")))?;
-
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let labelled = nodes
-            .list_metadata(&ListParams::default().labels(&format!("{}={uid}", api::NODE_LABEL)))
-            .await
-            .map_err(self.failed(domain, "listing the domain's nodes".into()))?;
-        let unlabel = json!({"metadata": {"labels": {api::NODE_LABEL: null}}});
-        for node in labelled.items {
-            let node_name = node.name_any();
-            self.count(false);
-            gone(
-                nodes
-                    .patch(&node_name, &PatchParams::default(), &Patch::Merge(&unlabel))
-                    .await
-                    .map(|_| ()),
-            )
-            .map_err(self.failed(
-                domain,
-                format!("removing label {} from Node {node_name}", api::NODE_LABEL),
-            ))?;
-        }
-
-        let finalizers: Vec<String> = domain
-            .finalizers()
-            .iter()
-            .filter(|f| *f != api::FINALIZER)
-            .cloned()
-            .collect();
-        self.patch_finalizers(domain, finalizers).await
-    }
-
     /// A Warning Event on the domain; best effort (an event that cannot be posted is logged,
     /// the status already says the same).
     async fn post_event(&self, domain: &ComputeDomain, reason: &str, message: &str) {
@@ -556,7 +558,7 @@ impl Reconciler {
                 domain.namespace = %namespace,
                 domain.name = %domain.name_any(),
                 %reason,
-                error = %e,
+                error = %crate::errors::error_chain(&e),
                 "could not post an Event"
             );
         }

@@ -25,38 +25,38 @@
 //!
 //! It writes no object but its own. On SIGTERM it stops `nvidia-imex` and marks its object
 //! NotReady (`DaemonStopped`) without deleting it, so a restart keeps the index; removing the
-//! objects of a departed node or a deleted domain is the controller's job.
+//! objects of a deleted domain is the controller's job.
+//!
+//! **When the domain goes away.** Before it creates its object, and before any write after an
+//! object of the domain went away (the controller deletes them when the domain is deleted;
+//! nothing else does), a round reads the `ComputeDomain` (one GET). If it is gone, being
+//! deleted, or another domain of the same name, the daemon *leaves*: it never writes its
+//! object again (so it cannot re-create one the controller deleted), stops rendering the nodes
+//! config and signalling `nvidia-imex` (whose running process it leaves alone until the pod
+//! stops), and exits with status 0 once its claim is unprepared (the plugin removes the
+//! config directory) or on SIGTERM, whichever comes first.
 
 pub mod plan;
 pub mod process;
+mod round;
+mod watch;
 
-use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Api;
-use kube::api::PostParams;
-use kube::runtime::reflector::store::{Store, Writer};
-use kube::runtime::watcher::{self, ListSemantic};
-use tokio_stream::StreamExt;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
 
-use crate::compute_domain::api::{
-    self, ComputeDomainNode, ComputeDomainNodeSpec, ComputeDomainNodeState, Readiness,
-};
-use crate::compute_domain::imex::config::{ImexConfig, ImexConfigError};
-use plan::{INDEX_CONFIRMED_ANNOTATION, Member};
+use crate::compute_domain::api::{self, ComputeDomain, ComputeDomainNode, Readiness};
+use crate::compute_domain::imex::config::ImexConfigError;
 use process::ImexProcess;
+use round::{Next, Round};
+use watch::{Shared, watch_domain};
 
 /// Time between two rounds when the store does not change.
 const TICK: Duration = Duration::from_millis(500);
-/// First wait before re-listing after the watch failed; doubles per failure up to
-/// [`MAX_RELIST_BACKOFF`], and starts afresh once a list succeeded.
-const FIRST_RELIST_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_RELIST_BACKOFF: Duration = Duration::from_secs(30);
-/// How many resourceVersions of the own object, as the watch delivered them, are kept to tell
-/// that a write of ours came back (more than the writes between two rounds).
-const OWN_VERSIONS_KEPT: usize = 16;
 
 /// What the daemon needs to know; the verb's flags and the `api::daemon_env` variables.
 #[derive(Debug, Clone)]
@@ -114,6 +114,18 @@ pub enum DaemonError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// Reading the daemon's `ComputeDomain` failed (is it still there?); the round writes
+    /// nothing and is retried.
+    #[error("reading ComputeDomain {namespace}/{name} failed")]
+    Domain {
+        /// The domain's namespace.
+        namespace: String,
+        /// The domain's name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: Box<kube::Error>,
+    },
     /// Watching the domain's `ComputeDomainNode` objects failed (the API server restarted,
     /// 410 Gone, a list failed); the daemon re-lists with a backoff and meanwhile keeps the
     /// readiness last written.
@@ -157,7 +169,7 @@ pub enum DaemonError {
 impl DaemonConfig {
     /// Checks that every identity setting is present, naming the missing flag and variable.
     pub fn validate(&self) -> Result<(), DaemonError> {
-        let required: [(&str, &'static str, &'static str); 6] = [
+        let required: [(&str, &'static str, &'static str); 7] = [
             (&self.node_name, "--node-name", "or NODE_NAME"),
             (&self.pod_ip, "--pod-ip", "or POD_IP, from the downward API"),
             (&self.namespace, "--namespace", "or POD_NAMESPACE"),
@@ -176,6 +188,11 @@ impl DaemonConfig {
                 api::daemon_env::DOMAIN_NAME,
                 "set by the daemon claim's CDI spec",
             ),
+            (
+                &self.domain_namespace,
+                api::daemon_env::DOMAIN_NAMESPACE,
+                "set by the daemon claim's CDI spec",
+            ),
         ];
         match required.iter().find(|(value, _, _)| value.is_empty()) {
             Some((_, name, how)) => Err(DaemonError::Missing { name, how }),
@@ -187,22 +204,6 @@ impl DaemonConfig {
         api::compute_domain_node_name(&self.domain_uid, &self.node_name)
     }
 }
-
-/// The daemon's view of its own object's status, before writing it.
-fn desired_state(
-    own: &ComputeDomainNodeState,
-    ip: &str,
-    readiness: (Readiness, Option<String>, Option<String>),
-) -> ComputeDomainNodeState {
-    ComputeDomainNodeState {
-        ip_address: ip.to_string(),
-        index: own.index,
-        status: readiness.0,
-        reason: readiness.1,
-        message: readiness.2,
-    }
-}
-
 /// Runs the daemon until `shutdown` resolves; see the module docs. Transient API and process
 /// failures are retried (a failed round at the next tick, a failed watch by re-listing with a
 /// doubling backoff) and reported in the object where they can be; the function fails only
@@ -216,9 +217,14 @@ pub async fn run(
         .await
         .map_err(|e| DaemonError::Connect(Box::new(e)))?;
     let objects: Api<ComputeDomainNode> = Api::namespaced_with(
-        client,
+        client.clone(),
         &config.namespace,
         &api::compute_domain_node_resource(),
+    );
+    let domains: Api<ComputeDomain> = Api::namespaced_with(
+        client,
+        &config.domain_namespace,
+        &api::compute_domain_resource(),
     );
     let config_file = config.config_dir.join(api::IMEX_CONFIG_FILE);
     let sim_dir = config
@@ -249,16 +255,26 @@ pub async fn run(
     let mut round = Round {
         config: &config,
         objects: &objects,
+        domains: &domains,
         config_file,
         rendered: None,
         store,
         shared: shared.clone(),
         written: None,
+        checked_deletions: None,
+        leaving: None,
     };
     tokio::pin!(shutdown);
     loop {
-        if let Err(e) = round.step(&mut imex).await {
-            tracing::warn!(domain.uid = %config.domain_uid, node = %config.node_name, error = %crate::errors::error_chain(&e), "IMEX daemon round failed; retrying");
+        match round.step(&mut imex).await {
+            Ok(Next::Continue) => {}
+            Ok(Next::Exit) => {
+                tracing::info!(domain.uid = %config.domain_uid, node = %config.node_name, "the daemon claim was unprepared after the domain went away; exiting");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(domain.uid = %config.domain_uid, node = %config.node_name, error = %crate::errors::error_chain(&e), "IMEX daemon round failed; retrying");
+            }
         }
         tokio::select! {
             _ = &mut shutdown => break,
@@ -271,6 +287,10 @@ pub async fn run(
     if let Some(dir) = sim_dir {
         let _ = std::fs::remove_dir_all(dir);
     }
+    if round.leaving.is_some() {
+        // The domain is gone: its objects are the controller's to delete, not ours to write.
+        return Ok(());
+    }
     let stopped = (
         Readiness::NotReady,
         Some("DaemonStopped".to_string()),
@@ -281,442 +301,6 @@ pub async fn run(
     }
     Ok(())
 }
-
-/// What the watch task tells the rounds, besides the store itself.
-#[derive(Default)]
-struct Shared {
-    state: Mutex<WatchState>,
-    /// Woken after every change the watch applied to the store, and when the watch failed.
-    changed: tokio::sync::Notify,
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, WatchState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[derive(Default)]
-struct WatchState {
-    /// A full list is in the store and the watch has not failed since: the store is the
-    /// domain's objects as of some resourceVersion, behind the API server only by the events
-    /// on their way.
-    synced: bool,
-    /// Why the store is not synced, for the rounds' logs.
-    unsynced_because: Option<String>,
-    /// resourceVersions the own object had as the watch delivered it, newest last (at most
-    /// [`OWN_VERSIONS_KEPT`]); see [`Round::own`].
-    own_versions: VecDeque<String>,
-    /// The resourceVersion the own object's last create or replace returned (set by the
-    /// rounds).
-    last_write: Option<String>,
-    /// `last_write` when the list in progress was started: that list was read after that
-    /// write, so it shows it (or its deletion).
-    listing_after: Option<String>,
-}
-
-impl WatchState {
-    fn saw_own(&mut self, version: Option<&String>) {
-        let Some(version) = version else { return };
-        if self.own_versions.back() != Some(version) {
-            self.own_versions.push_back(version.clone());
-            if self.own_versions.len() > OWN_VERSIONS_KEPT {
-                self.own_versions.pop_front();
-            }
-        }
-    }
-}
-
-/// Keeps `writer`'s store the domain's `ComputeDomainNode` objects: a kube watcher by the
-/// domain-UID label, its first list a consistent (quorum) read. On any watcher error the store
-/// is marked unsynced, the watcher dropped and a new one started after a doubling backoff:
-/// a fresh list is the one event that says the store is complete again (a watch that kube
-/// resumed quietly says nothing), and the store keeps its last complete content until that
-/// list is in. Runs until aborted.
-async fn watch_domain(
-    objects: Api<ComputeDomainNode>,
-    mut writer: Writer<ComputeDomainNode>,
-    shared: Arc<Shared>,
-    domain_uid: String,
-    own: String,
-) {
-    let selector = format!("{}={domain_uid}", api::DOMAIN_UID_LABEL);
-    let config = watcher::Config::default()
-        .labels(&selector)
-        .list_semantic(ListSemantic::MostRecent);
-    let store = writer.as_reader();
-    let is_own = |o: &ComputeDomainNode| o.metadata.name.as_deref() == Some(own.as_str());
-    let mut backoff = FIRST_RELIST_BACKOFF;
-    loop {
-        let mut events = std::pin::pin!(watcher::watcher(objects.clone(), config.clone()));
-        let failure = loop {
-            let event = match events.next().await {
-                Some(Ok(event)) => event,
-                Some(Err(e)) => {
-                    let error = DaemonError::Watch {
-                        selector: selector.clone(),
-                        source: Box::new(e),
-                    };
-                    break crate::errors::error_chain(&error);
-                }
-                None => break "the watch stream ended".to_string(),
-            };
-            writer.apply_watcher_event(&event);
-            let mut state = shared.lock();
-            match &event {
-                watcher::Event::Init => {
-                    state.listing_after = state.last_write.clone();
-                    continue;
-                }
-                watcher::Event::InitApply(_) => continue,
-                watcher::Event::InitDone => {
-                    let listed = store.find(|o| is_own(o));
-                    state.saw_own(
-                        listed
-                            .and_then(|o| o.metadata.resource_version.clone())
-                            .as_ref(),
-                    );
-                    let after = state.listing_after.take();
-                    state.saw_own(after.as_ref());
-                    state.synced = true;
-                    state.unsynced_because = None;
-                    backoff = FIRST_RELIST_BACKOFF;
-                    tracing::debug!(domain.uid = %domain_uid, objects = store.len(), "the domain's ComputeDomainNodes are listed");
-                }
-                watcher::Event::Apply(o) if is_own(o) => {
-                    state.saw_own(o.metadata.resource_version.as_ref());
-                }
-                watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
-            }
-            drop(state);
-            shared.changed.notify_one();
-        };
-        {
-            let mut state = shared.lock();
-            state.synced = false;
-            state.unsynced_because = Some(failure.clone());
-        }
-        shared.changed.notify_one();
-        tracing::warn!(domain.uid = %domain_uid, retry_in_ms = backoff.as_millis() as u64, error = %failure, "watching the domain's ComputeDomainNodes failed; re-listing");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_RELIST_BACKOFF);
-    }
-}
-
-/// The own object as a round may use it.
-enum Own {
-    /// Neither in the store nor (still) written by this process: to be created.
-    Missing,
-    /// This process wrote it and the watch has not delivered that write yet: the object as the
-    /// write returned it. Nothing may be decided from the store about it yet.
-    Pending(ComputeDomainNode),
-    /// The store's copy, which shows the last write of ours (or, before this process wrote
-    /// it, the copy the first full list found).
-    Current(ComputeDomainNode),
-}
-
-/// The state one round needs.
-struct Round<'a> {
-    config: &'a DaemonConfig,
-    objects: &'a Api<ComputeDomainNode>,
-    config_file: PathBuf,
-    /// The nodes config last written, to signal only on change.
-    rendered: Option<String>,
-    /// The domain's objects, kept by [`watch_domain`].
-    store: Store<ComputeDomainNode>,
-    shared: Arc<Shared>,
-    /// The own object as this process's last create or replace returned it.
-    written: Option<ComputeDomainNode>,
-}
-
-impl Round<'_> {
-    fn api_err(&self, step: &'static str) -> impl FnOnce(kube::Error) -> DaemonError + '_ {
-        move |source| DaemonError::Api {
-            step,
-            name: self.config.object_name(),
-            source: Box::new(source),
-        }
-    }
-
-    /// Remembers `object` as our last write, for [`Round::own`] and the watch.
-    fn wrote(&mut self, object: ComputeDomainNode) -> ComputeDomainNode {
-        self.shared.lock().last_write = object.metadata.resource_version.clone();
-        self.written = Some(object.clone());
-        object
-    }
-
-    /// The own object in `all` (the store's content), checked against our last write.
-    ///
-    /// STABLE INDICES rest on this. Our last write is known to be in the store when the watch
-    /// delivered the own object with the resourceVersion that write returned (the store's copy
-    /// has it, or had it: it is kept in [`WatchState::own_versions`]), or when a list started
-    /// after that write completed. Watch events arrive in resourceVersion order, so then every
-    /// object written before our write, in particular every member that took an index before
-    /// we took ours, is in the store too: the store says as much as a LIST taken after our
-    /// write would. Only this process writes its object, so equality is the test, and
-    /// resourceVersions are never compared for order (they are opaque). Before this process
-    /// wrote the object, the first full list (a quorum read, made after this process started)
-    /// is read after every earlier write, the previous run's too. A write of someone else to
-    /// our object does not stall this: our version was still delivered before theirs.
-    fn own(&self, all: &[ComputeDomainNode]) -> Own {
-        let name = self.config.object_name();
-        let stored = all
-            .iter()
-            .find(|o| o.metadata.name.as_deref() == Some(&name));
-        let Some(written) = &self.written else {
-            return stored.map_or(Own::Missing, |o| Own::Current(o.clone()));
-        };
-        let version = written.metadata.resource_version.as_ref();
-        let delivered = version.is_some_and(|v| {
-            stored.is_some_and(|o| o.metadata.resource_version.as_ref() == Some(v))
-                || self.shared.lock().own_versions.contains(v)
-        });
-        match (stored, delivered) {
-            (Some(o), true) => Own::Current(o.clone()),
-            // Delivered, then deleted (the controller removes the objects of a departed node).
-            (None, true) => Own::Missing,
-            (_, false) => Own::Pending(written.clone()),
-        }
-    }
-
-    /// Creates the own object with the lowest index free in its clique, NotReady.
-    async fn create(&mut self, members: &[Member]) -> Result<ComputeDomainNode, DaemonError> {
-        let name = self.config.object_name();
-        let mut object = ComputeDomainNode::new(
-            &name,
-            &api::compute_domain_node_resource(),
-            ComputeDomainNodeSpec {
-                domain_uid: self.config.domain_uid.clone(),
-                domain_namespace: self.config.domain_namespace.clone(),
-                domain_name: self.config.domain_name.clone(),
-                node_name: self.config.node_name.clone(),
-                clique_id: self.config.clique.clone(),
-            },
-        );
-        object.metadata.namespace = Some(self.config.namespace.clone());
-        object.metadata.labels = Some(BTreeMap::from([(
-            api::DOMAIN_UID_LABEL.to_string(),
-            self.config.domain_uid.clone(),
-        )]));
-        object.status = Some(ComputeDomainNodeState {
-            ip_address: self.config.pod_ip.clone(),
-            index: plan::lowest_free_index(members, &self.config.clique, &name),
-            status: Readiness::NotReady,
-            reason: Some("DaemonStarting".into()),
-            message: Some("the IMEX daemon is starting".into()),
-        });
-        let created = self
-            .objects
-            .create(&PostParams::default(), &object)
-            .await
-            .map_err(self.api_err("creating"))?;
-        Ok(self.wrote(created))
-    }
-
-    /// Fixes the index of `existing` (the store's current copy; a concurrent starter with the
-    /// same index was created first or is Ready) and its IP (a new pod IP). Returns the object
-    /// as written, or `None` when nothing needed fixing.
-    async fn fix_own(
-        &mut self,
-        existing: &ComputeDomainNode,
-        members: &[Member],
-    ) -> Result<Option<ComputeDomainNode>, DaemonError> {
-        let name = self.config.object_name();
-        let mut state = existing.status.clone().unwrap_or_default();
-        let repick = Member::of(existing).is_some_and(|own| plan::must_repick(members, &own));
-        if repick {
-            state.index = plan::lowest_free_index(members, &self.config.clique, &name);
-            state.status = Readiness::NotReady;
-            state.reason = Some("DaemonStarting".into());
-            state.message = Some("choosing a stable index among concurrent starters".into());
-        }
-        if !repick && state.ip_address == self.config.pod_ip {
-            return Ok(None);
-        }
-        state.ip_address = self.config.pod_ip.clone();
-        let mut object = existing.clone();
-        object.status = Some(state);
-        let written = self
-            .objects
-            .replace(&name, &PostParams::default(), &object)
-            .await
-            .map_err(self.api_err("updating"))?;
-        Ok(Some(self.wrote(written)))
-    }
-
-    /// One round: own object, nodes config, process, readiness. When the store cannot be
-    /// trusted (no full list yet, or the watch failed and the re-list is not in), it only
-    /// supervises an `nvidia-imex` already started and keeps the readiness last written.
-    async fn step(&mut self, imex: &mut ImexProcess) -> Result<(), DaemonError> {
-        let unsynced = {
-            let state = self.shared.lock();
-            (!state.synced).then(|| {
-                state
-                    .unsynced_because
-                    .clone()
-                    .unwrap_or_else(|| "waiting for the first list".into())
-            })
-        };
-        if let Some(reason) = unsynced {
-            tracing::debug!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, reason = %reason, "the domain's store is not synced; supervising only, readiness kept");
-            return match self.rendered {
-                Some(_) => imex.supervise().await,
-                None => Ok(()),
-            };
-        }
-        let name = self.config.object_name();
-        let mut all: Vec<ComputeDomainNode> =
-            self.store.state().iter().map(|o| (**o).clone()).collect();
-        let others: Vec<Member> = all
-            .iter()
-            .filter(|o| o.metadata.name.as_deref() != Some(&name))
-            .filter_map(Member::of)
-            .collect();
-        let (own, current) = match self.own(&all) {
-            Own::Missing => (self.create(&others).await?, false),
-            Own::Pending(o) => (o, false),
-            Own::Current(o) => match self.fix_own(&o, &others).await? {
-                Some(written) => (written, false),
-                None => (o, true),
-            },
-        };
-        all.retain(|o| o.metadata.name.as_deref() != Some(&name));
-        all.push(own.clone());
-        let members: Vec<Member> = all.iter().filter_map(Member::of).collect();
-        // Settled: the store shows our last write (so every member that could collide) and
-        // no member of the clique shares our index, or our index is already final.
-        let settled = current && Member::of(&own).is_some_and(|m| !plan::must_wait(&members, &m));
-        let nodes = plan::nodes_config(&members, &self.config.clique);
-        let imex_config = match ImexConfig::load(&self.config_file) {
-            Ok(c) => c,
-            Err(e) => {
-                if current {
-                    let message = crate::errors::error_chain(&e);
-                    let config_error = (
-                        Readiness::NotReady,
-                        Some("ConfigError".into()),
-                        Some(message),
-                    );
-                    self.write_own_status(config_error, Some(own)).await?;
-                }
-                return Err(DaemonError::Config(e));
-            }
-        };
-        if self.rendered.as_deref() != Some(nodes.as_str()) {
-            crate::fsutil::replace_atomic(&imex_config.node_config_file, nodes.as_bytes(), 0o644)
-                .map_err(DaemonError::WriteNodes)?;
-            tracing::info!(domain.uid = %self.config.domain_uid, nodes = nodes.lines().count(), "nodes config rendered");
-            self.rendered = Some(nodes);
-            imex.reload()?;
-        }
-        let spawned = imex.supervise().await;
-        if !current {
-            // Our write is on its way back through the watch, which runs the next round.
-            tracing::debug!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, "waiting for the own object's last write in the store; readiness kept");
-            return spawned;
-        }
-        let readiness = if !settled {
-            (
-                Readiness::NotReady,
-                Some("DaemonStarting".into()),
-                Some("choosing a stable index among concurrent starters".into()),
-            )
-        } else if imex.pid().is_some() {
-            match imex.query().await.as_str() {
-                "READY" => {
-                    imex.healthy();
-                    imex.last_crash = None;
-                    (Readiness::Ready, None, None)
-                }
-                state => match &imex.last_crash {
-                    Some(crash) => crash_readiness(crash),
-                    None => (
-                        Readiness::NotReady,
-                        Some(if state.is_empty() || state == "UNAVAILABLE" {
-                            "DaemonStarting".into()
-                        } else {
-                            "WaitingForQuorum".into()
-                        }),
-                        Some(format!(
-                            "nvidia-imex-ctl -q: {}",
-                            if state.is_empty() { "no answer" } else { state }
-                        )),
-                    ),
-                },
-            }
-        } else {
-            match &imex.last_crash {
-                Some(crash) => crash_readiness(crash),
-                None => (Readiness::NotReady, Some("DaemonStarting".into()), None),
-            }
-        };
-        self.write_own_status(readiness, Some(own)).await?;
-        spawned
-    }
-
-    /// Writes the own object's status when it differs from `current` (the store's current
-    /// copy; read with a GET when `None`, as on shutdown), and marks the index confirmed on
-    /// Ready. At steady state it sends nothing.
-    async fn write_own_status(
-        &mut self,
-        readiness: (Readiness, Option<String>, Option<String>),
-        current: Option<ComputeDomainNode>,
-    ) -> Result<(), DaemonError> {
-        let name = self.config.object_name();
-        let object = match current {
-            Some(o) => Some(o),
-            None => self
-                .objects
-                .get_opt(&name)
-                .await
-                .map_err(self.api_err("reading"))?,
-        };
-        let Some(mut object) = object else {
-            return Ok(());
-        };
-        let current = object.status.clone().unwrap_or_default();
-        let ready = readiness.0 == Readiness::Ready;
-        let want = desired_state(&current, &self.config.pod_ip, readiness);
-        let annotations = object
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new);
-        let confirm = ready && !annotations.contains_key(INDEX_CONFIRMED_ANNOTATION);
-        if want == current && !confirm {
-            return Ok(());
-        }
-        if confirm {
-            annotations.insert(INDEX_CONFIRMED_ANNOTATION.into(), "true".into());
-        }
-        if want.status != current.status || want.reason != current.reason {
-            tracing::info!(domain.uid = %self.config.domain_uid, node = %self.config.node_name, status = ?want.status, reason = ?want.reason, "node readiness changed");
-        }
-        object.status = Some(want);
-        let written = self
-            .objects
-            .replace(&name, &PostParams::default(), &object)
-            .await
-            .map_err(self.api_err("updating the status of"))?;
-        self.wrote(written);
-        Ok(())
-    }
-}
-
-fn crash_readiness(crash: &process::Crash) -> (Readiness, Option<String>, Option<String>) {
-    let mut message = format!(
-        "nvidia-imex exited ({}), {} time(s); restarting",
-        crash.status, crash.count
-    );
-    if !crash.stderr_tail.is_empty() {
-        message.push_str(&format!("; its last output: {}", crash.stderr_tail));
-    }
-    (
-        Readiness::NotReady,
-        Some("DaemonCrashed".into()),
-        Some(message),
-    )
-}
-
 /// [`run`] on its own runtime until SIGTERM or SIGINT: what `gpu-dra imex-daemon` does.
 pub fn run_until_signal(config: DaemonConfig) -> Result<(), DaemonError> {
     let runtime = tokio::runtime::Builder::new_current_thread()

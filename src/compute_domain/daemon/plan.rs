@@ -2,7 +2,9 @@
 //! that collided with a concurrent starter must re-pick, and the nodes config a clique's
 //! `ComputeDomainNode` objects render to.
 
-use crate::compute_domain::api::{ComputeDomainNode, Readiness};
+use kube::core::ResourceExt;
+
+use crate::compute_domain::api::{ComputeDomain, ComputeDomainNode, Readiness};
 
 /// Annotation a daemon puts on its object once it first turned Ready: from then on its index
 /// is final, even while it restarts after a crash.
@@ -105,9 +107,58 @@ pub fn nodes_config(members: &[Member], clique: &str) -> String {
     of_clique.iter().map(|m| format!("{}\n", m.ip)).collect()
 }
 
+/// Why the daemon of domain `uid` has no domain to serve any more, given what a read of the
+/// `ComputeDomain` by the namespace and name the claim named returned: `None` while the domain
+/// is the daemon's and not being deleted. A daemon with no domain writes nothing again: its
+/// object, if recreated, would outlive the domain (nothing else deletes it once the controller
+/// finished the clean-up).
+pub fn domain_gone(found: Option<&ComputeDomain>, uid: &str) -> Option<String> {
+    let Some(domain) = found else {
+        return Some("the ComputeDomain no longer exists".to_string());
+    };
+    let found_uid = domain.uid().unwrap_or_default();
+    if found_uid != uid {
+        return Some(format!(
+            "the ComputeDomain of that name is another one now (UID {found_uid})"
+        ));
+    }
+    domain
+        .metadata
+        .deletion_timestamp
+        .is_some()
+        .then(|| "the ComputeDomain is being deleted".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_domain_that_is_gone_deleting_or_replaced_is_gone_and_a_live_one_is_not() {
+        let mut domain = ComputeDomain::new(
+            "imex",
+            &crate::compute_domain::api::compute_domain_resource(),
+            Default::default(),
+        );
+        domain.metadata.uid = Some("u1".into());
+        assert_eq!(domain_gone(Some(&domain), "u1"), None);
+        assert_eq!(
+            domain_gone(Some(&domain), "u0").as_deref(),
+            Some("the ComputeDomain of that name is another one now (UID u1)")
+        );
+        assert_eq!(
+            domain_gone(None, "u1").as_deref(),
+            Some("the ComputeDomain no longer exists")
+        );
+        domain.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(
+            domain_gone(Some(&domain), "u1").as_deref(),
+            Some("the ComputeDomain is being deleted")
+        );
+    }
 
     fn m(name: &str, clique: &str, index: u32, created: &str, ready: bool) -> Member {
         Member {

@@ -40,11 +40,10 @@ pub trait DomainCluster: Send + Sync + 'static {
     ) -> impl Future<Output = Result<AllocatedClaim, ClusterError>> + Send;
     /// This node's [`api::NODE_LABEL`] value, if set.
     fn node_label(&self) -> impl Future<Output = Result<Option<String>, ClusterError>> + Send;
-    /// Sets this node's [`api::NODE_LABEL`] to `value`, or removes it (`None`).
-    fn set_node_label(
-        &self,
-        value: Option<&str>,
-    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Sets this node's [`api::NODE_LABEL`] to `domain` (the controller removes it when the
+    /// domain is deleted).
+    fn set_node_label(&self, domain: &str)
+    -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// This node's `ComputeDomainNode` of domain `uid`, if the daemon created it.
     fn domain_node(
         &self,
@@ -118,12 +117,9 @@ impl DomainCluster for KubeCluster {
             .and_then(|mut labels| labels.remove(api::NODE_LABEL)))
     }
 
-    async fn set_node_label(&self, value: Option<&str>) -> Result<(), ClusterError> {
-        let patch = serde_json::json!({"metadata": {"labels": {api::NODE_LABEL: value}}});
-        let step = match value {
-            Some(uid) => format!("labelling Node {} {}={uid}", self.node, api::NODE_LABEL),
-            None => format!("removing label {} from Node {}", api::NODE_LABEL, self.node),
-        };
+    async fn set_node_label(&self, domain: &str) -> Result<(), ClusterError> {
+        let patch = serde_json::json!({"metadata": {"labels": {api::NODE_LABEL: domain}}});
+        let step = format!("labelling Node {} {}={domain}", self.node, api::NODE_LABEL);
         Api::<Node>::all(self.client.clone())
             .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
             .await

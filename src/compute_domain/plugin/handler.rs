@@ -7,9 +7,12 @@
 //! claim it waits for. Under the lock, [`CdHandler::prepare`] records the claim in the
 //! checkpoint before any effect, writes the files, and records it prepared.
 //!
-//! The node label is owned by the prepared channel claims of its domain: it is removed when
-//! the last one is unprepared, and at start-up or after any unprepare when no prepared
-//! channel claim and no waiting prepare of that domain remains.
+//! The node label is the domain's for the domain's lifetime: the first channel prepared on the
+//! node sets it, and no unprepare removes it, so a job whose pods restart one at a time keeps
+//! its IMEX daemon on the node in between. The controller removes it when the domain is
+//! deleted (and sweeps labels of domains that no longer exist). A channel of another domain
+//! is refused while the labelled domain exists; a label naming a domain that no longer exists
+//! is taken over.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -37,11 +40,12 @@ pub enum CdClaimError {
     /// The claim's allocation or config is not usable.
     #[error("the claim's allocation or opaque config")]
     Plan(#[source] PlanError),
-    /// The node is labelled for another domain.
+    /// The node is labelled for another domain, which still exists.
     #[error(
         "node {node} already serves ComputeDomain {other} (label {label}={other}), so it \
-         cannot join ComputeDomain {domain}: a node serves one ComputeDomain at a time; the \
-         claim can be prepared once that domain's workloads on this node have ended",
+         cannot join ComputeDomain {domain}: a node serves one ComputeDomain at a time, from \
+         the first channel prepared on it until that domain is deleted; the claim can be \
+         prepared once ComputeDomain {other} is deleted (or schedule the pod elsewhere)",
         label = api::NODE_LABEL
     )]
     OtherDomain {
@@ -144,10 +148,7 @@ pub struct CdHandler<C> {
     parts: CdHandlerParts<C>,
     /// Claims read (and, for channels, waited for) ahead of the lock, by UID.
     prefetched: Mutex<HashMap<String, Prefetched>>,
-    /// Channel prepares past their label and not yet through the lock, per domain: the
-    /// label must stay while any exists.
-    pending: Mutex<BTreeMap<String, usize>>,
-    /// Held from reading the node label to setting or removing it: read-aheads of several pods run at
+    /// Held from reading the node label to setting it: read-aheads of several pods run at
     /// once, and without it two domains could both find the node free and both label it
     /// (the later PATCH winning), or one domain's pods would each PATCH the same label.
     labelling: tokio::sync::Mutex<()>,
@@ -157,15 +158,12 @@ struct Prefetched {
     claim: Result<AllocatedClaim, String>,
     /// For a channel claim: whether the daemon turned Ready (and the label held).
     ready: Option<Result<(), String>>,
-    /// The domain counted in `pending`, released when this entry is used, replaced or
-    /// found stale.
-    pending_domain: Option<String>,
     /// When the read-ahead finished.
     at: Instant,
 }
 
 /// A read-ahead older than this was abandoned (its kubelet call went away before taking
-/// the lock): it no longer holds the label. Longer than any prepare call lives.
+/// the lock) and is forgotten. Longer than any prepare call lives.
 const ABANDONED_AFTER: Duration = Duration::from_secs(120);
 
 /// The directory of a domain's IMEX config under the state directory.
@@ -179,7 +177,6 @@ impl<C: DomainCluster> CdHandler<C> {
         CdHandler {
             parts,
             prefetched: Mutex::default(),
-            pending: Mutex::default(),
             labelling: tokio::sync::Mutex::default(),
         }
     }
@@ -192,55 +189,44 @@ impl<C: DomainCluster> CdHandler<C> {
         state::store(&self.parts.state_dir, checkpoint).map_err(CdClaimError::State)
     }
 
-    fn add_pending(&self, domain: &str, delta: isize) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let count = pending.entry(domain.to_string()).or_default();
-        *count = count.saturating_add_signed(delta);
-        if *count == 0 {
-            pending.remove(domain);
-        }
-    }
-
-    fn is_pending(&self, domain: &str) -> bool {
-        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.contains_key(domain)
-    }
-
     fn take_prefetched(&self, uid: &str) -> Option<Prefetched> {
-        let entry = self
-            .prefetched
+        self.prefetched
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(uid);
-        if let Some(domain) = entry.as_ref().and_then(|e| e.pending_domain.as_deref()) {
-            self.add_pending(domain, -1);
-        }
-        entry
+            .remove(uid)
     }
 
-    /// Labels the node for `domain` unless it already is; refuses a node of another domain.
+    /// Labels the node for `domain` unless it already is. A node labelled for another domain
+    /// is refused while that domain exists; its label is taken over when it does not (a
+    /// channel prepared just as that domain's clean-up finished left it). One GET, a PATCH
+    /// when it labels, and a LIST of domains only on a conflict.
     async fn ensure_label(&self, domain: &str) -> Result<(), CdClaimError> {
         let _labelling = self.labelling.lock().await;
-        let current = self
-            .parts
-            .cluster
-            .node_label()
-            .await
-            .map_err(CdClaimError::Cluster)?;
+        let cluster = &self.parts.cluster;
+        let current = cluster.node_label().await.map_err(CdClaimError::Cluster)?;
         match current {
-            Some(uid) if uid == domain => Ok(()),
-            Some(other) => Err(CdClaimError::OtherDomain {
-                node: self.parts.node.clone(),
-                domain: domain.to_string(),
-                other,
-            }),
-            None => self
-                .parts
-                .cluster
-                .set_node_label(Some(domain))
-                .await
-                .map_err(CdClaimError::Cluster),
+            Some(uid) if uid == domain => return Ok(()),
+            Some(other) => {
+                let exists = cluster
+                    .find_domain(&other)
+                    .await
+                    .map_err(CdClaimError::Cluster)?
+                    .is_some();
+                if exists {
+                    return Err(CdClaimError::OtherDomain {
+                        node: self.parts.node.clone(),
+                        domain: domain.to_string(),
+                        other,
+                    });
+                }
+                tracing::info!(node = %self.parts.node, stale = %other, domain = %domain, "the node's label named a ComputeDomain that no longer exists; taking it over");
+            }
+            None => {}
         }
+        cluster
+            .set_node_label(domain)
+            .await
+            .map_err(CdClaimError::Cluster)
     }
 
     /// Polls the node's `ComputeDomainNode` of `domain` until it is Ready, for at most
@@ -272,22 +258,11 @@ impl<C: DomainCluster> CdHandler<C> {
         }
     }
 
-    /// Drops read-aheads whose call went away, releasing what they held in `pending`.
+    /// Drops read-aheads whose call went away.
     fn purge_abandoned(&self) {
-        let stale: Vec<Prefetched> = {
-            let mut prefetched = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
-            let old: Vec<String> = prefetched
-                .iter()
-                .filter(|(_, p)| p.at.elapsed() > ABANDONED_AFTER + self.parts.ready_timeout)
-                .map(|(uid, _)| uid.clone())
-                .collect();
-            old.iter()
-                .filter_map(|uid| prefetched.remove(uid))
-                .collect()
-        };
-        for domain in stale.into_iter().filter_map(|p| p.pending_domain) {
-            self.add_pending(&domain, -1);
-        }
+        let mut prefetched = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+        let limit = ABANDONED_AFTER + self.parts.ready_timeout;
+        prefetched.retain(|_, p| p.at.elapsed() <= limit);
     }
 
     async fn prefetch_one(&self, claim: &ClaimRef) {
@@ -318,22 +293,14 @@ impl<C: DomainCluster> CdHandler<C> {
         let entry = Prefetched {
             claim: fetched,
             ready: None,
-            pending_domain: channel_domain.clone(),
             at: Instant::now(),
         };
-        if let Some(domain) = &channel_domain {
-            self.add_pending(domain, 1);
-        }
         // In the map before the wait: if the kubelet hangs up and this future is dropped,
-        // the entry (and the label it holds) is purged as abandoned rather than held forever.
-        let replaced = self
-            .prefetched
+        // the entry is purged as abandoned rather than kept forever.
+        self.prefetched
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(claim.uid.clone(), entry);
-        if let Some(domain) = replaced.and_then(|old| old.pending_domain) {
-            self.add_pending(&domain, -1);
-        }
         if let Some(domain) = channel_domain {
             let ready = match self.ensure_label(&domain).await {
                 Ok(()) => self.wait_ready(&domain, self.parts.ready_timeout).await,
@@ -529,39 +496,13 @@ impl<C: DomainCluster> CdHandler<C> {
         self.store(checkpoint)
     }
 
-    /// Removes the node label when no prepared channel claim and no waiting prepare of its
-    /// domain remains. One GET, and a PATCH when it removes.
-    async fn release_label(&self, checkpoint: &Checkpoint) -> Result<Option<String>, CdClaimError> {
-        self.purge_abandoned();
-        let _labelling = self.labelling.lock().await;
-        let label = self
-            .parts
-            .cluster
-            .node_label()
-            .await
-            .map_err(CdClaimError::Cluster)?;
-        match label {
-            Some(domain)
-                if checkpoint.channels_of(&domain, "") == 0 && !self.is_pending(&domain) =>
-            {
-                self.parts
-                    .cluster
-                    .set_node_label(None)
-                    .await
-                    .map_err(CdClaimError::Cluster)?;
-                Ok(Some(domain))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Start-up recovery, under the plugin lock: undoes claims a crash left part-way,
-    /// removes CDI specs and config directories no prepared claim accounts for, and the node
-    /// label when no prepared channel claim holds it. Returns what it removed, for the log.
+    /// Start-up recovery, under the plugin lock: undoes claims a crash left part-way, removes
+    /// CDI specs and config directories no prepared claim accounts for. The node label is
+    /// left alone: it is the domain's until the domain is deleted. Returns what it removed,
+    /// for the log.
     ///
     /// # Errors
-    /// The first step that failed; the label step is tried last, and only an unreadable
-    /// checkpoint stops the start (the others are retried by the next unprepare).
+    /// The first step that failed; only an unreadable checkpoint stops the start.
     pub async fn recover(&self) -> Result<RecoveryReport, CdClaimError> {
         let mut report = RecoveryReport::default();
         let mut checkpoint = self.load()?;
@@ -604,7 +545,6 @@ impl<C: DomainCluster> CdHandler<C> {
                 }
             }
         }
-        report.label_removed = self.release_label(&checkpoint).await?;
         Ok(report)
     }
 }
@@ -618,8 +558,6 @@ pub struct RecoveryReport {
     pub stale_specs_removed: Vec<String>,
     /// Config directories of domains without a prepared daemon claim.
     pub stale_configs_removed: Vec<String>,
-    /// The domain whose node label was removed.
-    pub label_removed: Option<String>,
 }
 
 fn remove_dir(dir: &Path) -> Result<(), CdClaimError> {
@@ -721,11 +659,6 @@ impl<C: DomainCluster> CdHandler<C> {
                 .undo(&mut checkpoint, &claim.uid)
                 .map_err(|e| error_chain(&e));
             results.insert(claim.uid, outcome);
-        }
-        // Also after claims this plugin never prepared: a channel whose prepare gave up
-        // waiting left the label for its retry.
-        if let Err(e) = self.release_label(&checkpoint).await {
-            tracing::warn!(error = %error_chain(&e), "releasing the node's ComputeDomain label; retried at the next unprepare or start");
         }
         results
     }

@@ -152,11 +152,10 @@ pub async fn run(config: CdPluginConfig) -> Result<(), CdPluginError> {
             rolled_back = ?report.rolled_back,
             stale_specs_removed = ?report.stale_specs_removed,
             stale_configs_removed = ?report.stale_configs_removed,
-            label_removed = ?report.label_removed,
             "recovered state"
         ),
         Err(e @ handler::CdClaimError::State(_)) => return Err(CdPluginError::Recovery(e)),
-        // Files or the label left over are removed by the next unprepare or start; the
+        // Files left over are removed by the next unprepare or start; the
         // node's prepared claims must not stay down meanwhile.
         Err(e) => {
             warn!(error = %crate::errors::error_chain(&e), "start-up recovery incomplete; serving anyway")

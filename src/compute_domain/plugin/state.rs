@@ -1,12 +1,11 @@
 //! The compute-domain plugin's checkpoint: which claims it prepared (or started to), for
-//! which domain, so a restart neither loses nor leaks a CDI spec, a config directory or the
-//! node label.
+//! which domain, so a restart neither loses nor leaks a CDI spec or a config directory.
 //!
 //! One small JSON file, `<state-dir>/compute-domain-claims.json`, versioned from day one
 //! (`{"version": 1, "claims": {...}}`, a wire type separate from the in-memory one),
 //! validated on read and on write, replaced atomically. Not fsynced: CDI specs live on a
-//! tmpfs and are gone after a reboot anyway, and start-up recovery removes every spec,
-//! config directory and label the file does not account for, so a record lost to a power
+//! tmpfs and are gone after a reboot anyway, and start-up recovery removes every spec and
+//! config directory the file does not account for, so a record lost to a power
 //! loss costs a re-prepare (the kubelet prepares again after a reboot), never a leak.
 
 use std::collections::BTreeMap;
@@ -55,7 +54,7 @@ pub enum StateError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ClaimKind {
-    /// A workload's channel claim: the node label is held for its domain.
+    /// A workload's channel claim (its node carries the domain's label).
     Channel,
     /// A daemon claim: the domain's config directory exists.
     Daemon,
