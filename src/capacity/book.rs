@@ -1,56 +1,11 @@
-//! One GPU's shared counters and the devices that consume them: what its holders take, which
-//! devices are still free, and how many of each profile a request could get together.
+//! One GPU evaluated: what its holders take, which devices are still free, and how many of
+//! each profile a request could get together. The counters and devices it reads are
+//! `counters.rs`'s, which `blocked.rs` reads too (neither of the two imports the other).
 
 use super::blocked;
-use super::{Allocation, FULL_GPU, FreeProfile, GpuCapacity, Holder, MigMode, Placement};
+use super::counters::{Book, Dev, Use};
+use super::{Allocation, FULL_GPU, FreeProfile, GpuCapacity, MigMode};
 use crate::quantity::Quantity;
-
-/// A counter a device consumes: index into the GPU's book and amount.
-pub(super) type Use = (usize, Quantity);
-
-/// The counters of the counter sets a GPU's devices consume.
-#[derive(Default)]
-pub(super) struct Book<'a> {
-    /// The pool's (counter set, counter) numbers per index.
-    pub(super) keys: Vec<(u32, u32)>,
-    /// Counter names per index.
-    pub(super) names: Vec<&'a str>,
-    pub(super) totals: Vec<Quantity>,
-    /// Index of `memory-slice-<n>` for each n, when the GPU has them.
-    pub(super) memory_slices: Vec<Option<usize>>,
-}
-
-impl<'a> Book<'a> {
-    /// Index of a counter (the pool's set and counter numbers), adding it with its `name` and
-    /// `total` on first sight; `memory_slice` is its `n` when it is `memory-slice-<n>`.
-    pub(super) fn index(
-        &mut self,
-        key: (u32, u32),
-        name: &'a str,
-        total: Quantity,
-        memory_slice: Option<u32>,
-    ) -> usize {
-        if let Some(i) = self.keys.iter().position(|k| *k == key) {
-            return i;
-        }
-        self.keys.push(key);
-        self.names.push(name);
-        self.totals.push(total);
-        if let Some(n) = memory_slice {
-            let n = n as usize;
-            if self.memory_slices.len() <= n {
-                self.memory_slices.resize(n + 1, None);
-            }
-            self.memory_slices[n] = Some(self.totals.len() - 1);
-        }
-        self.totals.len() - 1
-    }
-}
-
-/// `n` of a `memory-slice-<n>` counter.
-pub(super) fn memory_slice(counter: &str) -> Option<u32> {
-    counter.strip_prefix("memory-slice-")?.parse().ok()
-}
 
 fn fits(left: &[Quantity], uses: &[Use]) -> bool {
     uses.iter().all(|(i, amount)| *amount <= left[*i])
@@ -60,16 +15,6 @@ fn take(left: &mut [Quantity], uses: &[Use]) {
     for (i, amount) in uses {
         left[*i] = left[*i].saturating_sub(amount);
     }
-}
-
-/// One published device of a GPU.
-pub(super) struct Dev<'a> {
-    pub(super) name: &'a str,
-    /// MIG profile, or [`FULL_GPU`].
-    pub(super) profile: &'a str,
-    pub(super) placement: Option<Placement>,
-    pub(super) uses: Vec<Use>,
-    pub(super) holders: Option<&'a [Holder]>,
 }
 
 /// A GPU as read from the slices, before evaluation.
@@ -222,6 +167,7 @@ pub(super) fn letter(n: usize) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::{Holder, Placement};
 
     fn dev<'a>(
         name: &'a str,

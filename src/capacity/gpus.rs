@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::book::{Book, Dev, GpuEntry, memory_slice};
+use super::book::GpuEntry;
+use super::counters::{Book, Dev, memory_slice};
 use super::records::{Attr, ClaimRecord, DeviceRecord, SliceRecord};
 use super::{CapacityError, CapacityOptions, FULL_GPU, Holder, Placement};
 use crate::quantity::Quantity;

@@ -14,6 +14,7 @@
 
 mod blocked;
 mod book;
+mod counters;
 mod fast_json;
 mod gpus;
 pub mod inputs;
