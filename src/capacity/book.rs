@@ -29,8 +29,8 @@ pub(super) struct GpuEntry<'a> {
 }
 
 /// Per-profile counts of one GPU, for the cluster and pool summaries.
-pub(super) struct ProfileCount<'a> {
-    pub(super) profile: &'a str,
+pub(super) struct ProfileCount {
+    pub(super) profile: String,
     pub(super) capacity: usize,
     pub(super) allocated: usize,
     pub(super) free: usize,
@@ -64,8 +64,9 @@ impl<'a> GpuEntry<'a> {
         }
     }
 
-    /// What claims hold on this GPU, what is free, and the per-profile counts.
-    pub(super) fn evaluate(mut self) -> (GpuCapacity, Vec<ProfileCount<'a>>) {
+    /// What claims hold on this GPU, what is free, and the per-profile counts; owns nothing
+    /// of the slices it was read from, so the slices can go once their GPUs are evaluated.
+    pub(super) fn evaluate(mut self) -> Evaluated {
         // Device names are unique in a pool, so an unstable sort orders them the same way.
         self.devices.sort_unstable_by(|a, b| {
             (a.profile != FULL_GPU, a.placement, a.name).cmp(&(
@@ -116,7 +117,7 @@ impl<'a> GpuEntry<'a> {
                 .filter(|d| d.profile == profile && d.holders.is_some())
                 .count();
             counts.push(ProfileCount {
-                profile,
+                profile: profile.to_string(),
                 capacity: capacity.len(),
                 allocated: held,
                 free: starts.len(),
@@ -133,7 +134,7 @@ impl<'a> GpuEntry<'a> {
             counts
                 .iter()
                 .filter(|c| c.profile != FULL_GPU && c.capacity > 0 && c.free == 0)
-                .filter_map(|c| blocked::blocked(&self.devices, &self.book, &left, c.profile))
+                .filter_map(|c| blocked::blocked(&self.devices, &self.book, &left, &c.profile))
                 .collect()
         } else {
             Vec::new()
@@ -151,8 +152,23 @@ impl<'a> GpuEntry<'a> {
                 .then(|| blocked::free_memory_slices(&self.book, &left)),
             blocked,
         };
-        (gpu, counts)
+        Evaluated {
+            node: self.node,
+            minor: self.minor,
+            model: self.model.to_string(),
+            gpu,
+            counts,
+        }
     }
+}
+
+/// One GPU evaluated, with what the sums need.
+pub(super) struct Evaluated {
+    pub(super) node: String,
+    pub(super) minor: i64,
+    pub(super) model: String,
+    pub(super) gpu: GpuCapacity,
+    pub(super) counts: Vec<ProfileCount>,
 }
 
 /// `A`…`Z`, then `a`…`z`, then `*`: the layout letter of the n-th allocation.
@@ -211,7 +227,7 @@ mod tests {
             ],
             book,
         };
-        let (gpu, counts) = gpu.evaluate();
+        let Evaluated { gpu, counts, .. } = gpu.evaluate();
         assert_eq!(gpu.free[0].count, 1);
         assert_eq!(counts[0].capacity, 1);
         assert_eq!(gpu.layout.as_deref(), Some(".."));
@@ -246,7 +262,7 @@ mod tests {
             ],
             book,
         };
-        let (gpu, counts) = gpu.evaluate();
+        let Evaluated { gpu, counts, .. } = gpu.evaluate();
         assert_eq!(gpu.layout.as_deref(), Some("...A"));
         let free: Vec<(&str, usize)> = gpu
             .free
