@@ -3,9 +3,13 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::ListParams;
+use serde::Deserialize;
 
 use crate::devices::ModelOptions;
 use crate::hardware::GpuBackend;
@@ -52,6 +56,15 @@ pub enum InputError {
         /// Cause.
         #[source]
         source: Box<kube::Error>,
+    },
+    /// The API server's list response, read as it arrived, is not a list object.
+    #[error("listing {what} from the API server")]
+    ApiList {
+        /// What was listed.
+        what: &'static str,
+        /// What is wrong with it.
+        #[source]
+        source: crate::explain::stream::ShapeError,
     },
 }
 
@@ -120,55 +133,199 @@ pub fn sim_slices(
     })
 }
 
-/// What a live cluster holds: DeviceClasses, ResourceSlices (of `node`, or all) and the claims
-/// that are already allocated.
-pub struct ClusterState {
-    /// DeviceClasses.
-    pub classes: Vec<DeviceClass>,
-    /// ResourceSlices.
-    pub slices: Vec<ResourceSlice>,
-    /// Allocated ResourceClaims.
-    pub allocated: Vec<ResourceClaim>,
+/// One item of a list, read as a ResourceSlice whatever it says it is; the caller checks
+/// `api_version` and `kind`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SliceItem {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    metadata: ObjectMeta,
+    spec: ResourceSliceSpec,
 }
 
-/// Lists the cluster's classes, slices and allocated claims.
-pub async fn cluster_state(
-    client: kube::Client,
-    node: Option<&str>,
-) -> Result<ClusterState, InputError> {
-    let api_err = |what| {
-        move |e| InputError::Api {
-            what,
-            source: Box::new(e),
+impl SliceItem {
+    /// The slice, without what explain never reads (`managedFields`).
+    fn into_slice(self) -> ResourceSlice {
+        let mut metadata = self.metadata;
+        metadata.managed_fields = None;
+        ResourceSlice {
+            metadata,
+            spec: self.spec,
         }
-    };
-    let classes = Api::<DeviceClass>::all(client.clone())
+    }
+}
+
+/// What the file says a list item is.
+enum ItemKind {
+    /// `kind: ResourceSlice` of a supported version.
+    Slice,
+    /// Neither `apiVersion` nor `kind`: an API server's typed list names them.
+    Unnamed,
+}
+
+/// Explains `claims` over the ResourceSlices of a JSON list file (`kubectl get resourceslices
+/// -o json`, or the API server's list saved with `kubectl get --raw`), reading it slice by
+/// slice on a second thread and judging node by node ([`NodeScan`](crate::explain::NodeScan)):
+/// memory holds a few nodes' slices, not the file. Slices sorted by node (as both write them)
+/// take one read; other orders take a second.
+///
+/// Answers `None` when the file is not such a list (YAML, a single object, other kinds or API
+/// versions, an item that is not a ResourceSlice, no slices): the caller reads it with
+/// [`crate::explain::load_slices`], which takes every form and names what is wrong.
+pub fn explain_slices_file<E: crate::alloc::SelectorEngine>(
+    engine: &E,
+    classes: &[DeviceClass],
+    allocated: &[ResourceClaim],
+    claims: &[ResourceClaim],
+    path: &Path,
+) -> Option<crate::explain::ExplainReport> {
+    use crate::explain::load::RESOURCE_VERSIONS;
+    if !crate::explain::stream::is_json_object(path) {
+        return None;
+    }
+    let mut scan = crate::explain::NodeScan::new(engine, classes, allocated, claims);
+    loop {
+        let mut unnamed = false;
+        let mut count = 0usize;
+        let (read, head) = crate::explain::stream::read_file(path, |items| {
+            for bytes in items {
+                let item: SliceItem = serde_json::from_slice(&bytes).ok()?;
+                let kind = match (item.api_version.as_deref(), item.kind.as_deref()) {
+                    (Some(version), Some("ResourceSlice"))
+                        if RESOURCE_VERSIONS.contains(&version) =>
+                    {
+                        ItemKind::Slice
+                    }
+                    (None, None) => ItemKind::Unnamed,
+                    _ => return None,
+                };
+                unnamed |= matches!(kind, ItemKind::Unnamed);
+                count += 1;
+                scan.add(item.into_slice());
+            }
+            Some(())
+        })
+        .ok()?;
+        read?;
+        let head = head?;
+        let typed = head.kind.as_deref() == Some("ResourceSliceList")
+            && head
+                .api_version
+                .as_deref()
+                .is_some_and(|v| RESOURCE_VERSIONS.contains(&v));
+        if count == 0 || (unnamed && !typed) {
+            return None;
+        }
+        if !scan.end_pass() {
+            return Some(scan.report());
+        }
+    }
+}
+
+fn api_error(what: &'static str) -> impl Fn(kube::Error) -> InputError {
+    move |e| InputError::Api {
+        what,
+        source: Box::new(e),
+    }
+}
+
+/// The cluster's DeviceClasses.
+pub async fn cluster_classes(client: &kube::Client) -> Result<Vec<DeviceClass>, InputError> {
+    Ok(Api::<DeviceClass>::all(client.clone())
         .list(&ListParams::default())
         .await
-        .map_err(api_err("DeviceClasses"))?
-        .items;
+        .map_err(api_error("DeviceClasses"))?
+        .items)
+}
+
+/// The cluster's allocated ResourceClaims, read from the list response as it arrives and
+/// kept with only what explain reads of them (name, namespace, `status.allocation`).
+pub async fn cluster_allocated(client: &kube::Client) -> Result<Vec<ResourceClaim>, InputError> {
+    let what = "ResourceClaims";
+    let mut allocated = Vec::new();
+    crate::explain::stream::read_list(
+        client,
+        what,
+        Api::<ResourceClaim>::all(client.clone()).resource_url(),
+        &ListParams::default(),
+        |bytes| {
+            let claim: ResourceClaim = serde_json::from_slice(&bytes)
+                .map_err(|e| api_error(what)(kube::Error::SerdeError(e)))?;
+            let Some(allocation) = claim.status.and_then(|s| s.allocation) else {
+                return Ok::<(), InputError>(());
+            };
+            allocated.push(ResourceClaim {
+                metadata: ObjectMeta {
+                    name: claim.metadata.name,
+                    namespace: claim.metadata.namespace,
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+                status: Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+                    allocation: Some(allocation),
+                    ..Default::default()
+                }),
+            });
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(allocated)
+}
+
+impl From<crate::explain::stream::ListError> for InputError {
+    fn from(e: crate::explain::stream::ListError) -> Self {
+        use crate::explain::stream::ListError;
+        match e {
+            ListError::Api { what, source } => InputError::Api { what, source },
+            ListError::Shape { what, source } => InputError::ApiList { what, source },
+        }
+    }
+}
+
+/// Explains `claims` over the cluster's ResourceSlices (of `node` only, when given), read from
+/// the list response as it arrives and judged node by node
+/// ([`NodeScan`](crate::explain::NodeScan)): memory holds a few nodes' slices, not the
+/// cluster's. The API server lists a node's slices together; when a second pass is needed
+/// (slices that name no node listed after some that do, a pool spread over nodes), the slices
+/// are listed again.
+///
+/// Fails when a list request fails or its answer is not a list of ResourceSlices.
+pub async fn explain_cluster<E: crate::alloc::SelectorEngine>(
+    engine: &E,
+    client: &kube::Client,
+    node: Option<&str>,
+    classes: &[DeviceClass],
+    allocated: &[ResourceClaim],
+    claims: &[ResourceClaim],
+) -> Result<crate::explain::ExplainReport, InputError> {
+    let what = "ResourceSlices";
     let mut params = ListParams::default();
     if let Some(node) = node {
         params = params.fields(&format!("spec.nodeName={node}"));
     }
-    let slices = Api::<ResourceSlice>::all(client.clone())
-        .list(&params)
-        .await
-        .map_err(api_err("ResourceSlices"))?
-        .items;
-    let allocated = Api::<ResourceClaim>::all(client)
-        .list(&ListParams::default())
-        .await
-        .map_err(api_err("ResourceClaims"))?
-        .items
-        .into_iter()
-        .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
-        .collect();
-    Ok(ClusterState {
-        classes,
-        slices,
-        allocated,
-    })
+    let mut scan = crate::explain::NodeScan::new(engine, classes, allocated, claims);
+    loop {
+        crate::explain::stream::read_list(
+            client,
+            what,
+            Api::<ResourceSlice>::all(client.clone()).resource_url(),
+            &params,
+            |bytes| {
+                let item: SliceItem = serde_json::from_slice(&bytes)
+                    .map_err(|e| api_error(what)(kube::Error::SerdeError(e)))?;
+                scan.add(item.into_slice());
+                Ok::<(), InputError>(())
+            },
+        )
+        .await?;
+        if !scan.end_pass() {
+            return Ok(scan.report());
+        }
+    }
 }
 
 /// Classes from `--classes` (file or directory), else the built-in ones.

@@ -4,7 +4,7 @@
 mod k8s_support;
 
 use gpu_dra::capacity::{
-    CapacityInput, CapacityOptions, TableOptions, build, build_from_cluster, inputs, render_table,
+    CapacityInput, CapacityOptions, TableOptions, build, build_from_cluster, render_table,
 };
 use gpu_dra::explain_inputs::sim_slices;
 use serde_json::{Value, json};
@@ -49,29 +49,27 @@ fn objects() -> Vec<(String, Value)> {
 #[tokio::test]
 async fn a_live_cluster_shows_which_pod_holds_which_device() {
     let (api, client) = FakeApi::start(objects());
-    let lists = inputs::from_cluster(client, "gpu.nvidia.com", Some("mixed"), true)
-        .await
-        .unwrap();
-    let requests = api.take_requests();
-    let lines: Vec<String> = requests.iter().map(|r| r.line()).collect();
-    assert_eq!(
-        lines,
-        [
-            "GET /apis/resource.k8s.io/v1/resourceslices",
-            "GET /apis/resource.k8s.io/v1/resourceclaims",
-            "GET /api/v1/nodes/mixed"
-        ]
-    );
-    assert_eq!(
-        requests[0].query.get("fieldSelector").map(String::as_str),
-        Some("spec.driver=gpu.nvidia.com,spec.nodeName=mixed")
-    );
     let options = CapacityOptions {
         driver: "gpu.nvidia.com".into(),
         pool_label: Some("gpu-pool".into()),
         node: Some("mixed".into()),
     };
-    let report = build_from_cluster(&lists, &options).unwrap();
+    let report = build_from_cluster(client, &options).await.unwrap();
+    let requests = api.take_requests();
+    let lines: Vec<String> = requests.iter().map(|r| r.line()).collect();
+    // Claims first: what they hold is needed while the slices stream by, pool by pool.
+    assert_eq!(
+        lines,
+        [
+            "GET /apis/resource.k8s.io/v1/resourceclaims",
+            "GET /apis/resource.k8s.io/v1/resourceslices",
+            "GET /api/v1/nodes/mixed"
+        ]
+    );
+    assert_eq!(
+        requests[1].query.get("fieldSelector").map(String::as_str),
+        Some("spec.driver=gpu.nvidia.com,spec.nodeName=mixed")
+    );
     assert_eq!(
         (report.totals.claims, report.totals.allocated_devices),
         (1, 1),
@@ -89,7 +87,7 @@ async fn a_live_cluster_shows_which_pod_holds_which_device() {
     let input = CapacityInput {
         slices: serde_json::from_value(serde_json::Value::Array(of_kind("ResourceSlice"))).unwrap(),
         claims: serde_json::from_value(serde_json::Value::Array(of_kind("ResourceClaim"))).unwrap(),
-        nodes: lists.nodes.clone(),
+        nodes: serde_json::from_value(serde_json::Value::Array(of_kind("Node"))).unwrap(),
     };
     assert_eq!(build(&input, &options).unwrap(), report);
     assert_eq!(report.nodes[0].pool.as_deref(), Some("research"));
@@ -127,12 +125,15 @@ async fn a_live_cluster_shows_which_pod_holds_which_device() {
 #[tokio::test]
 async fn every_node_is_listed_for_pools_when_no_node_is_named() {
     let (api, client) = FakeApi::start(objects());
-    let lists = inputs::from_cluster(client, "gpu.nvidia.com", None, true)
-        .await
-        .unwrap();
+    let options = CapacityOptions {
+        driver: "gpu.nvidia.com".into(),
+        pool_label: Some("gpu-pool".into()),
+        node: None,
+    };
+    let report = build_from_cluster(client, &options).await.unwrap();
     let lines: Vec<String> = api.take_requests().iter().map(|r| r.line()).collect();
     assert_eq!(lines[2], "GET /api/v1/nodes");
-    assert_eq!(lists.nodes.len(), 1);
+    assert_eq!(report.pools[0].pool, "research");
 }
 
 #[tokio::test]
@@ -143,10 +144,12 @@ async fn a_failed_list_names_what_was_being_listed() {
         "resourceclaims",
         k8s_support::Answer::Status(403, "Forbidden", "claims are secret".into()),
     ));
-    let err = inputs::from_cluster(client, "gpu.nvidia.com", None, false)
-        .await
-        .err()
-        .unwrap();
+    let options = CapacityOptions {
+        driver: "gpu.nvidia.com".into(),
+        pool_label: None,
+        node: None,
+    };
+    let err = build_from_cluster(client, &options).await.err().unwrap();
     assert_eq!(
         err.to_string(),
         "listing ResourceClaims from the API server"
@@ -178,10 +181,7 @@ async fn claims_whose_list_the_fast_path_does_not_take_are_read_in_full() {
     };
     let report = |objects| async {
         let (_api, client) = FakeApi::start(objects);
-        let lists = inputs::from_cluster(client, "gpu.nvidia.com", None, false)
-            .await
-            .unwrap();
-        build_from_cluster(&lists, &options).unwrap()
+        build_from_cluster(client, &options).await.unwrap()
     };
     let full = report(stripped).await;
     assert_eq!(full, report(objects()).await);
@@ -196,15 +196,12 @@ async fn a_response_that_is_no_list_is_named() {
         "resourceclaims",
         k8s_support::Answer::Json(200, serde_json::json!({"kind": "Status", "items": "none"})),
     ));
-    let lists = inputs::from_cluster(client, "gpu.nvidia.com", None, false)
-        .await
-        .unwrap();
     let options = CapacityOptions {
         driver: "gpu.nvidia.com".into(),
         pool_label: None,
         node: None,
     };
-    let err = build_from_cluster(&lists, &options).unwrap_err();
+    let err = build_from_cluster(client, &options).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "reading the API server's list of ResourceClaims"

@@ -72,8 +72,8 @@ fn capacity_from_a_cluster_shows_which_pod_holds_which_device() {
     assert_eq!(
         paths,
         [
-            "GET /apis/resource.k8s.io/v1/resourceslices",
             "GET /apis/resource.k8s.io/v1/resourceclaims",
+            "GET /apis/resource.k8s.io/v1/resourceslices",
             "GET /api/v1/nodes"
         ]
     );

@@ -4,7 +4,7 @@
 mod k8s_support;
 
 use gpu_dra::explain::{ExplainInput, explain};
-use gpu_dra::explain_inputs::cluster_state;
+use gpu_dra::explain_inputs::{cluster_allocated, cluster_classes, explain_cluster};
 use gpu_dra::selectors::CelEngine;
 use serde_json::json;
 
@@ -45,38 +45,39 @@ async fn a_live_cluster_is_explained_with_its_own_classes_slices_and_allocations
                    {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "mixed", "device": "gpu-2"}]}}}}),
     ));
     let (api, client) = FakeApi::start(objects);
-    let state = cluster_state(client, Some("mixed")).await.unwrap();
-    assert_eq!(state.classes.len(), 2);
-    assert_eq!(state.slices.len(), slices.len());
-    assert_eq!(state.allocated.len(), 1);
-    let requests = api.take_requests();
-    let lines: Vec<String> = requests.iter().map(|r| r.line()).collect();
-    assert_eq!(
-        lines,
-        [
-            "GET /apis/resource.k8s.io/v1/deviceclasses",
-            "GET /apis/resource.k8s.io/v1/resourceslices",
-            "GET /apis/resource.k8s.io/v1/resourceclaims"
-        ]
-    );
-    assert_eq!(
-        requests[1].query.get("fieldSelector").map(String::as_str),
-        Some("spec.nodeName=mixed")
-    );
-
+    let classes = cluster_classes(&client).await.unwrap();
+    let allocated = cluster_allocated(&client).await.unwrap();
+    assert_eq!(classes.len(), 2);
+    assert_eq!(allocated.len(), 1);
     let claims = gpu_dra::explain::load_claims(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/dedicated-gpu.yaml"
     )))
     .unwrap();
-    let report = explain(
+    let report = explain_cluster(
         &CelEngine,
-        &ExplainInput {
-            classes: state.classes,
-            slices: state.slices,
-            allocated: state.allocated,
-            claims,
-        },
+        &client,
+        Some("mixed"),
+        &classes,
+        &allocated,
+        &claims,
+    )
+    .await
+    .unwrap();
+    let requests = api.take_requests();
+    let lines: Vec<String> = requests.iter().map(|r| r.line()).collect();
+    // The slices last, read as they arrive: the classes and what claims hold are needed first.
+    assert_eq!(
+        lines,
+        [
+            "GET /apis/resource.k8s.io/v1/deviceclasses",
+            "GET /apis/resource.k8s.io/v1/resourceclaims",
+            "GET /apis/resource.k8s.io/v1/resourceslices"
+        ]
+    );
+    assert_eq!(
+        requests[2].query.get("fieldSelector").map(String::as_str),
+        Some("spec.nodeName=mixed")
     );
     assert!(!report.fits());
     let text = report.render_human();
@@ -84,4 +85,15 @@ async fn a_live_cluster_is_explained_with_its_own_classes_slices_and_allocations
         text.contains("2 x allocated to claim team-a/held: gpu-1, gpu-2"),
         "{text}"
     );
+    // The same objects read whole give the same report.
+    let whole = explain(
+        &CelEngine,
+        &ExplainInput {
+            classes,
+            slices,
+            allocated,
+            claims,
+        },
+    );
+    assert_eq!(whole, report);
 }

@@ -1,7 +1,7 @@
 //! Fragmentation of one dynamic-MIG GPU: its free memory slices, and for every profile that
 //! no longer fits, the allocated devices in the way of its most nearly free placement.
 
-use super::book::{Book, Dev};
+use super::counters::{Book, Dev};
 use super::{BlockedProfile, Blocker};
 use crate::quantity::Quantity;
 

@@ -1,56 +1,11 @@
-//! One GPU's shared counters and the devices that consume them: what its holders take, which
-//! devices are still free, and how many of each profile a request could get together.
+//! One GPU evaluated: what its holders take, which devices are still free, and how many of
+//! each profile a request could get together. The counters and devices it reads are
+//! `counters.rs`'s, which `blocked.rs` reads too (neither of the two imports the other).
 
 use super::blocked;
-use super::{Allocation, FULL_GPU, FreeProfile, GpuCapacity, Holder, MigMode, Placement};
+use super::counters::{Book, Dev, Use};
+use super::{Allocation, FULL_GPU, FreeProfile, GpuCapacity, MigMode};
 use crate::quantity::Quantity;
-
-/// A counter a device consumes: index into the GPU's book and amount.
-pub(super) type Use = (usize, Quantity);
-
-/// The counters of the counter sets a GPU's devices consume.
-#[derive(Default)]
-pub(super) struct Book<'a> {
-    /// The pool's (counter set, counter) numbers per index.
-    pub(super) keys: Vec<(u32, u32)>,
-    /// Counter names per index.
-    pub(super) names: Vec<&'a str>,
-    pub(super) totals: Vec<Quantity>,
-    /// Index of `memory-slice-<n>` for each n, when the GPU has them.
-    pub(super) memory_slices: Vec<Option<usize>>,
-}
-
-impl<'a> Book<'a> {
-    /// Index of a counter (the pool's set and counter numbers), adding it with its `name` and
-    /// `total` on first sight; `memory_slice` is its `n` when it is `memory-slice-<n>`.
-    pub(super) fn index(
-        &mut self,
-        key: (u32, u32),
-        name: &'a str,
-        total: Quantity,
-        memory_slice: Option<u32>,
-    ) -> usize {
-        if let Some(i) = self.keys.iter().position(|k| *k == key) {
-            return i;
-        }
-        self.keys.push(key);
-        self.names.push(name);
-        self.totals.push(total);
-        if let Some(n) = memory_slice {
-            let n = n as usize;
-            if self.memory_slices.len() <= n {
-                self.memory_slices.resize(n + 1, None);
-            }
-            self.memory_slices[n] = Some(self.totals.len() - 1);
-        }
-        self.totals.len() - 1
-    }
-}
-
-/// `n` of a `memory-slice-<n>` counter.
-pub(super) fn memory_slice(counter: &str) -> Option<u32> {
-    counter.strip_prefix("memory-slice-")?.parse().ok()
-}
 
 fn fits(left: &[Quantity], uses: &[Use]) -> bool {
     uses.iter().all(|(i, amount)| *amount <= left[*i])
@@ -60,16 +15,6 @@ fn take(left: &mut [Quantity], uses: &[Use]) {
     for (i, amount) in uses {
         left[*i] = left[*i].saturating_sub(amount);
     }
-}
-
-/// One published device of a GPU.
-pub(super) struct Dev<'a> {
-    pub(super) name: &'a str,
-    /// MIG profile, or [`FULL_GPU`].
-    pub(super) profile: &'a str,
-    pub(super) placement: Option<Placement>,
-    pub(super) uses: Vec<Use>,
-    pub(super) holders: Option<&'a [Holder]>,
 }
 
 /// A GPU as read from the slices, before evaluation.
@@ -84,8 +29,8 @@ pub(super) struct GpuEntry<'a> {
 }
 
 /// Per-profile counts of one GPU, for the cluster and pool summaries.
-pub(super) struct ProfileCount<'a> {
-    pub(super) profile: &'a str,
+pub(super) struct ProfileCount {
+    pub(super) profile: String,
     pub(super) capacity: usize,
     pub(super) allocated: usize,
     pub(super) free: usize,
@@ -119,8 +64,9 @@ impl<'a> GpuEntry<'a> {
         }
     }
 
-    /// What claims hold on this GPU, what is free, and the per-profile counts.
-    pub(super) fn evaluate(mut self) -> (GpuCapacity, Vec<ProfileCount<'a>>) {
+    /// What claims hold on this GPU, what is free, and the per-profile counts; owns nothing
+    /// of the slices it was read from, so the slices can go once their GPUs are evaluated.
+    pub(super) fn evaluate(mut self) -> Evaluated {
         // Device names are unique in a pool, so an unstable sort orders them the same way.
         self.devices.sort_unstable_by(|a, b| {
             (a.profile != FULL_GPU, a.placement, a.name).cmp(&(
@@ -171,7 +117,7 @@ impl<'a> GpuEntry<'a> {
                 .filter(|d| d.profile == profile && d.holders.is_some())
                 .count();
             counts.push(ProfileCount {
-                profile,
+                profile: profile.to_string(),
                 capacity: capacity.len(),
                 allocated: held,
                 free: starts.len(),
@@ -188,7 +134,7 @@ impl<'a> GpuEntry<'a> {
             counts
                 .iter()
                 .filter(|c| c.profile != FULL_GPU && c.capacity > 0 && c.free == 0)
-                .filter_map(|c| blocked::blocked(&self.devices, &self.book, &left, c.profile))
+                .filter_map(|c| blocked::blocked(&self.devices, &self.book, &left, &c.profile))
                 .collect()
         } else {
             Vec::new()
@@ -206,8 +152,23 @@ impl<'a> GpuEntry<'a> {
                 .then(|| blocked::free_memory_slices(&self.book, &left)),
             blocked,
         };
-        (gpu, counts)
+        Evaluated {
+            node: self.node,
+            minor: self.minor,
+            model: self.model.to_string(),
+            gpu,
+            counts,
+        }
     }
+}
+
+/// One GPU evaluated, with what the sums need.
+pub(super) struct Evaluated {
+    pub(super) node: String,
+    pub(super) minor: i64,
+    pub(super) model: String,
+    pub(super) gpu: GpuCapacity,
+    pub(super) counts: Vec<ProfileCount>,
 }
 
 /// `A`…`Z`, then `a`…`z`, then `*`: the layout letter of the n-th allocation.
@@ -222,6 +183,7 @@ pub(super) fn letter(n: usize) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::{Holder, Placement};
 
     fn dev<'a>(
         name: &'a str,
@@ -265,7 +227,7 @@ mod tests {
             ],
             book,
         };
-        let (gpu, counts) = gpu.evaluate();
+        let Evaluated { gpu, counts, .. } = gpu.evaluate();
         assert_eq!(gpu.free[0].count, 1);
         assert_eq!(counts[0].capacity, 1);
         assert_eq!(gpu.layout.as_deref(), Some(".."));
@@ -300,7 +262,7 @@ mod tests {
             ],
             book,
         };
-        let (gpu, counts) = gpu.evaluate();
+        let Evaluated { gpu, counts, .. } = gpu.evaluate();
         assert_eq!(gpu.layout.as_deref(), Some("...A"));
         let free: Vec<(&str, usize)> = gpu
             .free

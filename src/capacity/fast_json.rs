@@ -151,6 +151,15 @@ pub(super) fn slices(bytes: &[u8]) -> Option<Vec<SliceRecord<'_>>> {
     fits.then(|| items.into_iter().map(Slice::into_record).collect())
 }
 
+/// One item of a ResourceSlice list, as the model's record; `None` when it does not take this
+/// path (a field of the wrong shape, an escape in a string). Its kind is not checked: the
+/// caller knows what the list holds.
+pub(super) fn slice(item: &[u8]) -> Option<SliceRecord<'_>> {
+    serde_json::from_slice::<Slice>(item)
+        .ok()
+        .map(Slice::into_record)
+}
+
 /// The allocated ResourceClaims of a JSON list of `resource.k8s.io/v1` ResourceClaims;
 /// `None` for anything else.
 pub(super) fn allocated_claims(bytes: &[u8]) -> Option<Vec<ClaimRecord<'_>>> {

@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use super::book::{Book, Dev, GpuEntry, memory_slice};
+use super::book::GpuEntry;
+use super::counters::{Book, Dev, memory_slice};
 use super::records::{Attr, ClaimRecord, DeviceRecord, SliceRecord};
 use super::{CapacityError, CapacityOptions, FULL_GPU, Holder, Placement};
 use crate::quantity::Quantity;
@@ -94,11 +95,34 @@ fn invalid(slice: &SliceRecord, field: String, value: &str, problem: String) -> 
     }
 }
 
+/// What makes the view less than exact, in report order: every incomplete pool first, then
+/// every claim naming a device no slice publishes, each by pool name.
+#[derive(Default)]
+pub(super) struct Warnings {
+    pub(super) incomplete: Vec<String>,
+    pub(super) ghosts: Vec<String>,
+}
+
+impl Warnings {
+    /// Appends `other`'s warnings (of pools after this one's) to this one's.
+    pub(super) fn extend(&mut self, other: Warnings) {
+        self.incomplete.extend(other.incomplete);
+        self.ghosts.extend(other.ghosts);
+    }
+
+    /// The warnings in report order.
+    pub(super) fn into_list(self) -> Vec<String> {
+        let mut list = self.incomplete;
+        list.extend(self.ghosts);
+        list
+    }
+}
+
 /// The driver's slices at the newest generation of each pool, by pool name.
 fn pools<'a>(
     slices: &'a [SliceRecord<'a>],
     options: &CapacityOptions,
-    warnings: &mut Vec<String>,
+    warnings: &mut Warnings,
 ) -> BTreeMap<&'a str, PoolSlices<'a>> {
     let mut pools: BTreeMap<&str, PoolSlices> = BTreeMap::new();
     for slice in slices.iter().filter(|s| s.spec.driver == options.driver) {
@@ -123,7 +147,7 @@ fn pools<'a>(
     }
     for (name, pool) in &pools {
         if (pool.slices.len() as i64) < pool.expected {
-            warnings.push(format!(
+            warnings.incomplete.push(format!(
                 "pool {name} is incomplete: {} of {} slices at generation {}; counted as is",
                 pool.slices.len(),
                 pool.expected,
@@ -215,13 +239,13 @@ impl<'a> PoolCounters<'a> {
 }
 
 /// The GPUs of the driver's slices (of `options.node` only, when set), each with its devices,
-/// their counter use and holders. Claims naming a device of a known pool that no slice
-/// publishes are reported in `warnings`.
+/// their counter use and holders, pools in name order. Claims naming a device of a known pool
+/// that no slice publishes are reported in `warnings`.
 pub(super) fn collect<'a>(
     slices: &'a [SliceRecord<'a>],
     options: &CapacityOptions,
     holders: &'a Holders<'a>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Warnings,
 ) -> Result<Vec<GpuEntry<'a>>, CapacityError> {
     let driver = options.driver.as_str();
     let mut gpus: Vec<GpuEntry<'a>> = Vec::new();
@@ -365,7 +389,7 @@ pub(super) fn collect<'a>(
                     .iter()
                     .map(|h| format!("{}/{}", h.namespace, h.claim))
                     .collect();
-                warnings.push(format!(
+                warnings.ghosts.push(format!(
                     "claim {} holds device {device} of pool {pool_name}, which no slice publishes",
                     claims.join(", ")
                 ));

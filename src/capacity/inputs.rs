@@ -8,6 +8,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::ListParams;
 
+use crate::explain::stream::{ListError, ListHead};
 use crate::explain::{self, ExplainError};
 
 /// Reading or listing the inputs failed.
@@ -35,6 +36,13 @@ pub enum InputError {
         what: &'static str,
         #[source]
         source: serde_json::Error,
+    },
+    /// The API server's list response, read as it arrived, is not a list object.
+    #[error("reading the API server's list of {what}")]
+    ApiList {
+        what: &'static str,
+        #[source]
+        source: crate::explain::stream::ShapeError,
     },
 }
 
@@ -111,72 +119,101 @@ pub(super) fn load_nodes(path: &Path) -> Result<Vec<Node>, InputError> {
     explain::load_nodes(path).map_err(file_error("--nodes", path))
 }
 
-/// What `gpu-dra capacity` read from a live cluster: the API server's list responses for
-/// slices and claims, kept as they came so the report's records borrow from them (a
-/// 1,000-node cluster's slices are some 200 MB of JSON), and the Nodes.
-#[derive(Clone, Debug)]
-pub struct ClusterLists {
-    pub(super) slices: String,
-    pub(super) claims: String,
-    /// The Nodes, with `with_nodes` (for `--pool-label`).
-    pub nodes: Vec<Node>,
+fn api_error(what: &'static str) -> impl FnOnce(kube::Error) -> InputError {
+    move |e| InputError::Api {
+        what,
+        source: Box::new(e),
+    }
 }
 
-/// Lists the driver's ResourceSlices (of `node`, or all), every ResourceClaim and, with
-/// `with_nodes`, the Nodes (`node` only, when given) from the cluster.
-///
-/// Fails with [`InputError::Api`] naming what was being listed when a request fails.
-pub async fn from_cluster(
-    client: kube::Client,
-    driver: &str,
-    node: Option<&str>,
-    with_nodes: bool,
-) -> Result<ClusterLists, InputError> {
-    let api_err = |what| {
-        move |e| InputError::Api {
-            what,
-            source: Box::new(e),
-        }
-    };
-    let mut selector = format!("spec.driver={driver}");
-    if let Some(node) = node {
+/// The field selector of the driver's slices, of `options.node` only when set.
+fn slice_params(options: &super::CapacityOptions) -> ListParams {
+    let mut selector = format!("spec.driver={}", options.driver);
+    if let Some(node) = &options.node {
         selector.push_str(&format!(",spec.nodeName={node}"));
     }
-    let slices = list_body(
-        &client,
-        Api::<ResourceSlice>::all(client.clone()).resource_url(),
-        &ListParams::default().fields(&selector),
-    )
-    .await
-    .map_err(api_err("ResourceSlices"))?;
-    let claims = list_body(
-        &client,
+    ListParams::default().fields(&selector)
+}
+
+/// Every ResourceClaim, as the API server's list response.
+pub(super) async fn list_claims(client: &kube::Client) -> Result<String, InputError> {
+    list_body(
+        client,
         Api::<ResourceClaim>::all(client.clone()).resource_url(),
         &ListParams::default(),
     )
     .await
-    .map_err(api_err("ResourceClaims"))?;
-    let nodes = match (with_nodes, node) {
-        (false, _) => Vec::new(),
-        (true, Some(name)) => vec![
-            Api::<Node>::all(client)
-                .get(name)
-                .await
-                .map_err(api_err("Nodes"))?,
-        ],
-        (true, None) => {
-            Api::<Node>::all(client)
-                .list(&ListParams::default())
-                .await
-                .map_err(api_err("Nodes"))?
-                .items
+    .map_err(api_error("ResourceClaims"))
+}
+
+/// The driver's ResourceSlices (of `options.node`, when set), as the API server's list
+/// response, whole.
+pub(super) async fn list_slices(
+    client: &kube::Client,
+    options: &super::CapacityOptions,
+) -> Result<String, InputError> {
+    list_body(
+        client,
+        Api::<ResourceSlice>::all(client.clone()).resource_url(),
+        &slice_params(options),
+    )
+    .await
+    .map_err(api_error("ResourceSlices"))
+}
+
+/// Lists the driver's ResourceSlices (of `options.node`, when set), handing each to `item` as
+/// the response arrives; answers the list's head, or `None` when `item` stopped the list or
+/// the response is not a list object (the caller then lists the slices again, whole, to
+/// report on them). Fails when the request fails.
+pub(super) async fn stream_slices<S>(
+    client: &kube::Client,
+    options: &super::CapacityOptions,
+    item: impl FnMut(Vec<u8>) -> Result<(), S>,
+) -> Result<Option<ListHead>, InputError> {
+    enum Interrupt<S> {
+        List(ListError),
+        Item(S),
+    }
+    impl<S> From<ListError> for Interrupt<S> {
+        fn from(e: ListError) -> Self {
+            Interrupt::List(e)
         }
-    };
-    Ok(ClusterLists {
-        slices,
-        claims,
-        nodes,
-    })
+    }
+    let mut item = item;
+    let read = crate::explain::stream::read_list(
+        client,
+        "ResourceSlices",
+        Api::<ResourceSlice>::all(client.clone()).resource_url(),
+        &slice_params(options),
+        |bytes| item(bytes).map_err(Interrupt::Item),
+    )
+    .await;
+    match read {
+        Ok(head) => Ok(Some(head)),
+        Err(Interrupt::List(ListError::Api { what, source })) => {
+            Err(InputError::Api { what, source })
+        }
+        Err(Interrupt::List(ListError::Shape { .. }) | Interrupt::Item(_)) => Ok(None),
+    }
+}
+
+/// With `options.pool_label`, the Nodes (`options.node` only, when set); else none.
+pub(super) async fn list_nodes(
+    client: &kube::Client,
+    options: &super::CapacityOptions,
+) -> Result<Vec<Node>, InputError> {
+    if options.pool_label.is_none() {
+        return Ok(Vec::new());
+    }
+    let api = Api::<Node>::all(client.clone());
+    match &options.node {
+        Some(name) => Ok(vec![api.get(name).await.map_err(api_error("Nodes"))?]),
+        None => Ok(api
+            .list(&ListParams::default())
+            .await
+            .map_err(api_error("Nodes"))?
+            .items),
+    }
 }
 
 /// The body of a list request, as the API server sent it (the request `Api::list` makes).

@@ -14,12 +14,14 @@
 
 mod blocked;
 mod book;
+mod counters;
 mod fast_json;
 mod gpus;
 pub mod inputs;
 mod json_list;
 mod records;
 mod render;
+mod stream;
 mod summary;
 
 use std::collections::BTreeMap;
@@ -336,10 +338,12 @@ pub struct InputFiles<'p> {
 
 /// Builds the capacity view from files, as [`build`] does from objects.
 ///
-/// A JSON `List` of `resource.k8s.io/v1` slices or claims (`kubectl get … -o json`) is read
-/// by a fast path that parses only the fields the view reads, borrowing its strings from the
-/// file's bytes; every other form (YAML, single objects, directories, older API versions) is
-/// read in full, as `explain` reads it. Both give the same report.
+/// A JSON `List` of `resource.k8s.io/v1` slices (`kubectl get … -o json`, or the API server's
+/// own list saved with `kubectl get --raw`) is read slice by slice on a second thread and
+/// counted pool by pool, holding one pool's slices at a time, not the file. JSON lists of
+/// claims are read by a fast path that parses only the fields the view reads, borrowing its
+/// strings from the file's bytes. Every other form (YAML, single objects, directories, older
+/// API versions) is read in full, as `explain` reads it. All give the same report.
 ///
 /// Fails as [`build`] does, and with [`CapacityError::Input`] naming the flag, the file and
 /// the document when a file cannot be read or parsed, holds an object of an unsupported API
@@ -348,21 +352,8 @@ pub fn build_from_files(
     files: InputFiles<'_>,
     options: &CapacityOptions,
 ) -> Result<CapacityReport, CapacityError> {
-    let (slice_bytes, claim_bytes) = (
-        inputs::read_json(files.slices),
-        files.claims.and_then(inputs::read_json),
-    );
-    let (general_slices, general_claims);
-    let slices = match slice_bytes.as_deref().and_then(fast_json::slices) {
-        Some(records) => records,
-        None => {
-            general_slices = inputs::load_slices(files.slices)?;
-            general_slices
-                .iter()
-                .map(records::SliceRecord::from_api)
-                .collect()
-        }
-    };
+    let claim_bytes = files.claims.and_then(inputs::read_json);
+    let general_claims;
     let claims = match (
         files.claims,
         claim_bytes.as_deref().and_then(fast_json::allocated_claims),
@@ -381,40 +372,111 @@ pub fn build_from_files(
         Some(path) => inputs::load_nodes(path)?,
         None => Vec::new(),
     };
-    build_records(&slices, &claims, &nodes, options)
-}
-
-/// Builds the capacity view from a live cluster's lists ([`inputs::from_cluster`]).
-///
-/// The API server's typed lists take the same fast path as `kubectl get -o json` files;
-/// a response the fast path does not take is read in full. Fails as [`build`] does, and with
-/// [`inputs::InputError::ApiResponse`] when a response is not a list of the objects asked for.
-pub fn build_from_cluster(
-    lists: &inputs::ClusterLists,
-    options: &CapacityOptions,
-) -> Result<CapacityReport, CapacityError> {
-    let (general_slices, general_claims): (Vec<ResourceSlice>, Vec<ResourceClaim>);
-    let slices = match fast_json::slices(lists.slices.as_bytes()) {
+    if crate::explain::stream::is_json_object(files.slices) {
+        let holders = gpus::holders(&claims, &options.driver);
+        let mut pools = stream::PoolStream::new(options, &holders, stream::Source::File);
+        let read = crate::explain::stream::read_file(files.slices, |items| {
+            for item in items {
+                pools.item(item)?;
+            }
+            Ok::<(), stream::Stop>(())
+        });
+        // Anything but a report (a form the stream does not take, an unreadable slice, a
+        // file that is no list) is left to the whole-file reading below, which takes every
+        // form and reports the first problem in pool order, as it always did.
+        if let Ok((Ok(()), head)) = read
+            && let Ok(report) = pools.finish(head.as_ref(), &nodes)
+        {
+            return Ok(report);
+        }
+    }
+    let slice_bytes = inputs::read_json(files.slices);
+    let general_slices;
+    let slices = match slice_bytes.as_deref().and_then(fast_json::slices) {
         Some(records) => records,
         None => {
-            general_slices = inputs::decode_list("ResourceSlices", &lists.slices)?;
+            general_slices = inputs::load_slices(files.slices)?;
             general_slices
                 .iter()
                 .map(records::SliceRecord::from_api)
                 .collect()
         }
     };
-    let claims = match fast_json::allocated_claims(lists.claims.as_bytes()) {
+    build_records(&slices, &claims, &nodes, options)
+}
+
+/// Builds the capacity view from a live cluster: every ResourceClaim, then the driver's
+/// ResourceSlices (of `options.node` only, when set), then, with `options.pool_label`, the
+/// Nodes (`options.node` only, when set).
+///
+/// The slices are read from the response as it arrives and counted pool by pool, holding one
+/// pool's slices at a time: a 1,000-node cluster's slices are some 120 MB of JSON. When that
+/// cannot give the report (a slice beyond its pool's count after the pool was counted, a
+/// slice the model cannot read), the slices are listed again and read whole, which reports
+/// the first problem in pool order. Claims take the same fast path as `kubectl get -o json`
+/// files; a response the fast path does not take is read in full.
+///
+/// Fails as [`build`] does, with [`inputs::InputError::Api`] naming what was being listed
+/// when a request fails, and with [`inputs::InputError::ApiResponse`] (or
+/// [`inputs::InputError::ApiList`]) when a response is not a list of the objects asked for.
+pub async fn build_from_cluster(
+    client: kube::Client,
+    options: &CapacityOptions,
+) -> Result<CapacityReport, CapacityError> {
+    let claims_body = inputs::list_claims(&client).await?;
+    let general_claims: Vec<ResourceClaim>;
+    let claims = match fast_json::allocated_claims(claims_body.as_bytes()) {
         Some(records) => records,
         None => {
-            general_claims = inputs::decode_list("ResourceClaims", &lists.claims)?;
+            general_claims = inputs::decode_list("ResourceClaims", &claims_body)?;
             general_claims
                 .iter()
                 .filter_map(records::ClaimRecord::from_api)
                 .collect()
         }
     };
-    build_records(&slices, &claims, &lists.nodes, options)
+    let holders = gpus::holders(&claims, &options.driver);
+    let mut pools = stream::PoolStream::new(options, &holders, stream::Source::Api);
+    let streamed = inputs::stream_slices(&client, options, |item| pools.item(item)).await?;
+    let nodes = inputs::list_nodes(&client, options).await?;
+    if let Some(head) = streamed
+        && let Ok(report) = pools.finish(Some(&head), &nodes)
+    {
+        return Ok(report);
+    }
+    let slices_body = inputs::list_slices(&client, options).await?;
+    let general_slices: Vec<ResourceSlice>;
+    let slices = match fast_json::slices(slices_body.as_bytes()) {
+        Some(records) => records,
+        None => {
+            general_slices = inputs::decode_list("ResourceSlices", &slices_body)?;
+            general_slices
+                .iter()
+                .map(records::SliceRecord::from_api)
+                .collect()
+        }
+    };
+    build_records(&slices, &claims, &nodes, options)
+}
+
+/// The error for `--node` naming a node without GPUs of the driver.
+fn unknown_node<'a>(
+    node: &str,
+    driver: &str,
+    known: impl Iterator<Item = &'a str>,
+) -> CapacityError {
+    let mut known: Vec<&str> = known.collect();
+    known.sort();
+    known.dedup();
+    CapacityError::UnknownNode {
+        node: node.to_string(),
+        driver: driver.to_string(),
+        known: if known.is_empty() {
+            "none".into()
+        } else {
+            known.join(", ")
+        },
+    }
 }
 
 fn build_records(
@@ -423,28 +485,26 @@ fn build_records(
     nodes: &[Node],
     options: &CapacityOptions,
 ) -> Result<CapacityReport, CapacityError> {
-    let mut warnings = Vec::new();
+    let mut warnings = gpus::Warnings::default();
     let holders = gpus::holders(claims, &options.driver);
     let gpus = gpus::collect(slices, options, &holders, &mut warnings)?;
     if let Some(node) = &options.node
         && gpus.is_empty()
     {
-        let mut known: Vec<&str> = slices
-            .iter()
-            .filter(|s| s.spec.driver == options.driver)
-            .filter_map(|s| s.spec.node_name)
-            .collect();
-        known.sort();
-        known.dedup();
-        return Err(CapacityError::UnknownNode {
-            node: node.clone(),
-            driver: options.driver.clone(),
-            known: if known.is_empty() {
-                "none".into()
-            } else {
-                known.join(", ")
-            },
-        });
+        return Err(unknown_node(
+            node,
+            &options.driver,
+            slices
+                .iter()
+                .filter(|s| s.spec.driver == options.driver)
+                .filter_map(|s| s.spec.node_name),
+        ));
     }
-    Ok(summary::assemble(gpus, nodes, options, warnings))
+    let evaluated = gpus.into_iter().map(|g| g.evaluate()).collect();
+    Ok(summary::assemble(
+        evaluated,
+        nodes,
+        options,
+        warnings.into_list(),
+    ))
 }

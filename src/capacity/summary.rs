@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::book::{GpuEntry, ProfileCount};
+use super::book::{Evaluated, ProfileCount};
 use k8s_openapi::api::core::v1::Node;
 
 use super::{
@@ -43,14 +43,12 @@ struct ProfileSums<'a> {
 }
 
 impl<'a> ProfileSums<'a> {
-    fn add(&mut self, model: &'a str, counts: &[ProfileCount<'a>]) {
+    fn add(&mut self, model: &'a str, counts: &'a [ProfileCount]) {
         for count in counts {
-            let key = (
-                count.profile,
-                if count.profile == FULL_GPU { model } else { "" },
-            );
+            let profile = count.profile.as_str();
+            let key = (profile, if profile == FULL_GPU { model } else { "" });
             let row = self.rows.entry(key).or_insert_with(|| ProfileSummary {
-                profile: count.profile.to_string(),
+                profile: profile.to_string(),
                 models: Vec::new(),
                 capacity: 0,
                 allocated: 0,
@@ -85,34 +83,10 @@ struct PoolSums<'a> {
     profiles: ProfileSums<'a>,
 }
 
-/// Evaluates the GPUs in order. (One thread: evaluating is mostly allocating the report's
-/// strings, which a second thread's malloc arena made slower, not faster.)
-fn evaluate_all<'a>(gpus: Vec<GpuEntry<'a>>) -> Vec<Evaluated<'a>> {
-    gpus.into_iter()
-        .map(|entry| {
-            let (node, model) = (entry.node.clone(), entry.model);
-            let (gpu, counts) = entry.evaluate();
-            Evaluated {
-                node,
-                model,
-                gpu,
-                counts,
-            }
-        })
-        .collect()
-}
-
-/// One GPU evaluated, with what the sums need.
-struct Evaluated<'a> {
-    node: String,
-    model: &'a str,
-    gpu: super::GpuCapacity,
-    counts: Vec<ProfileCount<'a>>,
-}
-
-/// Evaluates every GPU and sums them up.
+/// Sums the evaluated GPUs up into the report: nodes in name order, each node's GPUs by minor
+/// number (GPUs of one node with the same minor, from different pools, in the order given).
 pub(super) fn assemble(
-    mut gpus: Vec<GpuEntry>,
+    mut gpus: Vec<Evaluated>,
     nodes: &[Node],
     options: &CapacityOptions,
     warnings: Vec<String>,
@@ -129,7 +103,12 @@ pub(super) fn assemble(
         None => HashMap::new(),
     };
     gpus.sort_by(|a, b| (&a.node, a.minor).cmp(&(&b.node, b.minor)));
-    let mut nodes: Vec<NodeCapacity> = Vec::new();
+    let pool_of = |node: &str| {
+        options
+            .pool_label
+            .as_ref()
+            .map(|_| labels.get(node).copied().unwrap_or(NO_POOL))
+    };
     let mut profiles = ProfileSums::default();
     let mut pools: BTreeMap<String, PoolSums> = BTreeMap::new();
     let mut totals = Totals::default();
@@ -139,7 +118,8 @@ pub(super) fn assemble(
         model,
         gpu,
         counts,
-    } in evaluate_all(gpus)
+        ..
+    } in &gpus
     {
         let busy = !gpu.allocated.is_empty();
         totals.gpus += 1;
@@ -148,28 +128,38 @@ pub(super) fn assemble(
         for holder in gpu.allocated.iter().flat_map(|a| &a.holders) {
             claims.insert((holder.namespace.clone(), holder.claim.clone()));
         }
-        profiles.add(model, &counts);
-        let pool = options
-            .pool_label
-            .as_ref()
-            .map(|_| labels.get(node.as_str()).copied().unwrap_or(NO_POOL));
-        if let Some(pool) = pool {
+        profiles.add(model, counts);
+        if let Some(pool) = pool_of(node) {
             let sums = pools.entry(pool.to_string()).or_default();
             sums.nodes.insert(node.clone());
             sums.gpus += 1;
             sums.busy += usize::from(busy);
-            sums.profiles.add(model, &counts);
+            sums.profiles.add(model, counts);
         }
-        match nodes.last_mut() {
+    }
+    let profiles = profiles.finish();
+    let pools = pools
+        .into_iter()
+        .map(|(pool, sums)| PoolSummary {
+            pool,
+            nodes: sums.nodes.len(),
+            gpus: sums.gpus,
+            busy_gpus: sums.busy,
+            profiles: sums.profiles.finish(),
+        })
+        .collect();
+    let mut report_nodes: Vec<NodeCapacity> = Vec::new();
+    for Evaluated { node, gpu, .. } in gpus {
+        match report_nodes.last_mut() {
             Some(last) if last.name == node => last.gpus.push(gpu),
-            _ => nodes.push(NodeCapacity {
+            _ => report_nodes.push(NodeCapacity {
+                pool: pool_of(&node).map(str::to_string),
                 name: node,
-                pool: pool.map(str::to_string),
                 gpus: vec![gpu],
             }),
         }
     }
-    totals.nodes = nodes.len();
+    totals.nodes = report_nodes.len();
     totals.claims = claims.len();
     totals.namespaces = claims
         .iter()
@@ -180,18 +170,9 @@ pub(super) fn assemble(
         driver: options.driver.clone(),
         pool_label: options.pool_label.clone(),
         totals,
-        profiles: profiles.finish(),
-        pools: pools
-            .into_iter()
-            .map(|(pool, sums)| PoolSummary {
-                pool,
-                nodes: sums.nodes.len(),
-                gpus: sums.gpus,
-                busy_gpus: sums.busy,
-                profiles: sums.profiles.finish(),
-            })
-            .collect(),
-        nodes,
+        profiles,
+        pools,
+        nodes: report_nodes,
         warnings,
     }
 }

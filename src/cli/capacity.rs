@@ -74,20 +74,10 @@ pub(crate) fn run(args: CapacityArgs) -> anyhow::Result<ExitCode> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            let lists = runtime.block_on(async {
+            runtime.block_on(async {
                 let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
-                let with_nodes = args.pool_label.is_some();
-                anyhow::Ok(
-                    capacity::inputs::from_cluster(
-                        client,
-                        &args.driver_name,
-                        args.node.as_deref(),
-                        with_nodes,
-                    )
-                    .await?,
-                )
-            })?;
-            capacity::build_from_cluster(&lists, &options)
+                anyhow::Ok(capacity::build_from_cluster(client, &options).await)
+            })?
         }
     };
     let report = match report {

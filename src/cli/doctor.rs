@@ -84,10 +84,10 @@ enum DoctorOutput {
 ///
 /// Fails when the checks cannot be run at all, or stdout cannot be written.
 pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
-    use gpu_dra::doctor::{self, DoctorConfig, NodeGpus, RuntimePaths};
+    use gpu_dra::doctor::{self, DoctorConfig, GpuSource, NodeGpus, RuntimePaths};
     let backend = match args.backend.gpu_backend {
-        Backend::Nvml => gpu_dra::plugin::BackendChoice::Nvml { lib: args.nvml_lib },
-        Backend::Sim => gpu_dra::plugin::BackendChoice::Sim {
+        Backend::Nvml => GpuSource::Nvml { lib: args.nvml_lib },
+        Backend::Sim => GpuSource::Sim {
             sim_node: args.backend.sim_node,
         },
     };

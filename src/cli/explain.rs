@@ -79,50 +79,78 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         },
         None => Vec::new(),
     };
-    let (classes, slices) = if args.kubeconfig.is_some() || args.in_cluster {
+    let engine = gpu_dra::selectors::CelEngine;
+    let report = if args.kubeconfig.is_some() || args.in_cluster {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let state = runtime.block_on(async {
+        let report = runtime.block_on(async {
             let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
-            anyhow::Ok(explain_inputs::cluster_state(client, args.node.as_deref()).await?)
-        })?;
-        allocated.extend(state.allocated);
-        let classes = match &args.classes {
-            Some(_) => explain_inputs::classes(args.classes.as_deref()),
-            None => Ok(state.classes),
-        };
-        (classes, Ok(state.slices))
-    } else {
-        let slices = match (&args.slices, &args.sim_node) {
-            (Some(path), _) => {
-                explain::load_slices(path).map_err(|e| chain(&anyhow::Error::new(e)))
-            }
-            (None, sim_node) => explain_inputs::sim_slices(
-                sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET),
-                &args.driver_name,
-                explain_inputs::SimSliceOptions {
-                    shared_gpus: args.shared_gpus,
-                    mig_profiles: args.mig_profiles.mig_profiles.clone(),
-                    slice_layout: args.slice_layout.slice_layout,
-                    mig_attributes: args.slice_layout.mig_attributes,
-                },
+            let classes = match &args.classes {
+                Some(_) => explain_inputs::classes(args.classes.as_deref()),
+                None => Ok(explain_inputs::cluster_classes(&client).await?),
+            };
+            let classes = match classes {
+                Ok(c) => c,
+                Err(e) => return anyhow::Ok(Err(e)),
+            };
+            allocated.extend(explain_inputs::cluster_allocated(&client).await?);
+            let report = explain_inputs::explain_cluster(
+                &engine,
+                &client,
+                args.node.as_deref(),
+                &classes,
+                &allocated,
+                &claims,
             )
-            .map_err(|e| chain(&anyhow::Error::new(e))),
+            .await?;
+            anyhow::Ok(Ok(report))
+        })?;
+        match report {
+            Ok(report) => report,
+            Err(e) => return bad_input(e),
+        }
+    } else {
+        let classes = match explain_inputs::classes(args.classes.as_deref()) {
+            Ok(c) => c,
+            Err(e) => return bad_input(e),
         };
-        (explain_inputs::classes(args.classes.as_deref()), slices)
+        let streamed = args.slices.as_deref().and_then(|path| {
+            explain_inputs::explain_slices_file(&engine, &classes, &allocated, &claims, path)
+        });
+        match streamed {
+            Some(report) => report,
+            None => {
+                let slices = match (&args.slices, &args.sim_node) {
+                    (Some(path), _) => {
+                        explain::load_slices(path).map_err(|e| chain(&anyhow::Error::new(e)))
+                    }
+                    (None, sim_node) => explain_inputs::sim_slices(
+                        sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET),
+                        &args.driver_name,
+                        explain_inputs::SimSliceOptions {
+                            shared_gpus: args.shared_gpus,
+                            mig_profiles: args.mig_profiles.mig_profiles.clone(),
+                            slice_layout: args.slice_layout.slice_layout,
+                            mig_attributes: args.slice_layout.mig_attributes,
+                        },
+                    )
+                    .map_err(|e| chain(&anyhow::Error::new(e))),
+                };
+                let slices = match slices {
+                    Ok(s) => s,
+                    Err(e) => return bad_input(e),
+                };
+                let input = ExplainInput {
+                    classes,
+                    slices,
+                    allocated,
+                    claims,
+                };
+                explain::explain(&engine, &input)
+            }
+        }
     };
-    let (classes, slices) = match (classes, slices) {
-        (Ok(c), Ok(s)) => (c, s),
-        (Err(e), _) | (_, Err(e)) => return bad_input(e),
-    };
-    let input = ExplainInput {
-        classes,
-        slices,
-        allocated,
-        claims,
-    };
-    let report = explain::explain(&gpu_dra::selectors::CelEngine, &input);
     match args.output {
         Output::Table => emit(&report.render_human())?,
         Output::Json => emit(&format!(

@@ -1,6 +1,10 @@
 //! The GPU side of the facts, behind [`GpuProbe`]: the backend's inventory, the sharing
 //! tools and `nvidia-smi`'s answer. [`NodeGpus`] is the real one over the plugin's backend
 //! settings; tests substitute their own.
+//!
+//! The doctor names the backend with its own [`GpuSource`] rather than the plugin's
+//! `BackendChoice`: the plugin runs the doctor's quick checks at start
+//! (`plugin/start_checks.rs`), so the doctor must not import the plugin back.
 
 use std::path::{Path, PathBuf};
 
@@ -9,9 +13,24 @@ use crate::errors::error_chain;
 use crate::hardware::nvml::NvmlBackend;
 use crate::hardware::sim::{STATE_FILE, SimBackend};
 use crate::hardware::{GpuBackend, NodeInventory};
-use crate::plugin::BackendChoice;
 use crate::sharing::Tools;
 use crate::sharing::simtools::query::{NODE_ENV, STATE_DIR_ENV};
+
+/// Which GPUs the doctor opens: `--gpu-backend` with its `--nvml-lib` or `--sim-node`, as
+/// the plugin would open them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSource {
+    /// GPUs through NVML; `lib`: the library to load instead of `libnvidia-ml.so.1`.
+    Nvml {
+        /// `--nvml-lib`.
+        lib: Option<PathBuf>,
+    },
+    /// A simulated node (preset or node file).
+    Sim {
+        /// `--sim-node`.
+        sim_node: String,
+    },
+}
 
 /// Where the GPU facts come from.
 pub trait GpuProbe {
@@ -34,7 +53,7 @@ pub trait GpuProbe {
 #[derive(Debug, Clone)]
 pub struct NodeGpus {
     /// `--gpu-backend` and its `--sim-node` / `--nvml-lib`.
-    pub backend: BackendChoice,
+    pub backend: GpuSource,
     /// Whether the node is simulated (sim backend, or `--simulated-host` over the simulated
     /// NVML library): simulated device nodes and tools.
     pub simulated: bool,
@@ -64,9 +83,9 @@ impl NodeGpus {
 impl GpuProbe for NodeGpus {
     fn describe(&self) -> String {
         match &self.backend {
-            BackendChoice::Sim { sim_node } => format!("sim ({sim_node})"),
-            BackendChoice::Nvml { lib: Some(lib) } => format!("nvml ({})", lib.display()),
-            BackendChoice::Nvml { lib: None } => "nvml (libnvidia-ml.so.1)".into(),
+            GpuSource::Sim { sim_node } => format!("sim ({sim_node})"),
+            GpuSource::Nvml { lib: Some(lib) } => format!("nvml ({})", lib.display()),
+            GpuSource::Nvml { lib: None } => "nvml (libnvidia-ml.so.1)".into(),
         }
     }
 
@@ -76,22 +95,22 @@ impl GpuProbe for NodeGpus {
 
     fn sim_node_name(&self) -> Option<String> {
         match &self.backend {
-            BackendChoice::Sim { sim_node } => crate::hardware::sim::NodeSource::resolve(sim_node)
+            GpuSource::Sim { sim_node } => crate::hardware::sim::NodeSource::resolve(sim_node)
                 .and_then(|s| s.plan())
                 .ok()
                 .map(|p| p.node_name),
-            BackendChoice::Nvml { .. } => None,
+            GpuSource::Nvml { .. } => None,
         }
     }
 
     fn inventory(&self) -> Result<NodeInventory, String> {
         match &self.backend {
-            BackendChoice::Sim { sim_node } => {
+            GpuSource::Sim { sim_node } => {
                 let sim = SimBackend::open(sim_node, self.existing_sim_state())
                     .map_err(|e| error_chain(&e))?;
                 sim.inventory().map_err(|e| error_chain(&e))
             }
-            BackendChoice::Nvml { lib } => {
+            GpuSource::Nvml { lib } => {
                 let nvml = NvmlBackend::open_with(lib.as_deref()).map_err(|e| error_chain(&e))?;
                 nvml.inventory().map_err(|e| error_chain(&e))
             }
@@ -123,7 +142,7 @@ impl GpuProbe for NodeGpus {
         let exe =
             std::env::current_exe().map_err(|e| format!("finding the gpu-dra binary: {e}"))?;
         let mut tools = Tools::simulated(&exe, dir.path()).map_err(|e| error_chain(&e))?;
-        if let BackendChoice::Sim { sim_node } = &self.backend {
+        if let GpuSource::Sim { sim_node } = &self.backend {
             tools.env.push((NODE_ENV.into(), sim_node.clone()));
             let state = self
                 .existing_sim_state()

@@ -8,7 +8,7 @@
 //!
 //! `--quick` ([`DoctorConfig::quick`]) runs only the node's own checks that start no process
 //! and talk to nobody (no plugin socket, no `nvidia-smi`, no cluster): the plugin logs them at
-//! start.
+//! start (`plugin/start_checks.rs` calls [`node_checks`]; nothing here imports the plugin).
 
 pub mod cluster;
 pub mod cluster_checks;
@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cdi::HostLayout;
 use crate::hardware::NodeInventory;
-pub use gather::{GpuProbe, NodeGpus};
+pub use gather::{GpuProbe, GpuSource, NodeGpus};
 pub use report::{Check, Report, Status};
 pub use runtime::RuntimePaths;
 
@@ -173,46 +173,6 @@ async fn cluster_checks(config: &DoctorConfig, gpus: &dyn GpuProbe) -> Vec<Check
     let node = node_name(config, gpus);
     let facts = cluster::gather(&client, &config.driver_name, &node).await;
     cluster::checks(&config.driver_name, &node, &facts)
-}
-
-/// The doctor's view of a running plugin: its directories and driver layout, the runtime's
-/// default config paths, quick checks only.
-pub fn for_plugin(config: &crate::plugin::PluginConfig) -> (DoctorConfig, NodeGpus) {
-    let doctor = DoctorConfig {
-        driver_name: config.driver_name.clone(),
-        node_name: Some(config.node_name.clone()),
-        kubeconfig: config.kubeconfig.clone(),
-        cluster: false,
-        layout: HostLayout {
-            dev_root: config.dev_root.clone(),
-            proc_root: config.proc_root.clone(),
-            driver_root: config.driver_root.clone(),
-            host_driver_root: config.host_driver_root.clone(),
-        },
-        cdi_root: config.cdi_root.clone(),
-        plugin_dir: config.plugin_dir.clone(),
-        registry_dir: config.registry_dir.clone(),
-        runtime: RuntimePaths::default(),
-        quick: true,
-    };
-    let gpus = NodeGpus {
-        backend: config.backend.clone(),
-        simulated: config.simulated_host
-            || matches!(config.backend, crate::plugin::BackendChoice::Sim { .. }),
-        driver_root: config.driver_root.clone(),
-        sim_state: config.state_dir.join("sim"),
-    };
-    (doctor, gpus)
-}
-
-/// `gpu-dra doctor --quick` for a plugin that has just read `inventory`: the same node checks,
-/// without opening the GPUs a second time.
-pub fn start_checks(config: &crate::plugin::PluginConfig, inventory: &NodeInventory) -> Report {
-    let (doctor, gpus) = for_plugin(config);
-    let simulated = gpus.simulated();
-    Report {
-        checks: node_checks(&doctor, &gpus, &Ok(inventory.clone()), simulated),
-    }
 }
 
 /// `--node-name`, else the simulated node's name, else the host name.

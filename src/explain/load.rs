@@ -67,7 +67,7 @@ impl Document {
     }
 }
 
-const RESOURCE_VERSIONS: [&str; 2] = ["resource.k8s.io/v1", "resource.k8s.io/v1beta2"];
+pub(crate) const RESOURCE_VERSIONS: [&str; 2] = ["resource.k8s.io/v1", "resource.k8s.io/v1beta2"];
 
 fn files(path: &Path) -> Result<Vec<PathBuf>, ExplainError> {
     let read_error = |source| ExplainError::Read {

@@ -6,8 +6,10 @@
 //! the inputs from files. Exit codes are the CLI's business: see [`ExplainReport::fits`]
 //! and [`ExplainReport::input_error`].
 
-mod load;
+pub(crate) mod load;
 mod render;
+mod scan;
+pub mod stream;
 
 use std::path::PathBuf;
 
@@ -17,6 +19,7 @@ use serde::Serialize;
 use crate::alloc::{Allocator, Detail, Node, Outcome, SelectorEngine};
 
 pub use load::{load_allocated, load_claims, load_classes, load_nodes, load_slices};
+pub use scan::NodeScan;
 
 /// How many of the closest non-fitting nodes get a full explanation.
 pub const NEAR_MISSES: usize = 3;
