@@ -56,8 +56,8 @@ fn instance_limit(profile: &MigProfile, media: u32) -> Option<(String, u32)> {
             free_from = start + profile.memory_slices;
         }
     }
-    if profile.ofa_engines > 0 {
-        fits = fits.min(media / profile.ofa_engines);
+    if let Some(by_media) = media.checked_div(profile.ofa_engines) {
+        fits = fits.min(by_media);
     }
     (profile.max_instances < fits).then(|| {
         let name: String = profile
