@@ -236,6 +236,22 @@ fn full_gpu_attributes_match_nvidias_driver() {
     assert!(s("uuid").unwrap().starts_with("GPU-"));
 }
 
+/// A simulated node of one GPU of `model_key` with dynamic MIG: its node file and its model.
+fn one_dynamic_gpu(model_key: &str) -> (String, DeviceModel) {
+    let yaml = format!("gpus:\n  - model: {model_key}\n    mig: dynamic\n");
+    let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", &yaml)
+        .unwrap()
+        .plan("t", "t")
+        .unwrap();
+    let sim = SimBackend::from_plan(plan, None);
+    let opts = ModelOptions {
+        default_policy: Some(MigPolicy::Dynamic),
+        ..Default::default()
+    };
+    let model = devices::build(&sim.inventory().unwrap(), &opts);
+    (yaml, model)
+}
+
 /// Whether the counters allow all of `names` on one GPU at once.
 #[test]
 fn counters_allow_exactly_the_pairs_and_triples_the_hardware_accepts() {
@@ -246,17 +262,7 @@ fn counters_allow_exactly_the_pairs_and_triples_the_hardware_accepts() {
         "B200",
         "H200-SXM-141GB",
     ] {
-        let yaml = format!("gpus:\n  - model: {model_key}\n    mig: dynamic\n");
-        let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", &yaml)
-            .unwrap()
-            .plan("t", "t")
-            .unwrap();
-        let sim = SimBackend::from_plan(plan, None);
-        let opts = ModelOptions {
-            default_policy: Some(MigPolicy::Dynamic),
-            ..Default::default()
-        };
-        let model = devices::build(&sim.inventory().unwrap(), &opts);
+        let (yaml, model) = one_dynamic_gpu(model_key);
         let migs = dynamic_mig_names(&model);
         for (i, a) in migs.iter().enumerate() {
             for b in &migs[i + 1..] {
@@ -582,17 +588,7 @@ fn counters_admit_exactly_the_sets_of_placements_the_hardware_accepts_on_every_m
     let models = gpu_dra::hardware::catalog::models().unwrap();
     let mut checked = 0;
     for gpu_model in models.iter().filter(|m| m.mig_capable()) {
-        let yaml = format!("gpus:\n  - model: {}\n    mig: dynamic\n", gpu_model.key);
-        let plan = gpu_dra::hardware::sim::NodeSpec::parse("t", &yaml)
-            .unwrap()
-            .plan("t", "t")
-            .unwrap();
-        let sim = SimBackend::from_plan(plan, None);
-        let opts = ModelOptions {
-            default_policy: Some(MigPolicy::Dynamic),
-            ..Default::default()
-        };
-        let model = devices::build(&sim.inventory().unwrap(), &opts);
+        let (yaml, model) = one_dynamic_gpu(&gpu_model.key);
         let names: Vec<&str> = dynamic_mig_names(&model);
         let by_counters = admitted_sets(&names, &mut |set| {
             let ok = counters_allow(&model, set);
