@@ -175,6 +175,7 @@ impl ClaimStatusWriter {
                 done => return self.outcome(claim, done),
             }
         }
+        crate::cost::count(crate::cost::Cost::ApiRequest);
         let found = match api.get_opt(&claim.name).await {
             Ok(found) => found,
             Err(e) => {
@@ -248,6 +249,7 @@ impl ClaimStatusWriter {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PostParams::default()
         };
+        crate::cost::count(crate::cost::Cost::ApiRequest);
         let written = api.replace_status(&claim.name, &params, &object).await?;
         Ok((SyncOutcome::Written, Some(written)))
     }
