@@ -3,8 +3,10 @@
 //! (usage accounting, claim status, telemetry every 10 s, holders every 30 s, metrics, the
 //! default inventory interval, glibc malloc tuned as the chart does), a fake API server that
 //! speaks TLS and requires a client certificate as kube-apiserver does, whose GETs take
-//! `GPU_DRA_BENCH_GET_LATENCY_US` (default 500 µs) and whose writes — the claim-status
-//! `PUT`s — take `GPU_DRA_BENCH_WRITE_LATENCY_US` (default 2,000 µs, an etcd write), and
+//! `GPU_DRA_BENCH_GET_LATENCY_US` (default 2,600 µs: a quorum GET of issue 34's held-out
+//! kube-apiserver, whose GET → 404 took 3.7 ms through the plugin) and whose writes — the
+//! claim-status `PUT`s — take `GPU_DRA_BENCH_WRITE_LATENCY_US` (default 2,000 µs, an etcd
+//! write), and
 //! state and checkpoint on disk (the system temp directory, as the chart's `/var/lib` state
 //! directory), CDI specs on a tmpfs, as the chart's `cdiRoot` (`/var/run/cdi`, which is `/run`,
 //! a tmpfs, on systemd hosts and kind nodes): `/run` or `/dev/shm`, whichever is a tmpfs, or
@@ -20,7 +22,9 @@
 //! `schedstat`); idle RSS with glibc malloc tuned as the Helm chart runs it (on this node, and
 //! on the `plugin` bench's simulated DGX H100).
 //!
-//! Targets: prepare 1 claim p50 < 1.25 ms, p99 < 4 ms; >= 2,000 claims/s with 10 claims per
+//! Targets: prepare 1 claim p50 < the GET latency + 0.75 ms (1.25 ms when GETs took 0.5 ms),
+//! and issue 34's, measured as its harness does (above): p50 <= floor + 0.5 ms, 10 claims
+//! <= floor + 2 ms, <= 1 ms of plugin CPU per claim with background work; >= 2,000 claims/s with 10 claims per
 //! call and with 8 concurrent 1-claim calls; unprepare p50 < 0.8 ms; < 1 ms CPU per claim;
 //! idle RSS < 15 MiB. Set GPU_DRA_PLUGIN_BIN to measure another build (the image's dist
 //! binary, or an older one).
@@ -289,7 +293,7 @@ const IDLE: Duration = Duration::from_millis(2500);
 
 fn main() {
     let latency = Latency {
-        get: micros_from_env("GPU_DRA_BENCH_GET_LATENCY_US", 500),
+        get: micros_from_env("GPU_DRA_BENCH_GET_LATENCY_US", 2600),
         write: micros_from_env("GPU_DRA_BENCH_WRITE_LATENCY_US", 2000),
         get_cpu: micros_from_env("GPU_DRA_BENCH_GET_CPU_US", 0),
         write_cpu: micros_from_env("GPU_DRA_BENCH_WRITE_CPU_US", 0),
@@ -401,8 +405,9 @@ fn main() {
         println!("\n-- against the targets");
         let mark = |ok: bool| if ok { "met" } else { "NOT met" };
         println!(
-            "prepare 1 claim p50 {p1:.2?} (< 1.25 ms): {}",
-            mark(p1 < Duration::from_micros(1250))
+            "prepare 1 claim p50 {p1:.2?} (< GET latency + 0.75 ms = {:.2?}): {}",
+            latency.get + Duration::from_micros(750),
+            mark(p1 < latency.get + Duration::from_micros(750))
         );
         println!(
             "unprepare 1 claim p50 {u1:.2?} (< 0.8 ms): {}",
