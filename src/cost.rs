@@ -3,12 +3,15 @@
 //! The low-level places that do something costly call [`count`]: [`crate::fsutil`] for every
 //! file replaced, removed or fsynced, the checkpoint decoder for every full parse, the CDI
 //! writer for every spec written, the simulator for every read of its state file, the claim
-//! source for every request to the API server. A count
-//! lands only when the caller runs inside [`measure`] (a Tokio task-local scope around one
-//! call's work), so background tasks — the usage ledger's writer, telemetry, the claim-status
-//! worker — never show up in a call's tally.
+//! source and the claim-status writer for every request to the API server. A count lands in
+//! a call's tally only when the caller runs inside [`measure`] (a Tokio task-local scope
+//! around one call's work), so background tasks — the usage ledger's writer, telemetry, the
+//! claim-status worker — never show up in a call's tally. What they do is counted in the
+//! process-wide [`background`] tally instead, so the work one claim causes after its call
+//! answered is counted too.
 //!
-//! The plugin exports the tallies as `gpu_dra_request_path_costs_total{operation,cost}`, and
+//! The plugin exports the tallies as `gpu_dra_request_path_costs_total{operation,cost}` and
+//! `gpu_dra_background_costs_total{cost}`, and
 //! the test suite asserts them exactly for 1- and 10-claim calls: a change that puts an fsync,
 //! a re-read or an extra write on the kubelet's path fails CI naming the cost it added. Counts
 //! do not flake on a busy machine the way timings do.
@@ -86,6 +89,11 @@ impl Tally {
         Cost::ALL.map(|c| (c, self.get(c)))
     }
 
+    /// An empty tally, usable in a `static`.
+    pub const fn new() -> Self {
+        Tally([const { AtomicU64::new(0) }; Cost::ALL.len()])
+    }
+
     fn add(&self, cost: Cost) {
         self.0[cost.index()].fetch_add(1, Ordering::Relaxed);
     }
@@ -95,10 +103,22 @@ tokio::task_local! {
     static SCOPE: Arc<Tally>;
 }
 
-/// Counts one `cost` in the enclosing [`measure`] scope; outside any scope it does nothing
-/// (and costs one thread-local lookup).
+/// Everything counted outside any [`measure`] scope since the process started.
+static BACKGROUND: Tally = Tally::new();
+
+/// Counts one `cost` in the enclosing [`measure`] scope; outside any scope, in the
+/// [`background`] tally. Costs one task-local lookup and one relaxed atomic add.
 pub fn count(cost: Cost) {
-    let _ = SCOPE.try_with(|tally| tally.add(cost));
+    if SCOPE.try_with(|tally| tally.add(cost)).is_err() {
+        BACKGROUND.add(cost);
+    }
+}
+
+/// The costs counted outside every call's scope since the process started: start-up
+/// recovery, the claim-status worker, the usage ledger's writer, telemetry, republishing.
+/// Only grows.
+pub fn background() -> &'static Tally {
+    &BACKGROUND
 }
 
 /// Runs `work` and returns its output with every cost it counted while it ran on this task.
@@ -118,6 +138,7 @@ mod tests {
 
     #[tokio::test]
     async fn costs_count_inside_the_scope_only_and_not_in_spawned_tasks() {
+        let background_before = background().get(Cost::CheckpointParse);
         count(Cost::Fsync);
         let ((), tally) = measure(async {
             count(Cost::Fsync);
@@ -130,6 +151,9 @@ mod tests {
         .await;
         let got: Vec<(Cost, u64)> = tally.counts().into_iter().filter(|(_, n)| *n > 0).collect();
         assert_eq!(got, [(Cost::Fsync, 1), (Cost::FileWrite, 2)]);
+        // The spawned task's parse landed in the background tally (other tests of this
+        // process may add theirs, never take any away).
+        assert!(background().get(Cost::CheckpointParse) > background_before);
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! requests — is read from its `gpu_dra_request_path_costs_total` and compared with the exact
 //! budget. A change that adds any of them to the path fails here, naming the cost.
 //!
+//! The work one claim causes after its call answered — the claim-status write, files the
+//! background tasks replace, requests, connections and TLS handshakes, watches — is held to
+//! its budget the same way, from `gpu_dra_background_costs_total` and what the fake API
+//! server saw.
+//!
 //! The node is the `prepare` bench's ([`plugin_support::STATIC_MIG_NODE`]): 8 A100-80GB with 7
 //! static 1g.10gb MIG devices each and 8 L4, so no MIG device is carved.
 
@@ -12,9 +17,12 @@ mod plugin_support;
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use gpu_dra::kubelet::client::DraApi;
+use plugin_support::apiserver::{ConnectionStats, path_pattern};
 use plugin_support::claims;
-use plugin_support::probe::metrics_addr;
+use plugin_support::probe::{background_costs, metrics_addr};
 use plugin_support::{Node, Plugin, eventually, prepare_all, unprepare_all};
 
 /// A cost's counter, for one operation.
@@ -135,4 +143,189 @@ async fn the_first_calls_after_a_restart_cost_what_every_call_costs() {
     .await;
     let want = budget(&[("file_write", 1), ("file_remove", 2)]);
     assert_eq!(got, (1, want), "the first unprepare after a restart");
+}
+
+/// Everything the plugin did outside the kubelet's calls, as counted at one moment: its
+/// background tally, the requests the API server saw (method and path pattern, `watch` marked)
+/// and the connections it accepted.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    costs: Costs,
+    requests: BTreeMap<String, u64>,
+    connections: ConnectionStats,
+}
+
+fn seen(plugin: &Plugin, node: &Node) -> Seen {
+    let mut requests = BTreeMap::new();
+    for r in node.api.requests() {
+        let watch = if r
+            .query
+            .get("watch")
+            .is_some_and(|w| w == "true" || w == "1")
+        {
+            " (watch)"
+        } else {
+            ""
+        };
+        let key = format!("{} {}{watch}", r.method, path_pattern(&r.path));
+        *requests.entry(key).or_insert(0) += 1;
+    }
+    Seen {
+        costs: background_costs(&plugin.log()).expect("the background series in a scrape"),
+        requests,
+        connections: node.api.connection_stats(),
+    }
+}
+
+/// Waits until nothing the plugin does changes for 1.5 s (its claim-status worker waits
+/// 20 ms before it writes, its usage ledger 1 s) and returns what it has done by then.
+async fn settled(plugin: &Plugin, node: &Node) -> Seen {
+    let mut last = seen(plugin, node);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = seen(plugin, node);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+    panic!("the plugin never went quiet: still busy after 30 s, last seen {last:?}");
+}
+
+/// The costs in `pairs`, and no other.
+fn budget_of(pairs: &[(&str, u64)]) -> Costs {
+    pairs.iter().map(|(c, n)| (c.to_string(), *n)).collect()
+}
+
+/// What happened between two [`Seen`]s: costs and requests that grew, and the connections.
+fn since(before: &Seen, after: &Seen) -> (Costs, BTreeMap<String, u64>, ConnectionStats) {
+    let grown = |a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
+        b.iter()
+            .filter_map(|(k, n)| {
+                let d = n - a.get(k).copied().unwrap_or(0);
+                (d > 0).then(|| (k.clone(), d))
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    (
+        grown(&before.costs, &after.costs),
+        grown(&before.requests, &after.requests),
+        after.connections.since(&before.connections),
+    )
+}
+
+#[tokio::test]
+async fn after_its_call_a_claim_costs_one_status_write_one_shared_ledger_write_no_watch_and_no_new_connection()
+ {
+    let node = Node::new_tls_in(&std::env::temp_dir());
+    let node_file = node.root().join("bench-node.yaml");
+    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
+    let devices: Vec<String> = (0..7)
+        .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
+        .chain((8..12).map(|g| format!("gpu-{g}")))
+        .collect();
+    let refs = claims::one_per_device(&node.api, &devices);
+    // As the chart runs it, with its periodic passes (inventory, telemetry, holders, each a
+    // per-node cost the idle figures measure) pushed out of the test's minutes, so that
+    // everything counted is what the claims caused.
+    let mut command = node.chart_command_on(node_file.to_str().unwrap());
+    command.args([
+        "--inventory-interval",
+        "60m",
+        "--telemetry-interval",
+        "60m",
+        "--holders-refresh-interval",
+        "60m",
+    ]);
+    let mut plugin = node.spawn_command(command, &[]);
+    plugin.wait_registrable().await;
+    eventually("slices", || node.api.complete_pool()).await;
+    eventually("the metrics address", || metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    // Every claim through its whole life once first, in one call, so the connections the
+    // plugin keeps are open: kube-rs speaks HTTP/1.1, so a call's concurrent reads each need
+    // a connection, opened (with a TLS handshake) the first time so many run at once and
+    // kept idle for 90 s. And the publisher's second look at its slices after the
+    // registration (`REPUBLISH_AGAIN`, one list) is over before anything is counted.
+    prepare_all(&mut kubelet, &refs).await;
+    unprepare_all(&mut kubelet, &refs).await;
+    tokio::time::sleep(gpu_dra::plugin::observe::REPUBLISH_AGAIN).await;
+
+    for n in [1usize, 10] {
+        let call = &refs[..n];
+        let count = n as u64;
+        let before = settled(&plugin, &node).await;
+        prepare_all(&mut kubelet, call).await;
+        let after = settled(&plugin, &node).await;
+        let (costs, requests, connections) = since(&before, &after);
+        for claim in call {
+            let status = node.api.claim(&claim.namespace, &claim.name).unwrap();
+            assert!(
+                status["status"]["devices"]
+                    .as_array()
+                    .is_some_and(|d| !d.is_empty()),
+                "claim {} shows its devices after the prepare",
+                claim.name
+            );
+        }
+        // The call read each claim (its own budget, above); afterwards the status worker
+        // writes each once, starting from that read: no second GET, no new connection, no
+        // watch. The usage ledger is written once for the whole call, a second after it
+        // (the file and its directory synced: billing must survive a power cut).
+        let want_requests: BTreeMap<String, u64> = [
+            (
+                "GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
+                count,
+            ),
+            (
+                "PUT /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status",
+                count,
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(
+            (
+                costs,
+                requests,
+                connections.accepted,
+                connections.full_handshakes
+            ),
+            (
+                budget_of(&[("api_request", count), ("file_write", 1), ("fsync", 2)]),
+                want_requests,
+                0,
+                0
+            ),
+            "what a prepare of {n} claim(s) caused, beyond the call: background costs, \
+             requests by verb and path, connections accepted, TLS handshakes"
+        );
+
+        unprepare_all(&mut kubelet, call).await;
+        let last = settled(&plugin, &node).await;
+        let (costs, requests, connections) = since(&after, &last);
+        let want_requests: BTreeMap<String, u64> = [(
+            "PUT /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status".to_string(),
+            count,
+        )]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            (
+                costs,
+                requests,
+                connections.accepted,
+                connections.full_handshakes
+            ),
+            (
+                budget_of(&[("api_request", count), ("file_write", 1), ("fsync", 2)]),
+                want_requests,
+                0,
+                0
+            ),
+            "what an unprepare of {n} claim(s) caused: one status write per claim, from the \
+             claim as the last write left it"
+        );
+    }
 }

@@ -146,9 +146,36 @@ impl ClaimStatusWriter {
         want: &[DeviceStatus],
         now: &str,
     ) -> Result<SyncOutcome, K8sError> {
+        self.sync_from(claim, want, now, None)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`ClaimStatusWriter::sync`] starting from `known`, the claim as last read or written
+    /// (the read of the prepare that is being reported, or what the previous write of its
+    /// status returned), so no read is needed: the write carries `known`'s resourceVersion,
+    /// and when someone wrote the claim since, the server refuses it (`409`) and the claim is
+    /// read afresh and written once more. `known` already showing `want` means nothing is
+    /// sent. Returns the outcome and the claim as it now is on the server, when known, for
+    /// the next call.
+    pub async fn sync_from(
+        &self,
+        claim: &ClaimRef,
+        want: &[DeviceStatus],
+        now: &str,
+        known: Option<DynamicObject>,
+    ) -> Result<(SyncOutcome, Option<DynamicObject>), K8sError> {
         let resource = ApiResource::erase::<ResourceClaim>(&());
         let api =
             Api::<DynamicObject>::namespaced_with(self.client.clone(), &claim.namespace, &resource);
+        let known = known.filter(|o| o.metadata.uid.as_deref() == Some(claim.uid.as_str()));
+        if let Some(object) = known {
+            match self.write(&api, claim, want, now, object).await {
+                Err(kube::Error::Api(status)) if status.is_conflict() => {}
+                done => return self.outcome(claim, done),
+            }
+        }
+        crate::cost::count(crate::cost::Cost::ApiRequest);
         let found = match api.get_opt(&claim.name).await {
             Ok(found) => found,
             Err(e) => {
@@ -158,19 +185,53 @@ impl ClaimStatusWriter {
                 return Err(K8sError::from_kube(step, e));
             }
         };
-        let Some(mut object) = found else {
-            return Ok(SyncOutcome::ClaimGone);
+        let Some(object) = found else {
+            return Ok((SyncOutcome::ClaimGone, None));
         };
         if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
-            return Ok(SyncOutcome::ClaimGone);
+            return Ok((SyncOutcome::ClaimGone, None));
         }
+        let written = self.write(&api, claim, want, now, object).await;
+        self.outcome(claim, written)
+    }
+
+    /// The write's result in this module's terms.
+    fn outcome(
+        &self,
+        claim: &ClaimRef,
+        written: Result<(SyncOutcome, Option<DynamicObject>), kube::Error>,
+    ) -> Result<(SyncOutcome, Option<DynamicObject>), K8sError> {
+        match written {
+            Ok(done) => Ok(done),
+            Err(kube::Error::Api(status)) if status.is_not_found() => {
+                Ok((SyncOutcome::ClaimGone, None))
+            }
+            Err(e) => {
+                let step = Step::UpdateClaimStatus {
+                    claim: Box::new(claim.clone()),
+                };
+                Err(K8sError::from_kube(step, e))
+            }
+        }
+    }
+
+    /// Writes `want` into `object` (the claim as read or last written) with its
+    /// resourceVersion, unless it already shows `want` or is no longer allocated.
+    async fn write(
+        &self,
+        api: &Api<DynamicObject>,
+        claim: &ClaimRef,
+        want: &[DeviceStatus],
+        now: &str,
+        mut object: DynamicObject,
+    ) -> Result<(SyncOutcome, Option<DynamicObject>), kube::Error> {
         let status = object.data.get("status").cloned().unwrap_or(Value::Null);
         if status.get("allocation").is_none_or(Value::is_null) {
-            return Ok(SyncOutcome::ClaimGone);
+            return Ok((SyncOutcome::ClaimGone, None));
         }
         let generation = object.metadata.generation;
         let Some(devices) = merge(&status, &self.driver, &self.pool, want, generation, now) else {
-            return Ok(SyncOutcome::Unchanged);
+            return Ok((SyncOutcome::Unchanged, Some(object)));
         };
         let status = object
             .data
@@ -188,16 +249,9 @@ impl ClaimStatusWriter {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PostParams::default()
         };
-        match api.replace_status(&claim.name, &params, &object).await {
-            Ok(_) => Ok(SyncOutcome::Written),
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(SyncOutcome::ClaimGone),
-            Err(e) => {
-                let step = Step::UpdateClaimStatus {
-                    claim: Box::new(claim.clone()),
-                };
-                Err(K8sError::from_kube(step, e))
-            }
-        }
+        crate::cost::count(crate::cost::Cost::ApiRequest);
+        let written = api.replace_status(&claim.name, &params, &object).await?;
+        Ok((SyncOutcome::Written, Some(written)))
     }
 }
 

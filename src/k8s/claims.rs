@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
+use serde::Deserialize;
 
 use super::error::{ClaimRef, K8sError, Step};
 
@@ -123,6 +125,52 @@ impl ClaimReader {
             }
         };
         allocated(&claim, wanted, &self.driver, &self.pool)
+    }
+
+    /// [`ClaimReader::fetch`] that also returns the claim as the server sent it, every field
+    /// kept (known to this client's types or not), so a later write of its status can start
+    /// from this read instead of reading it again
+    /// ([`crate::k8s::ClaimStatusWriter::sync_from`]). The same one request, the same errors.
+    pub async fn fetch_object(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<(AllocatedClaim, DynamicObject), K8sError> {
+        let wanted = ClaimRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+        };
+        let resource = ApiResource::erase::<ResourceClaim>(&());
+        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &resource);
+        let object = match api.get_opt(name).await {
+            Ok(Some(object)) => object,
+            Ok(None) => {
+                return Err(K8sError::ClaimNotFound {
+                    claim: Box::new(wanted),
+                });
+            }
+            Err(e) => {
+                let step = Step::GetClaim {
+                    claim: Box::new(wanted),
+                };
+                return Err(K8sError::from_kube(step, e));
+            }
+        };
+        let typed =
+            serde_json::to_value(&object).and_then(|value| ResourceClaim::deserialize(&value));
+        let claim = match typed {
+            Ok(claim) => claim,
+            Err(e) => {
+                let step = Step::GetClaim {
+                    claim: Box::new(wanted),
+                };
+                return Err(K8sError::from_kube(step, kube::Error::SerdeError(e)));
+            }
+        };
+        let allocated = allocated(&claim, wanted, &self.driver, &self.pool)?;
+        Ok((allocated, object))
     }
 }
 

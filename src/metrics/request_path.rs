@@ -78,6 +78,11 @@ impl RequestPathCosts {
                 })
             })
             .collect();
+        let background = crate::cost::background()
+            .counts()
+            .into_iter()
+            .map(|(c, n)| Sample::new(vec![("cost", c.label().to_string())], n as f64))
+            .collect();
         vec![
             Family {
                 name: "gpu_dra_request_path_calls_total",
@@ -90,6 +95,12 @@ impl RequestPathCosts {
                 help: "What those batches did while the kubelet waited: fsyncs, file writes and removals, CDI specs written, checkpoint parses, simulated hardware state reads.",
                 kind: Kind::Counter,
                 samples: costs,
+            },
+            Family {
+                name: "gpu_dra_background_costs_total",
+                help: "What the plugin did outside the kubelet's calls: start-up recovery, claim-status writes, the usage ledger, telemetry, republishing (API requests counted for claim reads and claim-status writes).",
+                kind: Kind::Counter,
+                samples: background,
             },
         ]
     }

@@ -351,8 +351,13 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         let manager = Arc::clone(&manager);
         Arc::new(move |uids: &[&str]| manager.recorded_if_cached(uids))
     };
+    let reads: claim_status::ReadLookup = {
+        let reads = manager.source.reads.clone();
+        Arc::new(move |uids: &[&str]| reads.take(uids))
+    };
     let handler = Arc::new(claim_status::Reporting {
         records: Some(records),
+        reads: Some(reads),
         inner: handler::Handler {
             manager,
             metrics: metrics.clone(),

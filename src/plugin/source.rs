@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use crate::claims::{ClaimAllocation, ClaimId, ClaimSource, ConfigEntry};
 use crate::k8s::{ClaimReader, ConfigSource, ReservedPod};
 use crate::usage::HeldDevice;
+use kube::api::DynamicObject;
 
 use super::holders::{PodRef, Reservations};
 use super::usage::UsageTracker;
@@ -17,7 +18,8 @@ use tracing::debug;
 /// read is reserved for (the telemetry's holder labels); and, when a prepared claim is
 /// prepared again (another pod of a shared claim), re-reads its pods in the background.
 /// Claims read ahead of the plugin lock ([`ClaimSource::prefetch`]) wait in memory for their
-/// prepare.
+/// prepare; each read claim, as the server sent it, waits in [`ClaimReads`] for the write of
+/// its status that reports the prepare.
 pub struct ApiClaims {
     /// The API server's claims.
     pub reader: ClaimReader,
@@ -27,6 +29,41 @@ pub struct ApiClaims {
     pub reservations: Option<Arc<Reservations>>,
     /// Claims read ahead, by UID.
     pub prefetched: Mutex<HashMap<String, Result<ClaimAllocation, String>>>,
+    /// The claims read, as the server sent them.
+    pub reads: ClaimReads,
+}
+
+/// The last read of each claim, by UID, as the server sent it: the claim-status worker
+/// starts the write that reports a prepare from it instead of reading the claim again.
+/// Taken by [`ClaimReads::take`]; at most [`ClaimReads::KEPT`] wait (reads of calls that
+/// never reached their prepare are dropped beyond that).
+#[derive(Clone, Default)]
+pub struct ClaimReads(Arc<Mutex<HashMap<String, DynamicObject>>>);
+
+impl ClaimReads {
+    /// The most reads kept for their status write.
+    pub const KEPT: usize = 256;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, DynamicObject>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn put(&self, uid: &str, object: DynamicObject) {
+        let mut reads = self.lock();
+        if reads.len() >= Self::KEPT {
+            reads.clear();
+        }
+        reads.insert(uid.to_string(), object);
+    }
+
+    /// Removes and returns the reads of `uids`, in order (`None`: not read, or already
+    /// taken).
+    pub fn take(&self, uids: &[&str]) -> Vec<Option<DynamicObject>> {
+        let mut reads = self.lock();
+        uids.iter().map(|uid| reads.remove(*uid)).collect()
+    }
 }
 
 impl ApiClaims {
@@ -41,6 +78,7 @@ impl ApiClaims {
             usage,
             reservations,
             prefetched: Mutex::new(HashMap::new()),
+            reads: ClaimReads::default(),
         }
     }
 
@@ -54,11 +92,12 @@ impl ApiClaims {
 
     async fn read(&self, id: &ClaimId) -> Result<ClaimAllocation, String> {
         crate::cost::count(crate::cost::Cost::ApiRequest);
-        let claim = self
+        let (claim, object) = self
             .reader
-            .fetch(&id.namespace, &id.name, &id.uid)
+            .fetch_object(&id.namespace, &id.name, &id.uid)
             .await
             .map_err(|e| crate::errors::error_chain(&e))?;
+        self.reads.put(&id.uid, object);
         if let Some(usage) = &self.usage {
             let held = claim
                 .devices

@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::apiserver::{GetsInFlight, Latency, Recorded, Store, query_pairs, status};
+use super::apiserver::{Connections, GetsInFlight, Latency, Recorded, Store, query_pairs, status};
 
 /// What happens to a request a [`Rule`] matches.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +69,7 @@ pub(super) async fn serve(
     store: Arc<Mutex<Store>>,
     latency: Arc<Latency>,
     gets: Arc<GetsInFlight>,
+    connections: Arc<Connections>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     mut down: watch::Receiver<bool>,
 ) {
@@ -90,7 +91,12 @@ pub(super) async fn serve(
         };
         let stream = tokio::select! {
             accepted = open.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    connections.accepted.fetch_add(1, Ordering::Relaxed);
+                    // As Go's net/http (kube-apiserver) does for every accepted connection.
+                    let _ = stream.set_nodelay(true);
+                    stream
+                }
                 Err(_) => continue,
             },
             changed = down.changed() => {
@@ -104,6 +110,7 @@ pub(super) async fn serve(
         let (latency, in_flight) = (latency.clone(), gets.clone());
         let cut = down.clone();
         let tls = tls.clone();
+        let counted = connections.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 answer(store.clone(), latency.clone(), in_flight.clone(), req)
@@ -113,6 +120,7 @@ pub(super) async fn serve(
                 // A client without a certificate the CA signed fails the handshake.
                 Some(tls) => {
                     if let Ok(stream) = tls.accept(stream).await {
+                        counted.handshake(stream.get_ref().1);
                         connection(stream, service, cut).await;
                     }
                 }
@@ -157,18 +165,26 @@ async fn answer(
         gets.peak.fetch_max(now, Ordering::SeqCst);
     }
     let answer = answer_faulted(store, request).await;
-    let wait_ns = if is_get {
-        latency.get_ns.load(Ordering::Relaxed)
+    let (wait_ns, cpu_ns) = if is_get {
+        (
+            latency.get_ns.load(Ordering::Relaxed),
+            latency.get_cpu_ns.load(Ordering::Relaxed),
+        )
     } else {
-        latency.write_ns.load(Ordering::Relaxed)
+        (
+            latency.write_ns.load(Ordering::Relaxed),
+            latency.write_cpu_ns.load(Ordering::Relaxed),
+        )
     };
     if wait_ns > 0 {
         let until = latency.wake_at(arrived, wait_ns);
         // A blocking sleep: tokio's timer rounds up to whole milliseconds. Without timer
         // slack, or the kernel's default 50 µs would be added to a 500 µs GET; and ending as
-        // early as waking up takes (`Latency::learn`), so the answer leaves on time.
+        // early as waking up takes (`Latency::learn`), so the answer leaves on time. The
+        // server's own CPU share is spent first, busy, on this thread's core.
         let _ = tokio::task::spawn_blocking(move || {
             let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1));
+            burn_cpu(Duration::from_nanos(cpu_ns.min(wait_ns)));
             std::thread::sleep(until.saturating_duration_since(Instant::now()));
         })
         .await;
@@ -182,6 +198,22 @@ async fn answer(
         gets.now.fetch_sub(1, Ordering::SeqCst);
     }
     answer
+}
+
+/// Keeps this thread's core busy for `cpu` of its own CPU time (not wall time: a thread
+/// that waits for a core spends its share later, as a server process would).
+fn burn_cpu(cpu: Duration) {
+    if cpu.is_zero() {
+        return;
+    }
+    let thread_cpu = || {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    };
+    let start = thread_cpu();
+    while thread_cpu() - start < cpu {
+        std::hint::spin_loop();
+    }
 }
 
 async fn answer_faulted(store: Arc<Mutex<Store>>, request: Request<Incoming>) -> Answer {

@@ -69,6 +69,7 @@ pub struct FakeApiServer {
     store: Arc<Mutex<Store>>,
     latency: Arc<Latency>,
     gets: Arc<GetsInFlight>,
+    connections: Arc<Connections>,
     tls: Option<TlsClient>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     down: tokio::sync::watch::Sender<bool>,
@@ -79,6 +80,10 @@ pub struct FakeApiServer {
 pub(super) struct Latency {
     pub(super) get_ns: AtomicU64,
     pub(super) write_ns: AtomicU64,
+    /// How much of a GET's and of a write's time the server spends on a CPU of this machine
+    /// (kube-apiserver and etcd run beside the plugin on a harness node), in nanoseconds.
+    pub(super) get_cpu_ns: AtomicU64,
+    pub(super) write_cpu_ns: AtomicU64,
     /// How long after arrival each delayed GET was actually answered, in nanoseconds (the
     /// last [`Latency::KEPT`]).
     pub(super) served_gets_ns: Mutex<std::collections::VecDeque<u64>>,
@@ -120,6 +125,83 @@ impl Latency {
         }
         kept.push_back(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
     }
+}
+
+/// Connections the server accepted and the TLS handshakes it completed, counted as they
+/// happen.
+#[derive(Default)]
+pub(super) struct Connections {
+    pub(super) accepted: AtomicU64,
+    full: AtomicU64,
+    resumed: AtomicU64,
+    http2: AtomicU64,
+}
+
+impl Connections {
+    /// Counts a completed server-side handshake: full or resumed, and whether the client
+    /// chose HTTP/2 by ALPN.
+    pub(super) fn handshake(&self, tls: &rustls::ServerConnection) {
+        let counter = match tls.handshake_kind() {
+            Some(rustls::HandshakeKind::Resumed) => &self.resumed,
+            _ => &self.full,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if tls.alpn_protocol() == Some(b"h2") {
+            self.http2.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What [`FakeApiServer::connection_stats`] reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionStats {
+    /// TCP connections accepted.
+    pub accepted: u64,
+    /// Full TLS handshakes completed (each costs the client a signature with its key and a
+    /// certificate check, the server as much again).
+    pub full_handshakes: u64,
+    /// Resumed TLS handshakes (a session ticket; no certificates exchanged).
+    pub resumed_handshakes: u64,
+    /// Connections on which the client chose HTTP/2 by ALPN.
+    pub http2: u64,
+}
+
+impl ConnectionStats {
+    /// What happened between `earlier` and this reading.
+    pub fn since(&self, earlier: &ConnectionStats) -> ConnectionStats {
+        ConnectionStats {
+            accepted: self.accepted - earlier.accepted,
+            full_handshakes: self.full_handshakes - earlier.full_handshakes,
+            resumed_handshakes: self.resumed_handshakes - earlier.resumed_handshakes,
+            http2: self.http2 - earlier.http2,
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectionStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} accepted, {} full and {} resumed TLS handshakes, {} HTTP/2",
+            self.accepted, self.full_handshakes, self.resumed_handshakes, self.http2
+        )
+    }
+}
+
+/// `path` with the names a test chooses (namespaces, objects) replaced by placeholders, for
+/// counting requests by kind: `/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`.
+pub fn path_pattern(path: &str) -> String {
+    let mut previous = "";
+    let mut out = Vec::new();
+    for segment in path.trim_matches('/').split('/') {
+        out.push(match previous {
+            "namespaces" => "{ns}",
+            "resourceclaims" | "resourceslices" | "nodes" | "events" | "pods" => "{name}",
+            _ => segment,
+        });
+        previous = segment;
+    }
+    format!("/{}", out.join("/"))
 }
 
 /// What a client needs to reach a TLS server: PEM texts for its kubeconfig.
@@ -168,7 +250,8 @@ impl FakeApiServer {
         let shared = store.clone();
         let latency = Arc::new(Latency::default());
         let gets = Arc::new(GetsInFlight::default());
-        let (times, in_flight) = (latency.clone(), gets.clone());
+        let connections = Arc::new(Connections::default());
+        let (times, in_flight, counted) = (latency.clone(), gets.clone(), connections.clone());
         let client = tls.as_ref().map(|t| TlsClient {
             ca_pem: t.ca_pem.clone(),
             cert_pem: t.client_cert_pem.clone(),
@@ -181,7 +264,7 @@ impl FakeApiServer {
                 .build()
                 .expect("runtime");
             runtime.block_on(serve(
-                listener, acceptor, shared, times, in_flight, stopped, down_rx,
+                listener, acceptor, shared, times, in_flight, counted, stopped, down_rx,
             ));
         });
         FakeApiServer {
@@ -189,9 +272,21 @@ impl FakeApiServer {
             store,
             latency,
             gets,
+            connections,
             tls: client,
             stop: Some(stop),
             down,
+        }
+    }
+
+    /// Connections accepted and TLS handshakes completed so far.
+    pub fn connection_stats(&self) -> ConnectionStats {
+        let c = &self.connections;
+        ConnectionStats {
+            accepted: c.accepted.load(Ordering::Relaxed),
+            full_handshakes: c.full.load(Ordering::Relaxed),
+            resumed_handshakes: c.resumed.load(Ordering::Relaxed),
+            http2: c.http2.load(Ordering::Relaxed),
         }
     }
 
@@ -236,6 +331,18 @@ impl FakeApiServer {
     pub fn set_write_latency(&self, latency: Duration) {
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
         self.latency.write_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Of each GET's and each write's latency, the first `get` and `write` are spent busy on
+    /// a CPU of this machine rather than asleep, as kube-apiserver and etcd spend CPU beside
+    /// the plugin on a node that runs them both: concurrent requests then compete with each
+    /// other and with the plugin for the machine's cores. Zero (the default): all asleep.
+    pub fn set_server_cpu(&self, get: Duration, write: Duration) {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.latency.get_cpu_ns.store(ns(get), Ordering::Relaxed);
+        self.latency
+            .write_cpu_ns
+            .store(ns(write), Ordering::Relaxed);
     }
 
     /// `http://127.0.0.1:<port>`, or `https://` over TLS.
@@ -634,9 +741,13 @@ impl Store {
             return status(422, "Invalid", &message);
         }
         let mut claim = current.clone();
+        let devices_changed = new_status["devices"] != current["status"]["devices"];
         match new_status {
             Value::Null => claim["status"] = json!({}),
             other => claim["status"] = other,
+        }
+        if devices_changed && let Some(manager) = r.query.get("fieldManager") {
+            own_status_devices(&mut claim, manager);
         }
         self.stamp(&mut claim);
         self.claims.insert(key, claim.clone());
@@ -674,6 +785,43 @@ impl Store {
         object["metadata"]["resourceVersion"] = json!(self.next_version.to_string());
         object["metadata"]["creationTimestamp"] = json!("2026-07-01T00:00:00Z");
     }
+}
+
+/// Records `manager` as the owner of the claim's `status.devices` entries in
+/// `metadata.managedFields`, as the API server does for an update of the status subresource
+/// (one `Update` entry per manager and subresource, its `fieldsV1` naming each entry by its
+/// list-map keys), and drops the entry when no device is left.
+fn own_status_devices(claim: &mut Value, manager: &str) {
+    let entries: serde_json::Map<String, Value> = claim["status"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|d| {
+            let key = format!(
+                "k:{{\"device\":{},\"driver\":{},\"pool\":{}}}",
+                d["device"], d["driver"], d["pool"]
+            );
+            let fields = json!({".": {}, "f:conditions": {}, "f:data": {}, "f:device": {},
+                                "f:driver": {}, "f:pool": {}});
+            (key, fields)
+        })
+        .collect();
+    let mut managed: Vec<Value> = claim["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    managed.retain(|m| !(m["manager"] == json!(manager) && m["subresource"] == json!("status")));
+    if !entries.is_empty() {
+        let mut devices = serde_json::Map::new();
+        devices.insert(".".into(), json!({}));
+        devices.extend(entries);
+        managed.push(json!({
+            "manager": manager, "operation": "Update", "apiVersion": "resource.k8s.io/v1",
+            "time": "2026-11-28T10:00:01Z", "fieldsType": "FieldsV1", "subresource": "status",
+            "fieldsV1": {"f:status": {"f:devices": Value::Object(devices)}}
+        }));
+    }
+    claim["metadata"]["managedFields"] = Value::Array(managed);
 }
 
 fn validate_device_statuses(status: &Value) -> Result<(), String> {

@@ -75,3 +75,82 @@ pub fn one_per_device(api: &super::FakeApiServer, devices: &[String]) -> Vec<Cla
         })
         .collect()
 }
+
+/// A claim as a real API server returns it once kube-controller-manager created it from a
+/// pod's ResourceClaimTemplate and kube-scheduler allocated device `device` of this node and
+/// reserved it for the pod: generated name, owner reference, annotation, finalizer,
+/// `allocationTimestamp`, and the `managedFields` both wrote. Twice the bytes of
+/// [`on_node`]'s, as the plugin reads and writes them against a real server.
+pub fn as_scheduled(name: &str, uid: &str, device: &str) -> Value {
+    let pod = format!("pod-{name}");
+    let pod_uid = format!("pod-uid-{uid}");
+    let time = "2026-11-28T10:00:00Z";
+    let owner_key = format!("k:{{\"uid\":\"{pod_uid}\"}}");
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "generateName": format!("{pod}-gpu-"),
+            "namespace": NAMESPACE,
+            "uid": uid,
+            "generation": 1,
+            "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+            "finalizers": ["resource.kubernetes.io/delete-protection"],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod,
+                                 "uid": pod_uid, "controller": true,
+                                 "blockOwnerDeletion": true}],
+            "managedFields": [
+                {"manager": "kube-controller-manager", "operation": "Update",
+                 "apiVersion": "resource.k8s.io/v1", "time": time, "fieldsType": "FieldsV1",
+                 "fieldsV1": {
+                    "f:metadata": {
+                        "f:annotations": {".": {}, "f:resource.kubernetes.io/pod-claim-name": {}},
+                        "f:generateName": {},
+                        "f:ownerReferences": {".": {}, owner_key: {}}},
+                    "f:spec": {"f:devices": {"f:requests": {}}}}},
+                {"manager": "kube-scheduler", "operation": "Update",
+                 "apiVersion": "resource.k8s.io/v1", "time": time, "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:metadata": {"f:finalizers": {
+                    ".": {}, "v:\"resource.kubernetes.io/delete-protection\"": {}}}}},
+                {"manager": "kube-scheduler", "operation": "Update",
+                 "apiVersion": "resource.k8s.io/v1", "time": time, "fieldsType": "FieldsV1",
+                 "subresource": "status",
+                 "fieldsV1": {"f:status": {
+                    "f:allocation": {".": {}, "f:allocationTimestamp": {},
+                                     "f:devices": {".": {}, "f:results": {}},
+                                     "f:nodeSelector": {}},
+                    "f:reservedFor": {".": {}, format!("k:{{\"uid\":\"{pod_uid}\"}}"): {}}}}}
+            ]
+        },
+        "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
+                                        "allocationMode": "ExactCount", "count": 1}}]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": [
+                    {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+                "allocationTimestamp": time
+            },
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": pod_uid}]
+        }
+    })
+}
+
+/// [`one_per_device`] with claims as a real API server returns them ([`as_scheduled`]).
+pub fn one_per_device_as_scheduled(
+    api: &super::FakeApiServer,
+    devices: &[String],
+) -> Vec<ClaimRef> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let (name, uid) = (format!("claim-{i}"), format!("uid-claim-{i}"));
+            api.put_claim(as_scheduled(&name, &uid, device));
+            claim_ref(&name, &uid)
+        })
+        .collect()
+}

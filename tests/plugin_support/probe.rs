@@ -60,3 +60,20 @@ pub fn request_path_costs(
         .collect();
     Some((calls, costs))
 }
+
+/// The plugin's `gpu_dra_background_costs_total` series in one scrape: each cost's count by
+/// its name, summed over the process's life outside every kubelet call. `None` before it
+/// serves metrics.
+pub fn background_costs(log: &str) -> Option<std::collections::BTreeMap<String, u64>> {
+    let (_, text) = get(metrics_addr(log)?, "/metrics")?;
+    let prefix = "gpu_dra_background_costs_total{cost=\"";
+    let costs: std::collections::BTreeMap<String, u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter_map(|rest| {
+            let (cost, value) = rest.split_once("\"} ")?;
+            Some((cost.to_string(), value.parse().ok()?))
+        })
+        .collect();
+    (!costs.is_empty()).then_some(costs)
+}

@@ -20,6 +20,7 @@ mod worker;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::api::DynamicObject;
 use tokio::sync::mpsc;
 
 use crate::checkpoint::ClaimRecord;
@@ -35,6 +36,11 @@ pub use worker::{StatusWorker, run};
 /// A bound on one sync (a read and a write), so a hung connection delays the queue, not
 /// stops it.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the worker waits after a call queued claims before writing them: the call's
+/// answer to the kubelet goes first, and the calls that follow within it are written with
+/// it.
+pub const SETTLE: Duration = Duration::from_millis(20);
 
 /// Retries of a failed write: quick at first, then every 30 s at most, for as long as the
 /// claim stays prepared.
@@ -60,6 +66,9 @@ pub struct Update {
     /// checkpoint holds none, the claim is unprepared). `None`: unknown, the worker reads the
     /// checkpoint file.
     pub record: Option<Option<ClaimRecord>>,
+    /// The claim as the call read it from the API server, when it did: the write starts from
+    /// it instead of reading the claim again.
+    pub object: Option<DynamicObject>,
 }
 
 impl StatusQueue {
@@ -74,15 +83,27 @@ impl StatusQueue {
         let _ = self.0.send(Update {
             claim,
             record: None,
+            object: None,
         });
     }
 
     /// Asks for `claim`'s entries to be made to match `record`, the checkpoint's record of it
     /// as the caller just saw it in memory (`None`: no record), so the worker reads no file.
     pub fn sync_known(&self, claim: ClaimRef, record: Option<ClaimRecord>) {
+        self.sync_read(claim, record, None);
+    }
+
+    /// [`StatusQueue::sync_known`] with the claim as the call just read it.
+    pub fn sync_read(
+        &self,
+        claim: ClaimRef,
+        record: Option<ClaimRecord>,
+        object: Option<DynamicObject>,
+    ) {
         let _ = self.0.send(Update {
             claim,
             record: Some(record),
+            object,
         });
     }
 }
@@ -91,6 +112,10 @@ impl StatusQueue {
 /// holds none right now ([`crate::claims::ClaimsManager::recorded_if_cached`]).
 pub type RecordLookup =
     Arc<dyn Fn(&[&str]) -> Option<Vec<Option<ClaimRecord>>> + Send + Sync + 'static>;
+
+/// Takes the claims as a call read them from the API server, by UID, `None` for those it did
+/// not read ([`crate::plugin::source::ClaimReads::take`]).
+pub type ReadLookup = Arc<dyn Fn(&[&str]) -> Vec<Option<DynamicObject>> + Send + Sync + 'static>;
 
 /// A [`DraHandler`] that queues a status sync of every claim its inner handler prepared or
 /// unprepared successfully, after the call, without waiting for it.
@@ -102,6 +127,9 @@ pub struct Reporting<H> {
     /// The records of the claims just handled, from memory, so the worker needs not re-read
     /// and re-parse the checkpoint file per sync; `None` makes the worker read the file.
     pub records: Option<RecordLookup>,
+    /// The claims as prepare read them, so the worker need not read them again; `None`: the
+    /// worker reads each claim before writing it.
+    pub reads: Option<ReadLookup>,
 }
 
 fn to_k8s(c: &kubelet::ClaimRef) -> ClaimRef {
@@ -120,11 +148,18 @@ impl<H: DraHandler> DraHandler for Reporting<H> {
     async fn prepare(&self, claims: Vec<kubelet::ClaimRef>) -> PrepareResults {
         let refs: Vec<ClaimRef> = claims.iter().map(to_k8s).collect();
         let results = self.inner.prepare(claims).await;
-        let done: Vec<ClaimRef> = refs
+        // Every read of the call is taken, so those of failed claims do not stay behind.
+        let uids: Vec<&str> = refs.iter().map(|c| c.uid.as_str()).collect();
+        let reads = match &self.reads {
+            Some(take) => take(&uids),
+            None => Vec::new(),
+        };
+        let done: Vec<(ClaimRef, Option<DynamicObject>)> = refs
             .into_iter()
-            .filter(|claim| matches!(results.get(&claim.uid), Some(Ok(_))))
+            .zip(reads.into_iter().chain(std::iter::repeat_with(|| None)))
+            .filter(|(claim, _)| matches!(results.get(&claim.uid), Some(Ok(_))))
             .collect();
-        self.queue_all(done);
+        self.queue_read(done);
         results
     }
 
@@ -141,6 +176,26 @@ impl<H: DraHandler> DraHandler for Reporting<H> {
 }
 
 impl<H> Reporting<H> {
+    /// Queues `claims` with the reads that go with them, and their records from memory when
+    /// the lookup knows them.
+    fn queue_read(&self, claims: Vec<(ClaimRef, Option<DynamicObject>)>) {
+        if claims.is_empty() {
+            return;
+        }
+        let uids: Vec<&str> = claims.iter().map(|(c, _)| c.uid.as_str()).collect();
+        let known = self.records.as_ref().and_then(|lookup| lookup(&uids));
+        match known {
+            Some(records) => {
+                for ((claim, object), record) in claims.into_iter().zip(records) {
+                    self.queue.sync_read(claim, record, object);
+                }
+            }
+            None => claims
+                .into_iter()
+                .for_each(|(claim, _)| self.queue.sync(claim)),
+        }
+    }
+
     /// Queues `claims`, with their records from memory when the lookup knows them.
     fn queue_all(&self, claims: Vec<ClaimRef>) {
         if claims.is_empty() {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use kube::api::DynamicObject;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -17,7 +18,7 @@ use crate::metrics::{Metrics, Outcome};
 use crate::plugin::usage::read_checkpoint;
 
 use super::entries::wanted;
-use super::{SYNC_TIMEOUT, Update};
+use super::{SETTLE, SYNC_TIMEOUT, Update};
 
 /// A claim the worker keeps an eye on.
 struct Tracked {
@@ -29,6 +30,9 @@ struct Tracked {
     /// Whether `record` is known to be current (given with the last update, or read since);
     /// else the next sync reads the checkpoint file.
     record_known: bool,
+    /// The claim as last read or written: the next sync starts from it instead of reading
+    /// the claim.
+    object: Option<DynamicObject>,
     /// Needs a sync.
     dirty: bool,
     /// Failed tries in a row.
@@ -83,7 +87,7 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Up
                     name: record.name.clone(),
                     uid: record.uid.clone(),
                 };
-                track(&mut tracked, claim, Some(Some(record.clone())));
+                track(&mut tracked, claim, Some(Some(record.clone())), None);
             }
         }
         if !tracked.is_empty() {
@@ -104,12 +108,16 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Up
         tokio::select! {
             claim = queue.recv() => match claim {
                 Some(update) => {
-                    track(&mut tracked, update.claim, update.record);
+                    track(&mut tracked, update.claim, update.record, update.object);
+                    // Let the call that queued it answer the kubelet first: its answer is
+                    // still on its way, and this write's requests and the API server's work
+                    // on them would compete with it for the node's CPUs.
+                    tokio::time::sleep(SETTLE).await;
                     // Take every update already queued before syncing: a burst of calls
                     // collapses into one sync per claim, and the queue never backs up
                     // behind the API server's write latency.
                     while let Ok(update) = queue.try_recv() {
-                        track(&mut tracked, update.claim, update.record);
+                        track(&mut tracked, update.claim, update.record, update.object);
                     }
                 }
                 None => return,
@@ -155,18 +163,23 @@ fn track(
     tracked: &mut BTreeMap<String, Tracked>,
     claim: ClaimRef,
     record: Option<Option<ClaimRecord>>,
+    object: Option<DynamicObject>,
 ) {
     let t = tracked.entry(claim.uid.clone()).or_insert_with(|| Tracked {
         claim: claim.clone(),
         shown: None,
         record: None,
         record_known: false,
+        object: None,
         dirty: true,
         failures: 0,
         not_before: None,
     });
     t.claim = claim;
     t.dirty = true;
+    if object.is_some() {
+        t.object = object;
+    }
     match record {
         Some(record) => {
             t.record = record;
@@ -213,15 +226,17 @@ async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Trac
             claim.namespace = %t.claim.namespace,
             claim.name = %t.claim.name
         );
+        let known = t.object.take();
         let attempt = tokio::time::timeout(
             SYNC_TIMEOUT,
-            worker.writer.sync(&t.claim, &want, &now_text()),
+            worker.writer.sync_from(&t.claim, &want, &now_text(), known),
         )
         .instrument(span.clone())
         .await;
         let entered = span.enter();
         let remove = match attempt {
-            Ok(Ok(outcome)) => {
+            Ok(Ok((outcome, object))) => {
+                t.object = object;
                 if outcome == SyncOutcome::Written {
                     worker.metrics.record_claim_status_write(Outcome::Success);
                     info!(

@@ -1,0 +1,156 @@
+//! What the `prepare` bench shares to measure the plugin as the side-by-side harness of issue
+//! 34 does: calls paced a fixed time apart (the harness waits 0.25 s between calls), the
+//! latency of each, and the plugin process's CPU over the whole loop read from `/proc`, so
+//! the background work each call causes (status writes, usage persistence, telemetry) and
+//! the plugin's idle work in the meantime are in the figure, as they are in the harness's.
+
+use std::time::{Duration, Instant};
+
+/// Sorted samples' value at quantile `q` (nearest rank).
+pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The median of `samples` (sorted in place).
+pub fn median(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    percentile(samples, 0.5)
+}
+
+/// utime+stime of the whole process (every thread, ended ones included), in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5); `rest` starts at field 3.
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// Minor page faults of the whole process so far (field 10 of `/proc/<pid>/stat`): each is
+/// a page the kernel had to map (and zero) because the process touched memory it had given
+/// back or never used.
+pub fn minor_faults(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    rest.split_whitespace()
+        .nth(7)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `getconf CLK_TCK`, 100 where it cannot be read.
+pub fn clock_ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// CPU time of the process's live threads in nanoseconds (`schedstat`): precise, but blind
+/// to threads that ended in between.
+pub fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The plugin's CPU between two readings: ticks of `/proc/<pid>/stat` (every thread, as the
+/// harness reads it) and nanoseconds of the live threads' `schedstat`.
+#[derive(Clone, Copy)]
+pub struct CpuMark {
+    pid: u32,
+    ticks: u64,
+    ns: u64,
+    faults: u64,
+}
+
+impl CpuMark {
+    pub fn now(pid: u32) -> CpuMark {
+        CpuMark {
+            pid,
+            ticks: cpu_ticks(pid),
+            ns: cpu_ns(pid),
+            faults: minor_faults(pid),
+        }
+    }
+
+    /// Minor page faults since this mark.
+    pub fn faults_since(&self) -> u64 {
+        minor_faults(self.pid).saturating_sub(self.faults)
+    }
+
+    /// CPU since this mark: `(from /proc/<pid>/stat, from the threads' schedstat)`.
+    pub fn since(&self, hz: u64) -> (Duration, Duration) {
+        let ticks = cpu_ticks(self.pid) - self.ticks;
+        let stat = Duration::from_nanos(ticks * 1_000_000_000 / hz);
+        let sched = Duration::from_nanos(cpu_ns(self.pid).saturating_sub(self.ns));
+        (stat, sched)
+    }
+}
+
+/// A paced loop's figures.
+pub struct Paced {
+    /// Each call's latency, in call order.
+    pub samples: Vec<Duration>,
+    /// Plugin CPU over the whole loop (from the first call to the end of the last pause),
+    /// `/proc/<pid>/stat`.
+    pub cpu_stat: Duration,
+    /// The same from the threads' `schedstat`.
+    pub cpu_sched: Duration,
+    /// Minor page faults over the loop.
+    pub faults: u64,
+    /// How long the loop took.
+    pub wall: Duration,
+}
+
+impl Paced {
+    /// The median call.
+    pub fn p50(&self) -> Duration {
+        median(&mut self.samples.clone())
+    }
+
+    /// The 99th percentile call.
+    pub fn p99(&self) -> Duration {
+        let mut sorted = self.samples.clone();
+        sorted.sort();
+        percentile(&sorted, 0.99)
+    }
+}
+
+/// Runs `calls` calls of `call(i)`, `pause` apart (from the end of one to the start of the
+/// next, as the harness sleeps between calls), timing each, and reads the plugin `pid`'s CPU
+/// over the loop including the last pause, so background work the last call caused is in
+/// it.
+pub async fn paced(
+    pid: u32,
+    hz: u64,
+    calls: usize,
+    pause: Duration,
+    mut call: impl AsyncFnMut(usize),
+) -> Paced {
+    let mark = CpuMark::now(pid);
+    let started = Instant::now();
+    let mut samples = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let t = Instant::now();
+        call(i).await;
+        samples.push(t.elapsed());
+        tokio::time::sleep(pause).await;
+    }
+    let (cpu_stat, cpu_sched) = mark.since(hz);
+    Paced {
+        samples,
+        cpu_stat,
+        cpu_sched,
+        faults: mark.faults_since(),
+        wall: started.elapsed(),
+    }
+}
