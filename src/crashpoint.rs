@@ -15,6 +15,7 @@ pub const POINTS: &[&str] = &[
     "prepare-gpu-instance-created",
     "prepare-mig-device-created",
     "prepare-sharing-applied",
+    "prepare-metadata-written",
     "prepare-cdi-written",
     "prepare-completed",
     "unprepare-started",

@@ -18,6 +18,7 @@ struct Node {
 
 fn alloc(devices: &[&str]) -> ClaimAllocation {
     ClaimAllocation {
+        pod_claim_name: None,
         devices: devices
             .iter()
             .enumerate()
@@ -181,6 +182,7 @@ async fn a_full_gpu_and_a_mig_device_of_it_exclude_each_other() {
 #[tokio::test]
 async fn bad_allocations_fail_with_the_claim_and_the_cause() {
     let dir_alloc = ClaimAllocation {
+        pod_claim_name: None,
         devices: vec![AllocatedDevice {
             request: "gpu".into(),
             pool: "other-node".into(),

@@ -28,6 +28,7 @@ impl Node {
         let dir = tempfile::tempdir().unwrap();
         let sim = Arc::new(SimBackend::open("dgx-h100", Some(&dir.path().join("hw"))).unwrap());
         let allocation = ClaimAllocation {
+            pod_claim_name: None,
             devices: vec![AllocatedDevice {
                 request: "req0".into(),
                 pool: "dgx-h100".into(),

@@ -96,6 +96,7 @@ async fn this_drivers_devices_and_config_are_read_class_entries_first() {
         parameters,
     };
     let want = AllocatedClaim {
+        pod_claim_name: None,
         claim: claim_ref("uid-7"),
         devices: vec![
             device("mig", "gpu-0-mig-1g10gb-0"),

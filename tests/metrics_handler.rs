@@ -16,6 +16,7 @@ const POOL: &str = "dgx-h100";
 
 fn alloc(devices: &[&str]) -> ClaimAllocation {
     ClaimAllocation {
+        pod_claim_name: None,
         devices: devices
             .iter()
             .enumerate()

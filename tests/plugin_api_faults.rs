@@ -130,7 +130,8 @@ async fn a_call_the_kubelet_gives_up_on_finishes_whole_and_its_retry_gets_the_sa
 
     // The retry queues behind the abandoned call, which goes on to finish the prepare.
     let ids = prepare(&mut kubelet, "mig", MIG).await.expect("the retry");
-    assert_eq!(1, ids.len());
+    // The device's CDI ID and the one that mounts its request's device metadata.
+    assert_eq!(2, ids.len(), "{ids:?}");
     node.snapshot()
         .assert_converged(&[MIG], &format!("after the retry\n{}", plugin.log()));
     let again = prepare(&mut kubelet, "mig", MIG).await.unwrap();

@@ -9,12 +9,21 @@ use plugin_support::Node;
 use plugin_support::claims::{self, DRIVER, NODE, claim_ref};
 use plugin_support::state::SimInstance;
 
+/// The device the kubelet gets for a claim's only device of `request`: its CDI ID `cdi`
+/// (`…/claim=<uid>-<name>`) and the one that mounts the request's device metadata.
 fn device(request: &str, name: &str, cdi: &str) -> PreparedDevice {
+    let claim_uid = cdi
+        .strip_prefix("k8s.gpu.nvidia.com/claim=")
+        .and_then(|rest| rest.strip_suffix(&format!("-{name}")))
+        .expect("a claim device ID");
     PreparedDevice {
         request_names: vec![request.to_string()],
         pool_name: NODE.to_string(),
         device_name: name.to_string(),
-        cdi_device_ids: vec![cdi.to_string()],
+        cdi_device_ids: vec![
+            cdi.to_string(),
+            format!("k8s.gpu.nvidia.com/claim={claim_uid}-metadata-{request}"),
+        ],
         share_id: None,
     }
 }
@@ -54,6 +63,55 @@ async fn full_gpu_claim_is_prepared_and_unprepared(api: DraApi) {
     );
     let spec = node.spec("uid-full").unwrap();
     assert!(spec.contains("\"/dev/nvidia2\""), "{spec}");
+    // The device metadata (KEP-5304): a file per request, mounted read-only where Kubernetes
+    // defines it, naming the device and its PCI bus ID, newest version first.
+    let host = node
+        .plugin_dir()
+        .join("dra-device-metadata/uid-full/gpu-0/metadata.json");
+    let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
+    let mount = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "uid-full-metadata-gpu-0")
+        .map(|d| d["containerEdits"]["mounts"][0].clone())
+        .expect("the metadata device in the claim's spec");
+    assert_eq!(
+        mount,
+        serde_json::json!({
+            "hostPath": host.to_string_lossy(),
+            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/training/gpu-0/gpu.nvidia.com-metadata.json",
+            "options": ["ro", "bind"],
+        })
+    );
+    let text = std::fs::read_to_string(&host).unwrap();
+    let versions: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        versions
+            .iter()
+            .map(|v| v["apiVersion"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        [
+            "metadata.resource.k8s.io/v1beta1",
+            "metadata.resource.k8s.io/v1alpha1"
+        ]
+    );
+    let described = &versions[0]["requests"][0]["devices"][0];
+    assert_eq!(
+        (&described["name"], &described["pool"], &described["driver"]),
+        (
+            &serde_json::json!("gpu-2"),
+            &serde_json::json!(NODE),
+            &serde_json::json!(DRIVER)
+        )
+    );
+    let bus = described["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+        .as_str()
+        .expect("a PCI bus ID");
+    assert!(bus.contains(':'), "{bus}");
 
     let again = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
     assert_eq!(got, again, "a repeated prepare answers the same");

@@ -90,8 +90,10 @@ async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_cla
         let call = &refs[..n];
         let n = n as u64;
         let got = measured(&plugin, "prepare", prepare_all(&mut kubelet, call)).await;
+        // Per claim: its CDI spec and its device metadata file (KEP-5304); per call: the
+        // checkpoint.
         let want = budget(&[
-            ("file_write", n + 1),
+            ("file_write", 2 * n + 1),
             ("cdi_spec_write", n),
             ("api_request", n),
         ]);
@@ -105,9 +107,9 @@ async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_cla
         );
 
         let got = measured(&plugin, "unprepare", unprepare_all(&mut kubelet, call)).await;
-        // One checkpoint write forgets them all; each claim's spec goes, and a `.yaml` spec
-        // of NVIDIA's driver for the same claim is looked for.
-        let want = budget(&[("file_write", 1), ("file_remove", 2 * n)]);
+        // One checkpoint write forgets them all; each claim's spec and metadata directory
+        // go, and a `.yaml` spec of NVIDIA's driver for the same claim is looked for.
+        let want = budget(&[("file_write", 1), ("file_remove", 3 * n)]);
         assert_eq!(got, (1, want), "unprepare of {n} claim(s): calls and costs");
     }
 }
@@ -133,7 +135,7 @@ async fn the_first_calls_after_a_restart_cost_what_every_call_costs() {
     eventually("the metrics address", || metrics_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let got = measured(&plugin, "prepare", prepare_all(&mut kubelet, &refs[1..])).await;
-    let want = budget(&[("file_write", 2), ("cdi_spec_write", 1), ("api_request", 1)]);
+    let want = budget(&[("file_write", 3), ("cdi_spec_write", 1), ("api_request", 1)]);
     assert_eq!(got, (1, want), "the first prepare after a restart");
     let got = measured(
         &plugin,
@@ -141,7 +143,7 @@ async fn the_first_calls_after_a_restart_cost_what_every_call_costs() {
         unprepare_all(&mut kubelet, &refs[..1]),
     )
     .await;
-    let want = budget(&[("file_write", 1), ("file_remove", 2)]);
+    let want = budget(&[("file_write", 1), ("file_remove", 3)]);
     assert_eq!(got, (1, want), "the first unprepare after a restart");
 }
 

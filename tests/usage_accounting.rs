@@ -26,6 +26,7 @@ const POOL: &str = "dgx-h100";
 
 fn alloc(device: &str) -> ClaimAllocation {
     ClaimAllocation {
+        pod_claim_name: None,
         devices: vec![AllocatedDevice {
             request: "dev".into(),
             pool: POOL.into(),

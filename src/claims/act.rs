@@ -1,6 +1,7 @@
 //! The hardware, sharing and CDI steps of one claim's prepare, after its intent is recorded:
-//! MIG mode, carving at the allocated placement, sharing, the CDI spec.
+//! MIG mode, carving at the allocated placement, sharing, device metadata, the CDI spec.
 
+use super::metadata::{self, MetadataClaim, MetadataDevice};
 use super::plan::{Action, PlannedDevice};
 use super::{ClaimError, ClaimId, ClaimSource, ClaimsManager, sharing};
 use crate::cdi::{self, ClaimDevice, GpuDeviceRef};
@@ -9,13 +10,17 @@ use crate::hardware::MigModeChange;
 
 impl<S: ClaimSource> ClaimsManager<S> {
     /// The hardware, sharing and CDI steps of a prepare whose intent is recorded; returns
-    /// the CDI device ID of each device, for the completion record.
+    /// the CDI device IDs of each device, for the completion record: its own, and for the
+    /// first device of each request, the one that mounts the request's device metadata file
+    /// (written from `metadata`, when the manager writes metadata).
     pub(super) fn act(
         &self,
         store: &mut CheckpointStore,
         id: &ClaimId,
         planned: &[PlannedDevice],
-    ) -> Result<Vec<String>, ClaimError> {
+        metadata: &[MetadataDevice],
+        pod_claim_name: Option<&str>,
+    ) -> Result<Vec<Vec<String>>, ClaimError> {
         let claim = id.to_string();
         let mut refs = Vec::with_capacity(planned.len());
         for (i, p) in planned.iter().enumerate() {
@@ -116,14 +121,53 @@ impl<S: ClaimSource> ClaimsManager<S> {
             detail,
         };
         let facts = self.host.facts(&refs).map_err(cdi_err)?;
-        let spec = cdi::build_claim_spec(&self.naming, &id.uid, &devices, &facts)
+        let mut spec = cdi::build_claim_spec(&self.naming, &id.uid, &devices, &facts)
             .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
+        let mut ids: Vec<Vec<String>> = cdi::device_ids(&self.naming, &id.uid, &devices)
+            .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?
+            .into_iter()
+            .map(|one| vec![one])
+            .collect();
+        if let Some(writer) = self.metadata.as_ref().filter(|_| !metadata.is_empty()) {
+            let about = MetadataClaim {
+                namespace: &id.namespace,
+                name: &id.name,
+                uid: &id.uid,
+                pod_claim_name,
+            };
+            let mounts = writer.write(&about, metadata).map_err(|e| {
+                cdi_err(format!(
+                    "device metadata: {}",
+                    crate::errors::error_chain(&e)
+                ))
+            })?;
+            crate::crashpoint::hit("prepare-metadata-written");
+            for (request, mount) in mounts {
+                let name = format!("{}-metadata-{request}", id.uid);
+                cdi::validate_device_name("device metadata device", &name)
+                    .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
+                // The first device of the request carries it, as Kubernetes' own helper does.
+                let first = planned
+                    .iter()
+                    .position(|p| metadata::base_request(&p.allocated.request) == request);
+                if let Some(first) = first {
+                    ids[first].push(format!("{}={name}", self.naming.kind()));
+                }
+                spec.devices.push(cdi::Device {
+                    name,
+                    annotations: Default::default(),
+                    container_edits: cdi::ContainerEdits {
+                        mounts: vec![mount],
+                        ..Default::default()
+                    },
+                });
+            }
+        }
         self.cdi
             .write_claim_spec(&id.uid, &spec)
             .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
         crate::crashpoint::hit("prepare-cdi-written");
-        cdi::device_ids(&self.naming, &id.uid, &devices)
-            .map_err(|e| cdi_err(crate::errors::error_chain(&e)))
+        Ok(ids)
     }
 
     fn ensure_mig_mode(

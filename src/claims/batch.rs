@@ -39,6 +39,10 @@ type Prepared = Result<Vec<PreparedDevice>, ClaimError>;
 struct Planned {
     index: usize,
     devices: Vec<PlannedDevice>,
+    /// What its device metadata files say (empty when none are written).
+    metadata: Vec<super::metadata::MetadataDevice>,
+    /// The claim's pod-claim-name annotation.
+    pod_claim_name: Option<String>,
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
@@ -118,8 +122,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
         results: &mut [Option<Prepared>],
     ) -> Vec<(usize, ClaimAllocation)> {
         let (first, _) = pending[0];
-        let model = match self.model(&ids[first].to_string()) {
-            Ok(model) => model,
+        let (model, buses) = match self.model_and_buses(&ids[first].to_string()) {
+            Ok(found) => found,
             Err(e) => {
                 for (i, _) in &pending {
                     results[*i] = Some(Err(e.for_claim(&ids[*i])));
@@ -151,7 +155,21 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 Ok(devices) => {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
                     next.claims.insert(id.uid.clone(), intent(id, &devices));
-                    wave.push(Planned { index: i, devices });
+                    let metadata = if self.metadata.is_some() {
+                        let of: Vec<_> = devices
+                            .iter()
+                            .map(|p| (&p.allocated, p.record.gpu_uuid.as_str()))
+                            .collect();
+                        super::metadata::devices_from_model(&model, &buses, &of)
+                    } else {
+                        Vec::new()
+                    };
+                    wave.push(Planned {
+                        index: i,
+                        devices,
+                        metadata,
+                        pod_claim_name: allocation.pod_claim_name.clone(),
+                    });
                 }
                 Err(e) => results[i] = Some(Err(e)),
             }
@@ -183,7 +201,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let mut done = Vec::with_capacity(wave.len());
         for p in wave {
             let id = &ids[p.index];
-            match self.act(store, id, &p.devices) {
+            match self.act(
+                store,
+                id,
+                &p.devices,
+                &p.metadata,
+                p.pod_claim_name.as_deref(),
+            ) {
                 Ok(cdi_ids) => done.push((p.index, cdi_ids)),
                 Err(e) => {
                     results[p.index] = Some(Err(self.undo_failed(store, id, intent_needed, e)));
@@ -201,8 +225,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     cp.claims.insert(uid.clone(), rec.clone());
                 }
                 if let Some(c) = cp.claims.get_mut(uid) {
-                    for (d, cdi_id) in c.devices.iter_mut().zip(cdi_ids) {
-                        d.cdi_device_ids = vec![cdi_id.clone()];
+                    for (d, ids) in c.devices.iter_mut().zip(cdi_ids) {
+                        d.cdi_device_ids = ids.clone();
                     }
                     c.phase = ClaimPhase::PrepareCompleted;
                     c.updated_unix = now;
@@ -242,15 +266,23 @@ impl<S: ClaimSource> ClaimsManager<S> {
         if intent_recorded {
             return self.fail_prepare(store, id, cause);
         }
-        match self.cdi.remove_claim_spec(&id.uid) {
-            Ok(_) => cause,
-            Err(e) => ClaimError::RollbackIncomplete {
+        let mut failures = Vec::new();
+        if let Err(e) = self.cdi.remove_claim_spec(&id.uid) {
+            failures.push(ClaimError::Cdi {
+                claim: id.to_string(),
+                detail: format!("removing the spec: {}", crate::errors::error_chain(&e)),
+            });
+        }
+        if let Err(e) = self.remove_metadata(&id.to_string(), &id.uid) {
+            failures.push(e);
+        }
+        if failures.is_empty() {
+            cause
+        } else {
+            ClaimError::RollbackIncomplete {
                 cause: Box::new(cause),
-                failures: vec![ClaimError::Cdi {
-                    claim: id.to_string(),
-                    detail: format!("removing the spec: {}", crate::errors::error_chain(&e)),
-                }],
-            },
+                failures,
+            }
         }
     }
 
@@ -324,6 +356,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     claim: ids[i].to_string(),
                     detail: crate::errors::error_chain(&e),
                 });
+            } else if let Err(e) = self.remove_metadata(&ids[i].to_string(), &rec.uid) {
+                results[i] = Err(e);
             }
         }
         // The claims still holding their devices: a share's MIG device or MPS daemon goes

@@ -44,6 +44,9 @@ pub struct ClaimAllocation {
     pub devices: Vec<AllocatedDevice>,
     /// Opaque config entries (class first, then claim).
     pub config: Vec<ConfigEntry>,
+    /// The claim's `resource.kubernetes.io/pod-claim-name` annotation (a claim made from a
+    /// template): where its device metadata appears in the containers.
+    pub pod_claim_name: Option<String>,
 }
 
 /// Where allocations come from (the API server in production, a table in tests).

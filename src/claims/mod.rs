@@ -22,6 +22,7 @@ mod cache;
 mod error;
 mod inputs;
 mod kind;
+pub mod metadata;
 pub mod plan;
 mod recover;
 pub mod sharing;
@@ -70,6 +71,8 @@ pub struct ClaimsManager<S> {
     pub sharing: Option<sharing::SharingSetup>,
     /// Claims prepared (see [`ClaimsManager::prepared_count`]); start from `Default`.
     pub prepared: std::sync::atomic::AtomicU64,
+    /// Device metadata files (KEP-5304) for every prepared claim; `None`: none written.
+    pub metadata: Option<metadata::MetadataWriter>,
 }
 
 /// A prepared device as the kubelet gets it.
@@ -102,6 +105,14 @@ fn prepared(records: &[DeviceRecord]) -> Vec<PreparedDevice> {
 
 impl<S: ClaimSource> ClaimsManager<S> {
     fn model(&self, claim: &str) -> Result<Arc<DeviceModel>, ClaimError> {
+        self.model_and_buses(claim).map(|(model, _)| model)
+    }
+
+    /// [`ClaimsManager::model`] with each GPU's PCI bus ID by UUID (for device metadata).
+    fn model_and_buses(
+        &self,
+        claim: &str,
+    ) -> Result<(Arc<DeviceModel>, std::collections::BTreeMap<String, String>), ClaimError> {
         let inventory = self
             .backend
             .inventory()
@@ -109,7 +120,23 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 claim: claim.to_string(),
                 source: Box::new(source),
             })?;
-        Ok(self.model_cache.get(inventory, &self.model_options))
+        let buses = inventory
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), g.pci_bus_id.clone()))
+            .collect();
+        Ok((self.model_cache.get(inventory, &self.model_options), buses))
+    }
+
+    /// Removes claim `uid`'s device metadata files, if any are written.
+    fn remove_metadata(&self, claim: &str, uid: &str) -> Result<(), ClaimError> {
+        let Some(writer) = &self.metadata else {
+            return Ok(());
+        };
+        writer.remove(uid).map(|_| ()).map_err(|e| ClaimError::Cdi {
+            claim: claim.to_string(),
+            detail: format!("device metadata: {}", crate::errors::error_chain(&e)),
+        })
     }
 
     fn update(

@@ -87,6 +87,24 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 detail: crate::errors::error_chain(&e),
             }),
         }
+        if let Some(writer) = &self.metadata {
+            match writer.claims_with_files() {
+                Ok(uids) => {
+                    for uid in uids {
+                        if store.checkpoint().claims.contains_key(&uid) {
+                            continue;
+                        }
+                        if let Err(e) = self.remove_metadata(startup, &uid) {
+                            failures.push(e);
+                        }
+                    }
+                }
+                Err(e) => failures.push(ClaimError::Cdi {
+                    claim: startup.to_string(),
+                    detail: format!("device metadata: {}", crate::errors::error_chain(&e)),
+                }),
+            }
+        }
         self.count_prepared(store.checkpoint());
         // Never fatal: one daemon that cannot start must not keep the plugin (and every other
         // claim) down; it is reported and the supervisor keeps trying.

@@ -119,6 +119,9 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 detail: format!("removing the spec: {}", crate::errors::error_chain(&e)),
             });
         }
+        if let Err(e) = self.remove_metadata(claim, &rec.uid) {
+            failures.push(e);
+        }
         crate::crashpoint::hit("unprepare-cdi-removed");
         failures.extend(sharing::undo(self.sharing.as_ref(), claim, rec, others));
         self.destroy_carved(others, rec, claim, &mut failures);

@@ -82,6 +82,11 @@ pub(crate) struct PluginArgs {
     /// Allow the TimeSlicing sharing strategy.
     #[arg(long, env = "GPU_DRA_TIME_SLICING", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     time_slicing: bool,
+    /// Write each prepared claim's device metadata (Kubernetes KEP-5304: pool, name, PCI bus ID
+    /// and attributes of every device, per request) and mount it into the claim's containers
+    /// at /var/run/kubernetes.io/dra-device-attributes/…, as KubeVirt and Kubernetes 1.37 read it.
+    #[arg(long, env = "GPU_DRA_DEVICE_METADATA", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    device_metadata: bool,
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
@@ -128,6 +133,7 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         health_policy: args.health_policy,
         mps: args.mps,
         time_slicing: args.time_slicing,
+        device_metadata: args.device_metadata,
         shared_gpus: args.shared_gpus,
         metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
     };

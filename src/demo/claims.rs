@@ -214,6 +214,7 @@ pub(super) fn prepare_all(
             (
                 uid,
                 ClaimAllocation {
+                    pod_claim_name: None,
                     devices,
                     config: allocation_config(c),
                 },
@@ -234,6 +235,7 @@ pub(super) fn prepare_all(
         checkpoint_cache: Default::default(),
         sharing: Some(simulated_sharing(&work)?),
         prepared: Default::default(),
+        metadata: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

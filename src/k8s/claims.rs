@@ -59,6 +59,9 @@ pub struct AllocatedClaim {
     /// The pods the claim is reserved for now (`status.reservedFor` entries of resource
     /// `pods` in the core group), in list order: who will use its devices.
     pub reserved_pods: Vec<ReservedPod>,
+    /// The claim's `resource.kubernetes.io/pod-claim-name` annotation: set on claims made
+    /// from a ResourceClaimTemplate, to the pod's name for the claim.
+    pub pod_claim_name: Option<String>,
 }
 
 /// A pod named in a claim's `status.reservedFor`.
@@ -263,6 +266,13 @@ pub fn allocated(
         config,
         classes: request_classes(claim),
         reserved_pods: reserved_pods(claim),
+        pod_claim_name: claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("resource.kubernetes.io/pod-claim-name"))
+            .filter(|n| !n.is_empty())
+            .cloned(),
     })
 }
 

@@ -81,6 +81,9 @@ pub struct PluginConfig {
     pub mps: bool,
     /// Time-slicing allowed.
     pub time_slicing: bool,
+    /// `--device-metadata`: write each prepared claim's device metadata file (KEP-5304) and
+    /// mount it through the claim's CDI spec.
+    pub device_metadata: bool,
     /// Publish GPUs and MIG devices shareable (consumable capacity).
     pub shared_gpus: SharedGpus,
     /// `--health-policy`: the health policy file (YAML or JSON); `None`: the built-in

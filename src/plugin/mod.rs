@@ -189,6 +189,9 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         checkpoint_cache: Default::default(),
         sharing,
         prepared: Default::default(),
+        metadata: config.device_metadata.then(|| {
+            crate::claims::metadata::MetadataWriter::new(&config.plugin_dir, &config.driver_name)
+        }),
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),

@@ -116,6 +116,7 @@ impl ApiClaims {
             reservations.set(&id.uid, pods_of(claim.reserved_pods));
         }
         Ok(ClaimAllocation {
+            pod_claim_name: claim.pod_claim_name,
             devices: claim.devices,
             config: claim
                 .config

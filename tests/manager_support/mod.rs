@@ -51,5 +51,6 @@ pub fn manager<S: ClaimSource>(
         checkpoint_cache: Default::default(),
         sharing: None,
         prepared: Default::default(),
+        metadata: None,
     }
 }

@@ -202,7 +202,7 @@ impl Node {
 
     /// What a prepare or unprepare may have changed.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::read(&self.state_dir(), &self.cdi_root())
+        Snapshot::read(&self.state_dir(), &self.cdi_root(), &self.plugin_dir())
     }
 
     /// The CDI spec of claim `uid`, if written.

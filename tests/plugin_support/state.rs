@@ -41,6 +41,8 @@ pub struct Snapshot {
     pub checkpoint: BTreeMap<String, CheckpointClaim>,
     /// File names in the CDI directory.
     pub cdi_files: Vec<String>,
+    /// Claim UIDs with a device metadata directory (`<plugin dir>/dra-device-metadata`).
+    pub metadata_claims: Vec<String>,
 }
 
 /// The CDI spec file of claim `uid`.
@@ -49,14 +51,16 @@ pub fn spec_file(uid: &str) -> String {
 }
 
 impl Snapshot {
-    /// Reads the node under `state_dir` and `cdi_root`. Missing files read as empty.
-    pub fn read(state_dir: &Path, cdi_root: &Path) -> Snapshot {
+    /// Reads the node under `state_dir`, `cdi_root` and `plugin_dir`. Missing files read as
+    /// empty.
+    pub fn read(state_dir: &Path, cdi_root: &Path, plugin_dir: &Path) -> Snapshot {
         let (instances, mig_mode) = sim_state(&state_dir.join("sim/sim-gpu-state.json"));
         Snapshot {
             instances,
             mig_mode,
             checkpoint: checkpoint(&state_dir.join("checkpoint.json")),
             cdi_files: dir_names(cdi_root),
+            metadata_claims: dir_names(&plugin_dir.join("dra-device-metadata")),
         }
     }
 
@@ -100,6 +104,10 @@ impl Snapshot {
         }
         let want_files: Vec<String> = want_claims.iter().map(|u| spec_file(u)).collect();
         assert_eq!(want_files, self.cdi_files, "{context}: CDI directory");
+        assert_eq!(
+            want_claims, self.metadata_claims,
+            "{context}: claims with device metadata files"
+        );
         assert_eq!(
             self.checkpoint_mig_uuids(),
             self.hardware_mig_uuids(),

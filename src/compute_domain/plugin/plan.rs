@@ -344,6 +344,7 @@ mod tests {
 
     fn claim(devices: &[&str], config: Vec<Value>) -> AllocatedClaim {
         AllocatedClaim {
+            pod_claim_name: None,
             claim: ClaimRef {
                 namespace: "ns".into(),
                 name: "c".into(),

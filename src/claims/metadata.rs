@@ -1,0 +1,357 @@
+//! Device metadata for workloads (Kubernetes KEP-5304): what each request of a prepared claim
+//! got, as a file inside the claim's containers.
+//!
+//! For every request of a claim with devices on this node, prepare writes one file on the host,
+//! `<plugin dir>/dra-device-metadata/<claim UID>/<request>/metadata.json`, and mounts it read
+//! only, through the claim's own CDI spec, at the path Kubernetes defines:
+//! `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/gpu.nvidia.com-metadata.json`,
+//! or `…/resourceclaimtemplates/<pod claim name>/<request>/…` for a claim made from a template
+//! (annotation `resource.kubernetes.io/pod-claim-name`). `<request>` is the base request name
+//! (`req` of `req/sub`). The file is a JSON stream of the same `DeviceMetadata` object once per
+//! version, newest first, each followed by a newline: `metadata.resource.k8s.io/v1beta1`
+//! (what Kubernetes 1.37 requires) and `v1alpha1` (what KubeVirt ≥ 1.8 reads). Each device
+//! carries its driver, pool, name and published attributes, and always
+//! `resource.kubernetes.io/pciBusID` (a MIG device: its GPU's), which is how KubeVirt finds the
+//! PCI address. Unprepare removes the claim's directory; start-up recovery removes the
+//! directories of claims the checkpoint does not hold.
+//!
+//! The host directory is keyed by claim UID, not name: a claim deleted and re-created under the
+//! same name while the old one is still prepared gets its own files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::resource::v1::DeviceAttribute;
+use serde_json::{Value, json};
+
+use crate::cdi::Mount;
+use crate::fsutil;
+
+/// The directory under the plugin directory that holds the host files.
+pub const HOST_DIR: &str = "dra-device-metadata";
+/// Where Kubernetes defines the files inside a container.
+pub const CONTAINER_ROOT: &str = "/var/run/kubernetes.io/dra-device-attributes";
+/// The claim annotation naming a template claim's `pod.spec.resourceClaims[].name`.
+pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+/// The API group of the document.
+pub const GROUP: &str = "metadata.resource.k8s.io";
+/// The versions written, newest first (the order of the stream).
+pub const VERSIONS: [&str; 2] = ["v1beta1", "v1alpha1"];
+/// The attribute KubeVirt reads the PCI address from.
+pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+
+/// The metadata module's failures; each names the claim and the path.
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    /// A file or directory could not be written or removed.
+    #[error("device metadata of claim {claim}: {step} {path}")]
+    Io {
+        claim: String,
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file could not be replaced.
+    #[error("device metadata of claim {claim}: writing {path}")]
+    Write {
+        claim: String,
+        path: PathBuf,
+        #[source]
+        source: fsutil::FsError,
+    },
+    /// A name would escape its directory (a `/`, `..` or an empty name).
+    #[error(
+        "device metadata of claim {claim}: the {what} {value:?} cannot be a path segment \
+         (empty, `.`, `..` or containing `/`)"
+    )]
+    BadName {
+        claim: String,
+        what: &'static str,
+        value: String,
+    },
+}
+
+/// One allocated device as the metadata file describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetadataDevice {
+    /// The request it satisfies, as the allocation names it (`req` or `req/sub`).
+    pub request: String,
+    /// Pool.
+    pub pool: String,
+    /// Device name.
+    pub name: String,
+    /// Its published attributes, with `resource.kubernetes.io/pciBusID` added where the
+    /// published device lacks it.
+    pub attributes: BTreeMap<String, DeviceAttribute>,
+}
+
+/// The claim a metadata file is about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetadataClaim<'a> {
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Name.
+    pub name: &'a str,
+    /// UID.
+    pub uid: &'a str,
+    /// The `resource.kubernetes.io/pod-claim-name` annotation of a template claim.
+    pub pod_claim_name: Option<&'a str>,
+}
+
+/// Writes and removes the metadata files of this driver's claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataWriter {
+    /// `<plugin dir>/dra-device-metadata`.
+    root: PathBuf,
+    /// The driver name (`gpu.nvidia.com`), in the documents and the container file name.
+    driver: String,
+}
+
+/// The base request name: `req` of `req/sub`.
+pub fn base_request(request: &str) -> &str {
+    request.split_once('/').map_or(request, |(base, _)| base)
+}
+
+fn segment<'a>(claim: &str, what: &'static str, value: &'a str) -> Result<&'a str, MetadataError> {
+    if value.is_empty() || value == "." || value == ".." || value.contains('/') {
+        return Err(MetadataError::BadName {
+            claim: claim.to_string(),
+            what,
+            value: value.to_string(),
+        });
+    }
+    Ok(value)
+}
+
+impl MetadataWriter {
+    /// Files under `<plugin_dir>/dra-device-metadata`, documents naming `driver`.
+    pub fn new(plugin_dir: &Path, driver: &str) -> Self {
+        MetadataWriter {
+            root: plugin_dir.join(HOST_DIR),
+            driver: driver.to_string(),
+        }
+    }
+
+    /// The directory that holds every claim's files.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory of claim `uid`'s files.
+    pub fn claim_dir(&self, uid: &str) -> PathBuf {
+        self.root.join(uid)
+    }
+
+    /// The path inside a container of the file for `request` of `claim`.
+    pub fn container_path(&self, claim: &MetadataClaim<'_>, request: &str) -> String {
+        let request = base_request(request);
+        match claim.pod_claim_name.filter(|n| !n.is_empty()) {
+            Some(pod_claim) => format!(
+                "{CONTAINER_ROOT}/resourceclaimtemplates/{pod_claim}/{request}/{}-metadata.json",
+                self.driver
+            ),
+            None => format!(
+                "{CONTAINER_ROOT}/resourceclaims/{}/{request}/{}-metadata.json",
+                claim.name, self.driver
+            ),
+        }
+    }
+
+    /// The document for the devices of one request: the JSON stream, one object per version
+    /// of [`VERSIONS`], each followed by a newline. `generation` is 1 for a first write. Pure.
+    pub fn document(
+        &self,
+        claim: &MetadataClaim<'_>,
+        request: &str,
+        devices: &[&MetadataDevice],
+        generation: i64,
+    ) -> String {
+        let devices: Vec<Value> = devices
+            .iter()
+            .map(|d| {
+                json!({
+                    "driver": self.driver,
+                    "pool": d.pool,
+                    "name": d.name,
+                    "attributes": d.attributes,
+                })
+            })
+            .collect();
+        let mut out = String::new();
+        for version in VERSIONS {
+            let mut object = json!({
+                "apiVersion": format!("{GROUP}/{version}"),
+                "kind": "DeviceMetadata",
+                "metadata": {
+                    "name": claim.name,
+                    "namespace": claim.namespace,
+                    "uid": claim.uid,
+                    "generation": generation,
+                },
+                "requests": [{ "name": request, "devices": devices }],
+            });
+            if let Some(pod_claim) = claim.pod_claim_name.filter(|n| !n.is_empty()) {
+                object["podClaimName"] = json!(pod_claim);
+            }
+            out.push_str(&object.to_string());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Writes one file per request of `devices` (in first-seen order of base request names)
+    /// and returns, per request, the base request name and the read-only bind mount that puts
+    /// the file in the containers.
+    ///
+    /// Fails with [`MetadataError::BadName`] for a claim UID or request that is not a path
+    /// segment, [`MetadataError::Io`] when a directory cannot be made and
+    /// [`MetadataError::Write`] when a file cannot be written; files already written stay
+    /// (the caller's undo removes the claim's directory).
+    pub fn write(
+        &self,
+        claim: &MetadataClaim<'_>,
+        devices: &[MetadataDevice],
+    ) -> Result<Vec<(String, Mount)>, MetadataError> {
+        let label = format!("{}/{} ({})", claim.namespace, claim.name, claim.uid);
+        let uid = segment(&label, "claim UID", claim.uid)?;
+        let mut requests: Vec<&str> = Vec::new();
+        for d in devices {
+            let base = segment(&label, "request name", base_request(&d.request))?;
+            if !requests.contains(&base) {
+                requests.push(base);
+            }
+        }
+        let mut mounts = Vec::with_capacity(requests.len());
+        for base in requests {
+            let dir = self.root.join(uid).join(base);
+            make_dirs(&dir).map_err(|source| MetadataError::Io {
+                claim: label.clone(),
+                step: "creating",
+                path: dir.clone(),
+                source,
+            })?;
+            let of_request: Vec<&MetadataDevice> = devices
+                .iter()
+                .filter(|d| base_request(&d.request) == base)
+                .collect();
+            // The file's request keeps its full name (`req/sub`) when one subrequest served it.
+            let full = of_request.first().map_or(base, |d| d.request.as_str());
+            let text = self.document(claim, full, &of_request, 1);
+            let path = dir.join("metadata.json");
+            fsutil::replace_atomic(&path, text.as_bytes(), 0o644).map_err(|source| {
+                MetadataError::Write {
+                    claim: label.clone(),
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            let mut mount = Mount::read_only_bind(
+                path.to_string_lossy().into_owned(),
+                self.container_path(claim, base),
+            );
+            mount.options = ["ro", "bind"].map(String::from).to_vec();
+            mounts.push((base.to_string(), mount));
+        }
+        Ok(mounts)
+    }
+
+    /// Removes claim `uid`'s files; `Ok(false)` when there were none.
+    ///
+    /// Fails with [`MetadataError::BadName`] for a UID that is not a path segment and
+    /// [`MetadataError::Io`] when the directory cannot be removed.
+    pub fn remove(&self, uid: &str) -> Result<bool, MetadataError> {
+        let uid = segment(uid, "claim UID", uid)?;
+        let dir = self.root.join(uid);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                crate::cost::count(crate::cost::Cost::FileRemove);
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(MetadataError::Io {
+                claim: uid.to_string(),
+                step: "removing",
+                path: dir,
+                source,
+            }),
+        }
+    }
+
+    /// The claim UIDs that have files (start-up recovery removes those no record holds).
+    /// A missing root holds none.
+    ///
+    /// Fails with [`MetadataError::Io`] when the root cannot be listed.
+    pub fn claims_with_files(&self) -> Result<Vec<String>, MetadataError> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(MetadataError::Io {
+                    claim: "(any)".to_string(),
+                    step: "listing",
+                    path: self.root.clone(),
+                    source,
+                });
+            }
+        };
+        crate::cost::count(crate::cost::Cost::DirectoryList);
+        let mut uids: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        uids.sort();
+        Ok(uids)
+    }
+}
+
+/// Creates `dir` and its parents with mode 0755 (the runtime reads them as root; workloads
+/// see only the mounted file).
+fn make_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+}
+
+/// The metadata devices of a claim's allocated devices, each with the UUID of its GPU: each
+/// published device's attributes, with its GPU's `resource.kubernetes.io/pciBusID` from
+/// `bus_ids` (GPU UUID → bus ID) where the device does not carry it (MIG devices in the
+/// compact attribute set). A device no longer in `model` gets only its GPU's bus ID. Pure.
+pub fn devices_from_model(
+    model: &crate::devices::DeviceModel,
+    bus_ids: &BTreeMap<String, String>,
+    allocated: &[(&crate::allocation::AllocatedDevice, &str)],
+) -> Vec<MetadataDevice> {
+    allocated
+        .iter()
+        .map(|(a, gpu_uuid)| {
+            let published = model.devices.iter().find(|d| d.name() == a.device);
+            let mut attributes = published
+                .and_then(|d| d.device.attributes.clone())
+                .unwrap_or_default();
+            if !attributes.contains_key(PCI_BUS_ID)
+                && let Some(bus) = bus_ids.get(*gpu_uuid)
+            {
+                attributes.insert(
+                    PCI_BUS_ID.to_string(),
+                    DeviceAttribute {
+                        string: Some(bus.clone()),
+                        ..DeviceAttribute::default()
+                    },
+                );
+            }
+            MetadataDevice {
+                request: a.request.clone(),
+                pool: a.pool.clone(),
+                name: a.device.clone(),
+                attributes,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "metadata_tests.rs"]
+mod tests;

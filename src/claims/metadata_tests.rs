@@ -1,0 +1,143 @@
+use super::*;
+
+fn attr(s: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(s.to_string()),
+        ..DeviceAttribute::default()
+    }
+}
+
+fn device(request: &str, name: &str) -> MetadataDevice {
+    MetadataDevice {
+        request: request.to_string(),
+        pool: "node-a".to_string(),
+        name: name.to_string(),
+        attributes: [
+            ("type".to_string(), attr("gpu")),
+            (PCI_BUS_ID.to_string(), attr("0000:18:00.0")),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+fn claim<'a>(pod_claim_name: Option<&'a str>) -> MetadataClaim<'a> {
+    MetadataClaim {
+        namespace: "ns",
+        name: "my-claim",
+        uid: "uid-1",
+        pod_claim_name,
+    }
+}
+
+#[test]
+fn the_document_is_a_stream_of_v1beta1_then_v1alpha1_each_on_its_own_line() {
+    let w = MetadataWriter::new(Path::new("/plugin"), "gpu.nvidia.com");
+    let d = device("gpus", "gpu-0");
+    let text = w.document(&claim(None), "gpus", &[&d], 1);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(text.ends_with('\n'));
+    assert_eq!(lines.len(), 2);
+    let objects: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let versions: Vec<&str> = objects
+        .iter()
+        .map(|o| o["apiVersion"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            "metadata.resource.k8s.io/v1beta1",
+            "metadata.resource.k8s.io/v1alpha1"
+        ]
+    );
+    let want = json!({
+        "kind": "DeviceMetadata",
+        "metadata": {"name": "my-claim", "namespace": "ns", "uid": "uid-1", "generation": 1},
+        "requests": [{"name": "gpus", "devices": [{
+            "driver": "gpu.nvidia.com", "pool": "node-a", "name": "gpu-0",
+            "attributes": {"type": {"string": "gpu"}, "resource.kubernetes.io/pciBusID": {"string": "0000:18:00.0"}}
+        }]}]
+    });
+    for o in &objects {
+        let mut o = o.clone();
+        o.as_object_mut().unwrap().remove("apiVersion");
+        assert_eq!(o, want);
+    }
+}
+
+#[test]
+fn a_template_claim_is_found_under_its_pod_claim_name_and_carries_it() {
+    let w = MetadataWriter::new(Path::new("/plugin"), "gpu.nvidia.com");
+    assert_eq!(
+        w.container_path(&claim(None), "gpus/h100"),
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/my-claim/gpus/gpu.nvidia.com-metadata.json"
+    );
+    assert_eq!(
+        w.container_path(&claim(Some("gpu")), "gpus"),
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpu/gpus/gpu.nvidia.com-metadata.json"
+    );
+    let d = device("gpus", "gpu-0");
+    let text = w.document(&claim(Some("gpu")), "gpus", &[&d], 1);
+    let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(first["podClaimName"], "gpu");
+}
+
+#[test]
+fn one_file_per_base_request_is_written_and_removed_with_the_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = MetadataWriter::new(dir.path(), "gpu.nvidia.com");
+    let devices = [
+        device("a/alt", "gpu-0"),
+        device("a/alt", "gpu-1"),
+        device("b", "gpu-2"),
+    ];
+    let mounts = w.write(&claim(None), &devices).unwrap();
+    let requests: Vec<&str> = mounts.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(requests, ["a", "b"]);
+    let (_, mount) = &mounts[0];
+    assert_eq!(mount.options, ["ro", "bind"]);
+    assert_eq!(
+        mount.container_path,
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/my-claim/a/gpu.nvidia.com-metadata.json"
+    );
+    let host = dir.path().join("dra-device-metadata/uid-1/a/metadata.json");
+    assert_eq!(mount.host_path, host.to_string_lossy());
+    let first: Value = serde_json::from_str(
+        std::fs::read_to_string(&host)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    // The request keeps its full name; both of its devices are in its file.
+    assert_eq!(first["requests"][0]["name"], "a/alt");
+    let names: Vec<&str> = first["requests"][0]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["gpu-0", "gpu-1"]);
+    assert_eq!(w.claims_with_files().unwrap(), ["uid-1"]);
+    assert!(w.remove("uid-1").unwrap());
+    assert!(!w.remove("uid-1").unwrap());
+    assert!(w.claims_with_files().unwrap().is_empty());
+}
+
+#[test]
+fn a_name_that_would_leave_its_directory_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = MetadataWriter::new(dir.path(), "gpu.nvidia.com");
+    let bad = MetadataClaim {
+        uid: "..",
+        ..claim(None)
+    };
+    let e = w.write(&bad, &[device("a", "gpu-0")]).unwrap_err();
+    assert!(e.to_string().contains("claim UID \"..\""), "{e}");
+    assert!(w.remove("../x").is_err());
+    assert!(!dir.path().join("dra-device-metadata").exists());
+}
