@@ -62,6 +62,7 @@ fn bare_spec() -> MpsDaemonSpec {
         devices: vec![mig("MIG-bb22")],
         active_thread_percentage: None,
         pinned_memory_bytes: Vec::new(),
+        multi_user: false,
     }
 }
 
@@ -71,6 +72,7 @@ fn limited_spec() -> MpsDaemonSpec {
         devices: vec![gpu("GPU-aa11")],
         active_thread_percentage: Some(50),
         pinned_memory_bytes: vec![Some(4096 << 20)],
+        multi_user: false,
     }
 }
 

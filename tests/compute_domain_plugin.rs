@@ -924,3 +924,175 @@ async fn a_channel_waiting_for_its_daemon_never_holds_up_the_daemons_own_claim()
     let (_, got) = waiting.await.unwrap();
     assert_eq!(got.unwrap()[0].device_name, "channel-0");
 }
+
+/// A simulated host `nvidia-imex.service` on `ip` whose command service answers on
+/// `<dir>/imex_ctrl.sock`; with `peer`, at full quorum with that absent peer (so it is
+/// `WAITING_FOR_PEERS`), else alone and `READY`. Killed when dropped.
+struct HostImex {
+    child: std::process::Child,
+    socket: std::path::PathBuf,
+}
+
+impl HostImex {
+    fn start(dir: &std::path::Path, ip: &str, peer: Option<&str>) -> HostImex {
+        let (imex, _) = gpu_dra::compute_domain::imex::install_simulated(
+            std::path::Path::new(env!("CARGO_BIN_EXE_gpu-dra")),
+            &dir.join("bin"),
+        )
+        .unwrap();
+        let socket = dir.join("imex_ctrl.sock");
+        let nodes: String = std::iter::once(ip)
+            .chain(peer)
+            .map(|n| format!("{n}\n"))
+            .collect();
+        std::fs::write(dir.join("nodes_config.cfg"), nodes).unwrap();
+        let quorum = if peer.is_some() { "FULL" } else { "RECOVERY" };
+        let config = dir.join("config.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "BIND_INTERFACE_IP={ip}\nIMEX_CMD_ENABLED=1\nIMEX_WAIT_FOR_QUORUM={quorum}\nIMEX_NODE_CONFIG_FILE={}\nIMEX_CMD_UNIX_DOMAIN_PATH={}\nLOG_FILE_NAME={}\n",
+                dir.join("nodes_config.cfg").display(),
+                socket.display(),
+                dir.join("imex.log").display(),
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(imex)
+            .arg("-c")
+            .arg(&config)
+            .spawn()
+            .unwrap();
+        HostImex { child, socket }
+    }
+}
+
+impl Drop for HostImex {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The plugin in host-managed IMEX mode, asking the service at `socket`.
+async fn host_managed_plugin(node: &Node, socket: &std::path::Path) -> plugin_support::Plugin {
+    let mut command = node.cd_command(5);
+    command
+        .args(["--imex-mode", "HostManaged"])
+        .arg("--imex-host-socket")
+        .arg(socket);
+    let mut plugin = node.cd_spawn(command, &[]);
+    plugin.wait_registrable().await;
+    plugin
+}
+
+fn channel_paths(node: &Node, uid: &str) -> Vec<String> {
+    node.cd_spec(uid).expect("spec written")["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn host_managed_imex_gives_every_domain_channel_0_while_the_host_service_is_ready() {
+    let files = tempfile::tempdir().unwrap();
+    let service = HostImex::start(files.path(), "127.0.0.42", None);
+    let node = Node::new();
+    for (name, uid, device, domain, mode) in [
+        ("a", "uid-a", "channel-0", DOMAIN, "Single"),
+        ("b", "uid-b", "channel-3", OTHER_DOMAIN, "All"),
+    ] {
+        node.api.put_claim(cdnode::claim(
+            name,
+            uid,
+            device,
+            channel_config(domain, mode),
+        ));
+    }
+    node.api.put_claim(cdnode::claim(
+        "d",
+        "uid-d",
+        "daemon-0",
+        daemon_config(DOMAIN),
+    ));
+    let plugin = host_managed_plugin(&node, &service.socket).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    eventually("the host socket", || service.socket.exists().then_some(())).await;
+
+    // Two domains on one node, no ComputeDomainNode and no label: both get channel 0.
+    let a = prepare_one(&mut kubelet, "a", "uid-a").await;
+    let b = prepare_one(&mut kubelet, "b", "uid-b").await;
+    assert_eq!(
+        (
+            a.map(|d| d[0].device_name.clone()),
+            b.map(|d| d[0].device_name.clone())
+        ),
+        (Ok("channel-0".to_string()), Ok("channel-3".to_string())),
+        "{}",
+        plugin.log()
+    );
+    let channel_0 = vec!["/dev/nvidia-caps-imex-channels/channel0".to_string()];
+    assert_eq!(
+        (channel_paths(&node, "uid-a"), channel_paths(&node, "uid-b")),
+        (channel_0.clone(), channel_0)
+    );
+    assert_eq!(label(&node), None, "no per-domain daemon is placed");
+    let error = prepare_one(&mut kubelet, "d", "uid-d").await.unwrap_err();
+    assert!(
+        error.contains("is host-managed (--imex-mode HostManaged)")
+            && error.contains("no IMEX daemon claim is prepared"),
+        "{error}"
+    );
+    unprepare_one(&mut kubelet, "a", "uid-a").await;
+    unprepare_one(&mut kubelet, "b", "uid-b").await;
+    unprepare_one(&mut kubelet, "d", "uid-d").await;
+    assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn host_managed_imex_refuses_a_channel_naming_the_host_service_and_the_fix() {
+    let files = tempfile::tempdir().unwrap();
+    let socket = files.path().join("imex_ctrl.sock");
+    let node = Node::new();
+    node.api.put_claim(cdnode::claim(
+        "work",
+        "uid-work",
+        "channel-0",
+        channel_config(DOMAIN, "Single"),
+    ));
+    let plugin = host_managed_plugin(&node, &socket).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+
+    // No service at all.
+    let error = prepare_one(&mut kubelet, "work", "uid-work")
+        .await
+        .unwrap_err();
+    let fix = format!(
+        "start the nvidia-imex service on the node (systemctl enable --now nvidia-imex) with \
+         IMEX_CMD_ENABLED=1 and IMEX_CMD_UNIX_DOMAIN_PATH={}",
+        socket.display()
+    );
+    for part in [
+        format!(
+            "IMEX on node {NODE} is host-managed (--imex-mode HostManaged), but the host's nvidia-imex service is not ready"
+        ),
+        format!("-q --u={}` answered UNAVAILABLE", socket.display()),
+        fix.clone(),
+    ] {
+        assert!(error.contains(&part), "{part:?} missing in: {error}");
+    }
+    assert_eq!(node.cd_spec("uid-work"), None);
+
+    // A service that runs but waits for a peer.
+    let _service = HostImex::start(files.path(), "127.0.0.43", Some("127.0.0.44"));
+    eventually("the host socket", || socket.exists().then_some(())).await;
+    let error = prepare_one(&mut kubelet, "work", "uid-work")
+        .await
+        .unwrap_err();
+    assert!(error.contains("answered WAITING_FOR_PEERS;"), "{error}");
+    assert!(error.contains(&fix), "{error}");
+    assert_eq!(node.cd_spec("uid-work"), None);
+    assert_eq!(node.cd_leftovers(), Vec::<String>::new());
+}

@@ -388,3 +388,56 @@ fn compute_domain_device_classes_are_the_repository_files() {
         .collect();
     assert_eq!(got, want);
 }
+
+#[test]
+fn host_managed_imex_is_a_schema_checked_value_passed_to_the_plugin() {
+    let defaults = yaml_file(&chart_dir().join("values.yaml"));
+    assert_eq!(
+        defaults["computeDomains"]["imex"],
+        json!({"mode": "DriverManaged", "hostSocketPath": "/etc/nvidia-imex/imex_ctrl.sock"})
+    );
+    let v = schema();
+    let imex = |block: Value| with(json!({"computeDomains": {"imex": block}}));
+    let got: Vec<bool> = [
+        json!({"mode": "hostManaged"}),
+        json!({"mode": "HostManaged", "hostSocketPath": "imex_ctrl.sock"}),
+        json!({"mode": "HostManaged", "isolation": "domain"}),
+        json!({"mode": "HostManaged", "hostSocketPath": "/run/imex.sock"}),
+        json!({"mode": "DriverManaged"}),
+    ]
+    .into_iter()
+    .map(|b| v.is_valid(&imex(b)))
+    .collect();
+    assert_eq!(got, [false, false, false, true, true]);
+
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    // Unprivileged, the container needs SYS_CHROOT for `chroot <driver root> nvidia-imex-ctl`.
+    let host = [
+        ON.as_slice(),
+        &["--set", "computeDomains.imex.mode=HostManaged"],
+        &["--set", "kubeletPlugin.privileged=false"],
+    ]
+    .concat();
+    let objects = render_chart(&helm, &host);
+    let ds = named(&objects, "DaemonSet", "gpu-dra-compute-domain-plugin");
+    let container = &ds["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .filter(|a| a.starts_with("--imex"))
+        .collect();
+    assert_eq!(
+        (args, &container["securityContext"]["capabilities"]["add"]),
+        (
+            vec![
+                "--imex-mode=HostManaged",
+                "--imex-host-socket=/etc/nvidia-imex/imex_ctrl.sock"
+            ],
+            &json!(["SYS_CHROOT"])
+        )
+    );
+}

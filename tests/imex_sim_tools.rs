@@ -140,3 +140,42 @@ fn an_invalid_config_fails_naming_the_key_the_value_and_the_choices() {
     let (code, _) = ctl(&ctl_bin, &["-s"]);
     assert_eq!(code, 2, "unsimulated ctl actions are refused");
 }
+
+#[test]
+fn a_host_service_answers_nvidia_imex_ctl_dash_q_on_its_unix_socket() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (imex, ctl_bin) = tools(tmp.path());
+    let (me, peer) = ("127.0.0.32", "127.0.0.33");
+    let nodes = [me, peer];
+    let socket = tmp.path().join("imex_ctrl.sock");
+    let host_config = |dir: &std::path::Path, ip: &str| {
+        let config = write_config(dir, ip, "FULL", &nodes);
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        if ip == me {
+            text.push_str(&format!("IMEX_CMD_UNIX_DOMAIN_PATH={}\n", socket.display()));
+        }
+        std::fs::write(&config, text).unwrap();
+        config
+    };
+    let service = start(&imex, &host_config(&tmp.path().join(me), me));
+    wait_for("the host socket", || socket.exists());
+    let long = format!("--u={}", socket.display());
+    let short = ["-u", socket.to_str().unwrap(), "-q"];
+    // Full quorum with the peer absent: the service answers, but is not ready.
+    assert_eq!(
+        (ctl(&ctl_bin, &["-q", &long]), ctl(&ctl_bin, &short)),
+        (
+            (0, "WAITING_FOR_PEERS\n".to_string()),
+            (0, "WAITING_FOR_PEERS\n".to_string())
+        )
+    );
+    let _peer = start(&imex, &host_config(&tmp.path().join(peer), peer));
+    wait_for("READY on the host socket", || {
+        ctl(&ctl_bin, &["-q", &long]) == (0, "READY\n".to_string())
+    });
+    drop(service);
+    assert_eq!(
+        ctl(&ctl_bin, &["-q", &long]),
+        (1, "UNAVAILABLE\n".to_string())
+    );
+}

@@ -623,3 +623,101 @@ async fn after_a_plugin_restart_the_kubelet_re_registers_and_unprepares_reach_it
         ]
     );
 }
+
+/// One device's health as both versions carry it: (pool, device, health, message, last
+/// updated, timeout).
+type HealthRow = (String, String, i32, String, i64, i64);
+
+/// The rows of the latest list on a v1 or v1alpha1 health stream.
+fn latest_rows(messages: &[Vec<u8>], is_v1: bool) -> Vec<HealthRow> {
+    let last = &messages.last().expect("a list")[..];
+    if is_v1 {
+        health_v1::NodeWatchResourcesResponse::decode(last)
+            .unwrap()
+            .devices
+            .into_iter()
+            .map(|d| {
+                let id = d.device.unwrap_or_default();
+                (
+                    id.pool_name,
+                    id.device_name,
+                    d.health,
+                    d.message,
+                    d.last_updated_time,
+                    d.health_check_timeout_seconds,
+                )
+            })
+            .collect()
+    } else {
+        health_v1alpha1::NodeWatchResourcesResponse::decode(last)
+            .unwrap()
+            .devices
+            .into_iter()
+            .map(|d| {
+                let id = d.device.unwrap_or_default();
+                (
+                    id.pool_name,
+                    id.device_name,
+                    d.health,
+                    d.message,
+                    d.last_updated_time,
+                    d.health_check_timeout_seconds,
+                )
+            })
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn both_health_versions_stream_the_same_taint_change_on_one_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Arc::new(RecordingHandler::new());
+    let (plugin, health_tx) = start(dir.path(), &handler).await;
+    let mut kubelet = RawH2::connect(plugin.dra_socket()).await.unwrap();
+    let mut streams = Vec::new();
+    for path in [WATCH_V1, WATCH_V1ALPHA1] {
+        let stream = kubelet
+            .start(&grpc_headers(path, Some("localhost")))
+            .await
+            .unwrap();
+        kubelet
+            .send_data(stream, &wire_support::grpc_message(&[]), true)
+            .await
+            .unwrap();
+        assert_eq!(
+            kubelet.messages(stream, 1).await.unwrap().len(),
+            1,
+            "{path}"
+        );
+        streams.push(stream);
+    }
+
+    // The change that taints gpu-0 (an XID the health policy treats as fatal).
+    health_tx.send_replace(vec![DeviceHealth {
+        pool_name: "node-a".into(),
+        device_name: "gpu-0".into(),
+        status: HealthStatus::Unhealthy,
+        message: "XID 79: GPU has fallen off the bus".into(),
+        last_updated_unix_seconds: 1_700_000_060,
+        health_check_timeout_seconds: 30,
+    }]);
+    let v1 = kubelet.messages(streams[0], 2).await.unwrap();
+    let v1alpha1 = kubelet.messages(streams[1], 2).await.unwrap();
+    let want: Vec<HealthRow> = vec![(
+        "node-a".into(),
+        "gpu-0".into(),
+        health_v1::HealthStatus::Unhealthy as i32,
+        "XID 79: GPU has fallen off the bus".into(),
+        1_700_000_060,
+        30,
+    )];
+    assert_eq!(
+        (
+            v1.len(),
+            latest_rows(&v1, true),
+            v1alpha1.len(),
+            latest_rows(&v1alpha1, false)
+        ),
+        (2, want.clone(), 2, want)
+    );
+}

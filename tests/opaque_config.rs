@@ -77,6 +77,7 @@ fn mps_group(devices: Vec<usize>, threads: Option<u8>, pinned: Vec<Option<u64>>)
         sharing: Sharing::Mps(MpsLimits {
             active_thread_percentage: threads,
             pinned_memory_bytes: pinned,
+            multi_user: false,
         }),
     }
 }
@@ -409,7 +410,7 @@ fn unknown_fields_are_rejected_at_every_level_naming_the_entry() {
             mps("GpuConfig", json!({"threads": 50})),
             "sharing.mpsConfig.threads: unknown field; valid fields: \
              defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, \
-             defaultPerDevicePinnedMemoryLimit",
+             defaultPerDevicePinnedMemoryLimit, multiUser",
         ),
     ];
     let want: Vec<String> = table

@@ -431,3 +431,115 @@ async fn a_stale_pid_file_never_gets_another_process_killed() {
         .unwrap();
     assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
 }
+
+/// An MPS config with `multiUser: true` and no limits.
+fn multi_user_config() -> serde_json::Value {
+    json!({
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": true}},
+    })
+}
+
+/// The argv of a live process, one string per argument.
+fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_multi_user_mps_claim_starts_its_daemon_with_dash_capital_m() {
+    let node = Node::new();
+    let (_plugin, mut kubelet) =
+        prepared_with(&node, "mu", "uid-mu", "gpu-3", multi_user_config()).await;
+    let uuid = gpu_uuid(&node, "gpu-3");
+    let calls = tool_calls(&node);
+    let start = format!("CUDA_VISIBLE_DEVICES={uuid} nvidia-cuda-mps-control -d -M");
+    assert!(
+        calls.iter().any(|c| c.ends_with(start.as_str())),
+        "missing {start:?} in {calls:#?}"
+    );
+    // The live daemon (a real child process of the simulated tool) runs in multi-user mode.
+    let daemons = daemon_dirs(&node);
+    let pid = daemon_pid(&node, &daemons[0]).expect("pid file");
+    assert_eq!(vec![pid], live_daemons(node.root()));
+    assert_eq!(cmdline(pid)[1..], ["-f", "-M"]);
+    let journal = std::fs::read_to_string(
+        node.plugin_dir()
+            .join("mps")
+            .join(&daemons[0])
+            .join("log/control.log"),
+    )
+    .unwrap();
+    assert!(
+        journal.contains("Starting control daemon in multi-user mode"),
+        "{journal}"
+    );
+    // Clients connect as in single-user mode.
+    let spec = node.spec("uid-mu").expect("CDI spec");
+    assert!(
+        spec.contains("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"),
+        "{spec}"
+    );
+
+    kubelet
+        .unprepare(&[claim_ref("mu", "uid-mu")])
+        .await
+        .unwrap();
+    assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
+    assert_eq!(Vec::<String>::new(), daemon_dirs(&node));
+}
+
+#[tokio::test]
+async fn multi_user_mps_is_refused_below_compute_capability_7_naming_the_gpu() {
+    let files = tempfile::tempdir().unwrap();
+    let node_file = files.path().join("pascal.yaml");
+    let pascal = format!(
+        "nodeName: {}\ngpus:\n  - model: P100-PCIE-16GB\n  - model: L4\n",
+        claims::NODE
+    );
+    std::fs::write(&node_file, pascal).unwrap();
+    let node = Node::new();
+    for (name, uid, device) in [("old", "uid-old", "gpu-0"), ("new", "uid-new", "gpu-1")] {
+        node.api.put_claim(with_config(
+            claims::on_node(name, uid, &[device]),
+            &[],
+            multi_user_config(),
+        ));
+    }
+    let mut plugin = node.spawn_command(node.command_on(node_file.to_str().unwrap()), &[]);
+    plugin.wait_registrable().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+
+    let got = kubelet
+        .prepare(&[claim_ref("old", "uid-old")])
+        .await
+        .unwrap();
+    let error = got["uid-old"].as_ref().expect_err("must be refused");
+    assert!(
+        error.contains(
+            "sharing.mpsConfig.multiUser: GPU gpu-0 (Tesla P100-PCIE-16GB, compute capability 6.0) does not support multi-user MPS, which needs compute capability 7.0 (Volta) or newer"
+        ),
+        "{error}"
+    );
+    assert!(error.contains("team-a/old"), "names the claim: {error}");
+    assert_eq!(Vec::<String>::new(), tool_calls(&node), "nothing was run");
+    assert_eq!(Vec::<String>::new(), daemon_dirs(&node));
+
+    // The L4 (compute capability 8.9) on the same node serves it.
+    let got = kubelet
+        .prepare(&[claim_ref("new", "uid-new")])
+        .await
+        .unwrap();
+    assert!(got["uid-new"].is_ok(), "{got:?}\n{}", plugin.log());
+    assert_eq!(1, live_daemons(node.root()).len());
+    kubelet
+        .unprepare(&[claim_ref("new", "uid-new")])
+        .await
+        .unwrap();
+    assert_eq!(Vec::<u32>::new(), live_daemons(node.root()));
+}

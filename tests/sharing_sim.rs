@@ -138,3 +138,52 @@ fn simulated_client_without_a_daemon_fails() {
         )
     );
 }
+
+#[test]
+fn simulated_mps_control_accepts_only_dash_capital_m_for_multi_user_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tools = sim_tools(tmp.path());
+    let got: Vec<(String, Option<i32>, String)> = ["-m", "--multiuser", "-multiuser-server", "-M"]
+        .into_iter()
+        .map(|flag| {
+            let pipe = tmp.path().join("pipe");
+            let out = Command::new(&tools.mps_control)
+                .args(["-d", flag])
+                .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+                .env("CUDA_MPS_LOG_DIRECTORY", tmp.path().join("log"))
+                .output()
+                .unwrap();
+            (
+                flag.to_string(),
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        })
+        .collect();
+    let refused = |flag: &str| {
+        (
+            flag.to_string(),
+            Some(1),
+            "Invalid arguments; usage: nvidia-cuda-mps-control [-d [-M] | -f [-M]]\n".to_string(),
+        )
+    };
+    let want = vec![
+        refused("-m"),
+        refused("--multiuser"),
+        refused("-multiuser-server"),
+        ("-M".to_string(), Some(0), String::new()),
+    ];
+    assert_eq!(got, want);
+    // The one daemon that started is quit (and leaves with its pipe directory).
+    let quit = Command::new(&tools.mps_control)
+        .env("CUDA_MPS_PIPE_DIRECTORY", tmp.path().join("pipe"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(b"quit\n")?;
+            child.wait()
+        })
+        .unwrap();
+    assert!(quit.success());
+}

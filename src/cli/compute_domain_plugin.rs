@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::common::block_on;
-use super::flags::{NodeFlags, interval_seconds};
+use super::flags::{DriverRootFlag, NodeFlags, interval_seconds};
 
 /// Flags of `gpu-dra compute-domain-plugin`.
 #[derive(clap::Args, Debug)]
@@ -29,6 +29,20 @@ pub(crate) struct CdPluginArgs {
     /// (`30`, `30s`) or minutes; keep it under the kubelet's 45 s limit.
     #[arg(long, env = "GPU_DRA_DAEMON_READY_TIMEOUT", default_value = "30", value_parser = interval_seconds)]
     daemon_ready_timeout: u64,
+    /// Who runs the node's IMEX daemon: `DriverManaged` (one daemon per ComputeDomain, the
+    /// default) or `HostManaged` (the host's nvidia-imex service; every domain gets channel 0,
+    /// handed out only while `nvidia-imex-ctl -q` answers READY).
+    #[arg(long, env = "GPU_DRA_IMEX_MODE", default_value = "DriverManaged", value_parser = gpu_dra::compute_domain::plugin::config::imex_mode_flag)]
+    imex_mode: gpu_dra::compute_domain::plugin::config::ImexMode,
+    /// HostManaged: the host nvidia-imex service's command socket (its
+    /// IMEX_CMD_UNIX_DOMAIN_PATH), as the host sees it.
+    #[arg(long, env = "GPU_DRA_IMEX_HOST_SOCKET", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_IMEX_HOST_SOCKET)]
+    imex_host_socket: PathBuf,
+    /// HostManaged: nvidia-imex-ctl under --driver-root (run with chroot when the root is not /).
+    #[arg(long, env = "GPU_DRA_IMEX_CTL_BIN", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_IMEX_CTL)]
+    imex_ctl_bin: PathBuf,
+    #[command(flatten)]
+    driver_root: DriverRootFlag,
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_METRICS_ADDR)]
     metrics_addr: String,
@@ -60,5 +74,11 @@ pub(crate) fn run(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
         namespace: args.namespace,
         max_domains: args.max_domains,
         ready_timeout: std::time::Duration::from_secs(args.daemon_ready_timeout),
+        imex_mode: args.imex_mode,
+        host_imex: config::HostImex {
+            socket: args.imex_host_socket,
+            ctl: args.imex_ctl_bin,
+            driver_root: args.driver_root.driver_root,
+        },
     }))
 }

@@ -91,7 +91,7 @@ pub(crate) struct StateDirFlag {
     pub(crate) state_dir: Option<PathBuf>,
 }
 
-/// `--driver-root`: `kubelet-plugin` and `doctor`.
+/// `--driver-root`: `kubelet-plugin`, `compute-domain-plugin` and `doctor`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct DriverRootFlag {
     /// NVIDIA driver root as this process sees it.

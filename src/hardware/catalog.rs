@@ -227,6 +227,20 @@ fn build_models() -> Result<Vec<GpuModel>, CatalogError> {
         compute_slices: 0,
         profiles: Vec::new(),
     });
+    // A pre-Volta GPU (compute capability 6.0), for what needs Volta or newer (multi-user MPS).
+    models.push(GpuModel {
+        key: "P100-PCIE-16GB".to_string(),
+        product_name: "Tesla P100-PCIE-16GB".to_string(),
+        pci_device_id: "0x15F810DE".to_string(),
+        brand: "Tesla".to_string(),
+        architecture: Architecture::Pascal,
+        compute_capability: (6, 0),
+        memory_mib: 16280,
+        multiprocessors: 56,
+        memory_slices: 0,
+        compute_slices: 0,
+        profiles: Vec::new(),
+    });
     models.push(GpuModel {
         key: "RTX-4090".to_string(),
         product_name: "NVIDIA GeForce RTX 4090".to_string(),
@@ -328,6 +342,7 @@ mod tests {
                 "B200",
                 "GB200",
                 "L4",
+                "P100-PCIE-16GB",
                 "RTX-4090"
             ]
         );

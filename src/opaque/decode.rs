@@ -12,7 +12,7 @@ use super::{
 const TOP_FIELDS: &str = "apiVersion, kind, sharing";
 const SHARING_FIELDS: &str = "strategy, timeSlicingConfig, mpsConfig";
 const TIME_SLICING_FIELDS: &str = "interval";
-const MPS_FIELDS: &str = "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit";
+const MPS_FIELDS: &str = "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser";
 const KINDS: &str = "GpuConfig, MigDeviceConfig";
 const STRATEGIES: &str = "TimeSlicing, MPS";
 const INTERVALS: &str = "Default, Short, Medium, Long";
@@ -21,7 +21,8 @@ const INTERVALS: &str = "Default, Short, Medium, Long";
 ///
 /// Guarantees on success: the `apiVersion` and `kind` are supported, no unknown field exists
 /// at any level, strategy and blocks agree, the thread percentage is within 0–100 and every
-/// memory limit is a quantity of at least 1Mi. A `MigDeviceConfig` never carries an interval
+/// memory limit is a quantity of at least 1Mi, and `multiUser` is a boolean (whether the GPU
+/// supports it is checked where the hardware is known). A `MigDeviceConfig` never carries an interval
 /// other than `Default`. Fields set to `null` count as absent.
 ///
 /// # Errors
@@ -168,10 +169,22 @@ fn mps_config(value: &Value) -> Result<MpsConfig, OpaqueError> {
         }
         per_device_pinned_memory_bytes.sort();
     }
+    let multi_user = match present(block, "multiUser") {
+        None => false,
+        Some(Value::Bool(on)) => *on,
+        Some(other) => {
+            return Err(wrong_type(
+                "sharing.mpsConfig.multiUser",
+                "true or false",
+                other,
+            ));
+        }
+    };
     Ok(MpsConfig {
         active_thread_percentage,
         pinned_memory_bytes,
         per_device_pinned_memory_bytes,
+        multi_user,
     })
 }
 

@@ -148,6 +148,9 @@ pub struct MpsConfig {
     /// `defaultPerDevicePinnedMemoryLimit`: key (index, UUID or device name) → limit, sorted
     /// by key. Keys are checked when the config is applied to devices.
     pub per_device_pinned_memory_bytes: Vec<(String, u64)>,
+    /// `multiUser`: start the control daemon in multi-user mode (`-d -M`), so clients of any
+    /// UID share its one root server. Off by default.
+    pub multi_user: bool,
 }
 
 /// One opaque config entry of this driver, as the caller found it in the claim's allocation.
@@ -215,4 +218,7 @@ pub struct MpsLimits {
     /// Pinned device memory limit per device of the group, in the group's device order;
     /// `None` means no limit on that device.
     pub pinned_memory_bytes: Vec<Option<u64>>,
+    /// The daemon runs in multi-user mode (`nvidia-cuda-mps-control -d -M`); the claim
+    /// lifecycle refuses it on GPUs below compute capability 7.0.
+    pub multi_user: bool,
 }

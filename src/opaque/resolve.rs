@@ -196,6 +196,7 @@ fn mps_limits(config: &MpsConfig, group: &[&Target]) -> Result<MpsLimits, Opaque
     Ok(MpsLimits {
         active_thread_percentage: config.active_thread_percentage,
         pinned_memory_bytes: limits,
+        multi_user: config.multi_user,
     })
 }
 

@@ -100,8 +100,29 @@ fn mps_limits_decode_to_bytes() {
         active_thread_percentage: Some(50),
         pinned_memory_bytes: Some(10 * GIB),
         per_device_pinned_memory_bytes: vec![("0".into(), 2 * GIB), ("1".into(), 4 * GIB)],
+        multi_user: false,
     });
     assert_eq!(Ok(want), got);
+}
+
+#[test]
+fn multi_user_decodes_true_and_defaults_to_off() {
+    let decoded = |block: Value| {
+        decode(&gpu_config(json!({"strategy": "MPS", "mpsConfig": block}))).map(|c| c.sharing)
+    };
+    let on = mps(MpsConfig {
+        multi_user: true,
+        ..MpsConfig::default()
+    });
+    let off = mps(MpsConfig::default());
+    assert_eq!(
+        (
+            decoded(json!({"multiUser": true})),
+            decoded(json!({"multiUser": null})),
+            decoded(json!({"multiUser": false})),
+        ),
+        (Ok(on), Ok(off.clone()), Ok(off))
+    );
 }
 
 #[test]
@@ -174,7 +195,15 @@ fn decoding_errors_name_the_field_the_value_and_the_choices() {
         ),
         (
             mps_block(json!({"threads": 50})),
-            "sharing.mpsConfig.threads: unknown field; valid fields: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit",
+            "sharing.mpsConfig.threads: unknown field; valid fields: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser",
+        ),
+        (
+            mps_block(json!({"multiUser": "yes"})),
+            "sharing.mpsConfig.multiUser: expected true or false, got \"yes\"",
+        ),
+        (
+            mps_block(json!({"multiuser": true})),
+            "sharing.mpsConfig.multiuser: unknown field; valid fields: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser",
         ),
         (
             gpu_config(json!({"strategy": "Fast"})),

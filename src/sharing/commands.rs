@@ -57,6 +57,14 @@ pub(crate) fn path_str(path: &Path) -> Result<&str, SharingError> {
 /// parameters, never spliced into the script text.
 pub const SHM_SCRIPT: &str = "mount --bind \"$1\" /dev/shm && exec \"$2\" -d";
 
+/// [`SHM_SCRIPT`] for a multi-user daemon: the same, with [`MULTI_USER_FLAG`].
+pub const SHM_SCRIPT_MULTI_USER: &str = "mount --bind \"$1\" /dev/shm && exec \"$2\" -d -M";
+
+/// The `nvidia-cuda-mps-control` flag that starts the control daemon in multi-user mode, as
+/// NVIDIA's DRA driver passes it (`-d -M`, their PR #1153). The CUDA MPS documentation names
+/// the mode `-multiuser-server`; the simulated tool accepts only this spelling.
+pub const MULTI_USER_FLAG: &str = "-M";
+
 /// `mount -t tmpfs -o rw,nosuid,nodev,noexec,relatime,size=<size> shm <dir>`.
 pub fn shm_mount(shm_dir: &Path, size: &str) -> Result<CommandLine, SharingError> {
     Ok(CommandLine::new(

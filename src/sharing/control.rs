@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::commands::{CommandLine, SHM_SCRIPT, path_str};
+use super::commands::{CommandLine, MULTI_USER_FLAG, SHM_SCRIPT, SHM_SCRIPT_MULTI_USER, path_str};
 use super::exec;
 use super::spec::MpsDaemonSpec;
 use super::{SharingError, Tools};
@@ -42,7 +42,8 @@ impl DaemonDirs {
 }
 
 impl Tools {
-    /// `nvidia-cuda-mps-control -d` with the daemon's devices and directories; with
+    /// `nvidia-cuda-mps-control -d` (`-d -M` for a multi-user spec) with the daemon's devices
+    /// and directories; with
     /// `isolate_shm`, run as `unshare --mount --propagation private -- sh -c <SHM_SCRIPT> sh
     /// <shm> <mps-control>` so the daemon and its servers see the per-daemon tmpfs as
     /// `/dev/shm`, the same one the clients get bind-mounted.
@@ -56,6 +57,11 @@ impl Tools {
         isolate_shm: bool,
     ) -> Result<CommandLine, SharingError> {
         let mps = path_str(&self.mps_control)?.to_string();
+        let script = if spec.multi_user {
+            SHM_SCRIPT_MULTI_USER
+        } else {
+            SHM_SCRIPT
+        };
         let mut cmd = if isolate_shm {
             let args = [
                 "--mount",
@@ -64,14 +70,18 @@ impl Tools {
                 "--",
                 "sh",
                 "-c",
-                SHM_SCRIPT,
+                script,
                 "sh",
                 path_str(&dirs.shm)?,
                 &mps,
             ];
             CommandLine::new("unshare", args.map(String::from).to_vec())
         } else {
-            CommandLine::new(mps, vec!["-d".into()])
+            let mut args = vec!["-d".to_string()];
+            if spec.multi_user {
+                args.push(MULTI_USER_FLAG.into());
+            }
+            CommandLine::new(mps, args)
         };
         cmd.env = self.env.clone();
         cmd.env.extend([
@@ -156,6 +166,7 @@ mod tests {
             devices: vec![dev("GPU-bb", true), dev("MIG-aa", false)],
             active_thread_percentage: None,
             pinned_memory_bytes: Vec::new(),
+            multi_user: false,
         }
     }
 
@@ -207,6 +218,25 @@ mod tests {
         ];
         assert_eq!(got.args, want.map(String::from).to_vec());
         assert_eq!(env(&got)[0], ("CUDA_VISIBLE_DEVICES", "GPU-bb,MIG-aa"));
+    }
+
+    #[test]
+    fn a_multi_user_daemon_is_started_with_dash_d_dash_capital_m() {
+        let tools = Tools::new("/d/nvidia-smi", "/d/nvidia-cuda-mps-control");
+        let dirs = DaemonDirs::new(Path::new("/p/mps"), "c1");
+        let multi = MpsDaemonSpec {
+            multi_user: true,
+            ..spec()
+        };
+        let plain = tools.daemon_command(&dirs, &multi, false).unwrap();
+        let isolated = tools.daemon_command(&dirs, &multi, true).unwrap();
+        assert_eq!(
+            (plain.args, isolated.args[6].as_str()),
+            (
+                vec!["-d".to_string(), "-M".to_string()],
+                "mount --bind \"$1\" /dev/shm && exec \"$2\" -d -M"
+            )
+        );
     }
 
     #[test]

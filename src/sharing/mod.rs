@@ -25,7 +25,7 @@ mod tools;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use commands::CommandLine;
+pub use commands::{CommandLine, MULTI_USER_FLAG};
 pub use edits::{ClientEdits, Mount, client_limit_env};
 pub use mps::{Ensured, MpsManager, MpsOptions, MpsStatus};
 pub use spec::{MpsDaemonSpec, MpsDevice, validate_daemon_id, validate_uuid};

@@ -23,12 +23,16 @@ pub struct MpsDevice {
 /// One MPS control daemon: its id (`[a-z0-9-]`, at most 63 characters, e.g. derived from the
 /// claim UID), its devices in `CUDA_VISIBLE_DEVICES` order, and the default limits for the
 /// servers it spawns. `pinned_memory_bytes` is empty (no limits) or has one entry per device.
+/// `multi_user` starts it as `nvidia-cuda-mps-control -d -M`: one root server for clients of
+/// every UID (the caller checks the GPUs support it: compute capability 7.0 or newer).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MpsDaemonSpec {
     pub id: String,
     pub devices: Vec<MpsDevice>,
     pub active_thread_percentage: Option<u8>,
     pub pinned_memory_bytes: Vec<Option<u64>>,
+    #[serde(default)]
+    pub multi_user: bool,
 }
 
 /// Checks `^(GPU|MIG)-[0-9a-fA-F-]+$`.
@@ -158,6 +162,9 @@ struct SpecFileV1 {
     devices: Vec<MpsDevice>,
     active_thread_percentage: Option<u8>,
     pinned_memory_bytes: Vec<Option<u64>>,
+    /// Absent (single-user) in files written before multi-user mode existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    multi_user: bool,
 }
 
 const SPEC_VERSION: &str = "v1";
@@ -172,6 +179,7 @@ pub(crate) fn write(path: &Path, spec: &MpsDaemonSpec) -> Result<(), SharingErro
         devices: spec.devices.clone(),
         active_thread_percentage: spec.active_thread_percentage,
         pinned_memory_bytes: spec.pinned_memory_bytes.clone(),
+        multi_user: spec.multi_user,
     };
     // Serialising plain owned data cannot fail.
     let bytes = serde_json::to_vec_pretty(&wire).unwrap_or_default();
@@ -204,6 +212,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<MpsDaemonSpec>, SharingError> {
         devices: wire.devices,
         active_thread_percentage: wire.active_thread_percentage,
         pinned_memory_bytes: wire.pinned_memory_bytes,
+        multi_user: wire.multi_user,
     };
     if wire.version != SPEC_VERSION {
         return Err(SharingError::InvalidSpec {
@@ -233,6 +242,7 @@ mod tests {
             }],
             active_thread_percentage: Some(50),
             pinned_memory_bytes: vec![Some(MIB)],
+            multi_user: false,
         }
     }
 
@@ -295,5 +305,20 @@ mod tests {
         write(&path, &spec()).unwrap();
         assert_eq!(read(&path).unwrap(), Some(spec()));
         assert_eq!(read(&tmp.path().join("none.json")).unwrap(), None);
+        let multi = MpsDaemonSpec {
+            multi_user: true,
+            ..spec()
+        };
+        write(&path, &multi).unwrap();
+        assert_eq!(read(&path).unwrap(), Some(multi));
+    }
+
+    #[test]
+    fn a_spec_file_from_before_multi_user_reads_as_single_user() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("spec.json");
+        let old = r#"{"version":"v1","id":"claim-1","devices":[{"uuid":"GPU-0a","full_gpu":true}],"active_thread_percentage":50,"pinned_memory_bytes":[1048576]}"#;
+        std::fs::write(&path, old).unwrap();
+        assert_eq!(read(&path).unwrap(), Some(spec()));
     }
 }

@@ -139,6 +139,7 @@ pub fn spec(id: &str) -> MpsDaemonSpec {
         devices: vec![gpu("GPU-aa11"), mig("MIG-bb22")],
         active_thread_percentage: Some(50),
         pinned_memory_bytes: vec![Some(4096 * 1024 * 1024), None],
+        multi_user: false,
     }
 }
 

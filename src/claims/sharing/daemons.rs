@@ -20,8 +20,8 @@ fn device_uuid(record: &DeviceRecord) -> Option<(String, bool)> {
 /// A device of a config group: its position in the group and its index among the targets.
 pub(super) type Member = (usize, usize);
 
-/// One device of a daemon: ordinal, device, default thread %, pinned limit.
-type DaemonDevice = (usize, MpsDevice, Option<u8>, Option<u64>);
+/// One device of a daemon: ordinal, device, default thread %, pinned limit, multi-user.
+type DaemonDevice = (usize, MpsDevice, Option<u8>, Option<u64>, bool);
 
 /// CDI edits of one device: env and mounts.
 pub(in crate::claims) type DeviceEdits = (Vec<(String, String)>, Vec<cdi::Mount>);
@@ -35,21 +35,23 @@ pub(in crate::claims) fn daemon_specs(rec: &ClaimRecord) -> Result<Vec<MpsDaemon
         let Some(sharing) = DeviceSharing::of(d)? else {
             continue;
         };
-        let (daemon, ordinal, pct, pinned) = match &sharing {
+        let (daemon, ordinal, pct, pinned, multi_user) = match &sharing {
             DeviceSharing::TimeSlicing { .. } => continue,
             DeviceSharing::Mps {
                 daemon,
                 ordinal,
                 active_thread_percentage,
                 pinned_memory_bytes,
+                multi_user,
             } => (
                 daemon,
                 *ordinal,
                 *active_thread_percentage,
                 *pinned_memory_bytes,
+                *multi_user,
             ),
             // Shares' daemons have no default limits: each client carries its own.
-            DeviceSharing::Share { daemon, .. } => (daemon, 0, None, None),
+            DeviceSharing::Share { daemon, .. } => (daemon, 0, None, None, false),
         };
         let Some((uuid, full_gpu)) = device_uuid(d) else {
             incomplete.insert(daemon.clone());
@@ -59,7 +61,13 @@ pub(in crate::claims) fn daemon_specs(rec: &ClaimRecord) -> Result<Vec<MpsDaemon
         if devices.iter().any(|(_, dev, ..)| dev.uuid == uuid) {
             continue; // two shares of one device in one claim: one daemon device
         }
-        devices.push((ordinal, MpsDevice { uuid, full_gpu }, pct, pinned));
+        devices.push((
+            ordinal,
+            MpsDevice { uuid, full_gpu },
+            pct,
+            pinned,
+            multi_user,
+        ));
     }
     Ok(specs
         .into_iter()
@@ -67,10 +75,12 @@ pub(in crate::claims) fn daemon_specs(rec: &ClaimRecord) -> Result<Vec<MpsDaemon
         .map(|(id, mut devices)| {
             devices.sort_by_key(|(o, ..)| *o);
             let pct = devices.first().and_then(|d| d.2);
+            let multi_user = devices.first().is_some_and(|d| d.4);
             let pinned: Vec<Option<u64>> = devices.iter().map(|d| d.3).collect();
             MpsDaemonSpec {
                 id,
                 active_thread_percentage: pct,
+                multi_user,
                 pinned_memory_bytes: if pinned.iter().all(Option::is_none) {
                     Vec::new()
                 } else {

@@ -133,6 +133,9 @@ pub(in crate::claims) fn decide(
                         ),
                     ));
                 }
+                if limits.multi_user {
+                    multi_user_supported(id, model, &targets, &group.devices)?;
+                }
                 // Full GPUs of the group share one daemon; each MIG device gets its own, as
                 // MPS on MIG needs one daemon per MIG device (reference/mps.md §7).
                 let (gpus, migs): (Vec<Member>, Vec<Member>) = group
@@ -160,6 +163,7 @@ pub(in crate::claims) fn decide(
                                 .get(in_group)
                                 .copied()
                                 .flatten(),
+                            multi_user: limits.multi_user,
                         });
                     }
                 }
@@ -212,6 +216,64 @@ pub(in crate::claims) fn decide(
             .transpose()?;
     }
     Ok(())
+}
+
+/// The oldest compute capability multi-user MPS supports (Volta). Older GPUs accept the
+/// control daemon's `-M`, but their non-root clients then fail `cuInit` with
+/// `CUDA_ERROR_NOT_PERMITTED`, so the claim is refused before anything starts.
+pub(in crate::claims) const MULTI_USER_MIN_CC: (u32, u32) = (7, 0);
+
+/// Refuses `multiUser` when a full GPU of the group is below compute capability 7.0 (or does
+/// not publish it), naming the device, its product and its capability. MIG devices exist only
+/// on compute capability 8.0 and newer, so only full GPUs are checked, as NVIDIA's driver does.
+fn multi_user_supported(
+    id: &ClaimId,
+    model: &DeviceModel,
+    targets: &[opaque::Target],
+    group: &[usize],
+) -> Result<(), ClaimError> {
+    for &i in group {
+        let target = &targets[i];
+        if target.kind != TargetKind::FullGpu {
+            continue;
+        }
+        let attributes = model
+            .device(&target.device)
+            .and_then(|d| d.device.attributes.as_ref());
+        let attribute = |name: &str| {
+            attributes
+                .and_then(|a| a.get(name))
+                .and_then(|v| v.version.clone().or_else(|| v.string.clone()))
+        };
+        let product = attribute("productName").unwrap_or_else(|| "unknown product".into());
+        let capability = attribute("cudaComputeCapability");
+        let parsed = capability.as_deref().and_then(parse_capability);
+        if parsed.is_some_and(|cc| cc >= MULTI_USER_MIN_CC) {
+            continue;
+        }
+        let (major, minor) = MULTI_USER_MIN_CC;
+        let found = match (parsed, capability) {
+            (Some((ma, mi)), _) => format!("compute capability {ma}.{mi}"),
+            (None, Some(text)) => format!("compute capability {text:?}, which is not major.minor"),
+            (None, None) => "no published compute capability".to_owned(),
+        };
+        return Err(config_error(
+            id,
+            format!(
+                "sharing.mpsConfig.multiUser: GPU {} ({product}, {found}) does not support multi-user MPS, which needs compute capability {major}.{minor} (Volta) or newer; drop multiUser or request a newer GPU",
+                target.device
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `8.9.0` or `8.9` → (8, 9).
+fn parse_capability(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 fn unavailable(setup: Option<&SharingSetup>, id: &ClaimId, what: &str) -> Result<(), ClaimError> {

@@ -53,6 +53,10 @@ pub enum DeviceSharing {
         /// Pinned-memory limit of this device.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pinned_memory_bytes: Option<u64>,
+        /// The daemon runs in multi-user mode (`-d -M`). Absent in records written before
+        /// the field existed, which then mean single-user, as they were started.
+        #[serde(default, skip_serializing_if = "is_false")]
+        multi_user: bool,
     },
     /// A consumable-capacity share of a device whose MPS daemon all its shares use.
     #[serde(rename = "Share", rename_all = "camelCase")]
@@ -84,6 +88,10 @@ impl DeviceSharing {
             DeviceSharing::Mps { daemon, .. } | DeviceSharing::Share { daemon, .. } => Some(daemon),
         }
     }
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn config_error(id: &ClaimId, detail: impl Into<String>) -> ClaimError {
@@ -145,11 +153,30 @@ mod tests {
             ordinal: 1,
             active_thread_percentage: Some(50),
             pinned_memory_bytes: Some(1 << 30),
+            multi_user: false,
         };
         let v = serde_json::to_value(&want).unwrap();
         assert_eq!(v["strategy"], "MPS");
         assert_eq!(v["activeThreadPercentage"], 50);
+        assert!(
+            v.get("multiUser").is_none(),
+            "single-user records keep their old form: {v}"
+        );
         let got: DeviceSharing = serde_json::from_value(v).unwrap();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn multi_user_records_round_trip_as_json() {
+        let want = DeviceSharing::Mps {
+            daemon: "abc-12345".into(),
+            ordinal: 0,
+            active_thread_percentage: None,
+            pinned_memory_bytes: None,
+            multi_user: true,
+        };
+        let v = serde_json::to_value(&want).unwrap();
+        assert_eq!(v["multiUser"], true);
+        assert_eq!(serde_json::from_value::<DeviceSharing>(v).unwrap(), want);
     }
 }

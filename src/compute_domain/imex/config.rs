@@ -100,6 +100,10 @@ pub struct ImexConfig {
     pub wait_for_quorum: WaitForQuorum,
     /// `LOG_FILE_NAME`; empty means stderr.
     pub log_file_name: Option<PathBuf>,
+    /// `IMEX_CMD_UNIX_DOMAIN_PATH`: the command service also listens on this Unix socket
+    /// (with `IMEX_CMD_ENABLED=1`), as a host's `nvidia-imex.service` does for
+    /// `nvidia-imex-ctl -q --u=<socket>`; empty or absent means none.
+    pub cmd_unix_domain_path: Option<PathBuf>,
 }
 
 /// Default `IMEX_NODE_CONFIG_FILE`.
@@ -133,6 +137,7 @@ impl ImexConfig {
             node_config_file: PathBuf::from(DEFAULT_NODE_CONFIG_FILE),
             wait_for_quorum: WaitForQuorum::Recovery,
             log_file_name: None,
+            cmd_unix_domain_path: None,
         };
         for (n, raw) in text.lines().enumerate() {
             let line = raw.trim();
@@ -193,6 +198,9 @@ impl ImexConfig {
                 }
                 "LOG_FILE_NAME" => {
                     config.log_file_name = (!value.is_empty()).then(|| PathBuf::from(value));
+                }
+                "IMEX_CMD_UNIX_DOMAIN_PATH" => {
+                    config.cmd_unix_domain_path = (!value.is_empty()).then(|| PathBuf::from(value));
                 }
                 _ => {}
             }
@@ -275,6 +283,7 @@ mod tests {
                 node_config_file: PathBuf::from("/etc/x/nodes_config.cfg"),
                 wait_for_quorum: WaitForQuorum::Recovery,
                 log_file_name: None,
+                cmd_unix_domain_path: None,
             }
         );
         assert_eq!(c.cmd_address().to_string(), "127.0.0.2:50005");

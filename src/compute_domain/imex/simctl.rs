@@ -8,7 +8,10 @@
 //!   with each node's state, the connectivity table (`C` connected, `N` never connected, `R`
 //!   recovering, `I` unreachable) and the domain state: `UP` (every node ready and connected
 //!   to every other), `DOWN` (no node reachable) or `DEGRADED`. `-j` prints the same as JSON.
-//! * `-u`, `-n`, `-s`, `-d` and `-m` are not simulated: a one-line error, exit 2.
+//! * `-u <socket>` (also spelled `--u=<socket>`, as NVIDIA's DRA driver passes it) targets the
+//!   command service on a Unix socket: a host's `nvidia-imex.service` with
+//!   `IMEX_CMD_UNIX_DOMAIN_PATH`; only `-q` is answered there.
+//! * `-n`, `-s`, `-d` and `-m` are not simulated: a one-line error, exit 2.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -23,6 +26,7 @@ const USAGE: &str = "Usage: nvidia-imex-ctl [-i <IP> <PORT>|-u <unix domain sock
 enum Target {
     Config(PathBuf),
     Address(SocketAddr),
+    Socket(PathBuf),
 }
 
 /// Runs the simulated tool with `args` (argv without `argv[0]`); see the module docs for what
@@ -46,6 +50,13 @@ pub fn run(args: &[String]) -> ExitCode {
                     _ => return usage("-i needs an IP address and a port"),
                 }
             }
+            "-u" => match it.next() {
+                Some(p) => target = Target::Socket(PathBuf::from(p)),
+                None => return usage("-u needs the unix domain socket path"),
+            },
+            long if long.starts_with("--u=") => {
+                target = Target::Socket(PathBuf::from(&long["--u=".len()..]));
+            }
             "-q" | "-N" => action = Some(arg.clone()),
             "-j" => json = true,
             "-H" => {}
@@ -54,7 +65,7 @@ pub fn run(args: &[String]) -> ExitCode {
                     return usage("-t needs a timeout in milliseconds");
                 }
             }
-            "-u" | "-n" | "-s" | "-d" | "-m" => {
+            "-n" | "-s" | "-d" | "-m" => {
                 eprintln!("nvidia-imex-ctl (simulated): {arg} is not simulated; use -q or -N");
                 return ExitCode::from(2);
             }
@@ -92,8 +103,29 @@ fn state_of(lines: &[String]) -> Option<String> {
         .map(str::to_string)
 }
 
+/// `-q` on a Unix socket: the host service's state, or `UNAVAILABLE` (exit 1).
+fn query_socket(path: &std::path::Path) -> ExitCode {
+    let asked = (|| {
+        let mut stream = std::os::unix::net::UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(b"QUERY\n")?;
+        BufReader::new(stream)
+            .lines()
+            .collect::<std::io::Result<Vec<String>>>()
+    })();
+    match asked.map(|l| state_of(&l)) {
+        Ok(Some(state)) => {
+            println!("{state}");
+            ExitCode::SUCCESS
+        }
+        Ok(None) => unavailable(&path.display(), &"no answer"),
+        Err(e) => unavailable(&path.display(), &e),
+    }
+}
+
 fn query(target: &Target) -> ExitCode {
     let addr = match target {
+        Target::Socket(path) => return query_socket(path),
         Target::Address(a) => *a,
         Target::Config(path) => match ImexConfig::load(path) {
             // Without a bind address the simulated daemon serves on $POD_IP (see simd), so
@@ -118,12 +150,12 @@ fn query(target: &Target) -> ExitCode {
             println!("{state}");
             ExitCode::SUCCESS
         }
-        Ok(None) => unavailable(addr, &"no answer"),
-        Err(e) => unavailable(addr, &e),
+        Ok(None) => unavailable(&addr, &"no answer"),
+        Err(e) => unavailable(&addr, &e),
     }
 }
 
-fn unavailable(addr: SocketAddr, why: &dyn std::fmt::Display) -> ExitCode {
+fn unavailable(addr: &dyn std::fmt::Display, why: &dyn std::fmt::Display) -> ExitCode {
     println!("UNAVAILABLE");
     eprintln!("nvidia-imex-ctl: the IMEX daemon's command service at {addr} is unreachable: {why}");
     ExitCode::from(1)

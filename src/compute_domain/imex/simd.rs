@@ -10,6 +10,11 @@
 //! answers one line, `QUERY` with `STATE <state>`, `NODES` with the state, one
 //! `LINK <ip> <C|N|R>` line per node and `END`.
 //!
+//! Host-service mode: with `IMEX_CMD_UNIX_DOMAIN_PATH=<socket>` (and `IMEX_CMD_ENABLED=1`) the
+//! command service also answers on that Unix socket, as a host's `nvidia-imex.service` does
+//! for a driver that runs `nvidia-imex-ctl -q --u=<socket>` (host-managed IMEX). The socket is
+//! removed on a clean shutdown.
+//!
 //! Binding: without `BIND_INTERFACE_IP` the real daemon takes the nodes-config address that
 //! is one of the host's; the simulator takes `$POD_IP` when it is listed (nodes simulated on
 //! one machine share every loopback address), else the first listed address it can bind.
@@ -236,9 +241,35 @@ async fn serve(config: ImexConfig, nodes: Vec<IpAddr>) -> ExitCode {
     if let Some(l) = cmd_listener {
         tokio::spawn(accept_commands(daemon.clone(), l));
     }
+    let host_socket = match (
+        &daemon.config.cmd_unix_domain_path,
+        daemon.config.cmd_enabled,
+    ) {
+        (Some(path), true) => {
+            let _ = std::fs::remove_file(path);
+            match tokio::net::UnixListener::bind(path) {
+                Ok(l) => {
+                    daemon.log(&format!("command service on {}", path.display()));
+                    tokio::spawn(accept_unix_commands(daemon.clone(), l));
+                    Some(path.clone())
+                }
+                Err(e) => {
+                    return fail(&format!(
+                        "IMEX_CMD_UNIX_DOMAIN_PATH: listening on {}: {e}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        _ => None,
+    };
     let mut connectors: BTreeMap<IpAddr, JoinHandle<()>> = BTreeMap::new();
     reconcile(&daemon, &mut connectors);
-    signals(&daemon, &mut connectors).await
+    let code = signals(&daemon, &mut connectors).await;
+    if let Some(path) = host_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    code
 }
 
 /// Starts a connector for every new peer and stops those of removed ones.
@@ -371,15 +402,35 @@ async fn accept_commands(daemon: Arc<Daemon>, listener: TcpListener) {
     while let Ok((stream, _)) = listener.accept().await {
         let daemon = daemon.clone();
         tokio::spawn(async move {
-            let (read, mut write) = stream.into_split();
-            let mut line = String::new();
-            let _ = BufReader::new(read).read_line(&mut line).await;
-            let answer = match line.trim() {
-                "QUERY" => format!("STATE {}\n", daemon.state()),
-                "NODES" => daemon.nodes_answer(),
-                other => format!("ERROR unknown command {other:?}\n"),
-            };
-            let _ = write.write_all(answer.as_bytes()).await;
+            let (read, write) = stream.into_split();
+            command(&daemon, read, write).await;
         });
     }
+}
+
+/// The command service on the host socket (`IMEX_CMD_UNIX_DOMAIN_PATH`).
+async fn accept_unix_commands(daemon: Arc<Daemon>, listener: tokio::net::UnixListener) {
+    while let Ok((stream, _)) = listener.accept().await {
+        let daemon = daemon.clone();
+        tokio::spawn(async move {
+            let (read, write) = stream.into_split();
+            command(&daemon, read, write).await;
+        });
+    }
+}
+
+/// Answers one command line.
+async fn command(
+    daemon: &Daemon,
+    read: impl tokio::io::AsyncRead + Unpin,
+    mut write: impl tokio::io::AsyncWrite + Unpin,
+) {
+    let mut line = String::new();
+    let _ = BufReader::new(read).read_line(&mut line).await;
+    let answer = match line.trim() {
+        "QUERY" => format!("STATE {}\n", daemon.state()),
+        "NODES" => daemon.nodes_answer(),
+        other => format!("ERROR unknown command {other:?}\n"),
+    };
+    let _ = write.write_all(answer.as_bytes()).await;
 }

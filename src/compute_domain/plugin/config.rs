@@ -24,6 +24,80 @@ pub const DEFAULT_MAX_DOMAINS: u32 = 8;
 /// daemon. Well under the kubelet's 45 s limit on a prepare call, so the plugin answers
 /// with its own error (naming the daemon's reason) rather than the kubelet timing out.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// `--imex-host-socket` default: the command socket of the host's `nvidia-imex.service`
+/// (its `IMEX_CMD_UNIX_DOMAIN_PATH`), as NVIDIA's driver defaults it.
+pub const DEFAULT_IMEX_HOST_SOCKET: &str = "/etc/nvidia-imex/imex_ctrl.sock";
+/// `--imex-ctl-bin` default: `nvidia-imex-ctl` as the driver installs it (run under
+/// `--driver-root` with `chroot` when that is not `/`).
+pub const DEFAULT_IMEX_CTL: &str = "/usr/bin/nvidia-imex-ctl";
+
+/// Who runs the node's IMEX daemon (`--imex-mode`, chart value `computeDomains.imex.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImexMode {
+    /// One IMEX daemon per ComputeDomain and node, started by the driver (a DaemonSet pod
+    /// on each labelled node); channels are handed out once that daemon is Ready.
+    #[default]
+    DriverManaged,
+    /// The node runs `nvidia-imex` as a host service: no per-domain daemons, every domain
+    /// gets channel 0, and a channel is handed out only while `nvidia-imex-ctl -q` answers
+    /// `READY`.
+    HostManaged,
+}
+
+impl ImexMode {
+    /// Every choice, in the order `--help` and errors list them.
+    pub const ALL: [ImexMode; 2] = [ImexMode::DriverManaged, ImexMode::HostManaged];
+
+    /// The flag and chart value.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImexMode::DriverManaged => "DriverManaged",
+            ImexMode::HostManaged => "HostManaged",
+        }
+    }
+}
+
+impl std::fmt::Display for ImexMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `--imex-mode`: `DriverManaged` or `HostManaged`, exactly.
+///
+/// # Errors
+/// A message naming the value and the valid choices.
+pub fn imex_mode_flag(value: &str) -> Result<ImexMode, String> {
+    ImexMode::ALL
+        .into_iter()
+        .find(|m| m.name() == value.trim())
+        .ok_or_else(|| {
+            format!("--imex-mode {value:?} is not valid; valid: DriverManaged, HostManaged")
+        })
+}
+
+/// How the plugin asks a host-managed IMEX service whether it is ready:
+/// `[chroot <driver_root>] <ctl> -q --u=<socket>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostImex {
+    /// `--imex-host-socket`: the service's command socket, as the host sees it.
+    pub socket: PathBuf,
+    /// `--imex-ctl-bin`: `nvidia-imex-ctl`, as seen under `driver_root`.
+    pub ctl: PathBuf,
+    /// `--driver-root`: where the host's driver files are; the tool runs under `chroot` when
+    /// it is not `/`.
+    pub driver_root: PathBuf,
+}
+
+impl Default for HostImex {
+    fn default() -> HostImex {
+        HostImex {
+            socket: PathBuf::from(DEFAULT_IMEX_HOST_SOCKET),
+            ctl: PathBuf::from(DEFAULT_IMEX_CTL),
+            driver_root: PathBuf::from("/"),
+        }
+    }
+}
 
 /// The compute-domain plugin's configuration; every field has a flag and an environment
 /// variable.
@@ -64,6 +138,10 @@ pub struct CdPluginConfig {
     pub max_domains: u32,
     /// How long a channel prepare waits for the node's IMEX daemon to be Ready.
     pub ready_timeout: Duration,
+    /// `--imex-mode`: per-domain daemons (default) or the host's IMEX service.
+    pub imex_mode: ImexMode,
+    /// How the host's IMEX service is queried (used with [`ImexMode::HostManaged`]).
+    pub host_imex: HostImex,
 }
 
 impl CdPluginConfig {
@@ -93,6 +171,19 @@ pub fn max_domains_flag(value: &str) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imex_mode_takes_the_two_exact_names_and_lists_them_otherwise() {
+        assert_eq!(imex_mode_flag("HostManaged"), Ok(ImexMode::HostManaged));
+        assert_eq!(imex_mode_flag("DriverManaged"), Ok(ImexMode::DriverManaged));
+        assert_eq!(
+            imex_mode_flag("hostManaged"),
+            Err(
+                "--imex-mode \"hostManaged\" is not valid; valid: DriverManaged, HostManaged"
+                    .to_string()
+            )
+        );
+    }
 
     #[test]
     fn max_domains_accepts_one_to_the_kernels_channel_count_and_names_the_range_otherwise() {

@@ -7,6 +7,11 @@
 //! claim it waits for. Under the lock, [`CdHandler::prepare`] records the claim in the
 //! checkpoint before any effect, writes the files, and records it prepared.
 //!
+//! With host-managed IMEX (`--imex-mode HostManaged`) there is no daemon to wait for: no
+//! label is set, daemon claims are refused, every channel claim gets channel 0, and a channel
+//! is handed out only when the host's `nvidia-imex-ctl -q` answers `READY` (asked under the
+//! lock, at each prepare).
+//!
 //! The node label is the domain's for the domain's lifetime: the first channel prepared on the
 //! node sets it, and no unprepare removes it, so a job whose pods restart one at a time keeps
 //! its IMEX daemon on the node in between. The controller removes it when the domain is
@@ -21,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use super::cdi::{self as cd_cdi, CdiError, ChannelNodes};
 use super::cluster::{ClusterError, DomainCluster};
+use super::config::{HostImex, ImexMode};
 use super::imex::{self, DomainNames};
 use super::plan::{self, ClaimPlan, PlanError};
 use super::state::{self, Checkpoint, ClaimKind, ClaimRecord, Phase, RecordedDevice, StateError};
@@ -95,6 +101,35 @@ pub enum CdClaimError {
     /// The checkpoint could not be read or written.
     #[error("the checkpoint of prepared claims")]
     State(#[source] StateError),
+    /// Host-managed IMEX: the host's `nvidia-imex` service did not answer `READY`.
+    #[error(
+        "IMEX on node {node} is host-managed (--imex-mode HostManaged), but the host's \
+         nvidia-imex service is not ready: `{command}` {answer}; start the nvidia-imex service \
+         on the node (systemctl enable --now nvidia-imex) with IMEX_CMD_ENABLED=1 and \
+         IMEX_CMD_UNIX_DOMAIN_PATH={socket} in /etc/nvidia-imex/config.cfg, and wait until \
+         `nvidia-imex-ctl -q --u={socket}` answers READY (or set computeDomains.imex.mode to \
+         DriverManaged); the kubelet retries"
+    )]
+    HostImexNotReady {
+        /// This node.
+        node: String,
+        /// The query as run.
+        command: String,
+        /// What it answered, or why it could not.
+        answer: String,
+        /// The service's command socket.
+        socket: String,
+    },
+    /// Host-managed IMEX: a daemon claim, which only driver-managed IMEX uses.
+    #[error(
+        "IMEX on node {node} is host-managed (--imex-mode HostManaged): the host's nvidia-imex \
+         service serves every ComputeDomain, so no IMEX daemon claim is prepared; remove the \
+         daemon claim, or set computeDomains.imex.mode to DriverManaged"
+    )]
+    HostManagedDaemon {
+        /// This node.
+        node: String,
+    },
 }
 
 /// The node's IMEX daemon of a domain did not turn Ready within the wait.
@@ -139,6 +174,10 @@ pub struct CdHandlerParts<C> {
     pub max_domains: u32,
     /// How long a channel prepare waits for the daemon.
     pub ready_timeout: Duration,
+    /// Per-domain daemons, or the host's IMEX service.
+    pub imex_mode: ImexMode,
+    /// How the host's IMEX service is asked (host-managed mode).
+    pub host_imex: HostImex,
     /// Where the request path's costs are counted (`gpu_dra_request_path_costs_total`).
     pub metrics: crate::metrics::Metrics,
 }
@@ -165,6 +204,9 @@ struct Prefetched {
 /// A read-ahead older than this was abandoned (its kubelet call went away before taking
 /// the lock) and is forgotten. Longer than any prepare call lives.
 const ABANDONED_AFTER: Duration = Duration::from_secs(120);
+
+/// How long `nvidia-imex-ctl -q` may take in host-managed mode (it answers at once).
+const HOST_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The directory of a domain's IMEX config under the state directory.
 pub fn config_dir(state_dir: &Path, domain_uid: &str) -> PathBuf {
@@ -258,6 +300,22 @@ impl<C: DomainCluster> CdHandler<C> {
         }
     }
 
+    /// Host-managed IMEX: whether the host's service answers `READY` to `nvidia-imex-ctl -q`.
+    async fn host_ready(&self) -> Result<(), CdClaimError> {
+        let host = &self.parts.host_imex;
+        imex::host_ready(host, HOST_QUERY_TIMEOUT)
+            .await
+            .map_err(|answer| {
+                let (program, args) = imex::host_query(host);
+                CdClaimError::HostImexNotReady {
+                    node: self.parts.node.clone(),
+                    command: format!("{} {}", program.display(), args.join(" ")),
+                    answer,
+                    socket: host.socket.display().to_string(),
+                }
+            })
+    }
+
     /// Drops read-aheads whose call went away.
     fn purge_abandoned(&self) {
         let mut prefetched = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,6 +342,8 @@ impl<C: DomainCluster> CdHandler<C> {
             .await
             .map_err(|e| error_chain(&CdClaimError::Cluster(e)));
         let channel_domain = match &fetched {
+            // Host-managed: no label and no daemon to wait for.
+            _ if self.parts.imex_mode == ImexMode::HostManaged => None,
             Ok(allocated) => match plan::plan(allocated, self.parts.max_domains) {
                 Ok(ClaimPlan::Channel { domain_uid, .. }) => Some(domain_uid),
                 _ => None,
@@ -335,7 +395,18 @@ impl<C: DomainCluster> CdHandler<C> {
         };
         let plan = plan::plan(&allocated, self.parts.max_domains)
             .map_err(|e| error_chain(&CdClaimError::Plan(e)))?;
-        if let ClaimPlan::Channel { domain_uid, .. } = &plan {
+        if self.parts.imex_mode == ImexMode::HostManaged {
+            match &plan {
+                ClaimPlan::Channel { .. } => {
+                    self.host_ready().await.map_err(|e| error_chain(&e))?;
+                }
+                ClaimPlan::Daemon { .. } => {
+                    return Err(error_chain(&CdClaimError::HostManagedDaemon {
+                        node: self.parts.node.clone(),
+                    }));
+                }
+            }
+        } else if let ClaimPlan::Channel { domain_uid, .. } = &plan {
             match ahead.and_then(|a| a.ready) {
                 Some(ready) => ready?,
                 // Not read ahead (a retry that found the claim in another call's batch):
@@ -387,11 +458,13 @@ impl<C: DomainCluster> CdHandler<C> {
         let naming = self.parts.cdi.naming().clone();
         let spec = match plan {
             ClaimPlan::Channel { mode, devices, .. } => {
-                let all = match mode {
-                    AllocationMode::All => {
+                let all = match (self.parts.imex_mode, mode) {
+                    // The host's one IMEX domain: every claim gets channel 0, whatever it asked.
+                    (ImexMode::HostManaged, _) => Some(vec![0]),
+                    (_, AllocationMode::All) => {
                         Some(self.parts.channels.all().map_err(CdClaimError::Cdi)?)
                     }
-                    AllocationMode::Single => None,
+                    (_, AllocationMode::Single) => None,
                 };
                 let mut nodes = BTreeMap::new();
                 for d in devices {

@@ -5,8 +5,64 @@
 //! a node by, so the order must never reshuffle). The plugin writes the peers known when
 //! the daemon claim is prepared; the IMEX daemon wrapper keeps the file current.
 
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::config::HostImex;
 use crate::compute_domain::api::{self, ComputeDomainNode, Readiness};
 use crate::hardware::NodeInventory;
+
+/// What a ready IMEX service answers to `nvidia-imex-ctl -q`.
+pub const READY: &str = "READY";
+
+/// The command that asks the host's IMEX service for its state, as NVIDIA's driver runs it:
+/// `<ctl> -q --u=<socket>`, under `chroot <driver root>` when the root is not `/`.
+pub fn host_query(host: &HostImex) -> (PathBuf, Vec<String>) {
+    let query = [
+        host.ctl.display().to_string(),
+        "-q".to_string(),
+        format!("--u={}", host.socket.display()),
+    ];
+    if host.driver_root == Path::new("/") {
+        (PathBuf::from(&query[0]), query[1..].to_vec())
+    } else {
+        let mut args = vec![host.driver_root.display().to_string()];
+        args.extend(query);
+        (PathBuf::from("chroot"), args)
+    }
+}
+
+/// Runs [`host_query`] for at most `timeout` (then kills it).
+///
+/// # Errors
+/// What was wrong, for a message: `answered WAITING_FOR_PEERS`, `answered UNAVAILABLE (exit
+/// status 1: …)`, `could not be run: …` or `did not answer within 10 s`.
+pub async fn host_ready(host: &HostImex, timeout: Duration) -> Result<(), String> {
+    let (program, args) = host_query(host);
+    let mut command = tokio::process::Command::new(&program);
+    command.args(&args).kill_on_drop(true);
+    let output = match tokio::time::timeout(timeout, command.output()).await {
+        Err(_) => return Err(format!("did not answer within {} s", timeout.as_secs())),
+        Ok(Err(e)) => return Err(format!("could not be run: {e}")),
+        Ok(Ok(output)) => output,
+    };
+    let answer = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    if output.status.success() && answer == READY {
+        return Ok(());
+    }
+    let shown = if answer.is_empty() {
+        "nothing".to_string()
+    } else {
+        answer
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = stderr.trim();
+    Err(match (output.status.success(), stderr.is_empty()) {
+        (true, _) => format!("answered {shown}"),
+        (false, true) => format!("answered {shown} ({})", output.status),
+        (false, false) => format!("answered {shown} ({}: {stderr})", output.status),
+    })
+}
 
 /// The daemon's settings, `KEY=value` lines as `nvidia-imex` reads them.
 ///
@@ -112,6 +168,33 @@ pub fn clique_of(inventory: &NodeInventory) -> Result<Option<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_query_is_nvidia_imex_ctl_dash_q_on_the_socket_chrooted_under_a_driver_root() {
+        let mut host = HostImex::default();
+        let direct = host_query(&host);
+        host.driver_root = PathBuf::from("/host");
+        let chrooted = host_query(&host);
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            (direct, chrooted),
+            (
+                (
+                    PathBuf::from("/usr/bin/nvidia-imex-ctl"),
+                    strings(&["-q", "--u=/etc/nvidia-imex/imex_ctrl.sock"])
+                ),
+                (
+                    PathBuf::from("chroot"),
+                    strings(&[
+                        "/host",
+                        "/usr/bin/nvidia-imex-ctl",
+                        "-q",
+                        "--u=/etc/nvidia-imex/imex_ctrl.sock"
+                    ])
+                )
+            )
+        );
+    }
     use crate::compute_domain::api::{ComputeDomainNodeSpec, ComputeDomainNodeState};
     use crate::hardware::fabric::{FabricInfo, FabricState};
 

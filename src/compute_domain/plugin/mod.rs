@@ -68,6 +68,36 @@ pub enum CdPluginError {
     /// Waiting for signals failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
+    /// The simulated `nvidia-imex-ctl` could not be installed (host-managed IMEX, sim).
+    #[error("installing the simulated nvidia-imex-ctl")]
+    ImexTools(#[source] crate::compute_domain::imex::ImexToolError),
+}
+
+/// How the host's IMEX service is asked. On a simulated node (`--gpu-backend sim` or
+/// `--simulated-host`) in host-managed mode that is the simulated `nvidia-imex-ctl` (this
+/// binary, linked under `<state-dir>/sim/imex/`), run directly.
+///
+/// # Errors
+/// [`CdPluginError::ImexTools`] when the simulated tool cannot be linked.
+fn host_imex(config: &CdPluginConfig) -> Result<config::HostImex, CdPluginError> {
+    if config.imex_mode != config::ImexMode::HostManaged || !config.simulated_devices() {
+        return Ok(config.host_imex.clone());
+    }
+    let exe = std::env::current_exe().map_err(|source| {
+        CdPluginError::ImexTools(crate::compute_domain::imex::ImexToolError::Io {
+            step: "finding",
+            path: std::path::PathBuf::from("/proc/self/exe"),
+            source,
+        })
+    })?;
+    let dir = config.state_dir.join("sim").join("imex");
+    let (_, ctl) = crate::compute_domain::imex::install_simulated(&exe, &dir)
+        .map_err(CdPluginError::ImexTools)?;
+    Ok(config::HostImex {
+        ctl,
+        driver_root: std::path::PathBuf::from("/"),
+        ..config.host_imex.clone()
+    })
 }
 
 /// The node's clique: `--clique-id` when given (empty: none), else what the GPUs report.
@@ -134,6 +164,8 @@ pub async fn run(config: CdPluginConfig) -> Result<(), CdPluginError> {
         clique: clique.clone(),
         max_domains: config.max_domains,
         ready_timeout: config.ready_timeout,
+        imex_mode: config.imex_mode,
+        host_imex: host_imex(&config)?,
         metrics: metrics.clone(),
     }));
     let sockets = PluginSockets {
@@ -197,6 +229,7 @@ pub async fn run(config: CdPluginConfig) -> Result<(), CdPluginError> {
         node = %config.node_name,
         clique = clique.as_deref().unwrap_or("none"),
         max_domains = config.max_domains,
+        imex_mode = %config.imex_mode,
         dra_socket = %running.dra_socket().display(),
         registration_socket = %running.registration_socket().display(),
         "serving the kubelet"

@@ -1,6 +1,9 @@
 //! Simulated `nvidia-cuda-mps-control`: `-d` starts a detached daemon listening on
 //! `<pipe>/control` (a Unix socket, one command per connection), `-f` is that daemon in the
 //! foreground, and no argument is the client that sends stdin commands and prints answers.
+//! `-d -M` / `-f -M` run the daemon in multi-user mode (NVIDIA's DRA driver's spelling); any
+//! other spelling (`-m`, `--multiuser`, `-multiuser-server`, …) is refused with exit status 1,
+//! so a driver that sends the wrong flag fails here as it would on a node that lacks it.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -12,6 +15,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{INTERNAL_ENV, Tool, record};
+use crate::sharing::commands::MULTI_USER_FLAG;
 use crate::sharing::procfs::{process_alive, read_pid};
 
 const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
@@ -21,15 +25,23 @@ pub(super) fn run(args: &[String]) -> ExitCode {
         [] => client(),
         ["-d"] => {
             record(Tool::MpsControl, args, Vec::new());
-            start_detached()
+            start_detached(false)
+        }
+        ["-d", MULTI_USER_FLAG] => {
+            record(Tool::MpsControl, args, Vec::new());
+            start_detached(true)
         }
         ["-f"] => {
             record(Tool::MpsControl, args, Vec::new());
-            foreground()
+            foreground(false)
+        }
+        ["-f", MULTI_USER_FLAG] => {
+            record(Tool::MpsControl, args, Vec::new());
+            foreground(true)
         }
         _ => {
             record(Tool::MpsControl, args, Vec::new());
-            println!("Invalid arguments; usage: nvidia-cuda-mps-control [-d | -f]");
+            println!("Invalid arguments; usage: nvidia-cuda-mps-control [-d [-M] | -f [-M]]");
             ExitCode::from(1)
         }
     }
@@ -82,8 +94,9 @@ fn ask(socket: &Path, command: &str) -> std::io::Result<String> {
     Ok(answer)
 }
 
-/// `-d`: start a detached copy in the foreground mode and return once it listens.
-fn start_detached() -> ExitCode {
+/// `-d`: start a detached copy in the foreground mode (`-f`, with `-M` when `multi_user`) and
+/// return once it listens.
+fn start_detached(multi_user: bool) -> ExitCode {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
@@ -91,9 +104,12 @@ fn start_detached() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let spawned = Command::new(exe)
-        .arg0(Tool::MpsControl.name())
-        .arg("-f")
+    let mut command = Command::new(exe);
+    command.arg0(Tool::MpsControl.name()).arg("-f");
+    if multi_user {
+        command.arg(MULTI_USER_FLAG);
+    }
+    let spawned = command
         .env(INTERNAL_ENV, "1")
         .process_group(0)
         .stdin(Stdio::null())
@@ -124,7 +140,7 @@ fn start_detached() -> ExitCode {
 }
 
 /// `-f`: the daemon itself. Tells a `-d` parent "ready" (or "error: …") on stdout.
-fn foreground() -> ExitCode {
+fn foreground(multi_user: bool) -> ExitCode {
     let (pipe, log) = (pipe_dir(), log_dir());
     let fail = |msg: String| {
         println!("error: {msg}");
@@ -153,8 +169,13 @@ fn foreground() -> ExitCode {
     }
     let log_file = log.join("control.log");
     let journal = |text: &str| append_log(&log_file, text);
+    let mode = if multi_user {
+        " in multi-user mode"
+    } else {
+        ""
+    };
     journal(&format!(
-        "Starting control daemon using socket {}",
+        "Starting control daemon{mode} using socket {}",
         socket.display()
     ));
     let mut daemon = Daemon::from_env();
