@@ -63,16 +63,29 @@ impl Store {
 
 type Answer = Result<Response<Full<Bytes>>, std::io::Error>;
 
+/// What the server is told to do and what it counts, shared with the test's handle.
+pub(super) struct Meters {
+    /// Latencies and CPU to add to answers.
+    pub(super) latency: Arc<Latency>,
+    /// GETs being answered.
+    pub(super) gets: Arc<GetsInFlight>,
+    /// Connections and handshakes.
+    pub(super) connections: Arc<Connections>,
+}
+
 pub(super) async fn serve(
     listener: std::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     store: Arc<Mutex<Store>>,
-    latency: Arc<Latency>,
-    gets: Arc<GetsInFlight>,
-    connections: Arc<Connections>,
+    meters: Meters,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
     mut down: watch::Receiver<bool>,
 ) {
+    let Meters {
+        latency,
+        gets,
+        connections,
+    } = meters;
     let addr = listener.local_addr().expect("address");
     let mut listener = Some(tokio::net::TcpListener::from_std(listener).expect("tokio listener"));
     loop {

@@ -263,9 +263,12 @@ impl FakeApiServer {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(serve(
-                listener, acceptor, shared, times, in_flight, counted, stopped, down_rx,
-            ));
+            let meters = super::apifaults::Meters {
+                latency: times,
+                gets: in_flight,
+                connections: counted,
+            };
+            runtime.block_on(serve(listener, acceptor, shared, meters, stopped, down_rx));
         });
         FakeApiServer {
             addr,

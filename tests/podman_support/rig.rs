@@ -139,12 +139,41 @@ impl Rig {
                 (s("hostPath"), s("containerPath"))
             })
             .collect();
+        // A file mount (a request's device metadata) is checked by its content; a directory
+        // mount by what it lists, with a marker file added on the host side.
+        let (file_mounts, mounts): (Vec<_>, Vec<_>) = mounts
+            .into_iter()
+            .partition(|(host, _)| std::path::Path::new(host).is_file());
         for (host, _) in &mounts {
             std::fs::write(std::path::Path::new(host).join(MARKER), "here\n").expect("marker");
         }
         let _installed = InstalledSpecs::install(&self.node.cdi_root());
-        let dirs: Vec<&str> = mounts.iter().map(|(_, c)| c.as_str()).collect();
+        let file_dirs: Vec<String> = file_mounts
+            .iter()
+            .map(|(_, c)| {
+                let parent = std::path::Path::new(c).parent().expect("a file in a directory");
+                parent.to_string_lossy().into_owned()
+            })
+            .collect();
+        let dirs: Vec<&str> = mounts
+            .iter()
+            .map(|(_, c)| c.as_str())
+            .chain(file_dirs.iter().map(String::as_str))
+            .collect();
         let inside = super::run(ids, &dirs);
+        for (host, container) in &file_mounts {
+            assert!(
+                inside.mount_points.contains(container),
+                "{container} is not a mount point: {:?}",
+                inside.mount_points
+            );
+            let text = std::fs::read_to_string(host).expect("mounted file");
+            assert_eq!(
+                inside.contents.get(container),
+                Some(&text),
+                "{container} shows {host}"
+            );
+        }
 
         assert_eq!(
             inside.env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
