@@ -151,7 +151,9 @@ impl Rig {
         let file_dirs: Vec<String> = file_mounts
             .iter()
             .map(|(_, c)| {
-                let parent = std::path::Path::new(c).parent().expect("a file in a directory");
+                let parent = std::path::Path::new(c)
+                    .parent()
+                    .expect("a file in a directory");
                 parent.to_string_lossy().into_owned()
             })
             .collect();
