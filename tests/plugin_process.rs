@@ -104,12 +104,13 @@ async fn slices_are_published_once_owned_by_the_node_and_not_rewritten_at_steady
             claims::NAMESPACE
         )
     };
-    // Each claim is read for prepare; then its status.devices is written after the prepare
-    // and after the unprepare (a read and a write each, in no set order between claims).
+    // Each claim is read once, for prepare; its status.devices is written after the prepare
+    // from that read, and after the unprepare from what that write returned (in no set
+    // order between claims).
     let mut claim_traffic = Vec::new();
     for name in ["mig", "full"] {
-        claim_traffic.extend([read(name), read(name), write_status(name)]);
         claim_traffic.extend([read(name), write_status(name)]);
+        claim_traffic.push(write_status(name));
     }
     // The kubelet's registration makes the publisher look at the slices twice (a starting
     // kubelet deletes them, just before or just after it registers the plugin): two LISTs,
