@@ -199,9 +199,10 @@ async fn four_pods_of_one_domain_all_get_channel_0_and_the_label_outlives_their_
         let want = vec![(
             "channel-0",
             Some(share.as_str()),
-            vec![format!(
-                "k8s.compute-domain.nvidia.com/claim={uid}-channel-0-{share}"
-            )],
+            vec![
+                format!("k8s.compute-domain.nvidia.com/claim={uid}-channel-0-{share}"),
+                format!("k8s.compute-domain.nvidia.com/claim={uid}-metadata-gpu-0"),
+            ],
         )];
         assert_eq!(got, want);
         let spec = node.cd_spec(uid).expect("each claim has its own spec");
@@ -209,7 +210,12 @@ async fn four_pods_of_one_domain_all_get_channel_0_and_the_label_outlives_their_
             .as_array()
             .unwrap()
             .iter()
-            .flat_map(|d| d["containerEdits"]["deviceNodes"].as_array().unwrap())
+            .flat_map(|d| {
+                d["containerEdits"]["deviceNodes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+            })
             .map(|n| n["path"].as_str().unwrap())
             .collect();
         assert_eq!(
@@ -361,11 +367,41 @@ async fn a_channel_prepare_labels_the_node_waits_for_its_daemon_then_injects_the
     assert_eq!(devices.len(), 1);
     assert_eq!(devices[0].device_name, "channel-2");
     assert_eq!(devices[0].pool_name, NODE);
+    // The channel, and the device metadata of its request (KEP-5304), in the claim's spec.
     assert_eq!(
         devices[0].cdi_device_ids,
-        vec!["k8s.compute-domain.nvidia.com/claim=uid-work-channel-2"]
+        vec![
+            "k8s.compute-domain.nvidia.com/claim=uid-work-channel-2",
+            "k8s.compute-domain.nvidia.com/claim=uid-work-metadata-gpu-0"
+        ]
+    );
+    let metadata = node
+        .cd_plugin_dir()
+        .join("dra-device-metadata/uid-work/gpu-0/metadata.json");
+    let text = std::fs::read_to_string(&metadata).expect("the metadata file");
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first["requests"][0]["devices"][0],
+        serde_json::json!({
+            "driver": "compute-domain.nvidia.com",
+            "pool": NODE,
+            "name": "channel-2",
+            "attributes": {"type": {"string": "channel"}, "id": {"int": 2}},
+        })
     );
     let spec = node.cd_spec("uid-work").expect("spec written");
+    let mount = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "uid-work-metadata-gpu-0")
+        .map(|d| d["containerEdits"]["mounts"][0]["containerPath"].clone());
+    assert_eq!(
+        mount,
+        Some(serde_json::json!(
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/work/gpu-0/compute-domain.nvidia.com-metadata.json"
+        ))
+    );
     let nodes = &spec["devices"][0]["containerEdits"]["deviceNodes"];
     assert_eq!(nodes.as_array().unwrap().len(), 1);
     assert_eq!(nodes[0]["path"], "/dev/nvidia-caps-imex-channels/channel2");
@@ -533,7 +569,10 @@ async fn a_daemon_prepare_writes_the_imex_config_of_its_clique_and_a_spec_mounti
         .unwrap();
     assert_eq!(
         devices[0].cdi_device_ids,
-        vec!["k8s.compute-domain.nvidia.com/claim=uid-daemon-daemon-0"]
+        vec![
+            "k8s.compute-domain.nvidia.com/claim=uid-daemon-daemon-0",
+            "k8s.compute-domain.nvidia.com/claim=uid-daemon-metadata-gpu-0"
+        ]
     );
     let dir = node.cd_config_dir(DOMAIN);
     let config = std::fs::read_to_string(dir.join("config.cfg")).unwrap();
@@ -858,19 +897,21 @@ async fn a_channel_prepare_and_unprepare_cost_a_fixed_number_of_file_operations(
     };
 
     // A first prepare: no state file yet (nothing to parse); the record as preparing, the
-    // spec, the record as prepared. No fsync: a reboot invalidates both files.
+    // device metadata file, the spec, the record as prepared. No fsync: a reboot
+    // invalidates them all.
     let prepare = file_costs(&plugin, "prepare", async {
         prepare_one(&mut kubelet, "w1", "uid-w1").await.unwrap();
     })
     .await;
-    assert_eq!(prepare, costs(&[("cdi_spec_write", 1), ("file_write", 3)]));
+    assert_eq!(prepare, costs(&[("cdi_spec_write", 1), ("file_write", 4)]));
     // Prepared already: one read of the state, nothing written.
     let again = file_costs(&plugin, "prepare", async {
         prepare_one(&mut kubelet, "w1", "uid-w1").await.unwrap();
     })
     .await;
     assert_eq!(again, costs(&[("checkpoint_parse", 1)]));
-    // Unprepare: one read, the spec and NVIDIA's `.yaml` name removed, one state write.
+    // Unprepare: one read, the spec, NVIDIA's `.yaml` name and the metadata directory
+    // removed, one state write.
     let unprepare = file_costs(&plugin, "unprepare", async {
         unprepare_one(&mut kubelet, "w1", "uid-w1").await;
     })
@@ -879,7 +920,7 @@ async fn a_channel_prepare_and_unprepare_cost_a_fixed_number_of_file_operations(
         unprepare,
         costs(&[
             ("checkpoint_parse", 1),
-            ("file_remove", 2),
+            ("file_remove", 3),
             ("file_write", 1)
         ])
     );

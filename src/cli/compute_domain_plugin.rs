@@ -46,6 +46,11 @@ pub(crate) struct CdPluginArgs {
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_METRICS_ADDR)]
     metrics_addr: String,
+    /// Write each prepared claim's device metadata (Kubernetes KEP-5304: the channel's or
+    /// daemon device's pool, name and attributes, per request) and mount it into the claim's
+    /// containers at /var/run/kubernetes.io/dra-device-attributes/….
+    #[arg(long, env = "GPU_DRA_DEVICE_METADATA", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    device_metadata: bool,
 }
 
 /// Runs the ComputeDomain plugin until it is signalled to stop.
@@ -75,6 +80,7 @@ pub(crate) fn run(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
         max_domains: args.max_domains,
         ready_timeout: std::time::Duration::from_secs(args.daemon_ready_timeout),
         imex_mode: args.imex_mode,
+        device_metadata: args.device_metadata,
         host_imex: config::HostImex {
             socket: args.imex_host_socket,
             ctl: args.imex_ctl_bin,

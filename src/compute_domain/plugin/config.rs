@@ -142,6 +142,8 @@ pub struct CdPluginConfig {
     pub imex_mode: ImexMode,
     /// How the host's IMEX service is queried (used with [`ImexMode::HostManaged`]).
     pub host_imex: HostImex,
+    /// `--device-metadata`: write each claim's device metadata file (KEP-5304).
+    pub device_metadata: bool,
 }
 
 impl CdPluginConfig {

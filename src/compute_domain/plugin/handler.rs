@@ -87,6 +87,9 @@ pub enum CdClaimError {
     /// A CDI spec could not be written or removed.
     #[error("writing or removing the CDI spec")]
     Spec(#[source] crate::cdi::WriterError),
+    /// The claim's device metadata files could not be written or removed.
+    #[error("the claim's device metadata")]
+    Metadata(#[source] Box<crate::claims::metadata::MetadataError>),
     /// The daemon's config directory could not be written or removed.
     #[error("{step} the IMEX config in {path}")]
     Config {
@@ -180,6 +183,8 @@ pub struct CdHandlerParts<C> {
     pub host_imex: HostImex,
     /// Where the request path's costs are counted (`gpu_dra_request_path_costs_total`).
     pub metrics: crate::metrics::Metrics,
+    /// Device metadata files (KEP-5304) for every prepared claim; `None`: none written.
+    pub metadata: Option<crate::claims::metadata::MetadataWriter>,
 }
 
 /// The compute-domain plugin's [`DraHandler`].
@@ -382,7 +387,7 @@ impl<C: DomainCluster> CdHandler<C> {
         if let Some(record) = checkpoint.claims.get(&claim.uid)
             && record.phase == Phase::Prepared
         {
-            return Ok(returned(record));
+            return Ok(returned(record, self.metadata_ids(&claim.uid, record)));
         }
         let allocated = match ahead.as_ref().map(|a| a.claim.clone()) {
             Some(claim) => claim?,
@@ -435,13 +440,19 @@ impl<C: DomainCluster> CdHandler<C> {
         checkpoint.claims.insert(claim.uid.clone(), record.clone());
         self.store(checkpoint).map_err(|e| error_chain(&e))?;
         crate::crashpoint::hit("cd-prepare-recorded");
-        match self.act(&claim.uid, &plan).await {
+        let about = crate::claims::metadata::MetadataClaim {
+            namespace: &claim.namespace,
+            name: &claim.name,
+            uid: &claim.uid,
+            pod_claim_name: allocated.pod_claim_name.as_deref(),
+        };
+        match self.act(&about, &plan).await {
             Ok(devices) => {
                 record.phase = Phase::Prepared;
                 record.devices = devices;
                 checkpoint.claims.insert(claim.uid.clone(), record.clone());
                 self.store(checkpoint).map_err(|e| error_chain(&e))?;
-                Ok(returned(&record))
+                Ok(returned(&record, self.metadata_ids(&claim.uid, &record)))
             }
             Err(e) => {
                 let message = error_chain(&e);
@@ -452,11 +463,40 @@ impl<C: DomainCluster> CdHandler<C> {
         }
     }
 
-    /// Writes the claim's files (and, for a daemon, its config directory) and returns what
-    /// to record.
-    async fn act(&self, uid: &str, plan: &ClaimPlan) -> Result<Vec<RecordedDevice>, CdClaimError> {
+    /// The CDI IDs of claim `uid`'s device metadata, by request, when its files exist (a
+    /// claim prepared by a release without them, or with `--device-metadata=false`, has
+    /// none): one `stat`, on a repeated prepare or after the first.
+    fn metadata_ids(&self, uid: &str, record: &ClaimRecord) -> BTreeMap<String, String> {
+        let Some(writer) = &self.parts.metadata else {
+            return BTreeMap::new();
+        };
+        if !writer.claim_dir(uid).is_dir() {
+            return BTreeMap::new();
+        }
+        let kind = self.parts.cdi.naming().kind();
+        record
+            .devices
+            .iter()
+            .map(|d| {
+                let request = crate::claims::metadata::base_request(&d.request);
+                (
+                    request.to_string(),
+                    format!("{kind}={uid}-metadata-{request}"),
+                )
+            })
+            .collect()
+    }
+
+    /// Writes the claim's files (its device metadata, for a daemon its config directory, its
+    /// CDI spec) and returns what to record.
+    async fn act(
+        &self,
+        about: &crate::claims::metadata::MetadataClaim<'_>,
+        plan: &ClaimPlan,
+    ) -> Result<Vec<RecordedDevice>, CdClaimError> {
+        let uid = about.uid;
         let naming = self.parts.cdi.naming().clone();
-        let spec = match plan {
+        let mut spec = match plan {
             ClaimPlan::Channel { mode, devices, .. } => {
                 let all = match (self.parts.imex_mode, mode) {
                     // The host's one IMEX domain: every claim gets channel 0, whatever it asked.
@@ -507,6 +547,31 @@ impl<C: DomainCluster> CdHandler<C> {
                     .map_err(CdClaimError::Cdi)?
             }
         };
+        if let Some(writer) = &self.parts.metadata {
+            let described: Vec<_> = plan
+                .devices()
+                .iter()
+                .map(|d| crate::claims::metadata::MetadataDevice {
+                    request: d.request.clone(),
+                    pool: self.parts.node.clone(),
+                    name: d.device.clone(),
+                    attributes: metadata_attributes(plan, d.id),
+                })
+                .collect();
+            let mounts = writer
+                .write(about, &described)
+                .map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
+            for (request, mount) in mounts {
+                spec.devices.push(crate::cdi::Device {
+                    name: format!("{uid}-metadata-{request}"),
+                    annotations: Default::default(),
+                    container_edits: crate::cdi::ContainerEdits {
+                        mounts: vec![mount],
+                        ..Default::default()
+                    },
+                });
+            }
+        }
         self.parts
             .cdi
             .write_claim_spec(uid, &spec)
@@ -562,6 +627,11 @@ impl<C: DomainCluster> CdHandler<C> {
             .cdi
             .remove_claim_spec(uid)
             .map_err(CdClaimError::Spec)?;
+        if let Some(writer) = &self.parts.metadata {
+            writer
+                .remove(uid)
+                .map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
+        }
         if record.kind == ClaimKind::Daemon && checkpoint.daemons_of(&record.domain_uid, uid) == 0 {
             remove_dir(&config_dir(&self.parts.state_dir, &record.domain_uid))?;
         }
@@ -606,6 +676,18 @@ impl<C: DomainCluster> CdHandler<C> {
                     .remove_claim_spec(&uid)
                     .map_err(CdClaimError::Spec)?;
                 report.stale_specs_removed.push(uid);
+            }
+        }
+        if let Some(writer) = &self.parts.metadata {
+            let uids = writer
+                .claims_with_files()
+                .map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
+            for uid in uids {
+                if !checkpoint.claims.contains_key(&uid) {
+                    writer
+                        .remove(&uid)
+                        .map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
+                }
             }
         }
         let root = self.parts.state_dir.join("compute-domains");
@@ -657,16 +739,52 @@ fn fail_all<T>(claims: Vec<ClaimRef>, error: &CdClaimError) -> BTreeMap<String, 
         .collect()
 }
 
-fn returned(record: &ClaimRecord) -> Vec<PreparedDevice> {
+/// The attributes a channel or daemon device is published with (`type`, `id`).
+fn metadata_attributes(
+    plan: &ClaimPlan,
+    id: u32,
+) -> BTreeMap<String, k8s_openapi::api::resource::v1::DeviceAttribute> {
+    use k8s_openapi::api::resource::v1::DeviceAttribute;
+    let kind = match plan {
+        ClaimPlan::Channel { .. } => api::DEVICE_TYPE_CHANNEL,
+        ClaimPlan::Daemon { .. } => api::DEVICE_TYPE_DAEMON,
+    };
+    BTreeMap::from([
+        (
+            api::ATTR_TYPE.to_string(),
+            DeviceAttribute {
+                string: Some(kind.to_string()),
+                ..Default::default()
+            },
+        ),
+        (
+            api::ATTR_ID.to_string(),
+            DeviceAttribute {
+                int: Some(i64::from(id)),
+                ..Default::default()
+            },
+        ),
+    ])
+}
+
+/// What the kubelet gets for a prepared claim: each device's CDI ID, and the first device of
+/// each request in `metadata` (base request → CDI ID) also the one mounting its metadata.
+fn returned(record: &ClaimRecord, mut metadata: BTreeMap<String, String>) -> Vec<PreparedDevice> {
     record
         .devices
         .iter()
-        .map(|d| PreparedDevice {
-            request_names: vec![d.request.clone()],
-            pool_name: String::new(),
-            device_name: d.device.clone(),
-            cdi_device_ids: vec![d.cdi_device_id.clone()],
-            share_id: d.share_id.clone(),
+        .map(|d| {
+            let mut cdi_device_ids = vec![d.cdi_device_id.clone()];
+            if let Some(id) = metadata.remove(crate::claims::metadata::base_request(&d.request)) {
+                cdi_device_ids.push(id);
+            }
+            PreparedDevice {
+                request_names: vec![d.request.clone()],
+                pool_name: String::new(),
+                device_name: d.device.clone(),
+                cdi_device_ids,
+                share_id: d.share_id.clone(),
+            }
         })
         .collect()
 }

@@ -167,6 +167,9 @@ pub async fn run(config: CdPluginConfig) -> Result<(), CdPluginError> {
         imex_mode: config.imex_mode,
         host_imex: host_imex(&config)?,
         metrics: metrics.clone(),
+        metadata: config.device_metadata.then(|| {
+            crate::claims::metadata::MetadataWriter::new(&config.plugin_dir, api::DRIVER_NAME)
+        }),
     }));
     let sockets = PluginSockets {
         driver_name: api::DRIVER_NAME.to_string(),
