@@ -199,21 +199,49 @@ fn budget_of(pairs: &[(&str, u64)]) -> Costs {
     pairs.iter().map(|(c, n)| (c.to_string(), *n)).collect()
 }
 
-/// What happened between two [`Seen`]s: costs and requests that grew, and the connections.
-fn since(before: &Seen, after: &Seen) -> (Costs, BTreeMap<String, u64>, ConnectionStats) {
-    let grown = |a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
-        b.iter()
-            .filter_map(|(k, n)| {
-                let d = n - a.get(k).copied().unwrap_or(0);
-                (d > 0).then(|| (k.clone(), d))
-            })
-            .collect::<BTreeMap<_, _>>()
-    };
-    (
-        grown(&before.costs, &after.costs),
-        grown(&before.requests, &after.requests),
-        after.connections.since(&before.connections),
-    )
+/// What the plugin did between two [`Seen`]s: costs and requests that grew, connections
+/// accepted and full TLS handshakes.
+#[derive(Debug, PartialEq)]
+struct Caused {
+    costs: Costs,
+    requests: BTreeMap<String, u64>,
+    accepted: u64,
+    full_handshakes: u64,
+}
+
+const READ_CLAIM: &str = "GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}";
+const WRITE_STATUS: &str =
+    "PUT /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status";
+
+impl Caused {
+    fn between(before: &Seen, after: &Seen) -> Caused {
+        let grown = |a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>| {
+            b.iter()
+                .filter_map(|(k, n)| {
+                    let d = n - a.get(k).copied().unwrap_or(0);
+                    (d > 0).then(|| (k.clone(), d))
+                })
+                .collect::<BTreeMap<_, _>>()
+        };
+        let connections = after.connections.since(&before.connections);
+        Caused {
+            costs: grown(&before.costs, &after.costs),
+            requests: grown(&before.requests, &after.requests),
+            accepted: connections.accepted,
+            full_handshakes: connections.full_handshakes,
+        }
+    }
+
+    /// `requests` and the background costs of `claims` status writes and one ledger write,
+    /// on the connections already open.
+    fn budget(claims: u64, requests: &[(&str, u64)]) -> Caused {
+        Caused {
+            costs: budget_of(&[("api_request", claims), ("file_write", 1), ("fsync", 2)]),
+            requests: requests.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            accepted: 0,
+            full_handshakes: 0,
+        }
+    }
 }
 
 #[tokio::test]
@@ -259,7 +287,7 @@ async fn after_its_call_a_claim_costs_one_status_write_one_shared_ledger_write_n
         let before = settled(&plugin, &node).await;
         prepare_all(&mut kubelet, call).await;
         let after = settled(&plugin, &node).await;
-        let (costs, requests, connections) = since(&before, &after);
+        let caused = Caused::between(&before, &after);
         for claim in call {
             let status = node.api.claim(&claim.namespace, &claim.name).unwrap();
             assert!(
@@ -274,58 +302,18 @@ async fn after_its_call_a_claim_costs_one_status_write_one_shared_ledger_write_n
         // writes each once, starting from that read: no second GET, no new connection, no
         // watch. The usage ledger is written once for the whole call, a second after it
         // (the file and its directory synced: billing must survive a power cut).
-        let want_requests: BTreeMap<String, u64> = [
-            (
-                "GET /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}",
-                count,
-            ),
-            (
-                "PUT /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status",
-                count,
-            ),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
         assert_eq!(
-            (
-                costs,
-                requests,
-                connections.accepted,
-                connections.full_handshakes
-            ),
-            (
-                budget_of(&[("api_request", count), ("file_write", 1), ("fsync", 2)]),
-                want_requests,
-                0,
-                0
-            ),
+            caused,
+            Caused::budget(count, &[(READ_CLAIM, count), (WRITE_STATUS, count)]),
             "what a prepare of {n} claim(s) caused, beyond the call: background costs, \
              requests by verb and path, connections accepted, TLS handshakes"
         );
 
         unprepare_all(&mut kubelet, call).await;
         let last = settled(&plugin, &node).await;
-        let (costs, requests, connections) = since(&after, &last);
-        let want_requests: BTreeMap<String, u64> = [(
-            "PUT /apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status".to_string(),
-            count,
-        )]
-        .into_iter()
-        .collect();
         assert_eq!(
-            (
-                costs,
-                requests,
-                connections.accepted,
-                connections.full_handshakes
-            ),
-            (
-                budget_of(&[("api_request", count), ("file_write", 1), ("fsync", 2)]),
-                want_requests,
-                0,
-                0
-            ),
+            Caused::between(&after, &last),
+            Caused::budget(count, &[(WRITE_STATUS, count)]),
             "what an unprepare of {n} claim(s) caused: one status write per claim, from the \
              claim as the last write left it"
         );

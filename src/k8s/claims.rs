@@ -113,20 +113,7 @@ impl ClaimReader {
             uid: uid.to_string(),
         };
         let api = Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
-        let claim = match api.get_opt(name).await {
-            Ok(Some(claim)) => claim,
-            Ok(None) => {
-                return Err(K8sError::ClaimNotFound {
-                    claim: Box::new(wanted),
-                });
-            }
-            Err(e) => {
-                let step = Step::GetClaim {
-                    claim: Box::new(wanted),
-                };
-                return Err(K8sError::from_kube(step, e));
-            }
-        };
+        let claim = get_claim(&api, name, &wanted).await?;
         allocated(&claim, wanted, &self.driver, &self.pool)
     }
 
@@ -147,20 +134,7 @@ impl ClaimReader {
         };
         let resource = ApiResource::erase::<ResourceClaim>(&());
         let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &resource);
-        let object = match api.get_opt(name).await {
-            Ok(Some(object)) => object,
-            Ok(None) => {
-                return Err(K8sError::ClaimNotFound {
-                    claim: Box::new(wanted),
-                });
-            }
-            Err(e) => {
-                let step = Step::GetClaim {
-                    claim: Box::new(wanted),
-                };
-                return Err(K8sError::from_kube(step, e));
-            }
-        };
+        let object = get_claim(&api, name, &wanted).await?;
         let typed =
             serde_json::to_value(&object).and_then(|value| ResourceClaim::deserialize(&value));
         let claim = match typed {
@@ -174,6 +148,27 @@ impl ClaimReader {
         };
         let allocated = allocated(&claim, wanted, &self.driver, &self.pool)?;
         Ok((allocated, object))
+    }
+}
+
+/// One GET of claim `name` through `api`: [`K8sError::ClaimNotFound`] when it does not
+/// exist, [`K8sError::Api`] / [`K8sError::Unreachable`] for [`Step::GetClaim`] otherwise; both
+/// name `wanted`.
+async fn get_claim<K>(api: &Api<K>, name: &str, wanted: &ClaimRef) -> Result<K, K8sError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.get_opt(name).await {
+        Ok(Some(found)) => Ok(found),
+        Ok(None) => Err(K8sError::ClaimNotFound {
+            claim: Box::new(wanted.clone()),
+        }),
+        Err(e) => {
+            let step = Step::GetClaim {
+                claim: Box::new(wanted.clone()),
+            };
+            Err(K8sError::from_kube(step, e))
+        }
     }
 }
 
