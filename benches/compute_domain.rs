@@ -372,6 +372,8 @@ fn main() {
             resync_period: controller::RESYNC_PERIOD,
             daemon_stop_wait: controller::DAEMON_STOP_WAIT,
             own_pod: None,
+            binding_conditions: false,
+            binding_timeout: controller::binding::BINDING_TIMEOUT,
         };
         let running = tokio::spawn(controller::run_with_client(
             controller_client,

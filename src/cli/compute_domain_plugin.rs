@@ -29,6 +29,11 @@ pub(crate) struct CdPluginArgs {
     /// (`30`, `30s`) or minutes; keep it under the kubelet's 45 s limit.
     #[arg(long, env = "GPU_DRA_DAEMON_READY_TIMEOUT", default_value = "30", value_parser = interval_seconds)]
     daemon_ready_timeout: u64,
+    /// Channel devices carry bindingConditions [IMEXDaemonReady] and bindingFailureConditions
+    /// [IMEXDaemonFailed]: pods bind only once the node's IMEX daemon is Ready. Needs the
+    /// controller's --binding-conditions (the chart's computeDomains.bindingConditions sets both).
+    #[arg(long, env = "GPU_DRA_BINDING_CONDITIONS")]
+    binding_conditions: bool,
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_METRICS_ADDR)]
     metrics_addr: String,
@@ -60,5 +65,6 @@ pub(crate) fn run(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
         namespace: args.namespace,
         max_domains: args.max_domains,
         ready_timeout: std::time::Duration::from_secs(args.daemon_ready_timeout),
+        binding_conditions: args.binding_conditions,
     }))
 }

@@ -64,6 +64,10 @@ pub struct CdPluginConfig {
     pub max_domains: u32,
     /// How long a channel prepare waits for the node's IMEX daemon to be Ready.
     pub ready_timeout: Duration,
+    /// `--binding-conditions`: channel devices carry `bindingConditions: [IMEXDaemonReady]`
+    /// and `bindingFailureConditions: [IMEXDaemonFailed]`, which the controller started with
+    /// the same flag sets (docs/compute-domains.md#binding-conditions).
+    pub binding_conditions: bool,
 }
 
 impl CdPluginConfig {
