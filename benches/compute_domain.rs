@@ -44,8 +44,8 @@ use gpu_dra::compute_domain::api::{
     self, ComputeDomainNode, ComputeDomainNodeSpec, ComputeDomainNodeState, Readiness,
 };
 use gpu_dra::compute_domain::controller::{self, ControllerConfig, Settings, leader};
-use kube::Client;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::ResourceExt;
 use serde_json::json;
@@ -209,12 +209,18 @@ async fn pod(
         &claim_name,
         &node,
         &uid,
-        &format!("00000000-0000-4000-8000-{:012x}", claim_name.len() * 7919 + node.len()),
+        &format!(
+            "00000000-0000-4000-8000-{:012x}",
+            claim_name.len() * 7919 + node.len()
+        ),
         serde_json::Value::Null,
     );
     let allocation = claim["status"].take();
     let created: ResourceClaim = claims
-        .create(&PostParams::default(), &serde_json::from_value(claim).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(claim).unwrap(),
+        )
         .await
         .expect("create the claim");
     let mut allocation = allocation;
@@ -550,7 +556,16 @@ fn run_mode(binding: bool, rounds: usize, imex_start: Duration) -> Vec<Round> {
         }
         println!(
             "{:>5} {:>9} {:>13} {:>13} {:>13} {:>9} {:>7} {:>6} {:>5} {:>8}",
-            "round", "all bound", "all Running", "daemons Ready", "domain Ready", "deleted", "writes", "GETs", "409s", "re-picks"
+            "round",
+            "all bound",
+            "all Running",
+            "daemons Ready",
+            "domain Ready",
+            "deleted",
+            "writes",
+            "GETs",
+            "409s",
+            "re-picks"
         );
         let mut all = Vec::new();
         for i in 0..rounds {
@@ -609,7 +624,10 @@ fn main() {
         let prepared = median(&all, |r| r.running - r.bound.min(r.running));
         println!(
             "target: every channel prepared within 30 s of the pods being bound: median {prepared:.1?} ({})",
-            if all.iter().all(|r| r.running - r.bound.min(r.running) < Duration::from_secs(30)) {
+            if all
+                .iter()
+                .all(|r| r.running - r.bound.min(r.running) < Duration::from_secs(30))
+            {
                 "met"
             } else {
                 "MISSED"

@@ -102,7 +102,11 @@ async fn a_pending_channel_labels_its_node_at_allocation_and_turns_ready_with_th
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        device_condition(&claim(&server, "worker-0-imex"), "node-a", "IMEXDaemonReady"),
+        device_condition(
+            &claim(&server, "worker-0-imex"),
+            "node-a",
+            "IMEXDaemonReady"
+        ),
         None,
         "no condition before the daemon is Ready"
     );
@@ -110,11 +114,22 @@ async fn a_pending_channel_labels_its_node_at_allocation_and_turns_ready_with_th
     let stored = server.get(&domain_path(WORKLOAD_NS, "imex")).unwrap();
     server.create(
         &node_objects_path(),
-        node_object(&stored, "node-a", "c.1", 0, false, Some(("DaemonStarting", "starting"))),
+        node_object(
+            &stored,
+            "node-a",
+            "c.1",
+            0,
+            false,
+            Some(("DaemonStarting", "starting")),
+        ),
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        device_condition(&claim(&server, "worker-0-imex"), "node-a", "IMEXDaemonReady"),
+        device_condition(
+            &claim(&server, "worker-0-imex"),
+            "node-a",
+            "IMEXDaemonReady"
+        ),
         None,
         "a starting daemon is waited for"
     );
@@ -147,10 +162,7 @@ async fn a_pending_channel_labels_its_node_at_allocation_and_turns_ready_with_th
             &json!(SHARE_A)
         )
     );
-    assert_eq!(
-        device_condition(&got.1, "node-a", "IMEXDaemonFailed"),
-        None
-    );
+    assert_eq!(device_condition(&got.1, "node-a", "IMEXDaemonFailed"), None);
     // The write was one JSON patch of the status subresource, testing the resourceVersion.
     let writes: Vec<_> = server
         .requests()
@@ -189,11 +201,22 @@ async fn a_daemon_never_ready_fails_the_channel_at_the_timeout_and_the_label_goe
     let stored = server.get(&domain_path(WORKLOAD_NS, "imex")).unwrap();
     server.create(
         &node_objects_path(),
-        node_object(&stored, "node-b", "c.1", 0, false, Some(("WaitingForQuorum", "1 of 2"))),
+        node_object(
+            &stored,
+            "node-b",
+            "c.1",
+            0,
+            false,
+            Some(("WaitingForQuorum", "1 of 2")),
+        ),
     );
 
     let failed = eventually("IMEXDaemonFailed on the claim", WAIT, || {
-        device_condition(&claim(&server, "worker-1-imex"), "node-b", "IMEXDaemonFailed")
+        device_condition(
+            &claim(&server, "worker-1-imex"),
+            "node-b",
+            "IMEXDaemonFailed",
+        )
     })
     .await;
     assert_eq!(
@@ -201,7 +224,11 @@ async fn a_daemon_never_ready_fails_the_channel_at_the_timeout_and_the_label_goe
         ("True".to_string(), "DaemonNotReadyInTime".to_string())
     );
     assert_eq!(
-        device_condition(&claim(&server, "worker-1-imex"), "node-b", "IMEXDaemonReady"),
+        device_condition(
+            &claim(&server, "worker-1-imex"),
+            "node-b",
+            "IMEXDaemonReady"
+        ),
         None
     );
     // No claim holds the node any more: its label goes (the DaemonSet stops the daemon).
@@ -229,15 +256,30 @@ async fn a_daemon_reporting_a_config_error_fails_the_channel_at_once() {
     let stored = server.get(&domain_path(WORKLOAD_NS, "imex")).unwrap();
     server.create(
         &node_objects_path(),
-        node_object(&stored, "node-a", "c.1", 0, false, Some(("ConfigError", "bad nodes config"))),
+        node_object(
+            &stored,
+            "node-a",
+            "c.1",
+            0,
+            false,
+            Some(("ConfigError", "bad nodes config")),
+        ),
     );
     server.create(
         &claims_path(WORKLOAD_NS),
         allocated_channel_claim("worker-2-imex", "node-a", &uid, SHARE_A, Value::Null),
     );
-    let failed = eventually("IMEXDaemonFailed on the claim", Duration::from_secs(10), || {
-        device_condition(&claim(&server, "worker-2-imex"), "node-a", "IMEXDaemonFailed")
-    })
+    let failed = eventually(
+        "IMEXDaemonFailed on the claim",
+        Duration::from_secs(10),
+        || {
+            device_condition(
+                &claim(&server, "worker-2-imex"),
+                "node-a",
+                "IMEXDaemonFailed",
+            )
+        },
+    )
     .await;
     assert_eq!(failed, ("True".to_string(), "DaemonFailed".to_string()));
 }
@@ -257,7 +299,11 @@ async fn a_node_serving_another_domain_fails_the_channel_and_keeps_its_label() {
         allocated_channel_claim("worker-3-imex", "node-a", &uid, SHARE_A, Value::Null),
     );
     let failed = eventually("IMEXDaemonFailed on the claim", WAIT, || {
-        device_condition(&claim(&server, "worker-3-imex"), "node-a", "IMEXDaemonFailed")
+        device_condition(
+            &claim(&server, "worker-3-imex"),
+            "node-a",
+            "IMEXDaemonFailed",
+        )
     })
     .await;
     assert_eq!(

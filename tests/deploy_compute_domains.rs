@@ -58,7 +58,10 @@ fn compute_domains_are_off_by_default_and_their_values_are_schema_checked() {
     ];
     let got: Vec<bool> = bad.iter().map(|o| v.is_valid(&with(o.clone()))).collect();
     assert_eq!(got, vec![false; bad.len()]);
-    assert_eq!(defaults["computeDomains"]["bindingConditions"], json!(false));
+    assert_eq!(
+        defaults["computeDomains"]["bindingConditions"],
+        json!(false)
+    );
     assert_eq!(defaults["computeDomains"]["bindingTimeout"], json!("5m"));
     let good = with(
         json!({"computeDomains": {"enabled": true, "simPreset": "gb200-nvl72-node",
@@ -224,15 +227,18 @@ fn binding_conditions_reach_both_the_plugin_and_the_controller_with_their_rbac()
     let calls = [
         ("nodes get", source.contains("get_metadata_opt(node)")),
         ("resourceclaims list watch", {
-            let m = fs::read_to_string(repo().join("src/compute_domain/controller/mod.rs"))
-                .unwrap();
+            let m =
+                fs::read_to_string(repo().join("src/compute_domain/controller/mod.rs")).unwrap();
             m.contains("watcher::watcher(claim_api")
         }),
         (
             "resourceclaims/status patch (and resourceclaims/driver)",
             source.contains("/status\", claims.resource_url()"),
         ),
-        ("computedomainnodes delete", source.contains("objects.delete(name")),
+        (
+            "computedomainnodes delete",
+            source.contains("objects.delete(name"),
+        ),
     ];
     let want: Vec<(&str, bool)> = calls.iter().map(|(c, _)| (*c, true)).collect();
     assert_eq!(calls.to_vec(), want);

@@ -164,9 +164,9 @@ pub fn allocated_channel_claim(
 /// `(status, reason)`, if set.
 pub fn device_condition(claim: &Value, node: &str, kind: &str) -> Option<(String, String)> {
     let entries = claim["status"]["devices"].as_array()?;
-    let entry = entries
-        .iter()
-        .find(|e| e["driver"] == api::DRIVER_NAME && e["pool"] == node && e["device"] == "channel-0")?;
+    let entry = entries.iter().find(|e| {
+        e["driver"] == api::DRIVER_NAME && e["pool"] == node && e["device"] == "channel-0"
+    })?;
     let condition = entry["conditions"]
         .as_array()?
         .iter()

@@ -170,9 +170,7 @@ pub async fn run_with_client(
         Some(addr) => Some(AbortOnDrop(metrics::serve(addr, stats.clone()).await?)),
         None => None,
     };
-    let binding = config
-        .binding_conditions
-        .then_some(config.binding_timeout);
+    let binding = config.binding_conditions.then_some(config.binding_timeout);
     if !config.leader_election {
         return tokio::select! {
             r = lead(client, reconciler, config.retry_after, config.resync_period, binding) => r,

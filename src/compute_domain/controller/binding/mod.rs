@@ -24,29 +24,27 @@
 //!    conditions.
 //!
 //! [`decide`] is pure: claims, node objects, live domains and what this controller
-//! remembers in, a [`Plan`] out; [`Binder`] performs it. What it remembers (when it first saw
+//! remembers in, a [`Plan`] out; [`Binder`] ([`binder`]) performs it. What it remembers (when it first saw
 //! a pending result, which labels it set) is lost with the leader: the next leader restarts
 //! the timeout from when it sees the claim, and treats labels it finds as not its own (they
 //! then last as long as the domain, the rule without binding conditions).
 
+mod binder;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::core::ResourceExt;
 use serde_json::{Value, json};
 
-use super::metrics::Stats;
 use crate::compute_domain::api::{self, ComputeDomainNode, Readiness};
 pub use crate::compute_domain::plugin::devices::{IMEX_DAEMON_FAILED, IMEX_DAEMON_READY};
+pub use binder::{Binder, BindingError, Labelled};
 
 /// The default of `--binding-timeout`: how long a pending channel waits for its node's IMEX
 /// daemon before the controller sets [`IMEX_DAEMON_FAILED`]. Under the scheduler's own
@@ -148,7 +146,13 @@ struct Channel<'a> {
 /// The domain UID of `result` from the allocation's opaque configs of this driver
 /// (`ComputeDomainChannelConfig.domainID`); `None` when no config names one.
 fn domain_of(claim: &ResourceClaim, result: &DeviceRequestAllocationResult) -> Option<String> {
-    let devices = claim.status.as_ref()?.allocation.as_ref()?.devices.as_ref()?;
+    let devices = claim
+        .status
+        .as_ref()?
+        .allocation
+        .as_ref()?
+        .devices
+        .as_ref()?;
     devices.config.iter().flatten().find_map(|config| {
         let opaque = config.opaque.as_ref()?;
         if opaque.driver != api::DRIVER_NAME {
@@ -156,9 +160,9 @@ fn domain_of(claim: &ResourceClaim, result: &DeviceRequestAllocationResult) -> O
         }
         let applies = config.requests.as_ref().is_none_or(|requests| {
             requests.is_empty()
-                || requests.iter().any(|r| {
-                    result.request == *r || result.request.starts_with(&format!("{r}/"))
-                })
+                || requests
+                    .iter()
+                    .any(|r| result.request == *r || result.request.starts_with(&format!("{r}/")))
         });
         let parameters = &opaque.parameters.0;
         (applies && parameters["kind"] == api::CHANNEL_CONFIG_KIND)
@@ -260,8 +264,8 @@ pub fn decide(
             }
             continue;
         }
-        let write = |condition: &'static str, reason: &'static str, message: String| {
-            ConditionWrite {
+        let write =
+            |condition: &'static str, reason: &'static str, message: String| ConditionWrite {
                 namespace: claim.namespace().unwrap_or_default(),
                 name: claim.name_any(),
                 resource_version: rv.clone(),
@@ -269,8 +273,7 @@ pub fn decide(
                 condition,
                 reason,
                 message,
-            }
-        };
+            };
         let Some(uid) = channel.domain.clone() else {
             plan.conditions.push(write(
                 IMEX_DAEMON_FAILED,
@@ -383,322 +386,6 @@ pub fn decide(
     plan
 }
 
-/// Errors of one binding step; logged by the pass and retried at the next one.
-#[derive(Debug, thiserror::Error)]
-pub enum BindingError {
-    /// Reading or patching a Node's label failed.
-    #[error("{step} label {label} of Node {node}", label = api::NODE_LABEL)]
-    Label {
-        /// `setting` or `removing`.
-        step: &'static str,
-        /// The node.
-        node: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Writing a condition into a claim's status failed.
-    #[error("writing condition {condition} of device {device} into ResourceClaim {namespace}/{name}")]
-    Condition {
-        /// Claim namespace.
-        namespace: String,
-        /// Claim name.
-        name: String,
-        /// The condition type.
-        condition: &'static str,
-        /// The device.
-        device: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// Deleting a released node's `ComputeDomainNode` failed.
-    #[error("deleting ComputeDomainNode {name}")]
-    NodeObject {
-        /// Object name.
-        name: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-}
-
-/// What labelling a node found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Labelled {
-    /// The label names the domain now; `by_us`: this call set it.
-    Done {
-        /// Whether this call set it (so it is provisional).
-        by_us: bool,
-    },
-    /// The node serves another domain that exists: its UID.
-    Taken(String),
-    /// The node changed between the read and the write (409), or is gone: next pass.
-    Later,
-}
-
-/// Performs [`Plan`]s: labels nodes, writes claim conditions, removes labels and node
-/// objects. Every write is counted in the controller's [`Stats`].
-pub struct Binder {
-    client: Client,
-    namespace: String,
-    timeout: Duration,
-    stats: Arc<Stats>,
-    /// What [`decide`] is given.
-    pub memory: Memory,
-}
-
-impl Binder {
-    /// A binder writing through `client`, with `--binding-timeout` `timeout`; node objects
-    /// live in `namespace`.
-    pub fn new(client: Client, namespace: &str, timeout: Duration, stats: Arc<Stats>) -> Self {
-        Binder {
-            client,
-            namespace: namespace.to_string(),
-            timeout,
-            stats,
-            memory: Memory::default(),
-        }
-    }
-
-    /// One pass over `claims`, `nodes` and the `live` domains: decides and acts. Returns the
-    /// earliest deadline of a device still waiting, when one is. Failures are logged (the
-    /// boundary) and retried by the next pass.
-    pub async fn pass(
-        &mut self,
-        claims: &[Arc<ResourceClaim>],
-        nodes: &BTreeMap<String, Arc<ComputeDomainNode>>,
-        live: &BTreeSet<String>,
-    ) -> Option<Instant> {
-        let now = Instant::now();
-        let mut plan = decide(claims, nodes, live, &self.memory, now, self.timeout);
-        let mut taken = false;
-        for (node, uid) in &plan.label {
-            match self.label(node, uid, live).await {
-                Ok(Labelled::Done { by_us }) => {
-                    self.memory.labelled.insert(node.clone(), uid.clone());
-                    self.memory.taken.remove(node);
-                    self.memory.released.remove(&(node.clone(), uid.clone()));
-                    if by_us {
-                        self.memory.provisional.insert(node.clone(), uid.clone());
-                    }
-                }
-                Ok(Labelled::Taken(other)) => {
-                    self.memory.taken.insert(node.clone(), other);
-                    taken = true;
-                }
-                Ok(Labelled::Later) => {}
-                Err(e) => {
-                    tracing::warn!(node = %node, domain.uid = %uid, error = %crate::errors::error_chain(&e), "labelling a node for a pending ComputeDomain channel; retried")
-                }
-            }
-        }
-        if taken {
-            // The claims on a taken node fail now, not at the timeout.
-            plan = decide(claims, nodes, live, &self.memory, now, self.timeout);
-            plan.label.clear();
-        }
-        for write in &plan.conditions {
-            let Some(claim) = claims
-                .iter()
-                .find(|c| c.uid().as_deref() == Some(write.key.claim_uid.as_str()))
-            else {
-                continue;
-            };
-            match self.write_condition(claim, write).await {
-                Ok(true) => {
-                    tracing::info!(
-                        claim.namespace = %write.namespace, claim.name = %write.name,
-                        claim.uid = %write.key.claim_uid, node = %write.key.pool,
-                        device = %write.key.device, condition = write.condition,
-                        reason = write.reason, message = %write.message,
-                        "set a binding condition"
-                    );
-                    self.memory
-                        .written
-                        .insert(write.key.clone(), write.resource_version.clone());
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(claim.namespace = %write.namespace, claim.name = %write.name, error = %crate::errors::error_chain(&e), "writing a binding condition; retried")
-                }
-            }
-        }
-        for node in &plan.commit {
-            self.memory.provisional.remove(node);
-        }
-        for (node, uid) in &plan.unlabel {
-            match self.unlabel(node, uid).await {
-                Ok(()) => {
-                    tracing::info!(node = %node, domain.uid = %uid, "removed the label no ComputeDomain channel holds any more");
-                    self.memory.provisional.remove(node);
-                    self.memory.labelled.remove(node);
-                    self.memory
-                        .released
-                        .insert((node.clone(), uid.clone()));
-                }
-                Err(e) => {
-                    tracing::warn!(node = %node, domain.uid = %uid, error = %crate::errors::error_chain(&e), "removing a node label no channel holds; retried")
-                }
-            }
-        }
-        for at in &plan.forget_released {
-            self.memory.released.remove(at);
-        }
-        for (node, uid) in &plan.delete_node_objects {
-            let name = api::compute_domain_node_name(uid, node);
-            match self.delete_node_object(&name).await {
-                Ok(()) => {
-                    self.memory.released.remove(&(node.clone(), uid.clone()));
-                }
-                Err(e) => {
-                    tracing::warn!(node = %node, domain.uid = %uid, error = %crate::errors::error_chain(&e), "deleting the node object of a released node; retried")
-                }
-            }
-        }
-        // Timeouts run from the first pass that saw a device pending.
-        let waiting = plan.waiting;
-        self.memory.first_seen.retain(|k, _| waiting.contains_key(k));
-        for key in waiting.keys() {
-            self.memory.first_seen.entry(key.clone()).or_insert(now);
-        }
-        self.memory.written.retain(|k, rv| {
-            claims.iter().any(|c| {
-                c.uid().as_deref() == Some(k.claim_uid.as_str())
-                    && c.resource_version().as_deref() == Some(rv.as_str())
-            })
-        });
-        waiting.values().min().copied()
-    }
-
-    fn count(&self) {
-        self.stats.binding_writes.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Sets the node's label to `uid` unless it names it already or another domain in
-    /// `live`. One GET of the node, and one PATCH (with the resourceVersion read) when it
-    /// changes.
-    async fn label(
-        &self,
-        node: &str,
-        uid: &str,
-        live: &BTreeSet<String>,
-    ) -> Result<Labelled, BindingError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let failed = |source| BindingError::Label {
-            step: "setting",
-            node: node.to_string(),
-            source,
-        };
-        let Some(current) = nodes.get_metadata_opt(node).await.map_err(failed)? else {
-            return Ok(Labelled::Later);
-        };
-        match current.labels().get(api::NODE_LABEL) {
-            Some(l) if l == uid => return Ok(Labelled::Done { by_us: false }),
-            Some(other) if live.contains(other) => return Ok(Labelled::Taken(other.clone())),
-            _ => {}
-        }
-        let patch = json!({"metadata": {
-            "resourceVersion": current.resource_version(),
-            "labels": {api::NODE_LABEL: uid},
-        }});
-        self.count();
-        match nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(Labelled::Done { by_us: true }),
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(Labelled::Later),
-            Err(e) => Err(failed(e)),
-        }
-    }
-
-    /// Removes the node's label if it still names `uid`.
-    async fn unlabel(&self, node: &str, uid: &str) -> Result<(), BindingError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let failed = |source| BindingError::Label {
-            step: "removing",
-            node: node.to_string(),
-            source,
-        };
-        let Some(current) = nodes.get_metadata_opt(node).await.map_err(failed)? else {
-            return Ok(());
-        };
-        if current.labels().get(api::NODE_LABEL).map(String::as_str) != Some(uid) {
-            return Ok(());
-        }
-        let patch = json!({"metadata": {
-            "resourceVersion": current.resource_version(),
-            "labels": {api::NODE_LABEL: null},
-        }});
-        self.count();
-        nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(failed)?;
-        Ok(())
-    }
-
-    async fn delete_node_object(&self, name: &str) -> Result<(), BindingError> {
-        let objects: Api<ComputeDomainNode> = Api::namespaced_with(
-            self.client.clone(),
-            &self.namespace,
-            &api::compute_domain_node_resource(),
-        );
-        self.count();
-        match objects.delete(name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(source) => Err(BindingError::NodeObject {
-                name: name.to_string(),
-                source,
-            }),
-        }
-    }
-
-    /// Writes `write` into the claim's `status.devices[]` with a JSON patch of the status
-    /// subresource that tests the resourceVersion it was decided on and touches only this
-    /// device's entry: other writers' entries are kept, and a claim that changed since
-    /// (409, or 422 naming the failed test) is left to the next pass, which the watch
-    /// delivering the change starts. `claim` is the store's copy the decision was made on.
-    /// `Ok(false)` when it was not written.
-    async fn write_condition(
-        &self,
-        claim: &ResourceClaim,
-        write: &ConditionWrite,
-    ) -> Result<bool, BindingError> {
-        let failed = |source| BindingError::Condition {
-            namespace: write.namespace.clone(),
-            name: write.name.clone(),
-            condition: write.condition,
-            device: write.key.device.clone(),
-            source,
-        };
-        let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &write.namespace);
-        let ops = status_patch(claim, write);
-        let body = serde_json::to_vec(&ops).map_err(|e| failed(kube::Error::SerdeError(e)))?;
-        let request = http::Request::builder()
-            .method(http::Method::PATCH)
-            .uri(format!("{}/{}/status", claims.resource_url(), write.name))
-            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
-            .header(http::header::ACCEPT, "application/json")
-            .body(body)
-            .map_err(|e| failed(kube::Error::HttpError(e)))?;
-        self.count();
-        match self.client.request::<ResourceClaim>(request).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s))
-                if [404, 409].contains(&s.code) || (s.code == 422 && s.message.contains("test")) =>
-            {
-                Ok(false)
-            }
-            // Anything else, e.g. 422 `Forbidden: changing status.devices requires
-            // resource="resourceclaims/driver"` (RBAC), is logged by the pass.
-            Err(e) => Err(failed(e)),
-        }
-    }
-}
-
 /// The JSON patch writing `write` into `claim` (as read): a test of its resourceVersion,
 /// then the device's entry added (or its condition of that type replaced), keeping the
 /// entry's other conditions and fields and every other entry.
@@ -730,7 +417,9 @@ pub fn status_patch(claim: &ResourceClaim, write: &ConditionWrite) -> Value {
             conditions.retain(|c| c.type_ != write.condition);
             conditions.push(condition);
             entry.conditions = Some(conditions);
-            ops.push(json!({"op": "replace", "path": format!("/status/devices/{i}"), "value": entry}));
+            ops.push(
+                json!({"op": "replace", "path": format!("/status/devices/{i}"), "value": entry}),
+            );
         }
         (devices, _) => {
             let entry = AllocatedDeviceStatus {
@@ -757,4 +446,262 @@ pub fn trim_claim(claim: &mut ResourceClaim) {
     claim.metadata.managed_fields = None;
     claim.metadata.annotations = None;
     claim.spec = Default::default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute_domain::api::{ComputeDomainNodeSpec, ComputeDomainNodeState};
+
+    const U: &str = "5a0c0000-0000-4000-8000-000000000001";
+
+    fn claim(name: &str, node: &str, conditions: Option<Value>) -> Arc<ResourceClaim> {
+        let mut result = json!({"request": "channel", "driver": api::DRIVER_NAME, "pool": node,
+                                "device": "channel-0", "shareID": "s-1",
+                                "bindingConditions": [IMEX_DAEMON_READY],
+                                "bindingFailureConditions": [IMEX_DAEMON_FAILED]});
+        if name.starts_with("plain") {
+            result.as_object_mut().unwrap().remove("bindingConditions");
+        }
+        let mut status = json!({"allocation": {"devices": {
+            "results": [result],
+            "config": [{"source": "FromClaim", "requests": ["channel"], "opaque": {
+                "driver": api::DRIVER_NAME,
+                "parameters": {"apiVersion": api::API_VERSION, "kind": api::CHANNEL_CONFIG_KIND,
+                               "domainID": U, "allocationMode": "Single"}}}]}}});
+        if let Some(c) = conditions {
+            status["devices"] = json!([{"driver": api::DRIVER_NAME, "pool": node,
+                                        "device": "channel-0", "shareID": "s-1",
+                                        "conditions": c}]);
+        }
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}"),
+                             "resourceVersion": "7"},
+                "spec": {}, "status": status}))
+            .unwrap(),
+        )
+    }
+
+    fn key(name: &str, node: &str) -> DeviceKey {
+        DeviceKey {
+            claim_uid: format!("uid-{name}"),
+            driver: api::DRIVER_NAME.into(),
+            pool: node.into(),
+            device: "channel-0".into(),
+            share_id: Some("s-1".into()),
+        }
+    }
+
+    fn node_object(
+        node: &str,
+        ready: bool,
+        reason: Option<&str>,
+    ) -> BTreeMap<String, Arc<ComputeDomainNode>> {
+        let name = api::compute_domain_node_name(U, node);
+        let mut o = ComputeDomainNode::new(
+            &name,
+            &api::compute_domain_node_resource(),
+            ComputeDomainNodeSpec {
+                domain_uid: U.into(),
+                node_name: node.into(),
+                ..Default::default()
+            },
+        );
+        o.status = Some(ComputeDomainNodeState {
+            status: if ready {
+                Readiness::Ready
+            } else {
+                Readiness::NotReady
+            },
+            reason: reason.map(str::to_string),
+            ..Default::default()
+        });
+        BTreeMap::from([(name, Arc::new(o))])
+    }
+
+    fn live() -> BTreeSet<String> {
+        BTreeSet::from([U.to_string()])
+    }
+
+    fn kinds(plan: &Plan) -> Vec<(&'static str, &'static str)> {
+        plan.conditions
+            .iter()
+            .map(|c| (c.condition, c.reason))
+            .collect()
+    }
+
+    const T: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_pending_channel_labels_its_node_and_turns_ready_only_with_the_daemon() {
+        let now = Instant::now();
+        let claims = vec![claim("w0", "node-a", None)];
+        let waiting = decide(
+            &claims,
+            &BTreeMap::new(),
+            &live(),
+            &Memory::default(),
+            now,
+            T,
+        );
+        assert_eq!(
+            waiting.label,
+            BTreeMap::from([("node-a".to_string(), U.to_string())])
+        );
+        assert_eq!(kinds(&waiting), vec![]);
+        assert_eq!(
+            waiting.waiting.keys().collect::<Vec<_>>(),
+            vec![&key("w0", "node-a")]
+        );
+
+        let starting = decide(
+            &claims,
+            &node_object("node-a", false, Some("DaemonStarting")),
+            &live(),
+            &Memory::default(),
+            now,
+            T,
+        );
+        assert_eq!(kinds(&starting), vec![]);
+
+        let memory = Memory {
+            labelled: BTreeMap::from([("node-a".to_string(), U.to_string())]),
+            ..Default::default()
+        };
+        let ready = decide(
+            &claims,
+            &node_object("node-a", true, None),
+            &live(),
+            &memory,
+            now,
+            T,
+        );
+        assert_eq!(kinds(&ready), vec![(IMEX_DAEMON_READY, "DaemonReady")]);
+        assert_eq!(ready.label, BTreeMap::new());
+        assert_eq!(ready.conditions[0].key, key("w0", "node-a"));
+        assert_eq!(ready.conditions[0].resource_version, "7");
+    }
+
+    #[test]
+    fn past_the_timeout_the_channel_fails_and_the_provisional_label_is_released() {
+        let now = Instant::now();
+        let claims = vec![claim("w0", "node-a", None)];
+        let memory = Memory {
+            first_seen: BTreeMap::from([(key("w0", "node-a"), now - Duration::from_secs(61))]),
+            provisional: BTreeMap::from([("node-a".to_string(), U.to_string())]),
+            labelled: BTreeMap::from([("node-a".to_string(), U.to_string())]),
+            ..Default::default()
+        };
+        let plan = decide(&claims, &BTreeMap::new(), &live(), &memory, now, T);
+        assert_eq!(
+            kinds(&plan),
+            vec![(IMEX_DAEMON_FAILED, "DaemonNotReadyInTime")]
+        );
+        assert_eq!(plan.unlabel, vec![("node-a".to_string(), U.to_string())]);
+    }
+
+    #[test]
+    fn a_daemon_error_or_a_missing_domain_fails_at_once() {
+        let now = Instant::now();
+        let claims = vec![claim("w0", "node-a", None)];
+        let crashed = decide(
+            &claims,
+            &node_object("node-a", false, Some("ConfigError")),
+            &live(),
+            &Memory::default(),
+            now,
+            T,
+        );
+        assert_eq!(kinds(&crashed), vec![(IMEX_DAEMON_FAILED, "DaemonFailed")]);
+        let gone = decide(
+            &claims,
+            &BTreeMap::new(),
+            &BTreeSet::new(),
+            &Memory::default(),
+            now,
+            T,
+        );
+        assert_eq!(
+            kinds(&gone),
+            vec![(IMEX_DAEMON_FAILED, "ComputeDomainNotFound")]
+        );
+    }
+
+    #[test]
+    fn a_ready_channel_makes_the_label_the_domains_and_settled_channels_are_left_alone() {
+        let now = Instant::now();
+        let ready = json!([{"type": IMEX_DAEMON_READY, "status": "True", "reason": "DaemonReady",
+                            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+        let failed = json!([{"type": IMEX_DAEMON_FAILED, "status": "True", "reason": "DaemonFailed",
+                             "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+        let memory = Memory {
+            provisional: BTreeMap::from([
+                ("node-a".to_string(), U.to_string()),
+                ("node-b".to_string(), U.to_string()),
+            ]),
+            ..Default::default()
+        };
+        let claims = vec![
+            claim("w0", "node-a", Some(ready)),
+            claim("w1", "node-b", Some(failed)),
+        ];
+        let plan = decide(&claims, &BTreeMap::new(), &live(), &memory, now, T);
+        assert_eq!(kinds(&plan), vec![]);
+        assert_eq!(plan.commit, vec!["node-a".to_string()]);
+        assert_eq!(plan.unlabel, vec![("node-b".to_string(), U.to_string())]);
+    }
+
+    #[test]
+    fn channels_without_the_condition_are_not_ours_to_hold() {
+        let plan = decide(
+            &[claim("plain-0", "node-a", None)],
+            &BTreeMap::new(),
+            &live(),
+            &Memory::default(),
+            Instant::now(),
+            T,
+        );
+        assert_eq!(plan, Plan::default());
+    }
+
+    #[test]
+    fn the_status_patch_tests_the_version_and_appends_the_entry_keeping_the_others() {
+        let claims = vec![claim("w0", "node-a", Some(json!([])))];
+        let mut with_other = (*claims[0]).clone();
+        let status = with_other.status.as_mut().unwrap();
+        let devices = status.devices.as_mut().unwrap();
+        devices[0].driver = "gpu.nvidia.com".into();
+        let plan = decide(
+            &claims,
+            &node_object("node-a", true, None),
+            &live(),
+            &Memory::default(),
+            Instant::now(),
+            T,
+        );
+        let ops = status_patch(&with_other, &plan.conditions[0]);
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
+        );
+        assert_eq!(ops[1]["op"], "add");
+        assert_eq!(ops[1]["path"], "/status/devices/-");
+        assert_eq!(
+            (
+                &ops[1]["value"]["driver"],
+                &ops[1]["value"]["pool"],
+                &ops[1]["value"]["device"],
+                &ops[1]["value"]["shareID"]
+            ),
+            (
+                &json!(api::DRIVER_NAME),
+                &json!("node-a"),
+                &json!("channel-0"),
+                &json!("s-1")
+            )
+        );
+        assert_eq!(ops[1]["value"]["conditions"][0]["type"], IMEX_DAEMON_READY);
+        assert_eq!(ops.as_array().unwrap().len(), 2);
+    }
 }
