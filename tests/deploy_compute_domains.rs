@@ -215,7 +215,7 @@ fn the_compute_domain_plugin_takes_the_node_flags_with_its_own_plugin_dir() {
 }
 
 /// `computeDomains.bindingConditions` turns on both halves (the plugin's channels carry the
-/// conditions, the controller sets them) and grants the controller what `binding.rs` calls;
+/// conditions, the controller sets them) and grants the controller what `binding/binder.rs` calls;
 /// off, nothing of it is rendered.
 #[test]
 fn binding_conditions_reach_both_the_plugin_and_the_controller_with_their_rbac() {
@@ -223,7 +223,8 @@ fn binding_conditions_reach_both_the_plugin_and_the_controller_with_their_rbac()
         return;
     };
     let source =
-        fs::read_to_string(repo().join("src/compute_domain/controller/binding.rs")).unwrap();
+        fs::read_to_string(repo().join("src/compute_domain/controller/binding/binder.rs"))
+            .unwrap();
     let calls = [
         ("nodes get", source.contains("get_metadata_opt(node)")),
         ("resourceclaims list watch", {
