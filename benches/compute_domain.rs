@@ -76,6 +76,7 @@ fn clique_of(node: usize) -> String {
 /// One node's IMEX daemon, started by the DaemonSet once the node is labelled for the
 /// domain (the DaemonSet controller's watch: read from the store, no request): create and
 /// ready the daemon's object. Returns when the object is Ready.
+#[allow(clippy::too_many_arguments)]
 async fn daemon(
     server: Arc<ObjServer>,
     client: Client,

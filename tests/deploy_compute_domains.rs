@@ -223,8 +223,7 @@ fn binding_conditions_reach_both_the_plugin_and_the_controller_with_their_rbac()
         return;
     };
     let source =
-        fs::read_to_string(repo().join("src/compute_domain/controller/binding/binder.rs"))
-            .unwrap();
+        fs::read_to_string(repo().join("src/compute_domain/controller/binding/binder.rs")).unwrap();
     let calls = [
         ("nodes get", source.contains("get_metadata_opt(node)")),
         ("resourceclaims list watch", {

@@ -191,24 +191,26 @@ mod tests {
         assert_eq!(sizes, vec![128, 72]);
     }
 
+    /// A device's name, binding conditions and binding failure conditions.
+    type Conditions = (String, Option<Vec<String>>, Option<Vec<String>>);
+
     #[test]
     fn with_binding_conditions_only_channels_wait_for_the_daemon() {
-        let conditions =
-            |binding: bool| -> Vec<(String, Option<Vec<String>>, Option<Vec<String>>)> {
-                build(&model(2, binding), &pool()).unwrap()[0]
-                    .spec
-                    .devices
-                    .iter()
-                    .flatten()
-                    .map(|d| {
-                        (
-                            d.name.clone(),
-                            d.binding_conditions.clone(),
-                            d.binding_failure_conditions.clone(),
-                        )
-                    })
-                    .collect()
-            };
+        let conditions = |binding: bool| -> Vec<Conditions> {
+            build(&model(2, binding), &pool()).unwrap()[0]
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .map(|d| {
+                    (
+                        d.name.clone(),
+                        d.binding_conditions.clone(),
+                        d.binding_failure_conditions.clone(),
+                    )
+                })
+                .collect()
+        };
         let ready = Some(vec!["IMEXDaemonReady".to_string()]);
         let failed = Some(vec!["IMEXDaemonFailed".to_string()]);
         let want = vec![
