@@ -36,6 +36,8 @@ fn config(identity: &str, leader_election: bool) -> ControllerConfig {
         resync_period: controller::RESYNC_PERIOD,
         daemon_stop_wait: controller::DAEMON_STOP_WAIT,
         own_pod: None,
+        binding_conditions: false,
+        binding_timeout: controller::binding::BINDING_TIMEOUT,
     }
 }
 

@@ -52,11 +52,20 @@ fn compute_domains_are_off_by_default_and_their_values_are_schema_checked() {
         json!({"computeDomains": {"enabled": "yes"}}),
         json!({"computeDomains": {"controller": {"replicas": 0}}}),
         json!({"computeDomains": {"kubeletPlugin": {"nodeSelector": {"a": 1}}}}),
+        json!({"computeDomains": {"bindingConditions": "yes"}}),
+        json!({"computeDomains": {"bindingTimeout": "5 minutes"}}),
+        json!({"computeDomains": {"bindingTimeout": "0"}}),
     ];
     let got: Vec<bool> = bad.iter().map(|o| v.is_valid(&with(o.clone()))).collect();
     assert_eq!(got, vec![false; bad.len()]);
+    assert_eq!(
+        defaults["computeDomains"]["bindingConditions"],
+        json!(false)
+    );
+    assert_eq!(defaults["computeDomains"]["bindingTimeout"], json!("5m"));
     let good = with(
         json!({"computeDomains": {"enabled": true, "simPreset": "gb200-nvl72-node",
+        "bindingConditions": true, "bindingTimeout": "90s",
         "controller": {"replicas": 2, "leaderElection": true,
                        "nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}}}),
     );
@@ -203,6 +212,98 @@ fn the_compute_domain_plugin_takes_the_node_flags_with_its_own_plugin_dir() {
         ),
     ];
     assert_eq!(rows, want);
+}
+
+/// `computeDomains.bindingConditions` turns on both halves (the plugin's channels carry the
+/// conditions, the controller sets them) and grants the controller what `binding/binder.rs` calls;
+/// off, nothing of it is rendered.
+#[test]
+fn binding_conditions_reach_both_the_plugin_and_the_controller_with_their_rbac() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let source =
+        fs::read_to_string(repo().join("src/compute_domain/controller/binding/binder.rs")).unwrap();
+    let calls = [
+        ("nodes get", source.contains("get_metadata_opt(node)")),
+        ("resourceclaims list watch", {
+            let m =
+                fs::read_to_string(repo().join("src/compute_domain/controller/mod.rs")).unwrap();
+            m.contains("watcher::watcher(claim_api")
+        }),
+        (
+            "resourceclaims/status patch (and resourceclaims/driver)",
+            source.contains("/status\", claims.resource_url()"),
+        ),
+        (
+            "computedomainnodes delete",
+            source.contains("objects.delete(name"),
+        ),
+    ];
+    let want: Vec<(&str, bool)> = calls.iter().map(|(c, _)| (*c, true)).collect();
+    assert_eq!(calls.to_vec(), want);
+
+    let env = |objects: &[Value], kind: &str, name: &str| -> BTreeMap<String, Value> {
+        let pod = &named(objects, kind, name)["spec"]["template"]["spec"];
+        pod["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"].as_str().unwrap().contains("BINDING"))
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e["value"].clone()))
+            .collect()
+    };
+    let controller = "gpu-dra-compute-domain-controller";
+    let plugin = "gpu-dra-compute-domain-plugin";
+    let off = render_chart(&helm, &ON);
+    assert_eq!(env(&off, "Deployment", controller), BTreeMap::new());
+    assert_eq!(env(&off, "DaemonSet", plugin), BTreeMap::new());
+
+    let on = render_chart(
+        &helm,
+        &[
+            ON.as_slice(),
+            &[
+                "--set",
+                "computeDomains.bindingConditions=true",
+                "--set",
+                "computeDomains.bindingTimeout=2m",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        env(&on, "Deployment", controller),
+        BTreeMap::from([
+            ("GPU_DRA_BINDING_CONDITIONS".to_string(), json!("true")),
+            ("GPU_DRA_BINDING_TIMEOUT".to_string(), json!("2m")),
+        ])
+    );
+    assert_eq!(
+        env(&on, "DaemonSet", plugin),
+        BTreeMap::from([("GPU_DRA_BINDING_CONDITIONS".to_string(), json!("true"))])
+    );
+    let rules = |kind: &str| named(&on, kind, controller)["rules"].clone();
+    let cluster = rules("ClusterRole");
+    let added: Vec<Value> = cluster.as_array().unwrap()[6..].to_vec();
+    assert_eq!(
+        added,
+        vec![
+            json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}),
+            json!({"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+                   "verbs": ["list", "watch"]}),
+            json!({"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+                   "verbs": ["patch"]}),
+            json!({"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+                   "resourceNames": ["compute-domain.nvidia.com"],
+                   "verbs": ["arbitrary-node:patch"]}),
+        ]
+    );
+    assert_eq!(
+        rules("Role")[0],
+        json!({"apiGroups": ["resource.nvidia.com"], "resources": ["computedomainnodes"],
+               "verbs": ["list", "watch", "delete", "deletecollection"]})
+    );
 }
 
 /// The API calls of `src/compute_domain/controller/` and the rule each needs. When this

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use super::flags::KubeconfigFlag;
+use super::flags::{KubeconfigFlag, interval_seconds};
 
 /// Flags of `gpu-dra compute-domain-controller`.
 #[derive(clap::Args, Debug)]
@@ -42,6 +42,17 @@ pub(crate) struct ComputeDomainControllerArgs {
     /// Address (`host:port`) serving /metrics and /healthz; none when absent.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR")]
     metrics_addr: Option<String>,
+    /// Hold a ComputeDomain's pods in the scheduler's PreBind until their node's IMEX daemon
+    /// is Ready (KEP-5007 binding conditions): label the allocated node at allocation, set
+    /// IMEXDaemonReady or IMEXDaemonFailed on the claim. Needs the plugin's
+    /// --binding-conditions (the chart's computeDomains.bindingConditions sets both).
+    #[arg(long, env = "GPU_DRA_BINDING_CONDITIONS")]
+    binding_conditions: bool,
+    /// How long a pending channel waits for its node's IMEX daemon before the controller sets
+    /// IMEXDaemonFailed and the scheduler tries another node: seconds (`300`, `300s`) or
+    /// minutes (`5m`).
+    #[arg(long, env = "GPU_DRA_BINDING_TIMEOUT", default_value = "5m", value_parser = interval_seconds)]
+    binding_timeout: u64,
 }
 
 /// Runs the controller until it is signalled to stop.
@@ -74,6 +85,8 @@ pub(crate) fn run(args: ComputeDomainControllerArgs) -> anyhow::Result<ExitCode>
         resync_period: controller::RESYNC_PERIOD,
         daemon_stop_wait: controller::DAEMON_STOP_WAIT,
         own_pod,
+        binding_conditions: args.binding_conditions,
+        binding_timeout: std::time::Duration::from_secs(args.binding_timeout),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -43,6 +43,11 @@ pub(crate) struct CdPluginArgs {
     imex_ctl_bin: PathBuf,
     #[command(flatten)]
     driver_root: DriverRootFlag,
+    /// Channel devices carry bindingConditions [IMEXDaemonReady] and bindingFailureConditions
+    /// [IMEXDaemonFailed]: pods bind only once the node's IMEX daemon is Ready. Needs the
+    /// controller's --binding-conditions (the chart's computeDomains.bindingConditions sets both).
+    #[arg(long, env = "GPU_DRA_BINDING_CONDITIONS")]
+    binding_conditions: bool,
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = gpu_dra::compute_domain::plugin::config::DEFAULT_METRICS_ADDR)]
     metrics_addr: String,
@@ -86,5 +91,6 @@ pub(crate) fn run(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
             ctl: args.imex_ctl_bin,
             driver_root: args.driver_root.driver_root,
         },
+        binding_conditions: args.binding_conditions,
     }))
 }

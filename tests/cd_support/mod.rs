@@ -111,3 +111,68 @@ pub async fn eventually<T>(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+pub fn claims_path(ns: &str) -> String {
+    format!("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
+}
+
+/// A workload's channel claim `name` as the scheduler leaves it in PreBind with binding
+/// conditions: allocated `channel-0` of `node` (share `share_id`) for domain `domain_uid`,
+/// the result carrying the device's binding conditions (the scheduler copies them from the
+/// slice), the allocation's config as the scheduler copies it from the claim, reserved for
+/// its pod; `status.devices` holds what other drivers wrote (`other_entries`).
+pub fn allocated_channel_claim(
+    name: &str,
+    node: &str,
+    domain_uid: &str,
+    share_id: &str,
+    other_entries: Value,
+) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": WORKLOAD_NS},
+        "spec": {"devices": {"requests": [{"name": "channel", "exactly": {
+            "deviceClassName": api::CHANNEL_DEVICE_CLASS}}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{
+                        "request": "channel", "driver": api::DRIVER_NAME, "pool": node,
+                        "device": "channel-0", "shareID": share_id,
+                        "bindingConditions": ["IMEXDaemonReady"],
+                        "bindingFailureConditions": ["IMEXDaemonFailed"],
+                    }],
+                    "config": [{"source": "FromClaim", "requests": ["channel"], "opaque": {
+                        "driver": api::DRIVER_NAME,
+                        "parameters": {"apiVersion": api::API_VERSION,
+                                       "kind": api::CHANNEL_CONFIG_KIND,
+                                       "domainID": domain_uid, "allocationMode": "Single"}}}],
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+                "allocationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"),
+                             "uid": format!("pod-uid-{name}")}],
+            "devices": other_entries,
+        },
+    })
+}
+
+/// The condition `kind` of `claim`'s `status.devices[]` entry for `channel-0` of `node`:
+/// `(status, reason)`, if set.
+pub fn device_condition(claim: &Value, node: &str, kind: &str) -> Option<(String, String)> {
+    let entries = claim["status"]["devices"].as_array()?;
+    let entry = entries.iter().find(|e| {
+        e["driver"] == api::DRIVER_NAME && e["pool"] == node && e["device"] == "channel-0"
+    })?;
+    let condition = entry["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)?;
+    Some((
+        condition["status"].as_str()?.to_string(),
+        condition["reason"].as_str()?.to_string(),
+    ))
+}

@@ -65,7 +65,13 @@ pub struct ObjServer {
 }
 
 /// Resources whose writes keep their status (they have a status subresource).
-const WITH_STATUS: &[&str] = &["computedomains", "daemonsets", "nodes", "pods"];
+const WITH_STATUS: &[&str] = &[
+    "computedomains",
+    "daemonsets",
+    "nodes",
+    "pods",
+    "resourceclaims",
+];
 
 type Body = BoxBody<Bytes, Infallible>;
 

@@ -22,6 +22,9 @@ pub struct Stats {
     pub status_writes: AtomicU64,
     /// Other creates, patches and deletes.
     pub other_writes: AtomicU64,
+    /// Writes of the binding conditions (`--binding-conditions`): claim conditions, node
+    /// labels set and removed for pending channels, node objects of released nodes.
+    pub binding_writes: AtomicU64,
     /// Whether this replica leads now.
     pub leader: AtomicBool,
 }
@@ -55,6 +58,12 @@ impl Stats {
                 "Other creates, patches and deletes.",
                 "counter",
                 get(&self.other_writes),
+            ),
+            (
+                "gpu_dra_compute_domain_binding_writes_total",
+                "Binding-condition writes: claim conditions, node labels, released node objects.",
+                "counter",
+                get(&self.binding_writes),
             ),
             (
                 "gpu_dra_compute_domain_controller_leader",
@@ -145,6 +154,7 @@ mod tests {
                 "gpu_dra_compute_domain_reconcile_errors_total 0",
                 "gpu_dra_compute_domain_status_writes_total 0",
                 "gpu_dra_compute_domain_object_writes_total 0",
+                "gpu_dra_compute_domain_binding_writes_total 0",
                 "gpu_dra_compute_domain_controller_leader 1",
             ]
         );

@@ -19,7 +19,12 @@
 //! written as a merge patch of the status subresource only when it changed, so it never
 //! conflicts. With leader election (the default) only the holder of a Lease acts; see
 //! [`leader`].
+//!
+//! With `--binding-conditions` it also watches ResourceClaims (every namespace, keeping only
+//! their metadata and status) and holds the pods of a domain in the scheduler's PreBind until
+//! their node's IMEX daemon is Ready, or fails them over to another node; see [`binding`].
 
+pub mod binding;
 pub mod cleanup;
 pub mod desired;
 pub mod error;
@@ -87,6 +92,12 @@ pub struct ControllerConfig {
     /// `(namespace, name)` of the controller's own pod (`POD_NAMESPACE`, `POD_NAME`): when
     /// `settings.image` is empty, the IMEX daemons run that pod's image.
     pub own_pod: Option<(String, String)>,
+    /// `--binding-conditions`: set `IMEXDaemonReady` / `IMEXDaemonFailed` on claims allocated
+    /// a channel that carries them ([`binding`]); off: ResourceClaims are not even watched.
+    pub binding_conditions: bool,
+    /// `--binding-timeout`: how long a pending channel waits for its node's daemon
+    /// ([`binding::BINDING_TIMEOUT`] by default).
+    pub binding_timeout: Duration,
 }
 
 /// The name of the controller's container in the chart's Deployment: its image is the IMEX
@@ -159,9 +170,10 @@ pub async fn run_with_client(
         Some(addr) => Some(AbortOnDrop(metrics::serve(addr, stats.clone()).await?)),
         None => None,
     };
+    let binding = config.binding_conditions.then_some(config.binding_timeout);
     if !config.leader_election {
         return tokio::select! {
-            r = lead(client, reconciler, config.retry_after, config.resync_period) => r,
+            r = lead(client, reconciler, config.retry_after, config.resync_period, binding) => r,
             _ = shutdown.cancelled() => Ok(()),
         };
     }
@@ -181,7 +193,7 @@ pub async fn run_with_client(
         .store(true, std::sync::atomic::Ordering::Relaxed);
     let outcome = tokio::select! {
         lost = elector.keep_renewing() => Err(lost),
-        r = lead(client, reconciler, config.retry_after, config.resync_period) => r,
+        r = lead(client, reconciler, config.retry_after, config.resync_period, binding) => r,
         _ = shutdown.cancelled() => Ok(()),
     };
     stats
@@ -287,12 +299,15 @@ fn mark_all(dirty: &Dirty, domains: &Store<ComputeDomain>) {
     }
 }
 
-/// The leader's work: watch, and reconcile what changed. Returns only if a watch ends.
+/// The leader's work: watch, and reconcile what changed; with `binding` (the
+/// `--binding-timeout`) also the binding conditions of pending channels. Returns only if a
+/// watch ends.
 async fn lead(
     client: Client,
     reconciler: Arc<Reconciler>,
     retry_after: Duration,
     resync_period: Duration,
+    binding: Option<Duration>,
 ) -> Result<(), ControllerError> {
     let namespace = reconciler_namespace(&reconciler);
     let dirty = Arc::new(Dirty::default());
@@ -342,16 +357,21 @@ async fn lead(
             }
         }
     };
+    let binding_wake = Arc::new(tokio::sync::Notify::new());
     let mark_nodes = {
         let dirty = dirty.clone();
+        let binding_wake = binding_wake.clone();
         async move {
             let mut events = std::pin::pin!(node_events.touched_objects());
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(node) => dirty.mark(domain_key(
-                        &node.spec.domain_namespace,
-                        &node.spec.domain_name,
-                    )),
+                    Ok(node) => {
+                        dirty.mark(domain_key(
+                            &node.spec.domain_namespace,
+                            &node.spec.domain_name,
+                        ));
+                        binding_wake.notify_one();
+                    }
                     Err(e) => {
                         tracing::warn!(error = %crate::errors::error_chain(&e), "watching ComputeDomainNodes")
                     }
@@ -359,6 +379,16 @@ async fn lead(
             }
             ControllerError::WatchEnded {
                 resource: api::COMPUTE_DOMAIN_NODE_PLURAL,
+            }
+        }
+    };
+    let bind = {
+        let (client, reconciler) = (client.clone(), reconciler.clone());
+        let (domains, nodes, wake) = (domains.clone(), nodes.clone(), binding_wake.clone());
+        async move {
+            match binding {
+                Some(timeout) => bind(client, reconciler, domains, nodes, wake, timeout).await,
+                None => std::future::pending().await,
             }
         }
     };
@@ -373,7 +403,93 @@ async fn lead(
     tokio::select! {
         e = mark_domains => Err(e),
         e = mark_nodes => Err(e),
+        e = bind => Err(e),
         () = work => Ok(()),
+    }
+}
+
+/// Longest pause between two binding passes while a channel waits (its timeout is checked
+/// then at the latest); events (a claim or node object changed) start a pass at once.
+const BINDING_RECHECK: Duration = Duration::from_secs(1);
+
+/// The binding conditions' loop: watches ResourceClaims and runs a [`binding::Binder`] pass
+/// whenever a claim or node object changed, and at the next timeout of a waiting channel.
+/// Returns only if the claims' watch ends.
+async fn bind(
+    client: Client,
+    reconciler: Arc<Reconciler>,
+    domains: Store<ComputeDomain>,
+    nodes: Store<ComputeDomainNode>,
+    wake: Arc<tokio::sync::Notify>,
+    timeout: Duration,
+) -> ControllerError {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claim_writer = reflector::store::Writer::<ResourceClaim>::default();
+    let claims = claim_writer.as_reader();
+    let claim_api: Api<ResourceClaim> = Api::all(client.clone());
+    let wc = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let claim_events = reflector::reflector(
+        claim_writer,
+        watcher::watcher(claim_api, wc)
+            .default_backoff()
+            .modify(binding::trim_claim),
+    );
+    let mark_claims = {
+        let wake = wake.clone();
+        async move {
+            let mut events = std::pin::pin!(claim_events.touched_objects());
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(_) => wake.notify_one(),
+                    Err(e) => {
+                        tracing::warn!(error = %crate::errors::error_chain(&e), "watching ResourceClaims")
+                    }
+                }
+            }
+            ControllerError::WatchEnded {
+                resource: "resourceclaims",
+            }
+        }
+    };
+    let namespace = reconciler_namespace(&reconciler);
+    let mut binder = binding::Binder::new(client, &namespace, timeout, reconciler.stats());
+    let passes = async move {
+        if claims.wait_until_ready().await.is_err()
+            || domains.wait_until_ready().await.is_err()
+            || nodes.wait_until_ready().await.is_err()
+        {
+            return;
+        }
+        loop {
+            let live: BTreeSet<String> = domains
+                .state()
+                .iter()
+                .filter(|d| d.metadata.deletion_timestamp.is_none())
+                .filter_map(|d| d.uid())
+                .collect();
+            let by_name: std::collections::BTreeMap<String, Arc<ComputeDomainNode>> = nodes
+                .state()
+                .into_iter()
+                .map(|n| (n.name_any(), n))
+                .collect();
+            let all = claims.state();
+            let next = binder.pass(&all, &by_name, &live).await;
+            let pause = match next {
+                Some(deadline) => deadline
+                    .saturating_duration_since(std::time::Instant::now())
+                    .min(BINDING_RECHECK),
+                None if binder.memory.released.is_empty() => RESYNC_PERIOD,
+                None => BINDING_RECHECK,
+            };
+            tokio::select! {
+                () = wake.notified() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    };
+    tokio::select! {
+        e = mark_claims => e,
+        () = passes => std::future::pending().await,
     }
 }
 

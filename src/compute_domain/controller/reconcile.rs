@@ -41,6 +41,9 @@ pub struct Writes {
     pub status: u64,
     /// Every other create, patch or delete.
     pub other: u64,
+    /// Writes of the binding conditions ([`super::binding`]): claim conditions, labels of
+    /// pending channels' nodes, node objects of released nodes.
+    pub binding: u64,
 }
 
 /// What a reconcile left for later.
@@ -125,6 +128,7 @@ impl Reconciler {
         Writes {
             status: self.stats.status_writes.load(Ordering::Relaxed),
             other: self.stats.other_writes.load(Ordering::Relaxed),
+            binding: self.stats.binding_writes.load(Ordering::Relaxed),
         }
     }
 

@@ -144,6 +144,10 @@ pub struct CdPluginConfig {
     pub host_imex: HostImex,
     /// `--device-metadata`: write each claim's device metadata file (KEP-5304).
     pub device_metadata: bool,
+    /// `--binding-conditions`: channel devices carry `bindingConditions: [IMEXDaemonReady]`
+    /// and `bindingFailureConditions: [IMEXDaemonFailed]`, which the controller started with
+    /// the same flag sets (docs/compute-domains.md#binding-conditions).
+    pub binding_conditions: bool,
 }
 
 impl CdPluginConfig {

@@ -50,9 +50,21 @@ impl CdDevice {
 /// pods holding it on a node are always of one domain.
 pub const SHARED_CHANNEL: u32 = 0;
 
+/// The binding condition every channel device carries with `--binding-conditions`: the
+/// scheduler holds a pod in PreBind until the controller sets it `True` in the claim's
+/// `status.devices[]` entry, which it does once the node's IMEX daemon is Ready.
+pub const IMEX_DAEMON_READY: &str = "IMEXDaemonReady";
+/// The binding failure condition of a channel device: `True` (set by the controller when the
+/// node's daemon failed or was not Ready within `--binding-timeout`) makes the scheduler
+/// de-allocate the claim and try another node.
+pub const IMEX_DAEMON_FAILED: &str = "IMEXDaemonFailed";
+
 /// The device model of a node publishing `max_domains` channels and daemons: `channel-0` may
-/// be allocated to any number of claims, every other device to one claim at a time.
-pub fn model(max_domains: u32) -> DeviceModel {
+/// be allocated to any number of claims, every other device to one claim at a time. With
+/// `binding_conditions` every channel carries `bindingConditions: [IMEXDaemonReady]` and
+/// `bindingFailureConditions: [IMEXDaemonFailed]` (KEP-5007); daemon devices never do (the
+/// daemon's own claim must bind at once: it is what makes the channel ready).
+pub fn model(max_domains: u32, binding_conditions: bool) -> DeviceModel {
     let device = |name: String, kind: &str, id: u32| Device {
         name,
         attributes: Some(BTreeMap::from([
@@ -73,6 +85,10 @@ pub fn model(max_domains: u32) -> DeviceModel {
         ])),
         allow_multiple_allocations: (kind == api::DEVICE_TYPE_CHANNEL && id == SHARED_CHANNEL)
             .then_some(true),
+        binding_conditions: (binding_conditions && kind == api::DEVICE_TYPE_CHANNEL)
+            .then(|| vec![IMEX_DAEMON_READY.to_string()]),
+        binding_failure_conditions: (binding_conditions && kind == api::DEVICE_TYPE_CHANNEL)
+            .then(|| vec![IMEX_DAEMON_FAILED.to_string()]),
         ..Default::default()
     };
     let published = |id: u32, device: Device| PublishedDevice {
@@ -119,7 +135,7 @@ mod tests {
 
     #[test]
     fn a_node_publishes_one_slice_of_channels_and_daemons_with_type_and_id() {
-        let slices = build(&model(2), &pool()).unwrap();
+        let slices = build(&model(2, false), &pool()).unwrap();
         assert_eq!(slices.len(), 1);
         let devices = slices[0].spec.devices.as_ref().unwrap();
         let got: Vec<(String, String, i64)> = devices
@@ -145,7 +161,7 @@ mod tests {
 
     #[test]
     fn only_channel_0_may_be_allocated_to_several_claims() {
-        let slices = build(&model(3), &pool()).unwrap();
+        let slices = build(&model(3, false), &pool()).unwrap();
         let shared: Vec<(String, Option<bool>)> = slices[0]
             .spec
             .devices
@@ -166,13 +182,49 @@ mod tests {
 
     #[test]
     fn many_domains_split_into_valid_slices_keeping_pairs_together() {
-        let slices = build(&model(100), &pool()).unwrap();
+        let slices = build(&model(100, false), &pool()).unwrap();
         assert_eq!(slices.len(), 2);
         let sizes: Vec<usize> = slices
             .iter()
             .map(|s| s.spec.devices.as_ref().unwrap().len())
             .collect();
         assert_eq!(sizes, vec![128, 72]);
+    }
+
+    /// A device's name, binding conditions and binding failure conditions.
+    type Conditions = (String, Option<Vec<String>>, Option<Vec<String>>);
+
+    #[test]
+    fn with_binding_conditions_only_channels_wait_for_the_daemon() {
+        let conditions = |binding: bool| -> Vec<Conditions> {
+            build(&model(2, binding), &pool()).unwrap()[0]
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .map(|d| {
+                    (
+                        d.name.clone(),
+                        d.binding_conditions.clone(),
+                        d.binding_failure_conditions.clone(),
+                    )
+                })
+                .collect()
+        };
+        let ready = Some(vec!["IMEXDaemonReady".to_string()]);
+        let failed = Some(vec!["IMEXDaemonFailed".to_string()]);
+        let want = vec![
+            ("channel-0".to_string(), ready.clone(), failed.clone()),
+            ("daemon-0".to_string(), None, None),
+            ("channel-1".to_string(), ready, failed),
+            ("daemon-1".to_string(), None, None),
+        ];
+        assert_eq!(conditions(true), want);
+        assert!(
+            conditions(false)
+                .iter()
+                .all(|(_, ready, failed)| ready.is_none() && failed.is_none())
+        );
     }
 
     #[test]

@@ -199,7 +199,7 @@ pub async fn run(config: CdPluginConfig) -> Result<(), CdPluginError> {
     drop(paused);
     health.set_recovered();
 
-    let model = devices::model(config.max_domains);
+    let model = devices::model(config.max_domains, config.binding_conditions);
     metrics.set_published_devices(model.devices.len() as u64);
     let (health_tx, health_rx) = watch::channel(device_health(&model, &config.node_name));
     let node = config.node_name.clone();
