@@ -542,3 +542,56 @@ fn host_managed_imex_is_a_schema_checked_value_passed_to_the_plugin() {
         )
     );
 }
+
+#[test]
+fn binding_conditions_with_host_managed_imex_are_refused_by_the_chart_and_the_plugin() {
+    // The plugin binary first: it needs no helm.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args([
+            "compute-domain-plugin",
+            "--gpu-backend",
+            "sim",
+            "--binding-conditions",
+            "--imex-mode",
+            "HostManaged",
+            "--metrics-addr",
+            "off",
+        ])
+        .env(
+            "GPU_DRA_STATE_DIR",
+            std::env::temp_dir().join("gpu-dra-refused"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--binding-conditions cannot be combined with --imex-mode HostManaged"),
+        "{stderr}"
+    );
+
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let chart = chart_dir();
+    let out = std::process::Command::new(helm)
+        .args([
+            "template",
+            "gpu-dra",
+            chart.to_str().unwrap(),
+            "--set",
+            "computeDomains.enabled=true",
+            "--set",
+            "computeDomains.bindingConditions=true",
+            "--set",
+            "computeDomains.imex.mode=HostManaged",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "helm rendered it");
+    assert!(
+        stderr.contains("computeDomains.bindingConditions cannot be combined with computeDomains.imex.mode HostManaged"),
+        "{stderr}"
+    );
+}

@@ -71,6 +71,15 @@ pub enum CdPluginError {
     /// The simulated `nvidia-imex-ctl` could not be installed (host-managed IMEX, sim).
     #[error("installing the simulated nvidia-imex-ctl")]
     ImexTools(#[source] crate::compute_domain::imex::ImexToolError),
+    /// Two settings that cannot go together.
+    #[error(
+        "--binding-conditions cannot be combined with --imex-mode HostManaged: binding conditions \
+         wait for a per-domain IMEX daemon to turn Ready, and with the host's nvidia-imex \
+         service there is none (every channel claim would fail at --binding-timeout); the \
+         host service is checked at prepare instead. Drop one of them (chart: \
+         computeDomains.bindingConditions or computeDomains.imex.mode)"
+    )]
+    BindingConditionsWithHostImex,
 }
 
 /// How the host's IMEX service is asked. On a simulated node (`--gpu-backend sim` or
@@ -128,6 +137,9 @@ pub fn node_clique(config: &CdPluginConfig) -> Result<Option<String>, CdPluginEr
 /// # Errors
 /// [`CdPluginError`] for the start-up step that failed.
 pub async fn run(config: CdPluginConfig) -> Result<(), CdPluginError> {
+    if config.binding_conditions && config.imex_mode == config::ImexMode::HostManaged {
+        return Err(CdPluginError::BindingConditionsWithHostImex);
+    }
     let metrics = Metrics::new();
     let health = Health::new();
     let _metrics_server = match &config.metrics_addr {

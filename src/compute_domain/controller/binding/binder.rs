@@ -277,6 +277,11 @@ impl Writer {
         match current.labels().get(api::NODE_LABEL) {
             Some(l) if l == uid => return Ok(Labelled::Done { by_us: false }),
             Some(other) if live.contains(other) => return Ok(Labelled::Taken(other.clone())),
+            // A domain this controller's store has not seen may just be newer than its watch:
+            // ask the API server before taking the node from it (as the plugin does).
+            Some(other) if self.domain_exists(other).await.map_err(failed)? => {
+                return Ok(Labelled::Taken(other.clone()));
+            }
             _ => {}
         }
         let patch = json!({"metadata": {
@@ -292,6 +297,20 @@ impl Writer {
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(Labelled::Later),
             Err(e) => Err(failed(e)),
         }
+    }
+
+    /// Whether a ComputeDomain with `uid` exists and is not being deleted, as the API server
+    /// has it now (one LIST, served from its watch cache: no field selector reaches
+    /// `metadata.uid`). Asked only when a node's label names a domain the store lacks.
+    async fn domain_exists(&self, uid: &str) -> Result<bool, kube::Error> {
+        let domains = Api::<api::ComputeDomain>::all_with(
+            self.client.clone(),
+            &api::compute_domain_resource(),
+        );
+        let list = domains.list(&kube::api::ListParams::default()).await?;
+        Ok(list.items.iter().any(|d| {
+            d.metadata.uid.as_deref() == Some(uid) && d.metadata.deletion_timestamp.is_none()
+        }))
     }
 
     /// Removes the node's label if it still names `uid`.
