@@ -59,6 +59,26 @@ pub const IMEX_DAEMON_READY: &str = "IMEXDaemonReady";
 /// de-allocate the claim and try another node.
 pub const IMEX_DAEMON_FAILED: &str = "IMEXDaemonFailed";
 
+/// The attributes a channel or daemon device is published with: `type` (`kind`) and `id`.
+pub fn attributes(kind: &str, id: u32) -> BTreeMap<String, DeviceAttribute> {
+    BTreeMap::from([
+        (
+            api::ATTR_TYPE.to_string(),
+            DeviceAttribute {
+                string: Some(kind.to_string()),
+                ..Default::default()
+            },
+        ),
+        (
+            api::ATTR_ID.to_string(),
+            DeviceAttribute {
+                int: Some(i64::from(id)),
+                ..Default::default()
+            },
+        ),
+    ])
+}
+
 /// The device model of a node publishing `max_domains` channels and daemons: `channel-0` may
 /// be allocated to any number of claims, every other device to one claim at a time. With
 /// `binding_conditions` every channel carries `bindingConditions: [IMEXDaemonReady]` and
@@ -67,22 +87,7 @@ pub const IMEX_DAEMON_FAILED: &str = "IMEXDaemonFailed";
 pub fn model(max_domains: u32, binding_conditions: bool) -> DeviceModel {
     let device = |name: String, kind: &str, id: u32| Device {
         name,
-        attributes: Some(BTreeMap::from([
-            (
-                api::ATTR_TYPE.to_string(),
-                DeviceAttribute {
-                    string: Some(kind.to_string()),
-                    ..Default::default()
-                },
-            ),
-            (
-                api::ATTR_ID.to_string(),
-                DeviceAttribute {
-                    int: Some(i64::from(id)),
-                    ..Default::default()
-                },
-            ),
-        ])),
+        attributes: Some(attributes(kind, id)),
         allow_multiple_allocations: (kind == api::DEVICE_TYPE_CHANNEL && id == SHARED_CHANNEL)
             .then_some(true),
         binding_conditions: (binding_conditions && kind == api::DEVICE_TYPE_CHANNEL)

@@ -739,32 +739,16 @@ fn fail_all<T>(claims: Vec<ClaimRef>, error: &CdClaimError) -> BTreeMap<String, 
         .collect()
 }
 
-/// The attributes a channel or daemon device is published with (`type`, `id`).
+/// The attributes a channel or daemon device of `plan` is published with.
 fn metadata_attributes(
     plan: &ClaimPlan,
     id: u32,
 ) -> BTreeMap<String, k8s_openapi::api::resource::v1::DeviceAttribute> {
-    use k8s_openapi::api::resource::v1::DeviceAttribute;
     let kind = match plan {
         ClaimPlan::Channel { .. } => api::DEVICE_TYPE_CHANNEL,
         ClaimPlan::Daemon { .. } => api::DEVICE_TYPE_DAEMON,
     };
-    BTreeMap::from([
-        (
-            api::ATTR_TYPE.to_string(),
-            DeviceAttribute {
-                string: Some(kind.to_string()),
-                ..Default::default()
-            },
-        ),
-        (
-            api::ATTR_ID.to_string(),
-            DeviceAttribute {
-                int: Some(i64::from(id)),
-                ..Default::default()
-            },
-        ),
-    ])
+    super::devices::attributes(kind, id)
 }
 
 /// What the kubelet gets for a prepared claim: each device's CDI ID, and the first device of
