@@ -377,7 +377,7 @@ async fn a_channel_prepare_labels_the_node_waits_for_its_daemon_then_injects_the
     );
     let metadata = node
         .cd_plugin_dir()
-        .join("dra-device-metadata/uid-work/gpu-0/metadata.json");
+        .join("dra-device-metadata/uid-work_gpu-0.json");
     let text = std::fs::read_to_string(&metadata).expect("the metadata file");
     let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
     assert_eq!(

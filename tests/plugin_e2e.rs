@@ -67,7 +67,7 @@ async fn full_gpu_claim_is_prepared_and_unprepared(api: DraApi) {
     // defines it, naming the device and its PCI bus ID, newest version first.
     let host = node
         .plugin_dir()
-        .join("dra-device-metadata/uid-full/gpu-0/metadata.json");
+        .join("dra-device-metadata/uid-full_gpu-0.json");
     let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
     let mount = spec["devices"]
         .as_array()

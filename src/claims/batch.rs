@@ -273,7 +273,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 detail: format!("removing the spec: {}", crate::errors::error_chain(&e)),
             });
         }
-        if let Err(e) = self.remove_metadata(&id.to_string(), &id.uid) {
+        if let Err(e) = self.remove_metadata(&id.to_string(), &id.uid, None) {
             failures.push(e);
         }
         if failures.is_empty() {
@@ -356,7 +356,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     claim: ids[i].to_string(),
                     detail: crate::errors::error_chain(&e),
                 });
-            } else if let Err(e) = self.remove_metadata(&ids[i].to_string(), &rec.uid) {
+            } else if let Err(e) = self.remove_metadata(&ids[i].to_string(), &rec.uid, Some(&rec)) {
                 results[i] = Err(e);
             }
         }

@@ -103,7 +103,7 @@ fn one_file_per_base_request_is_written_and_removed_with_the_claim() {
         mount.container_path,
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/my-claim/a/gpu.nvidia.com-metadata.json"
     );
-    let host = dir.path().join("dra-device-metadata/uid-1/a/metadata.json");
+    let host = dir.path().join("dra-device-metadata/uid-1_a.json");
     assert_eq!(mount.host_path, host.to_string_lossy());
     let first: Value = serde_json::from_str(
         std::fs::read_to_string(&host)
@@ -122,10 +122,21 @@ fn one_file_per_base_request_is_written_and_removed_with_the_claim() {
         .map(|d| d["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["gpu-0", "gpu-1"]);
-    assert_eq!(w.claims_with_files().unwrap(), ["uid-1"]);
-    assert!(w.remove("uid-1").unwrap());
-    assert!(!w.remove("uid-1").unwrap());
-    assert!(w.claims_with_files().unwrap().is_empty());
+    let files = |w: &MetadataWriter| w.files().unwrap();
+    assert_eq!(
+        files(&w),
+        [
+            ("uid-1".to_string(), "a".to_string()),
+            ("uid-1".to_string(), "b".to_string())
+        ]
+    );
+    // By the record's request names (a subrequest's file is its request's).
+    assert!(w.remove("uid-1", ["a/alt"]).unwrap());
+    assert!(!w.remove("uid-1", ["a"]).unwrap());
+    assert_eq!(files(&w), [("uid-1".to_string(), "b".to_string())]);
+    // Without a record: whatever the directory holds for the claim.
+    assert!(w.remove_all("uid-1").unwrap());
+    assert!(files(&w).is_empty());
 }
 
 #[test]
@@ -138,6 +149,7 @@ fn a_name_that_would_leave_its_directory_is_refused_naming_it() {
     };
     let e = w.write(&bad, &[device("a", "gpu-0")]).unwrap_err();
     assert!(e.to_string().contains("claim UID \"..\""), "{e}");
-    assert!(w.remove("../x").is_err());
+    assert!(w.remove("../x", ["a"]).is_err());
+    assert!(w.remove("uid_1", ["a"]).is_err());
     assert!(!dir.path().join("dra-device-metadata").exists());
 }

@@ -128,12 +128,28 @@ impl<S: ClaimSource> ClaimsManager<S> {
         Ok((self.model_cache.get(inventory, &self.model_options), buses))
     }
 
-    /// Removes claim `uid`'s device metadata files, if any are written.
-    fn remove_metadata(&self, claim: &str, uid: &str) -> Result<(), ClaimError> {
+    /// Removes claim `uid`'s device metadata files, if any are written: those of the requests
+    /// `record` names (one `unlink` each), or, without a record, whatever the directory holds
+    /// for `uid`.
+    fn remove_metadata(
+        &self,
+        claim: &str,
+        uid: &str,
+        record: Option<&checkpoint::ClaimRecord>,
+    ) -> Result<(), ClaimError> {
         let Some(writer) = &self.metadata else {
             return Ok(());
         };
-        writer.remove(uid).map(|_| ()).map_err(|e| ClaimError::Cdi {
+        let removed = match record {
+            Some(rec) => writer.remove(
+                uid,
+                rec.devices
+                    .iter()
+                    .flat_map(|d| d.request_names.iter().map(String::as_str)),
+            ),
+            None => writer.remove_all(uid),
+        };
+        removed.map(|_| ()).map_err(|e| ClaimError::Cdi {
             claim: claim.to_string(),
             detail: format!("device metadata: {}", crate::errors::error_chain(&e)),
         })

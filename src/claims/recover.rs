@@ -88,14 +88,20 @@ impl<S: ClaimSource> ClaimsManager<S> {
             }),
         }
         if let Some(writer) = &self.metadata {
-            match writer.claims_with_files() {
-                Ok(uids) => {
-                    for uid in uids {
+            match writer.files() {
+                Ok(files) => {
+                    for (uid, request) in files {
                         if store.checkpoint().claims.contains_key(&uid) {
                             continue;
                         }
-                        if let Err(e) = self.remove_metadata(startup, &uid) {
-                            failures.push(e);
+                        if let Err(e) = writer.remove(&uid, [request.as_str()]) {
+                            failures.push(ClaimError::Cdi {
+                                claim: startup.to_string(),
+                                detail: format!(
+                                    "device metadata: {}",
+                                    crate::errors::error_chain(&e)
+                                ),
+                            });
                         }
                     }
                 }

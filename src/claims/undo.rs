@@ -119,7 +119,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 detail: format!("removing the spec: {}", crate::errors::error_chain(&e)),
             });
         }
-        if let Err(e) = self.remove_metadata(claim, &rec.uid) {
+        if let Err(e) = self.remove_metadata(claim, &rec.uid, Some(rec)) {
             failures.push(e);
         }
         crate::crashpoint::hit("unprepare-cdi-removed");

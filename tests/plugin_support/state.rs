@@ -60,7 +60,7 @@ impl Snapshot {
             mig_mode,
             checkpoint: checkpoint(&state_dir.join("checkpoint.json")),
             cdi_files: dir_names(cdi_root),
-            metadata_claims: dir_names(&plugin_dir.join("dra-device-metadata")),
+            metadata_claims: metadata_claims(&plugin_dir.join("dra-device-metadata")),
         }
     }
 
@@ -190,6 +190,18 @@ fn checkpoint(path: &Path) -> BTreeMap<String, CheckpointClaim> {
 }
 
 /// Sorted file names in `dir`; empty when it does not exist.
+/// The claim UIDs with device metadata files (`<uid>_<request>.json`) in `dir`, sorted, once
+/// each.
+fn metadata_claims(dir: &Path) -> Vec<String> {
+    let mut uids: Vec<String> = dir_names(dir)
+        .into_iter()
+        .filter_map(|n| Some(n.strip_suffix(".json")?.rsplit_once('_')?.0.to_string()))
+        .collect();
+    uids.sort();
+    uids.dedup();
+    uids
+}
+
 pub fn dir_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|entries| {

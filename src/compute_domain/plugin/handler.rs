@@ -31,6 +31,7 @@ use super::imex::{self, DomainNames};
 use super::plan::{self, ClaimPlan, PlanError};
 use super::state::{self, Checkpoint, ClaimKind, ClaimRecord, Phase, RecordedDevice, StateError};
 use crate::cdi::CdiWriter;
+use crate::claims::metadata;
 use crate::compute_domain::api::{self, AllocationMode};
 use crate::errors::error_chain;
 use crate::fsutil::{self, FsError};
@@ -470,7 +471,11 @@ impl<C: DomainCluster> CdHandler<C> {
         let Some(writer) = &self.parts.metadata else {
             return BTreeMap::new();
         };
-        if !writer.claim_dir(uid).is_dir() {
+        let first = record
+            .devices
+            .first()
+            .map(|d| metadata::base_request(&d.request));
+        if !first.is_some_and(|r| writer.host_file(uid, r).is_file()) {
             return BTreeMap::new();
         }
         let kind = self.parts.cdi.naming().kind();
@@ -478,7 +483,7 @@ impl<C: DomainCluster> CdHandler<C> {
             .devices
             .iter()
             .map(|d| {
-                let request = crate::claims::metadata::base_request(&d.request);
+                let request = metadata::base_request(&d.request);
                 (
                     request.to_string(),
                     format!("{kind}={uid}-metadata-{request}"),
@@ -628,9 +633,13 @@ impl<C: DomainCluster> CdHandler<C> {
             .remove_claim_spec(uid)
             .map_err(CdClaimError::Spec)?;
         if let Some(writer) = &self.parts.metadata {
-            writer
-                .remove(uid)
-                .map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
+            let removed = if record.devices.is_empty() {
+                // A prepare that failed before it recorded its devices.
+                writer.remove_all(uid)
+            } else {
+                writer.remove(uid, record.devices.iter().map(|d| d.request.as_str()))
+            };
+            removed.map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
         }
         if record.kind == ClaimKind::Daemon && checkpoint.daemons_of(&record.domain_uid, uid) == 0 {
             remove_dir(&config_dir(&self.parts.state_dir, &record.domain_uid))?;
@@ -679,13 +688,13 @@ impl<C: DomainCluster> CdHandler<C> {
             }
         }
         if let Some(writer) = &self.parts.metadata {
-            let uids = writer
-                .claims_with_files()
+            let files = writer
+                .files()
                 .map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
-            for uid in uids {
+            for (uid, request) in files {
                 if !checkpoint.claims.contains_key(&uid) {
                     writer
-                        .remove(&uid)
+                        .remove(&uid, [request.as_str()])
                         .map_err(|e| CdClaimError::Metadata(Box::new(e)))?;
                 }
             }
@@ -759,7 +768,7 @@ fn returned(record: &ClaimRecord, mut metadata: BTreeMap<String, String>) -> Vec
         .iter()
         .map(|d| {
             let mut cdi_device_ids = vec![d.cdi_device_id.clone()];
-            if let Some(id) = metadata.remove(crate::claims::metadata::base_request(&d.request)) {
+            if let Some(id) = metadata.remove(metadata::base_request(&d.request)) {
                 cdi_device_ids.push(id);
             }
             PreparedDevice {
