@@ -1,0 +1,229 @@
+//! The three cluster-wide CLI tools at 1,000 `dgx-h100` nodes, as an operator runs them: the
+//! RELEASE binary, start to exit, its output discarded (issue 34, part 2).
+//!
+//! Generates the 1,000 nodes' ResourceSlices with the library's own device model and slice
+//! packing (what `gpu-dra inventory --sim-node dgx-h100 -o json` publishes), under node names
+//! `node-0000`…`node-0999`, plus 10,000 allocated claims, and writes them as (a) a compact
+//! JSON list (`kubectl get --raw`) and (b) an indented list (`kubectl get -o json`, four
+//! spaces). For each input it runs `gpu-dra explain` of a claim that fits nowhere (9 GPUs in
+//! one request) and `gpu-dra capacity`, several times, and prints the median wall time, CPU
+//! time (the machine is shared: wall time is noisy) and the child's peak RSS (VmHWM from
+//! /proc, polled while the child runs) against the budget: met / NOT met. Asserts nothing
+//! about time.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpu_dra::explain_inputs::sim_slices;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use serde_json::{Value, json};
+
+const NODES: usize = 1000;
+const RUNS: usize = 3;
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-dra");
+
+fn node(n: usize) -> String {
+    format!("node-{n:04}")
+}
+
+fn cluster(template: &[ResourceSlice]) -> Value {
+    let mut items = Vec::with_capacity(template.len() * NODES);
+    for n in 0..NODES {
+        let name = node(n);
+        for s in template {
+            let mut s = s.clone();
+            s.spec.node_name = Some(name.clone());
+            s.spec.pool.name = name.clone();
+            s.metadata.name = s.metadata.name.map(|m| m.replace("dgx-h100", &name));
+            let mut v = serde_json::to_value(s).unwrap();
+            v["apiVersion"] = json!("resource.k8s.io/v1");
+            v["kind"] = json!("ResourceSlice");
+            items.push(v);
+        }
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+/// Per node: GPUs 0–2 carved 3g.40gb@0 + 2g.20gb@4 + 1g.10gb@6, GPU 3 whole (10 claims a
+/// node), as benches/capacity.rs.
+fn claims() -> Value {
+    let mut items = Vec::new();
+    for n in 0..NODES {
+        let pool = node(n);
+        let mut held = Vec::new();
+        for g in 0..3 {
+            for device in ["mig-3g40gb-0", "mig-2g20gb-4", "mig-1g10gb-6"] {
+                held.push(format!("gpu-{g}-{device}"));
+            }
+        }
+        held.push("gpu-3".into());
+        for (i, device) in held.into_iter().enumerate() {
+            items.push(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": format!("c-{n}-{i}"), "namespace": format!("team-{}", n % 20)},
+                "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+                "status": {
+                    "allocation": {"devices": {"results": [
+                        {"request": "r", "driver": "gpu.nvidia.com", "pool": pool, "device": device}]}},
+                    "reservedFor": [{"resource": "pods", "name": format!("pod-{n}-{i}"), "uid": "u"}]}
+            }));
+        }
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
+fn text(value: &Value, indent: bool) -> Vec<u8> {
+    if !indent {
+        return serde_json::to_vec(value).unwrap();
+    }
+    let mut out = Vec::new();
+    let format = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, format);
+    serde::Serialize::serialize(value, &mut serializer).unwrap();
+    out
+}
+
+/// A field of /proc/<pid>/status, in kB.
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// utime + stime of a live process, in ms (clock ticks of 10 ms).
+fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    Some((ticks(11)? + ticks(12)?) * 10.0)
+}
+
+struct Run {
+    wall: Duration,
+    cpu_ms: f64,
+    peak_mb: f64,
+    code: Option<i32>,
+}
+
+/// Runs the binary once, polling its peak RSS and CPU time every 5 ms until it exits.
+fn run(args: &[&std::ffi::OsStr]) -> Run {
+    let start = Instant::now();
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (mut peak_kb, mut cpu) = (0, 0.0_f64);
+    loop {
+        if let Some(kb) = status_kb(pid, "VmHWM:") {
+            peak_kb = peak_kb.max(kb);
+        }
+        if let Some(ms) = cpu_ms(pid) {
+            cpu = cpu.max(ms);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            return Run {
+                wall: start.elapsed(),
+                cpu_ms: cpu,
+                peak_mb: peak_kb as f64 / 1024.0,
+                code: status.code(),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn measure(label: &str, args: &[&std::ffi::OsStr], expect: i32, wall_budget: f64, mb_budget: f64) {
+    let mut runs: Vec<Run> = (0..RUNS).map(|_| run(args)).collect();
+    for r in &runs {
+        assert_eq!(r.code, Some(expect), "{label}: exit code");
+    }
+    let median = |key: &dyn Fn(&Run) -> f64, runs: &mut Vec<Run>| {
+        runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        key(&runs[RUNS / 2])
+    };
+    let wall = median(&|r| r.wall.as_secs_f64(), &mut runs);
+    let cpu = median(&|r| r.cpu_ms, &mut runs);
+    let peak = median(&|r| r.peak_mb, &mut runs);
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!(
+        "{label:<44} median wall {wall:>5.2} s (budget {wall_budget} s: {}), cpu {:>5.2} s, peak RSS {peak:>5.0} MB (budget {mb_budget} MB: {})",
+        met(wall < wall_budget),
+        cpu / 1e3,
+        met(peak < mb_budget),
+    );
+}
+
+fn main() {
+    let start = Instant::now();
+    let template = sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).unwrap();
+    let (slices, claims) = (cluster(&template), claims());
+    let dir = tempfile::tempdir().unwrap();
+    let nine: PathBuf = dir.path().join("nine-gpus.yaml");
+    std::fs::write(
+        &nine,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: nine, namespace: default}\n\
+         spec:\n  devices:\n    requests:\n    - name: gpus\n      exactly: {deviceClassName: gpu.nvidia.com, allocationMode: ExactCount, count: 9}\n",
+    )
+    .unwrap();
+    let mut inputs = Vec::new();
+    for (form, indent) in [
+        ("compact (get --raw)", false),
+        ("indented (get -o json)", true),
+    ] {
+        let tag = if indent { "indented" } else { "compact" };
+        let s = dir.path().join(format!("slices-{tag}.json"));
+        let c = dir.path().join(format!("claims-{tag}.json"));
+        std::fs::write(&s, text(&slices, indent)).unwrap();
+        std::fs::write(&c, text(&claims, indent)).unwrap();
+        inputs.push((form, s, c));
+    }
+    drop((slices, claims));
+    let mb = |p: &Path| std::fs::metadata(p).unwrap().len() as f64 / 1e6;
+    println!(
+        "setup: {NODES} dgx-h100 nodes, {} slices, 10,000 claims; files {} in {:.1} s (not timed); {RUNS} runs each",
+        template.len() * NODES,
+        inputs
+            .iter()
+            .map(|(f, s, c)| format!("{f}: {:.0} MB + {:.0} MB", mb(s), mb(c)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        start.elapsed().as_secs_f64()
+    );
+    for (form, s, c) in &inputs {
+        let os = |x: &'static str| std::ffi::OsStr::new(x);
+        measure(
+            &format!("explain 9 GPUs, {form}"),
+            &[
+                os("explain"),
+                os("--claim"),
+                nine.as_os_str(),
+                os("--slices"),
+                s.as_os_str(),
+                os("--allocated"),
+                c.as_os_str(),
+            ],
+            1,
+            2.0,
+            300.0,
+        );
+        measure(
+            &format!("capacity, {form}"),
+            &[
+                os("capacity"),
+                os("--slices"),
+                s.as_os_str(),
+                os("--claims"),
+                c.as_os_str(),
+            ],
+            0,
+            2.0,
+            200.0,
+        );
+    }
+}
