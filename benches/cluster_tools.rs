@@ -159,11 +159,34 @@ fn measure(label: &str, args: &[&std::ffi::OsStr], expect: i32, wall_budget: f64
     );
 }
 
+/// The bench's directory: removed at the end, or kept for a person to look at.
+enum KeptOrTemp {
+    Temp(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl KeptOrTemp {
+    fn path(&self) -> &Path {
+        match self {
+            KeptOrTemp::Temp(t) => t.path(),
+            KeptOrTemp::Kept(p) => p,
+        }
+    }
+}
+
 fn main() {
     let start = Instant::now();
     let template = sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).unwrap();
     let (slices, claims) = (cluster(&template), claims());
     let dir = tempfile::tempdir().unwrap();
+    // GPU_DRA_BENCH_KEEP=1 keeps the generated files (printed) for profiling a verb by hand.
+    let dir = if std::env::var_os("GPU_DRA_BENCH_KEEP").is_some() {
+        let kept = dir.keep();
+        println!("files kept in {}", kept.display());
+        KeptOrTemp::Kept(kept)
+    } else {
+        KeptOrTemp::Temp(dir)
+    };
     let nine: PathBuf = dir.path().join("nine-gpus.yaml");
     std::fs::write(
         &nine,
