@@ -241,6 +241,79 @@ pub async fn cluster_classes(client: &kube::Client) -> Result<Vec<DeviceClass>, 
         .items)
 }
 
+/// One item of a JSON list of claims: what explain reads of it (the spec is skipped).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimItem {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<k8s_openapi::api::resource::v1::ResourceClaimStatus>,
+}
+
+/// A claim holding devices, kept with only what explain reads of it: name, namespace,
+/// `status.allocation`. `None` for a claim that holds nothing.
+fn held(
+    metadata: ObjectMeta,
+    status: Option<k8s_openapi::api::resource::v1::ResourceClaimStatus>,
+) -> Option<ResourceClaim> {
+    let allocation = status.and_then(|s| s.allocation)?;
+    Some(ResourceClaim {
+        metadata: ObjectMeta {
+            name: metadata.name,
+            namespace: metadata.namespace,
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
+            allocation: Some(allocation),
+            ..Default::default()
+        }),
+    })
+}
+
+/// The allocated claims of a JSON list file (`kubectl get resourceclaims -A -o json`, or the
+/// API server's list), read as it streams in, each kept as only what it holds: 10,000 claims
+/// cost a few MB, not the document trees of the whole file. `None` when `path` is not such a
+/// file (YAML, a directory, other kinds, an item it cannot read): the caller reads it the
+/// general way ([`crate::explain::load_allocated`]), which also reports what is wrong.
+pub fn allocated_file(path: &Path) -> Option<Vec<ResourceClaim>> {
+    use crate::explain::load::RESOURCE_VERSIONS;
+    if path.is_dir() || !crate::explain::stream::is_json_object(path) {
+        return None;
+    }
+    let mut allocated = Vec::new();
+    let mut unnamed = false;
+    let (read, head) = crate::explain::stream::read_file(path, |items| {
+        for bytes in items {
+            let item: ClaimItem = serde_json::from_slice(&bytes).ok()?;
+            match (item.api_version.as_deref(), item.kind.as_deref()) {
+                (Some(version), Some("ResourceClaim")) if RESOURCE_VERSIONS.contains(&version) => {}
+                (None, None) => unnamed = true,
+                _ => return None,
+            }
+            allocated.extend(held(item.metadata, item.status));
+        }
+        Some(())
+    })
+    .ok()?;
+    read?;
+    let head = head?;
+    let typed = head.kind.as_deref() == Some("ResourceClaimList")
+        && head
+            .api_version
+            .as_deref()
+            .is_some_and(|v| RESOURCE_VERSIONS.contains(&v));
+    if unnamed && !typed {
+        return None;
+    }
+    Some(allocated)
+}
+
 /// The cluster's allocated ResourceClaims, read from the list response as it arrives and
 /// kept with only what explain reads of them (name, namespace, `status.allocation`).
 pub async fn cluster_allocated(client: &kube::Client) -> Result<Vec<ResourceClaim>, InputError> {
@@ -252,24 +325,10 @@ pub async fn cluster_allocated(client: &kube::Client) -> Result<Vec<ResourceClai
         Api::<ResourceClaim>::all(client.clone()).resource_url(),
         &ListParams::default(),
         |bytes| {
-            let claim: ResourceClaim = serde_json::from_slice(&bytes)
+            let claim: ClaimItem = serde_json::from_slice(&bytes)
                 .map_err(|e| api_error(what)(kube::Error::SerdeError(e)))?;
-            let Some(allocation) = claim.status.and_then(|s| s.allocation) else {
-                return Ok::<(), InputError>(());
-            };
-            allocated.push(ResourceClaim {
-                metadata: ObjectMeta {
-                    name: claim.metadata.name,
-                    namespace: claim.metadata.namespace,
-                    ..ObjectMeta::default()
-                },
-                spec: None,
-                status: Some(k8s_openapi::api::resource::v1::ResourceClaimStatus {
-                    allocation: Some(allocation),
-                    ..Default::default()
-                }),
-            });
-            Ok(())
+            allocated.extend(held(claim.metadata, claim.status));
+            Ok::<(), InputError>(())
         },
     )
     .await?;

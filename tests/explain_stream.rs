@@ -127,3 +127,77 @@ fn no_claims_is_bad_input_as_before() {
     let slices = node_slices("n", 1);
     assert_eq!(streamed(&slices, &[]).0, whole(&slices, &[]));
 }
+
+/// An allocated claim as the API server or kubectl has it, with a spec and managed fields that
+/// explain never reads.
+fn held_claim(name: &str, device: &str, with_kind: bool) -> serde_json::Value {
+    let mut claim = serde_json::json!({
+        "metadata": {"name": name, "namespace": "t", "uid": format!("uid-{name}"),
+                     "managedFields": [{"manager": "kube-scheduler", "operation": "Update"}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": device}
+        ]}}}
+    });
+    if with_kind {
+        claim["apiVersion"] = "resource.k8s.io/v1".into();
+        claim["kind"] = "ResourceClaim".into();
+    }
+    claim
+}
+
+#[test]
+fn an_allocated_json_list_streams_to_what_the_general_reader_reads_kept_to_what_it_holds() {
+    use gpu_dra::explain::load_allocated;
+    use gpu_dra::explain_inputs::allocated_file;
+    let dir = tempfile::tempdir().unwrap();
+    let unallocated = serde_json::json!({"metadata": {"name": "pending", "namespace": "t"},
+                                         "spec": {"devices": {"requests": []}}});
+    for (form, with_kind, list_kind) in [
+        ("kubectl get -o json", true, "List"),
+        ("the API server's list", false, "ResourceClaimList"),
+    ] {
+        let mut pending = unallocated.clone();
+        if with_kind {
+            pending["apiVersion"] = "resource.k8s.io/v1".into();
+            pending["kind"] = "ResourceClaim".into();
+        }
+        let list = serde_json::json!({
+            "apiVersion": if with_kind { "v1" } else { "resource.k8s.io/v1" },
+            "kind": list_kind,
+            "metadata": {"resourceVersion": "7"},
+            "items": [held_claim("a", "gpu-0", with_kind), pending, held_claim("b", "gpu-1", with_kind)],
+        });
+        let path = dir.path().join("claims.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&list).unwrap()).unwrap();
+        let streamed = allocated_file(&path).unwrap_or_else(|| panic!("{form}: not streamed"));
+        let general = load_allocated(&path).unwrap();
+        let key = |c: &ResourceClaim| {
+            (
+                c.metadata.name.clone(),
+                c.metadata.namespace.clone(),
+                c.status.as_ref().and_then(|s| s.allocation.clone()),
+            )
+        };
+        assert_eq!(
+            streamed.iter().map(key).collect::<Vec<_>>(),
+            general.iter().map(key).collect::<Vec<_>>(),
+            "{form}"
+        );
+        assert_eq!(streamed.len(), 2, "{form}: the pending claim is left out");
+        assert!(
+            streamed
+                .iter()
+                .all(|c| c.spec.is_none() && c.metadata.managed_fields.is_none()),
+            "{form}: only what a claim holds is kept"
+        );
+    }
+    // YAML is read the general way.
+    let yaml = dir.path().join("claims.yaml");
+    std::fs::write(
+        &yaml,
+        serde_yaml::to_string(&held_claim("a", "gpu-0", true)).unwrap(),
+    )
+    .unwrap();
+    assert!(allocated_file(&yaml).is_none());
+}

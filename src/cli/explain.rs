@@ -73,9 +73,14 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
     };
     let mut allocated = match &args.allocated {
-        Some(p) => match explain::load_allocated(p) {
-            Ok(a) => a,
-            Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
+        // A JSON list streams in, each claim kept as only what it holds; anything else (or
+        // a list it cannot read that way) is read whole, which also names what is wrong.
+        Some(p) => match explain_inputs::allocated_file(p) {
+            Some(a) => a,
+            None => match explain::load_allocated(p) {
+                Ok(a) => a,
+                Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
+            },
         },
         None => Vec::new(),
     };
