@@ -10,6 +10,9 @@
 //! process's and its waited-for children's) is printed next to wall time: reading and parsing
 //! a large file use both cores, and the build machine is shared.
 
+#[path = "support/fleet.rs"]
+mod fleet;
+
 use std::time::{Duration, Instant};
 
 use gpu_dra::capacity::{
@@ -85,14 +88,7 @@ fn claims(nodes: usize) -> Vec<ResourceClaim> {
     let mut claims = Vec::new();
     for n in 0..nodes {
         let pool = node(n);
-        let mut held = Vec::new();
-        for g in 0..3 {
-            for device in ["mig-3g40gb-0", "mig-2g20gb-4", "mig-1g10gb-6"] {
-                held.push(format!("gpu-{g}-{device}"));
-            }
-        }
-        held.push("gpu-3".into());
-        for (i, device) in held.into_iter().enumerate() {
+        for (i, device) in fleet::held_per_node().into_iter().enumerate() {
             claims.push(
                 serde_json::from_value(json!({
                     "metadata": {"name": format!("c-{n}-{i}"), "namespace": format!("team-{}", n % 20)},

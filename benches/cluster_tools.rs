@@ -11,6 +11,9 @@
 //! /proc, polled while the child runs) against the budget: met / NOT met. Asserts nothing
 //! about time.
 
+#[path = "support/fleet.rs"]
+mod fleet;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -51,14 +54,7 @@ fn claims() -> Value {
     let mut items = Vec::new();
     for n in 0..NODES {
         let pool = node(n);
-        let mut held = Vec::new();
-        for g in 0..3 {
-            for device in ["mig-3g40gb-0", "mig-2g20gb-4", "mig-1g10gb-6"] {
-                held.push(format!("gpu-{g}-{device}"));
-            }
-        }
-        held.push("gpu-3".into());
-        for (i, device) in held.into_iter().enumerate() {
+        for (i, device) in fleet::held_per_node().into_iter().enumerate() {
             items.push(json!({
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                 "metadata": {"name": format!("c-{n}-{i}"), "namespace": format!("team-{}", n % 20)},
