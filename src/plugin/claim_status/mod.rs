@@ -114,7 +114,7 @@ pub type RecordLookup =
     Arc<dyn Fn(&[&str]) -> Option<Vec<Option<ClaimRecord>>> + Send + Sync + 'static>;
 
 /// Takes the claims as a call read them from the API server, by UID, `None` for those it did
-/// not read ([`crate::plugin::source::ClaimReads::take`]).
+/// not read (`ClaimReads::take` in `plugin/source.rs`).
 pub type ReadLookup = Arc<dyn Fn(&[&str]) -> Vec<Option<DynamicObject>> + Send + Sync + 'static>;
 
 /// A [`DraHandler`] that queues a status sync of every claim its inner handler prepared or

@@ -87,7 +87,7 @@ struct Writer {
 pub const PARALLEL_WRITES: usize = 16;
 
 /// Performs [`super::Plan`]s: labels nodes, writes claim conditions, removes labels and node
-/// objects, up to [`PARALLEL_WRITES`] requests at a time. Every write is counted in the
+/// objects, up to `PARALLEL_WRITES` (16) requests at a time. Every write is counted in the
 /// controller's [`Stats`].
 pub struct Binder {
     writer: Writer,

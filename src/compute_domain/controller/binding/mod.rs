@@ -24,7 +24,7 @@
 //!    conditions.
 //!
 //! [`decide`] is pure: claims, node objects, live domains and what this controller
-//! remembers in, a [`Plan`] out; [`Binder`] ([`binder`]) performs it. What it remembers (when it first saw
+//! remembers in, a [`Plan`] out; [`Binder`] (`binder.rs`) performs it. What it remembers (when it first saw
 //! a pending result, which labels it set) is lost with the leader: the next leader restarts
 //! the timeout from when it sees the claim, and treats labels it finds as not its own (they
 //! then last as long as the domain, the rule without binding conditions).
