@@ -42,7 +42,7 @@ pub use reason::{
     Abort, CapacityProblem, ConstraintKind, Consumer, DeviceRef, Holder, IgnoredPool, Outcome,
     Progress, Rejected, Rejection, RequestStatus, RequestTrace, Wants,
 };
-pub use state::claim_display;
+pub use state::{allocation_results, claim_display};
 
 use inventory::Inventory;
 use search::NodeSearch;

@@ -32,6 +32,20 @@ pub(crate) struct AllocatedState<'a> {
     pub(crate) share_ids: HashSet<(DeviceKey<'a>, &'a str)>,
 }
 
+/// The results of `claim`'s allocation (`status.allocation.devices.results`), every driver's;
+/// empty while it is not allocated.
+pub fn allocation_results(
+    claim: &ResourceClaim,
+) -> &[k8s_openapi::api::resource::v1::DeviceRequestAllocationResult] {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default()
+}
+
 /// `<namespace>/<name>` (or just the name) of a claim, as reports show it.
 pub fn claim_display(claim: &ResourceClaim) -> String {
     let name = claim.metadata.name.as_deref().unwrap_or("<unnamed>");
@@ -57,15 +71,10 @@ impl<'a> AllocatedState<'a> {
     pub(crate) fn new(claims: &'a [ResourceClaim]) -> Result<Self, AllocError> {
         let mut state = AllocatedState::default();
         for claim in claims {
-            let Some(results) = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref())
-            else {
+            let results = allocation_results(claim);
+            if results.is_empty() {
                 continue;
-            };
+            }
             let display = claim_display(claim);
             for (i, result) in results.iter().enumerate() {
                 if result.admin_access == Some(true) {

@@ -188,15 +188,9 @@ pub(super) fn prepare_all(
         .iter()
         .map(|c| {
             let uid = c.metadata.uid.clone().unwrap_or_default();
-            let results = c
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.clone())
-                .unwrap_or_default();
-            let devices = results
-                .into_iter()
+            let devices = crate::alloc::allocation_results(c)
+                .iter()
+                .cloned()
                 .map(|r| AllocatedDevice {
                     request: r.request,
                     pool: r.pool,

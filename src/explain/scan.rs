@@ -169,13 +169,7 @@ impl<'a, E: SelectorEngine> NodeScan<'a, E> {
         };
         let mut holders: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
         for (i, claim) in allocated.iter().enumerate() {
-            let results = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.as_ref());
-            for result in results.into_iter().flatten() {
+            for result in crate::alloc::allocation_results(claim) {
                 let list = holders
                     .entry((result.driver.as_str(), result.pool.as_str()))
                     .or_default();

@@ -105,13 +105,7 @@ pub fn names_claim(status: &kube::core::Status, name: &str) -> bool {
 
 /// The state of `claim` for `driver` in `pool`. Pure.
 pub fn judge(claim: &ResourceClaim, driver: &str, pool: &str) -> ClaimState {
-    let allocated_here = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_deref())
-        .unwrap_or_default()
+    let allocated_here = crate::alloc::allocation_results(claim)
         .iter()
         .any(|r| r.driver == driver && r.pool == pool);
     ClaimState::Found {

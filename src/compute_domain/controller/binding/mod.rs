@@ -192,13 +192,7 @@ fn entry_of<'a>(claim: &'a ResourceClaim, key: &DeviceKey) -> Option<&'a Allocat
 fn channels(claims: &[Arc<ResourceClaim>]) -> Vec<Channel<'_>> {
     let mut out = Vec::new();
     for claim in claims {
-        let results = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref());
-        for result in results.into_iter().flatten() {
+        for result in crate::alloc::allocation_results(claim) {
             let waits = result
                 .binding_conditions
                 .as_ref()
