@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use cd_support::*;
 use gpu_dra::compute_domain::api;
-use gpu_dra::compute_domain::controller::{self, ControllerConfig, Settings, leader};
+use gpu_dra::compute_domain::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -18,23 +18,9 @@ const SHARE_A: &str = "8c4f2b1e-0000-4000-8000-00000000000a";
 
 fn config(binding: Option<Duration>) -> ControllerConfig {
     ControllerConfig {
-        kubeconfig: None,
-        settings: Settings {
-            namespace: DRIVER_NS.into(),
-            image: "registry.example/gpu-dra:0.1.0".into(),
-            daemon_service_account: "gpu-dra-imex-daemon".into(),
-            simulated_imex: false,
-        },
-        leader_election: false,
-        identity: "c1".into(),
-        timing: leader::Timing::default(),
-        retry_after: Duration::from_millis(100),
-        metrics_addr: None,
-        resync_period: controller::RESYNC_PERIOD,
-        daemon_stop_wait: controller::DAEMON_STOP_WAIT,
-        own_pod: None,
         binding_conditions: binding.is_some(),
         binding_timeout: binding.unwrap_or(controller::binding::BINDING_TIMEOUT),
+        ..controller_config("c1", false)
     }
 }
 

@@ -9,37 +9,11 @@ use std::time::Duration;
 
 use cd_support::*;
 use gpu_dra::compute_domain::api;
-use gpu_dra::compute_domain::controller::{self, ControllerConfig, Settings, leader};
+use gpu_dra::compute_domain::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn config(identity: &str, leader_election: bool) -> ControllerConfig {
-    ControllerConfig {
-        kubeconfig: None,
-        settings: Settings {
-            namespace: DRIVER_NS.into(),
-            image: "registry.example/gpu-dra:0.1.0".into(),
-            daemon_service_account: "gpu-dra-imex-daemon".into(),
-            simulated_imex: false,
-        },
-        leader_election,
-        identity: identity.into(),
-        timing: leader::Timing {
-            lease_duration: Duration::from_secs(2),
-            renew_deadline: Duration::from_millis(1500),
-            retry_period: Duration::from_millis(200),
-        },
-        retry_after: Duration::from_millis(100),
-        metrics_addr: None,
-        resync_period: controller::RESYNC_PERIOD,
-        daemon_stop_wait: controller::DAEMON_STOP_WAIT,
-        own_pod: None,
-        binding_conditions: false,
-        binding_timeout: controller::binding::BINDING_TIMEOUT,
-    }
-}
 
 struct Running {
     stop: CancellationToken,
@@ -47,7 +21,7 @@ struct Running {
 }
 
 async fn start(server: &ObjServer, dir: &std::path::Path, identity: &str, elect: bool) -> Running {
-    start_with(server, dir, config(identity, elect)).await
+    start_with(server, dir, controller_config(identity, elect)).await
 }
 
 async fn start_with(
@@ -472,7 +446,7 @@ async fn a_daemon_set_deleted_by_hand_is_re_created_at_the_next_resync() {
     let server = ObjServer::start();
     let created = server.create(&domains_path(WORKLOAD_NS), domain("imex", 0));
     let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
-    let mut config = config("c1", false);
+    let mut config = controller_config("c1", false);
     config.resync_period = Duration::from_millis(300);
     let _c = start_with(&server, dir.path(), config).await;
     let ds_path = format!("{}/imex-{uid}", daemon_sets_path());
@@ -530,7 +504,7 @@ async fn a_restarted_controller_brings_the_daemon_set_to_its_image_and_leaves_an
     let _ = same.task.await;
 
     // A new version: the template gets its image; the selector (immutable) stays.
-    let mut upgraded = config("c3", false);
+    let mut upgraded = controller_config("c3", false);
     upgraded.settings.image = "registry.example/gpu-dra:0.2.0".into();
     let _new = start_with(&server, dir.path(), upgraded).await;
     let ds = eventually("the DaemonSet on the new image", WAIT, || {
@@ -643,7 +617,7 @@ async fn leftovers_of_a_domain_that_no_longer_exists_are_swept_at_the_resync() {
             Some(("DaemonStopped", "x")),
         ),
     );
-    let mut config = config("c1", false);
+    let mut config = controller_config("c1", false);
     config.resync_period = Duration::from_millis(300);
     let _c = start_with(&server, dir.path(), config).await;
     eventually("the stale label and node object swept", WAIT, || {
@@ -745,7 +719,7 @@ async fn a_finished_clean_up_is_not_run_again_on_a_stale_copy_of_the_domain() {
     let stale: api::ComputeDomain = serde_json::from_value(server.get(&path).unwrap()).unwrap();
     let reconciler = controller::Reconciler::new(
         server.client(dir.path()).await,
-        config("c1", false).settings,
+        controller_config("c1", false).settings,
     );
     assert_eq!(
         reconciler.reconcile(&stale, &[]).await.unwrap(),

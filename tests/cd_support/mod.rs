@@ -12,6 +12,7 @@ pub mod tls;
 use std::time::{Duration, Instant};
 
 use gpu_dra::compute_domain::api;
+use gpu_dra::compute_domain::controller::{self, ControllerConfig, Settings, leader};
 use serde_json::{Value, json};
 
 pub use objserver::ObjServer;
@@ -175,4 +176,32 @@ pub fn device_condition(claim: &Value, node: &str, kind: &str) -> Option<(String
         condition["status"].as_str()?.to_string(),
         condition["reason"].as_str()?.to_string(),
     ))
+}
+
+/// The controller as the tests run it: in this process, against the fake API server, with
+/// lease timings short enough for a test, binding conditions off.
+pub fn controller_config(identity: &str, leader_election: bool) -> ControllerConfig {
+    ControllerConfig {
+        kubeconfig: None,
+        settings: Settings {
+            namespace: DRIVER_NS.into(),
+            image: "registry.example/gpu-dra:0.1.0".into(),
+            daemon_service_account: "gpu-dra-imex-daemon".into(),
+            simulated_imex: false,
+        },
+        leader_election,
+        identity: identity.into(),
+        timing: leader::Timing {
+            lease_duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_millis(1500),
+            retry_period: Duration::from_millis(200),
+        },
+        retry_after: Duration::from_millis(100),
+        metrics_addr: None,
+        resync_period: controller::RESYNC_PERIOD,
+        daemon_stop_wait: controller::DAEMON_STOP_WAIT,
+        own_pod: None,
+        binding_conditions: false,
+        binding_timeout: controller::binding::BINDING_TIMEOUT,
+    }
 }
