@@ -20,7 +20,7 @@ use gpu_dra::capacity::{
     build_from_files, render_table,
 };
 use gpu_dra::explain_inputs::sim_slices;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
 const NODES: usize = 1000;
@@ -64,30 +64,11 @@ fn measure<T>(label: &str, run: impl Fn() -> T, check: impl Fn(&T)) {
     );
 }
 
-fn node(n: usize) -> String {
-    format!("node-{n:04}")
-}
-
-fn cluster(template: &[ResourceSlice], nodes: usize) -> Vec<ResourceSlice> {
-    let mut slices = Vec::with_capacity(template.len() * nodes);
-    for n in 0..nodes {
-        let name = node(n);
-        for s in template {
-            let mut s = s.clone();
-            s.spec.node_name = Some(name.clone());
-            s.spec.pool.name = name.clone();
-            s.metadata.name = s.metadata.name.map(|m| m.replace("dgx-h100", &name));
-            slices.push(s);
-        }
-    }
-    slices
-}
-
 /// Per node: GPUs 0–2 carved 3g.40gb@0 + 2g.20gb@4 + 1g.10gb@6 (three claims), GPU 3 whole.
 fn claims(nodes: usize) -> Vec<ResourceClaim> {
     let mut claims = Vec::new();
     for n in 0..nodes {
-        let pool = node(n);
+        let pool = fleet::node(n);
         for (i, device) in fleet::held_per_node().into_iter().enumerate() {
             claims.push(
                 serde_json::from_value(json!({
@@ -108,7 +89,7 @@ fn main() {
     let start = Instant::now();
     let template = sim_slices("dgx-h100", "gpu.nvidia.com", Default::default()).unwrap();
     let input = CapacityInput {
-        slices: cluster(&template, NODES),
+        slices: fleet::cluster(&template, NODES),
         claims: claims(NODES),
         nodes: Vec::new(),
     };
@@ -191,7 +172,7 @@ fn main() {
         let form = if indent { "indented" } else { "compact" };
         let slices_file = dir.path().join(format!("slices-{nodes}-{form}.json"));
         let claims_file = dir.path().join(format!("claims-{nodes}-{form}.json"));
-        let mut slices = serde_json::to_value(cluster(&template, nodes)).unwrap();
+        let mut slices = serde_json::to_value(fleet::cluster(&template, nodes)).unwrap();
         for s in slices.as_array_mut().unwrap() {
             s["apiVersion"] = json!("resource.k8s.io/v1");
             s["kind"] = json!("ResourceSlice");

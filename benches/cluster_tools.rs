@@ -26,25 +26,16 @@ const NODES: usize = 1000;
 const RUNS: usize = 3;
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-dra");
 
-fn node(n: usize) -> String {
-    format!("node-{n:04}")
-}
-
 fn cluster(template: &[ResourceSlice]) -> Value {
-    let mut items = Vec::with_capacity(template.len() * NODES);
-    for n in 0..NODES {
-        let name = node(n);
-        for s in template {
-            let mut s = s.clone();
-            s.spec.node_name = Some(name.clone());
-            s.spec.pool.name = name.clone();
-            s.metadata.name = s.metadata.name.map(|m| m.replace("dgx-h100", &name));
+    let items: Vec<Value> = fleet::cluster(template, NODES)
+        .into_iter()
+        .map(|s| {
             let mut v = serde_json::to_value(s).unwrap();
             v["apiVersion"] = json!("resource.k8s.io/v1");
             v["kind"] = json!("ResourceSlice");
-            items.push(v);
-        }
-    }
+            v
+        })
+        .collect();
     json!({"apiVersion": "v1", "kind": "List", "items": items})
 }
 
@@ -53,7 +44,7 @@ fn cluster(template: &[ResourceSlice]) -> Value {
 fn claims() -> Value {
     let mut items = Vec::new();
     for n in 0..NODES {
-        let pool = node(n);
+        let pool = fleet::node(n);
         for (i, device) in fleet::held_per_node().into_iter().enumerate() {
             items.push(json!({
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

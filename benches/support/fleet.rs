@@ -12,3 +12,28 @@ pub fn held_per_node() -> Vec<String> {
     held.push("gpu-3".into());
     held
 }
+
+/// The name of node `n` of the fleet (`node-0042`), which is also its pool.
+pub fn node(n: usize) -> String {
+    format!("node-{n:04}")
+}
+
+/// The slices of `nodes` nodes: each a copy of `template` (one simulated dgx-h100's slices)
+/// renamed to its node and pool.
+pub fn cluster(
+    template: &[k8s_openapi::api::resource::v1::ResourceSlice],
+    nodes: usize,
+) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
+    let mut slices = Vec::with_capacity(template.len() * nodes);
+    for n in 0..nodes {
+        let name = node(n);
+        for s in template {
+            let mut s = s.clone();
+            s.spec.node_name = Some(name.clone());
+            s.spec.pool.name = name.clone();
+            s.metadata.name = s.metadata.name.map(|m| m.replace("dgx-h100", &name));
+            slices.push(s);
+        }
+    }
+    slices
+}
