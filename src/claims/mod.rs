@@ -120,11 +120,15 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 claim: claim.to_string(),
                 source: Box::new(source),
             })?;
-        let buses = inventory
-            .gpus
-            .iter()
-            .map(|g| (g.uuid.clone(), g.pci_bus_id.clone()))
-            .collect();
+        // Only device metadata reads the bus IDs.
+        let buses = match &self.metadata {
+            Some(_) => inventory
+                .gpus
+                .iter()
+                .map(|g| (g.uuid.clone(), g.pci_bus_id.clone()))
+                .collect(),
+            None => Default::default(),
+        };
         Ok((self.model_cache.get(inventory, &self.model_options), buses))
     }
 
