@@ -24,6 +24,21 @@ pub const POINTS: &[&str] = &[
     "unprepare-mig-destroyed",
 ];
 
+/// The crash points of a VFIO device's driver switch, in the order a prepare and then an
+/// unprepare pass them (each between two sysfs writes or after the NVML call before them).
+pub const VFIO_POINTS: &[&str] = &[
+    "prepare-intent-recorded",
+    "prepare-vfio-persistence-off",
+    "prepare-vfio-unbound",
+    "prepare-vfio-bound",
+    "prepare-cdi-written",
+    "prepare-completed",
+    "unprepare-started",
+    "unprepare-cdi-removed",
+    "unprepare-vfio-unbound",
+    "unprepare-vfio-bound",
+];
+
 /// Aborts the process if `GPU_DRA_CRASH_AT` equals `point`.
 pub fn hit(point: &str) {
     if std::env::var_os(ENV).is_some_and(|v| v == point) {

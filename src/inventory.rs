@@ -315,6 +315,9 @@ pub fn device_table(view: &NodeView) -> String {
         };
         let (kind, profile, placement, uuid) = match &d.kind {
             DeviceKind::Gpu => ("gpu", "-".to_string(), "-".to_string(), d.gpu_uuid.clone()),
+            DeviceKind::Vfio { address } => {
+                ("vfio", "-".to_string(), address.clone(), d.gpu_uuid.clone())
+            }
             DeviceKind::MigStatic {
                 profile,
                 placement,

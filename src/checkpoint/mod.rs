@@ -11,7 +11,9 @@ mod store;
 mod wire;
 
 pub use boot::{BootIdError, boot_id};
-pub use model::{Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord};
+pub use model::{
+    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord, VfioRecord,
+};
 pub use store::{
     CHECKPOINT_FILE, CheckpointStore, LoadOutcome, Snapshot, StoreError, read_unlocked,
 };

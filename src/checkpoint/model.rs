@@ -56,6 +56,19 @@ pub struct DeviceRecord {
     /// Sharing-strategy state, owned and interpreted by the sharing module. `Some(Null)` is
     /// stored as absent.
     pub sharing: Option<serde_json::Value>,
+    /// Set for a GPU moved (or being moved) to `vfio-pci` for this claim: recorded before
+    /// the switch, so a crash at any step is undone on restart.
+    pub vfio: Option<VfioRecord>,
+}
+
+/// A GPU a claim hands to a VM: what undoing it takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VfioRecord {
+    /// PCI address, `0000:18:00.0`.
+    pub address: String,
+    /// Persistence mode was on before the switch: turn it on again after the GPU is back on
+    /// `nvidia`.
+    pub restore_persistence: bool,
 }
 
 /// A MIG device carved for a claim: the request (profile and placement) always, the

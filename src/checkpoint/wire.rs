@@ -14,7 +14,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::model::{
-    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord,
+    Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord, VfioRecord,
 };
 
 /// The format version this code writes.
@@ -97,6 +97,16 @@ struct DeviceV1 {
     mig: Option<MigV1>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sharing: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vfio: Option<VfioV1>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct VfioV1 {
+    address: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    restore_persistence: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -276,6 +286,10 @@ fn device_to_wire(d: &DeviceRecord) -> DeviceV1 {
             uuid: m.uuid.clone(),
         }),
         sharing: d.sharing.clone().filter(|v| !v.is_null()),
+        vfio: d.vfio.as_ref().map(|v| VfioV1 {
+            address: v.address.clone(),
+            restore_persistence: v.restore_persistence,
+        }),
     }
 }
 
@@ -324,5 +338,9 @@ fn device_from_wire(d: DeviceV1) -> DeviceRecord {
             uuid: m.uuid,
         }),
         sharing: d.sharing,
+        vfio: d.vfio.map(|v| VfioRecord {
+            address: v.address,
+            restore_persistence: v.restore_persistence,
+        }),
     }
 }

@@ -31,6 +31,11 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 source: Box::new(source),
             };
             let gpu_ref = match &p.action {
+                // Moved to vfio-pci below, after every device that uses an NVML index.
+                Action::Vfio { .. } => {
+                    refs.push(None);
+                    continue;
+                }
                 Action::FullGpu {
                     gpu,
                     minor,
@@ -97,7 +102,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     }
                 }
             };
-            refs.push(gpu_ref);
+            refs.push(Some(gpu_ref));
+        }
+        let mut vfio_devices = Vec::new();
+        for p in planned {
+            if matches!(p.action, Action::Vfio { .. }) {
+                vfio_devices.push(self.vfio_prepare(id, p)?);
+            }
         }
         let current = store.checkpoint().claims.get(&id.uid).cloned();
         let edits = match &current {
@@ -108,26 +119,48 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .iter()
             .zip(&refs)
             .zip(edits)
-            .map(|((p, gpu), (env, mounts))| ClaimDevice {
-                device_name: p.allocated.device.clone(),
-                share_id: p.allocated.share_id.clone(),
-                gpu: gpu.clone(),
-                env,
-                mounts,
+            .filter_map(|((p, gpu), (env, mounts))| {
+                Some(ClaimDevice {
+                    device_name: p.allocated.device.clone(),
+                    share_id: p.allocated.share_id.clone(),
+                    gpu: gpu.clone()?,
+                    env,
+                    mounts,
+                })
             })
             .collect();
         let cdi_err = |detail: String| ClaimError::Cdi {
             claim: claim.clone(),
             detail,
         };
-        let facts = self.host.facts(&refs).map_err(cdi_err)?;
-        let mut spec = cdi::build_claim_spec(&self.naming, &id.uid, &devices, &facts)
-            .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
-        let mut ids: Vec<Vec<String>> = cdi::device_ids(&self.naming, &id.uid, &devices)
-            .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?
-            .into_iter()
-            .map(|one| vec![one])
-            .collect();
+        let mut spec = if devices.is_empty() {
+            // VFIO devices only: nothing of the NVIDIA driver goes into a VM's container.
+            cdi::Spec {
+                cdi_version: String::new(),
+                kind: self.naming.kind(),
+                annotations: Default::default(),
+                devices: Vec::new(),
+                container_edits: Default::default(),
+            }
+        } else {
+            let gpu_refs: Vec<GpuDeviceRef> = refs.iter().flatten().cloned().collect();
+            let facts = self.host.facts(&gpu_refs).map_err(cdi_err)?;
+            cdi::build_claim_spec(&self.naming, &id.uid, &devices, &facts)
+                .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?
+        };
+        spec.devices.extend(vfio_devices);
+        let mut ids: Vec<Vec<String>> = Vec::with_capacity(planned.len());
+        for p in planned {
+            let one = self
+                .naming
+                .device_id(
+                    &id.uid,
+                    &p.allocated.device,
+                    p.allocated.share_id.as_deref(),
+                )
+                .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
+            ids.push(vec![one]);
+        }
         if let Some(writer) = self.metadata.as_ref().filter(|_| !metadata.is_empty()) {
             let about = MetadataClaim {
                 namespace: &id.namespace,
@@ -163,6 +196,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 });
             }
         }
+        spec.cdi_version = cdi::minimum_version(&spec).to_string();
         self.cdi
             .write_claim_spec(&id.uid, &spec)
             .map_err(|e| cdi_err(crate::errors::error_chain(&e)))?;
@@ -170,7 +204,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         Ok(ids)
     }
 
-    fn ensure_mig_mode(
+    pub(super) fn ensure_mig_mode(
         &self,
         claim: &str,
         device: &str,

@@ -149,6 +149,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             let planned =
                 plan::plan(id, &allocation, &model, &self.pool, &next).and_then(|mut planned| {
                     sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
+                    self.vfio_preflight(id, &mut planned)?;
                     Ok(planned)
                 });
             match planned {
@@ -177,6 +178,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
         if wave.is_empty() {
             return later;
         }
+        // A GPU moved to vfio-pci leaves NVML's list and shifts the indices of the GPUs after
+        // it, so claims that move GPUs act after those that use indices planned before.
+        wave.sort_by_key(|p| {
+            p.devices
+                .iter()
+                .any(|d| matches!(d.action, plan::Action::Vfio { .. }))
+        });
         // Without anything to undo but the CDI spec, a claim needs no intent record: a crash
         // before its completion is recorded leaves only a spec no record names, which
         // start-up recovery removes.
@@ -328,9 +336,11 @@ impl<S: ClaimSource> ClaimsManager<S> {
             })
         };
         let (spec_only, known): (Vec<_>, Vec<_>) = known.into_iter().partition(|(_, rec)| {
-            rec.devices
-                .iter()
-                .all(|d| d.sharing.is_none() && (d.mig.is_none() || static_mig(&d.device)))
+            rec.devices.iter().all(|d| {
+                d.sharing.is_none()
+                    && d.vfio.is_none()
+                    && (d.mig.is_none() || static_mig(&d.device))
+            })
         });
         let marked = self.update(&mut store, &ids[first_known].to_string(), |cp| {
             for (_, rec) in &spec_only {
@@ -394,6 +404,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
 /// carved or a whole GPU whose MIG mode may be switched, or any sharing (time-slice, MPS).
 fn needs_undo(device: &PlannedDevice) -> bool {
     device.record.sharing.is_some()
+        || device.record.vfio.is_some()
         || !matches!(
             device.action,
             plan::Action::FullGpu { dynamic: false, .. } | plan::Action::StaticMig { .. }

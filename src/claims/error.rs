@@ -68,6 +68,30 @@ pub enum ClaimError {
         #[source]
         source: Box<HardwareError>,
     },
+    /// A VFIO device cannot go to a VM now; nothing was touched. The reason names the cause
+    /// and the fix.
+    #[error("claim {claim}: device {device} cannot be handed to a VM: {reason}")]
+    NotPassable {
+        /// Claim.
+        claim: String,
+        /// Device.
+        device: String,
+        /// Why, with the fix.
+        reason: String,
+    },
+    /// A step of the driver switch of a VFIO device failed.
+    #[error("claim {claim}: device {device}: {step}")]
+    Passthrough {
+        /// Claim.
+        claim: String,
+        /// Device.
+        device: String,
+        /// Step.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: Box<crate::hardware::passthrough::PassthroughError>,
+    },
     /// MIG mode cannot change without a GPU reset.
     #[error(
         "claim {claim}: device {device} needs MIG mode {wanted} on GPU {gpu}, which takes effect only after a GPU reset on this architecture"

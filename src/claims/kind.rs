@@ -15,6 +15,8 @@ impl ClaimError {
             ClaimError::DeviceBusy { .. } => "busy",
             ClaimError::Hardware { .. } => "hardware",
             ClaimError::NeedsReset { .. } => "needs_reset",
+            ClaimError::NotPassable { .. } => "not_passable",
+            ClaimError::Passthrough { .. } => "passthrough",
             ClaimError::Cdi { .. } => "cdi",
             ClaimError::Checkpoint { .. } => "checkpoint",
             ClaimError::Inventory { .. } => "inventory",

@@ -27,6 +27,7 @@ pub mod plan;
 mod recover;
 pub mod sharing;
 mod undo;
+pub mod vfio;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,6 +74,9 @@ pub struct ClaimsManager<S> {
     pub prepared: std::sync::atomic::AtomicU64,
     /// Device metadata files (KEP-5304) for every prepared claim; `None`: none written.
     pub metadata: Option<metadata::MetadataWriter>,
+    /// The host's PCI bus for VFIO passthrough; `None`: passthrough is off and a VFIO device
+    /// is refused.
+    pub pci: Option<Arc<crate::hardware::passthrough::PciHost>>,
 }
 
 /// A prepared device as the kubelet gets it.

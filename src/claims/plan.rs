@@ -2,7 +2,7 @@
 //! the claim may have it at all (this node's pool, a published device, nobody else holding it).
 
 use super::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId};
-use crate::checkpoint::{Checkpoint, DeviceRecord, MigRecord};
+use crate::checkpoint::{Checkpoint, DeviceRecord, MigRecord, VfioRecord};
 use crate::devices::{DeviceKind, DeviceModel};
 
 /// What prepare must do for one device.
@@ -38,6 +38,13 @@ pub enum Action {
         /// Profile driver id.
         profile_id: u32,
     },
+    /// A whole GPU for a VM: moved from `nvidia` to `vfio-pci`.
+    Vfio {
+        /// PCI address, `0000:18:00.0`.
+        address: String,
+        /// GPU minor ([`crate::devices::UNKNOWN_GPU`] when NVML has not seen the GPU).
+        minor: u32,
+    },
 }
 
 /// One device of the claim with its action and the checkpoint record to write first.
@@ -49,6 +56,9 @@ pub struct PlannedDevice {
     pub action: Action,
     /// The intent record (MIG ids filled in once created).
     pub record: DeviceRecord,
+    /// A VFIO device's `VfioDeviceConfig` (defaults when the claim has none); `None` for
+    /// other devices. Set when the claim's config is resolved.
+    pub vfio_settings: Option<crate::opaque::VfioSettings>,
 }
 
 /// Plans a claim's devices against the node's current model and the other prepared claims.
@@ -84,12 +94,26 @@ pub fn plan(
                 device: dev.device.clone(),
             })?;
         if !dev.admin_access {
-            let full = matches!(published.kind, DeviceKind::Gpu);
+            let full = matches!(published.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. });
             check_exclusive(id, dev, published.gpu_minor, full, model, checkpoint)?;
         }
         // Only a dynamic-MIG GPU's full-GPU device consumes counters.
         let dynamic_gpu = published.device.consumes_counters.is_some();
+        let vfio = match &published.kind {
+            DeviceKind::Vfio { address } => Some(VfioRecord {
+                address: address.clone(),
+                restore_persistence: false,
+            }),
+            _ => None,
+        };
         let (action, mig) = match &published.kind {
+            DeviceKind::Vfio { address } => (
+                Action::Vfio {
+                    address: address.clone(),
+                    minor: published.gpu_minor,
+                },
+                None,
+            ),
             DeviceKind::Gpu => (
                 Action::FullGpu {
                     gpu: published.gpu_index,
@@ -174,7 +198,9 @@ pub fn plan(
                 gpu_uuid: published.gpu_uuid.clone(),
                 mig,
                 sharing: None,
+                vfio,
             },
+            vfio_settings: None,
         });
     }
     Ok(planned)
@@ -213,8 +239,12 @@ fn check_exclusive(
             let held_gpu = published
                 .map(|d| d.gpu_minor)
                 .or(held.mig.as_ref().map(|m| m.parent_minor));
-            let held_full = published.is_some_and(|d| matches!(d.kind, DeviceKind::Gpu));
-            let gpu_clash = held_gpu == Some(gpu_minor) && (full_gpu || held_full) && !same_device;
+            let held_full = published
+                .is_some_and(|d| matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. }));
+            let gpu_clash = gpu_minor != crate::devices::UNKNOWN_GPU
+                && held_gpu == Some(gpu_minor)
+                && (full_gpu || held_full)
+                && !same_device;
             if (same_device && !shared) || gpu_clash {
                 return Err(ClaimError::DeviceBusy {
                     claim: id.to_string(),

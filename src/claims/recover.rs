@@ -27,6 +27,9 @@ pub struct RecoveryReport {
     /// Undo steps of unfinished claims that failed again in a supervision round (each with
     /// its causes); the next round retries them.
     pub undo_failed: Vec<String>,
+    /// GPUs found on `vfio-pci` (or on no driver) that no claim holds, given back to
+    /// `nvidia`, by PCI address.
+    pub vfio_reclaimed: Vec<String>,
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
@@ -57,6 +60,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         };
         let mut failures = Vec::new();
         report.rolled_back = self.finish_unfinished(&mut store, &mut failures);
+        self.vfio_orphans(store.checkpoint(), &mut report, &mut failures);
         self.destroy_orphans(&store, &mut report, &mut failures);
         if let Err(e) = self.cdi.remove_interrupted_writes() {
             failures.push(ClaimError::Cdi {

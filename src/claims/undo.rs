@@ -126,6 +126,11 @@ impl<S: ClaimSource> ClaimsManager<S> {
         failures.extend(sharing::undo(self.sharing.as_ref(), claim, rec, others));
         self.destroy_carved(others, rec, claim, &mut failures);
         crate::crashpoint::hit("unprepare-mig-destroyed");
+        for d in rec.devices.iter().filter(|d| d.vfio.is_some()) {
+            if let Err(e) = self.vfio_undo(claim, d) {
+                failures.push(e);
+            }
+        }
         failures
     }
 

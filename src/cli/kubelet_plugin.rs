@@ -87,6 +87,16 @@ pub(crate) struct PluginArgs {
     /// at /var/run/kubernetes.io/dra-device-attributes/…, as KubeVirt and Kubernetes 1.37 read it.
     #[arg(long, env = "GPU_DRA_DEVICE_METADATA", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     device_metadata: bool,
+    /// Publish a VFIO device `gpu-vfio-<i>` per NVIDIA GPU (class vfio.gpu.nvidia.com) and
+    /// hand GPUs to VMs by moving them from the nvidia driver to vfio-pci on prepare. Needs the
+    /// IOMMU on, and writable host sysfs under --host-root.
+    #[arg(long, env = "GPU_DRA_PASSTHROUGH", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false", num_args = 0..=1, default_missing_value = "true")]
+    passthrough: bool,
+    /// Where the host's sys/, dev/vfio/ and proc/ are found for passthrough (the chart mounts
+    /// them under /host-root). Default: / (with --gpu-backend sim: the simulated node's tree,
+    /// <state dir>/sim/host-root).
+    #[arg(long, env = "GPU_DRA_HOST_ROOT", value_name = "DIR")]
+    host_root: Option<PathBuf>,
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
@@ -134,6 +144,8 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         mps: args.mps,
         time_slicing: args.time_slicing,
         device_metadata: args.device_metadata,
+        passthrough: args.passthrough,
+        host_root: args.host_root,
         shared_gpus: args.shared_gpus,
         metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
     };

@@ -217,3 +217,61 @@ mod tests {
         assert_eq!(semver_of("1.2.3.4"), None);
     }
 }
+
+/// The VFIO device `gpu-vfio-<i>` of a GPU on the PCI bus, with NVIDIA's attributes: `type`
+/// `vfio`, `uuid` (version-5 UUID of the PCI address), `deviceID`, `vendorID`,
+/// `productName` (NVML's when NVML has seen the GPU, else the PCI device ID),
+/// `iommuFDEnabled`, and the standard `pciBusID`, `pcieRoot`, `numaNode`; capacity
+/// `addressableMemory` when NVML has seen the GPU.
+pub fn vfio(
+    name: String,
+    pci: &crate::hardware::passthrough::PciGpu,
+    iommufd: bool,
+    gpu: Option<&GpuInfo>,
+) -> Device {
+    let mut a = BTreeMap::new();
+    a.insert("type".to_string(), string("vfio"));
+    a.insert(
+        "uuid".to_string(),
+        string(crate::hardware::passthrough::uuid_v5_dns(&pci.address)),
+    );
+    a.insert("deviceID".to_string(), string(&pci.device_id));
+    a.insert(
+        "vendorID".to_string(),
+        string(crate::hardware::passthrough::NVIDIA_VENDOR),
+    );
+    a.insert(
+        "productName".to_string(),
+        string(gpu.map_or(pci.device_id.as_str(), |g| g.product_name.as_str())),
+    );
+    a.insert(
+        "iommuFDEnabled".to_string(),
+        DeviceAttribute {
+            bool: Some(iommufd),
+            ..Default::default()
+        },
+    );
+    a.insert(format!("{STANDARD_DOMAIN}/pciBusID"), string(&pci.address));
+    let root = pci
+        .pcie_root
+        .clone()
+        .or_else(|| gpu.map(|g| g.pcie_root.clone()));
+    if let Some(root) = root {
+        a.insert(format!("{STANDARD_DOMAIN}/pcieRoot"), string(root));
+    }
+    if let Some(numa) = pci.numa_node.or_else(|| gpu.and_then(|g| g.numa_node)) {
+        a.insert(format!("{STANDARD_DOMAIN}/numaNode"), int(numa));
+    }
+    let capacity = gpu.map(|g| {
+        BTreeMap::from([(
+            "addressableMemory".to_string(),
+            capacity(mib_quantity(g.memory_mib)),
+        )])
+    });
+    Device {
+        name,
+        attributes: Some(a),
+        capacity,
+        ..Default::default()
+    }
+}

@@ -103,10 +103,29 @@ pub fn counter_set(gpu: &GpuInfo) -> CounterSet {
     }
 }
 
+/// The counter that makes a GPU without dynamic MIG exclusive between its full-GPU and VFIO
+/// devices (passthrough only).
+const WHOLE_GPU: &str = "gpu";
+
+/// The counter set of a GPU without dynamic MIG on a passthrough node: one counter its
+/// full-GPU device and its VFIO device both consume entirely, so the scheduler hands out
+/// at most one of them.
+pub fn exclusive_set(minor: u32) -> CounterSet {
+    CounterSet {
+        name: counter_set_name(minor),
+        counters: BTreeMap::from([(WHOLE_GPU.to_string(), counter("1"))]),
+    }
+}
+
 /// The full GPU consumes every counter of its set entirely.
 pub fn full_gpu_consumption(gpu: &GpuInfo, set: &CounterSet) -> DeviceCounterConsumption {
+    whole_set_consumption(gpu.minor, set)
+}
+
+/// Every counter of GPU `minor`'s set consumed entirely: the full GPU, or its VFIO device.
+pub fn whole_set_consumption(minor: u32, set: &CounterSet) -> DeviceCounterConsumption {
     DeviceCounterConsumption {
-        counter_set: counter_set_name(gpu.minor),
+        counter_set: counter_set_name(minor),
         counters: set.counters.clone(),
         ..Default::default()
     }

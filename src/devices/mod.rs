@@ -78,7 +78,17 @@ pub enum DeviceKind {
         /// Placement to create the GPU instance at.
         placement: Placement,
     },
+    /// A whole GPU handed to a VM through VFIO (`gpu-vfio-<i>`): prepare moves it from
+    /// `nvidia` to `vfio-pci`.
+    Vfio {
+        /// PCI address, `0000:18:00.0`.
+        address: String,
+    },
 }
+
+/// The `gpu_index` and `gpu_minor` of a VFIO device whose GPU NVML has not seen (on
+/// `vfio-pci` since before this process started).
+pub const UNKNOWN_GPU: u32 = u32::MAX;
 
 /// One device as published, with its hardware coordinates.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,6 +254,9 @@ pub struct ModelOptions {
     pub slice_layout: SliceLayout,
     /// What MIG devices carry (`--mig-attributes`); compact by default.
     pub mig_attributes: MigAttributes,
+    /// Publish a VFIO device `gpu-vfio-<i>` per GPU on the PCI bus (`--passthrough`), from
+    /// the inventory's `passthrough` facts; off by default.
+    pub passthrough: bool,
 }
 
 impl Default for ModelOptions {
@@ -256,6 +269,7 @@ impl Default for ModelOptions {
             mig_profiles: MigProfileSet::All,
             slice_layout: SliceLayout::ByGpu,
             mig_attributes: MigAttributes::Compact,
+            passthrough: false,
         }
     }
 }
@@ -389,6 +403,11 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
             }
         }
     }
+    if options.passthrough
+        && let Some(facts) = &inventory.passthrough
+    {
+        add_vfio_devices(&mut model, inventory, facts, options);
+    }
     if options.shared_gpus.is_on() {
         for published in &mut model.devices {
             let Some(gpu) = inventory
@@ -404,6 +423,8 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                 | DeviceKind::MigDynamic { profile_id, .. } => gpu
                     .profile_by_id(*profile_id)
                     .map_or((0, 0), |p| (p.memory_mib, p.multiprocessors)),
+                // A VM gets the whole GPU or nothing.
+                DeviceKind::Vfio { .. } => continue,
             };
             sharing::make_shareable(
                 &mut published.device,
@@ -415,6 +436,82 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     }
     packing::order(&mut model.devices, inventory);
     model
+}
+
+/// The VFIO devices of a passthrough node, numbered by PCI address order as NVIDIA's driver
+/// numbers them. A GPU NVML lists (or listed earlier, before it moved to `vfio-pci`) shares
+/// its counter set with its VFIO device: the VFIO device consumes all of it, exactly as the
+/// full GPU does, so the scheduler never hands out the VFIO device together with the full
+/// GPU or a MIG device of the same GPU. A GPU without dynamic MIG gets a one-counter set for
+/// this ([`counters::exclusive_set`]). A GPU with MIG devices it does not manage (static
+/// policy, or MIG on without dynamic MIG) gets no VFIO device: it is partitioned for
+/// containers. A GPU never seen by NVML is published bare (no counters, no parent facts):
+/// NVML cannot publish its other devices either.
+fn add_vfio_devices(
+    model: &mut DeviceModel,
+    inventory: &NodeInventory,
+    facts: &crate::hardware::passthrough::PciHostFacts,
+    options: &ModelOptions,
+) {
+    use crate::hardware::passthrough::normalize_address;
+    for (i, pci) in facts.gpus.iter().enumerate() {
+        let visible = inventory
+            .gpus
+            .iter()
+            .find(|g| normalize_address(&g.pci_bus_id) == pci.address);
+        let gpu = visible.or_else(|| facts.hidden(&pci.address));
+        let policy = gpu.map(|g| options.policy_for(g));
+        let dynamic = gpu.is_some_and(|g| g.mig.capable) && policy == Some(MigPolicy::Dynamic);
+        if let Some(g) = gpu
+            && !dynamic
+            && (g.mig.current || !g.mig_devices.is_empty())
+        {
+            model.warnings.push(format!(
+                "GPU {} ({}) has MIG on without dynamic MIG: no VFIO device published for it",
+                g.index, pci.address
+            ));
+            continue;
+        }
+        let mut device = attributes::vfio(format!("gpu-vfio-{i}"), pci, facts.iommufd, gpu);
+        if let Some(g) = gpu {
+            let set_name = counter_set_name(g.minor);
+            let set = match model.counter_sets.iter().find(|s| s.name == set_name) {
+                Some(set) => set.clone(),
+                None => {
+                    let set = if dynamic {
+                        counters::counter_set(g)
+                    } else {
+                        counters::exclusive_set(g.minor)
+                    };
+                    model.counter_sets.push(set.clone());
+                    set
+                }
+            };
+            let whole = counters::whole_set_consumption(g.minor, &set);
+            if visible.is_some()
+                && let Some(full) = model
+                    .devices
+                    .iter_mut()
+                    .find(|d| d.gpu_minor == g.minor && d.kind == DeviceKind::Gpu)
+                && full.device.consumes_counters.is_none()
+            {
+                full.device.consumes_counters = Some(vec![whole.clone()]);
+            }
+            device.consumes_counters = Some(vec![whole]);
+        }
+        model.devices.push(PublishedDevice {
+            gpu_index: visible.map_or(UNKNOWN_GPU, |g| g.index),
+            gpu_minor: gpu.map_or(UNKNOWN_GPU, |g| g.minor),
+            gpu_uuid: gpu.map_or_else(
+                || crate::hardware::passthrough::uuid_v5_dns(&pci.address),
+                |g| g.uuid.clone(),
+            ),
+            kind: DeviceKind::Vfio {
+                address: pci.address.clone(),
+            },
+            device,
+        });
+    }
 }
 
 fn dynamic_mig(

@@ -128,6 +128,7 @@ mod tests {
             driver_version: "580".into(),
             cuda_driver_version: "13.0".into(),
             gpus: vec![],
+            passthrough: None,
         };
         assert_eq!(check_gpus(&inv)[0].status, Status::Warn);
     }

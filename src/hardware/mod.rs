@@ -16,6 +16,7 @@ pub mod fabric;
 pub mod geometry;
 pub mod health;
 pub mod nvml;
+pub mod passthrough;
 pub mod policy_flag;
 pub mod sim;
 pub mod telemetry;
@@ -31,6 +32,10 @@ pub struct NodeInventory {
     pub cuda_driver_version: String,
     /// GPUs ordered by NVML index.
     pub gpus: Vec<GpuInfo>,
+    /// The host's PCI view for VFIO passthrough (every NVIDIA GPU on the bus, whichever
+    /// driver has it); `None` unless passthrough is on ([`passthrough::PassthroughBackend`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<passthrough::PciHostFacts>,
 }
 
 /// One physical GPU.
@@ -330,6 +335,9 @@ pub enum HardwareError {
     /// The simulated node description or state is invalid or unreadable.
     #[error(transparent)]
     Sim(#[from] sim::SimError),
+    /// The host's PCI bus (sysfs) could not be read for passthrough.
+    #[error("reading the PCI bus for passthrough")]
+    Passthrough(#[source] passthrough::PassthroughError),
 }
 
 /// NVML return codes the hardware layer distinguishes (values from `nvml.h`).
@@ -458,5 +466,27 @@ pub trait GpuBackend: Send + Sync {
     /// (a backend without telemetry exports none).
     fn telemetry(&self) -> Result<telemetry::NodeTelemetry, HardwareError> {
         Ok(telemetry::NodeTelemetry::default())
+    }
+
+    /// Whether persistence mode is on for GPU `index` (`nvmlDeviceGetPersistenceMode`).
+    /// The default answers [`NvmlCode::NotSupported`].
+    fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
+        Err(HardwareError::Nvml {
+            operation: "get persistence mode".into(),
+            index,
+            code: NvmlCode::NotSupported,
+        })
+    }
+
+    /// Turns persistence mode on or off for GPU `index` (`nvmlDeviceSetPersistenceMode`;
+    /// needs root). Passthrough turns it off before the GPU leaves `nvidia` and back on
+    /// when it returns. The default answers [`NvmlCode::NotSupported`].
+    fn set_persistence_mode(&self, index: u32, enabled: bool) -> Result<(), HardwareError> {
+        let _ = enabled;
+        Err(HardwareError::Nvml {
+            operation: "set persistence mode".into(),
+            index,
+            code: NvmlCode::NotSupported,
+        })
     }
 }

@@ -5,15 +5,18 @@ use serde_json::{Map, Value};
 use crate::quantity::{NANOS_PER_UNIT, Quantity, QuantityError};
 
 use super::{
-    API_VERSIONS, ApiVersion, Config, ConfigKind, MIN_PINNED_MEMORY_BYTES, MpsConfig, OpaqueError,
-    SharingConfig, TimeSliceInterval,
+    API_VERSIONS, ApiVersion, Config, ConfigKind, IommuBackend, MIN_PINNED_MEMORY_BYTES, MpsConfig,
+    OpaqueError, SharingConfig, TimeSliceInterval, VfioSettings,
 };
 
 const TOP_FIELDS: &str = "apiVersion, kind, sharing";
 const SHARING_FIELDS: &str = "strategy, timeSlicingConfig, mpsConfig";
 const TIME_SLICING_FIELDS: &str = "interval";
 const MPS_FIELDS: &str = "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser";
-const KINDS: &str = "GpuConfig, MigDeviceConfig";
+const KINDS: &str = "GpuConfig, MigDeviceConfig, VfioDeviceConfig";
+const VFIO_TOP_FIELDS: &str = "apiVersion, kind, iommu";
+const IOMMU_FIELDS: &str = "backendPolicy, enableAPIDevice";
+const BACKEND_POLICIES: &str = "LegacyOnly, PreferIommuFD";
 const STRATEGIES: &str = "TimeSlicing, MPS";
 const INTERVALS: &str = "Default, Short, Medium, Long";
 
@@ -37,6 +40,18 @@ pub fn decode(parameters: &Value) -> Result<Config, OpaqueError> {
     )?;
     let api_version = api_version(top)?;
     let kind = kind(top)?;
+    if kind == ConfigKind::VfioDeviceConfig {
+        reject_unknown(top, "", VFIO_TOP_FIELDS)?;
+        return Ok(Config {
+            api_version,
+            kind,
+            sharing: None,
+            vfio: Some(match present(top, "iommu") {
+                None => VfioSettings::default(),
+                Some(value) => iommu(value)?,
+            }),
+        });
+    }
     reject_unknown(top, "", TOP_FIELDS)?;
     let sharing = match present(top, "sharing") {
         None => None,
@@ -46,6 +61,41 @@ pub fn decode(parameters: &Value) -> Result<Config, OpaqueError> {
         api_version,
         kind,
         sharing,
+        vfio: None,
+    })
+}
+
+/// `iommu` of a `VfioDeviceConfig`.
+fn iommu(value: &Value) -> Result<VfioSettings, OpaqueError> {
+    let block = object(
+        value,
+        "iommu",
+        "an object with backendPolicy and enableAPIDevice",
+    )?;
+    reject_unknown(block, "iommu", IOMMU_FIELDS)?;
+    let backend = match present(block, "backendPolicy") {
+        None => IommuBackend::LegacyOnly,
+        Some(v) => match string(v, "iommu.backendPolicy")? {
+            "LegacyOnly" => IommuBackend::LegacyOnly,
+            "PreferIommuFD" => IommuBackend::PreferIommuFd,
+            other => {
+                return Err(invalid_choice(
+                    "iommu.backendPolicy",
+                    other,
+                    BACKEND_POLICIES,
+                ));
+            }
+        },
+    };
+    let api_device = match present(block, "enableAPIDevice") {
+        None => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| wrong_type("iommu.enableAPIDevice", "a boolean", v))?,
+    };
+    Ok(VfioSettings {
+        backend,
+        api_device,
     })
 }
 
@@ -77,6 +127,7 @@ fn kind(top: &Map<String, Value>) -> Result<ConfigKind, OpaqueError> {
     match string(value, "kind")? {
         "GpuConfig" => Ok(ConfigKind::GpuConfig),
         "MigDeviceConfig" => Ok(ConfigKind::MigDeviceConfig),
+        "VfioDeviceConfig" => Ok(ConfigKind::VfioDeviceConfig),
         other => Err(invalid_choice("kind", other, KINDS)),
     }
 }

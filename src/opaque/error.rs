@@ -140,6 +140,20 @@ pub enum OpaqueError {
         /// The MIG device, when the config is being applied to one.
         device: Option<String>,
     },
+    /// Resolution: a config names a request whose device it cannot configure
+    /// (`VfioDeviceConfig` on a GPU or MIG device, `GpuConfig` / `MigDeviceConfig` on a VFIO
+    /// device).
+    #[error(
+        "{kind} names request {request:?}, which got {device_kind}; VfioDeviceConfig configures VFIO devices (class vfio.gpu.nvidia.com) only, GpuConfig and MigDeviceConfig never do"
+    )]
+    KindMismatch {
+        /// The config's kind.
+        kind: super::ConfigKind,
+        /// The request named.
+        request: String,
+        /// What the request got.
+        device_kind: &'static str,
+    },
     /// Resolution: a `MigDeviceConfig` names a request that was given a full GPU.
     #[error(
         "kind: MigDeviceConfig applies to MIG devices only, but request {request:?} got the full \

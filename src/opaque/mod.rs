@@ -29,7 +29,7 @@ use std::fmt;
 
 pub use decode::decode;
 pub use error::{EntryOrigin, OpaqueError};
-pub use resolve::resolve;
+pub use resolve::{resolve, resolve_vfio};
 
 /// The `apiVersion`s accepted, in the order error messages list them.
 pub const API_VERSIONS: [&str; 2] = ["resource.nvidia.com/v1beta1", "gpu.nvidia.com/v1alpha1"];
@@ -53,6 +53,8 @@ pub enum ConfigKind {
     GpuConfig,
     /// MIG devices only: the precise form for MIG.
     MigDeviceConfig,
+    /// VFIO devices only (`gpu-vfio-<i>`): how a VM reaches the GPU through the IOMMU.
+    VfioDeviceConfig,
 }
 
 impl fmt::Display for ConfigKind {
@@ -60,6 +62,7 @@ impl fmt::Display for ConfigKind {
         f.write_str(match self {
             ConfigKind::GpuConfig => "GpuConfig",
             ConfigKind::MigDeviceConfig => "MigDeviceConfig",
+            ConfigKind::VfioDeviceConfig => "VfioDeviceConfig",
         })
     }
 }
@@ -123,6 +126,29 @@ pub struct Config {
     pub kind: ConfigKind,
     /// The sharing strategy; `None` means exclusive: the device is left as it is.
     pub sharing: Option<SharingConfig>,
+    /// A `VfioDeviceConfig`'s `iommu` block (defaults when absent); `None` for other kinds.
+    pub vfio: Option<VfioSettings>,
+}
+
+/// How a VM reaches a VFIO device (`VfioDeviceConfig.iommu`, NVIDIA's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct VfioSettings {
+    /// `iommu.backendPolicy`.
+    pub backend: IommuBackend,
+    /// `iommu.enableAPIDevice`: also hand the container the VFIO API device
+    /// (`/dev/vfio/vfio`, or `/dev/iommu` with iommufd). KubeVirt needs it.
+    pub api_device: bool,
+}
+
+/// `iommu.backendPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IommuBackend {
+    /// `LegacyOnly` (default): the VFIO group device `/dev/vfio/<group>`.
+    #[default]
+    LegacyOnly,
+    /// `PreferIommuFD`: the VFIO device cdev `/dev/vfio/devices/vfioN` when the kernel offers
+    /// iommufd, else the group device.
+    PreferIommuFd,
 }
 
 /// The `sharing` block as written, before it is applied to devices.
@@ -171,6 +197,8 @@ pub enum TargetKind {
     FullGpu,
     /// A MIG device (pre-created or carved on demand).
     Mig,
+    /// A whole GPU for a VM (`gpu-vfio-<i>`).
+    Vfio,
 }
 
 /// One device of the claim that this driver prepares, in allocation order.

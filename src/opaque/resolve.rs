@@ -123,7 +123,72 @@ fn names(named: &str, request: &str) -> bool {
 fn applies(entry: &Entry, config: &Config, target: &Target) -> bool {
     let requested =
         entry.requests.is_empty() || entry.requests.iter().any(|r| names(r, &target.request));
-    requested && !(config.kind == ConfigKind::MigDeviceConfig && target.kind == TargetKind::FullGpu)
+    let fits = match config.kind {
+        ConfigKind::GpuConfig => target.kind != TargetKind::Vfio,
+        ConfigKind::MigDeviceConfig => target.kind == TargetKind::Mig,
+        ConfigKind::VfioDeviceConfig => target.kind == TargetKind::Vfio,
+    };
+    requested && fits
+}
+
+/// Decides the VFIO settings of a claim's devices: for each target, the `iommu` of the last
+/// `VfioDeviceConfig` that applies to it (class entries first, as in [`resolve`]), defaults
+/// when none does, and `None` for targets that are not VFIO devices.
+///
+/// # Errors
+/// [`OpaqueError::Entry`] naming the entry: a decoding error, a `VfioDeviceConfig` naming a
+/// request that got no VFIO device, or a `GpuConfig` / `MigDeviceConfig` naming a request that
+/// got a VFIO device (a VM's GPU has no sharing).
+pub fn resolve_vfio(
+    targets: &[Target],
+    entries: &[Entry],
+) -> Result<Vec<Option<super::VfioSettings>>, OpaqueError> {
+    let located = locate(entries);
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by_key(|&i| !entries[i].from_class);
+    let mut settings: Vec<Option<super::VfioSettings>> = targets
+        .iter()
+        .map(|t| (t.kind == TargetKind::Vfio).then(super::VfioSettings::default))
+        .collect();
+    for e in order {
+        let entry = &entries[e];
+        let config = decode(&entry.parameters).map_err(|err| located[e].wrap(entry, err))?;
+        for request in &entry.requests {
+            let kinds: Vec<TargetKind> = targets
+                .iter()
+                .filter(|t| names(request, &t.request))
+                .map(|t| t.kind)
+                .collect();
+            let vfio_config = config.kind == ConfigKind::VfioDeviceConfig;
+            let clash = if vfio_config {
+                kinds.iter().find(|k| **k != TargetKind::Vfio)
+            } else {
+                kinds.iter().find(|k| **k == TargetKind::Vfio)
+            };
+            if let Some(kind) = clash {
+                return Err(located[e].wrap(
+                    entry,
+                    OpaqueError::KindMismatch {
+                        kind: config.kind,
+                        request: request.clone(),
+                        device_kind: match kind {
+                            TargetKind::FullGpu => "a full GPU",
+                            TargetKind::Mig => "a MIG device",
+                            TargetKind::Vfio => "a VFIO device",
+                        },
+                    },
+                ));
+            }
+        }
+        if let Some(vfio) = config.vfio {
+            for (t, target) in targets.iter().enumerate() {
+                if applies(entry, &config, target) {
+                    settings[t] = Some(vfio);
+                }
+            }
+        }
+    }
+    Ok(settings)
 }
 
 fn check_mig_kind(config: &Config, entry: &Entry, targets: &[Target]) -> Result<(), OpaqueError> {

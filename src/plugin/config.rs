@@ -84,6 +84,12 @@ pub struct PluginConfig {
     /// `--device-metadata`: write each prepared claim's device metadata file (KEP-5304) and
     /// mount it through the claim's CDI spec.
     pub device_metadata: bool,
+    /// `--passthrough`: publish a VFIO device `gpu-vfio-<i>` per GPU and hand GPUs to VMs
+    /// (driver switch to `vfio-pci`).
+    pub passthrough: bool,
+    /// `--host-root`: where the host's `sys/`, `dev/vfio/` and `proc/` are found for
+    /// passthrough; `None`: `/`, or the simulated node's tree with the sim backend.
+    pub host_root: Option<PathBuf>,
     /// Publish GPUs and MIG devices shareable (consumable capacity).
     pub shared_gpus: SharedGpus,
     /// `--health-policy`: the health policy file (YAML or JSON); `None`: the built-in

@@ -26,6 +26,7 @@ mod start_checks;
 pub mod telemetry;
 pub mod usage;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,12 +81,60 @@ pub enum PluginError {
     /// The health policy file was refused.
     #[error("loading the health policy")]
     HealthPolicy(#[source] crate::health::PolicyError),
+    /// `--passthrough` cannot work on this node (IOMMU off, no host tree).
+    #[error("--passthrough")]
+    Passthrough(#[source] crate::hardware::passthrough::PassthroughError),
+    /// `--passthrough` with a simulated node that simulates no host tree.
+    #[error(
+        "--passthrough: the simulated node {node:?} simulates no host PCI tree; use a preset with one (hgx-h100-passthrough) or add a `passthrough:` section to the node file"
+    )]
+    NoSimulatedHost {
+        /// The node given.
+        node: String,
+    },
     /// `--mig-profiles` names a profile no GPU of the node has.
     #[error("checking --mig-profiles against the node's GPUs")]
     MigProfiles(#[source] crate::devices::MigProfilesError),
     /// Waiting for signals failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
+}
+
+/// The host's PCI bus when `--passthrough` is on: under `--host-root` (or `/`) written to the
+/// real kernel, or the simulated node's tree and its simulated kernel with the sim backend.
+///
+/// # Errors
+/// [`PluginError::Passthrough`] when the IOMMU is off (NVIDIA's driver refuses to start
+/// then too); [`PluginError::NoSimulatedHost`] for a simulated node without a host tree.
+fn passthrough_host(
+    config: &PluginConfig,
+    sim_host_root: Option<PathBuf>,
+) -> Result<Option<Arc<crate::hardware::passthrough::PciHost>>, PluginError> {
+    use crate::hardware::passthrough::{HostKernel, PciHost, SysfsKernel};
+    if !config.passthrough {
+        return Ok(None);
+    }
+    let (root, kernel): (PathBuf, Arc<dyn SysfsKernel>) = match &config.backend {
+        BackendChoice::Sim { sim_node } => {
+            let Some(root) = config.host_root.clone().or(sim_host_root) else {
+                return Err(PluginError::NoSimulatedHost {
+                    node: sim_node.clone(),
+                });
+            };
+            let kernel = Arc::new(crate::hardware::sim::sysfs::SimKernel::new(&root));
+            (root, kernel)
+        }
+        BackendChoice::Nvml { .. } => (
+            config
+                .host_root
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/")),
+            Arc::new(HostKernel),
+        ),
+    };
+    let pci = PciHost::new(root, kernel);
+    pci.require_iommu().map_err(PluginError::Passthrough)?;
+    Ok(Some(Arc::new(pci)))
 }
 
 /// Runs the plugin until SIGTERM/SIGINT. Returns after a graceful shutdown.
@@ -104,12 +153,14 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         ),
         None => None,
     };
+    let mut sim_host_root = None;
     let (backend, host, default_policies): (Arc<dyn GpuBackend>, Box<dyn HostFactsSource>, _) =
         match &config.backend {
             BackendChoice::Sim { sim_node } => {
                 let state = config.state_dir.join("sim");
                 let sim = SimBackend::open(sim_node, Some(&state)).map_err(PluginError::Sim)?;
                 let policies = sim.mig_policies();
+                sim_host_root = sim.host_root().map(Path::to_path_buf);
                 (
                     Arc::new(sim),
                     Box::new(simhost::SimHostFacts),
@@ -135,6 +186,14 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 (Arc::new(nvml), host, None)
             }
         };
+    let pci = passthrough_host(&config, sim_host_root)?;
+    let backend: Arc<dyn GpuBackend> = match &pci {
+        Some(pci) => Arc::new(crate::hardware::passthrough::PassthroughBackend::new(
+            backend,
+            Arc::clone(pci),
+        )),
+        None => backend,
+    };
     let sharing = sharing_setup(&config);
     let mut model_options = ModelOptions::with_policies(&config.driver_name, &[]);
     match (config.mig_policy, default_policies) {
@@ -151,6 +210,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     model_options.mig_profiles = config.mig_profiles.clone();
     model_options.slice_layout = config.slice_layout;
     model_options.mig_attributes = config.mig_attributes;
+    model_options.passthrough = pci.is_some();
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
         ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {
@@ -192,6 +252,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         metadata: config.device_metadata.then(|| {
             crate::claims::metadata::MetadataWriter::new(&config.plugin_dir, &config.driver_name)
         }),
+        pci,
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),

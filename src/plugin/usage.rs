@@ -76,7 +76,8 @@ pub fn device_facts(model: &DeviceModel) -> HashMap<String, DeviceFacts> {
         .iter()
         .map(|p| {
             let profile = match &p.kind {
-                DeviceKind::Gpu => usage::FULL_GPU.to_string(),
+                // A VM holds the whole GPU.
+                DeviceKind::Gpu | DeviceKind::Vfio { .. } => usage::FULL_GPU.to_string(),
                 DeviceKind::MigStatic { profile, .. } | DeviceKind::MigDynamic { profile, .. } => {
                     profile.clone()
                 }

@@ -99,7 +99,7 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
 fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
     match (layout, &d.kind) {
         (SliceLayout::ByGpu, _) => (d.gpu_index, 0, ""),
-        (SliceLayout::ByProfile, DeviceKind::Gpu) => (0, 0, ""),
+        (SliceLayout::ByProfile, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
         (
             SliceLayout::ByProfile,
             DeviceKind::MigStatic {

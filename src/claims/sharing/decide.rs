@@ -40,10 +40,11 @@ pub(in crate::claims) fn decide(
                 request: p.allocated.request.clone(),
                 kind: match p.action {
                     Action::FullGpu { .. } => TargetKind::FullGpu,
+                    Action::Vfio { .. } => TargetKind::Vfio,
                     _ => TargetKind::Mig,
                 },
                 uuid: match &p.action {
-                    Action::FullGpu { .. } => Some(p.record.gpu_uuid.clone()),
+                    Action::FullGpu { .. } | Action::Vfio { .. } => Some(p.record.gpu_uuid.clone()),
                     Action::StaticMig { uuid, .. } => Some(uuid.clone()),
                     Action::CarveMig { .. } => None,
                 },
@@ -64,6 +65,11 @@ pub(in crate::claims) fn decide(
         .collect();
     let groups = opaque::resolve(&targets, &entries)
         .map_err(|e| config_error(id, crate::errors::error_chain(&e)))?;
+    let vfio = opaque::resolve_vfio(&targets, &entries)
+        .map_err(|e| config_error(id, crate::errors::error_chain(&e)))?;
+    for (p, settings) in planned.iter_mut().zip(vfio) {
+        p.vfio_settings = settings;
+    }
     let mut decided: Vec<Option<DeviceSharing>> = vec![None; planned.len()];
     for group in &groups {
         // Admin access may use a device another claim holds, so it must never change it.

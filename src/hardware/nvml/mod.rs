@@ -266,6 +266,7 @@ impl GpuBackend for NvmlBackend {
                     .map_err(wrap("nvmlSystemGetCudaDriverVersion_v2", 0))?,
             ),
             gpus,
+            passthrough: None,
         })
     }
 

@@ -203,6 +203,7 @@ mod tests {
             removed: false,
             added_model: None,
             faults: Vec::new(),
+            persistence_off: false,
             unknown: Default::default(),
         }
     }

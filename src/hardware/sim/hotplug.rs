@@ -16,17 +16,20 @@ const MAX_GPUS: usize = 64;
 
 /// The slot of GPU `index`: GPUs are indexed in enumeration order as NVML does, so after a
 /// removal the later GPUs' indices shift while their slots (minor numbers, UUIDs) stay.
-pub(super) fn slot(state: &SimState, index: u32) -> Result<usize, HardwareError> {
+/// Slots in `hidden` (GPUs the simulated host moved off `nvidia`) are not enumerated
+/// either, as NVML does not enumerate them.
+pub(super) fn slot(state: &SimState, index: u32, hidden: &[usize]) -> Result<usize, HardwareError> {
+    let listed = |(i, g): &(usize, &super::state::GpuState)| !g.removed && !hidden.contains(i);
     state
         .gpus
         .iter()
         .enumerate()
-        .filter(|(_, g)| !g.removed)
+        .filter(listed)
         .nth(index as usize)
         .map(|(i, _)| i)
         .ok_or_else(|| HardwareError::NoSuchGpu {
             index,
-            count: state.gpus.iter().filter(|g| !g.removed).count(),
+            count: state.gpus.iter().enumerate().filter(listed).count(),
         })
 }
 
@@ -78,6 +81,7 @@ impl SimBackend {
                 ecc: Default::default(),
                 removed: false,
                 added_model: Some(model.key.clone()),
+                persistence_off: false,
                 unknown: Default::default(),
             });
             let index = s.gpus.iter().filter(|g| !g.removed).count() - 1;
@@ -89,7 +93,7 @@ impl SimBackend {
     /// [`HardwareError::NoSuchGpu`] when there is no such GPU now.
     pub fn remove_gpu(&self, index: u32) -> Result<(), HardwareError> {
         self.store.with(|s| {
-            let i = slot(s, index)?;
+            let i = slot(s, index, &[])?;
             s.gpus[i].removed = true;
             s.gpus[i].instances.clear();
             Ok(((), true))

@@ -15,6 +15,7 @@ pub mod node_file;
 mod power_on;
 pub mod presets;
 mod state;
+pub mod sysfs;
 pub mod telemetry;
 
 use std::path::{Path, PathBuf};
@@ -127,6 +128,9 @@ pub struct SimBackend {
     store: Store,
     /// XID counts for telemetry (`telemetry.rs`).
     xids: telemetry::XidTally,
+    /// The simulated host tree (`sysfs.rs`), when the node simulates one and has a state
+    /// directory.
+    host_root: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for SimBackend {
@@ -144,7 +148,57 @@ impl SimBackend {
     /// otherwise it lives in memory.
     pub fn open(sim_node: &str, state_dir: Option<&Path>) -> Result<SimBackend, SimError> {
         let plan = NodeSource::resolve(sim_node)?.plan()?;
-        Ok(SimBackend::from_plan(plan, state_dir))
+        SimBackend::from_plan(plan, state_dir).with_host_tree()
+    }
+
+    /// Builds the simulated host tree (once per state directory) when the node describes
+    /// one and has a state directory.
+    fn with_host_tree(self) -> Result<SimBackend, SimError> {
+        let (Some(root), Some(spec)) = (&self.host_root, &self.plan.spec.passthrough) else {
+            return Ok(self);
+        };
+        let gpus: Vec<sysfs::BusGpu<'_>> = self
+            .statics
+            .iter()
+            .zip(&self.plan.gpus)
+            .map(|(st, planned)| sysfs::BusGpu {
+                address: &st.pci_bus_id,
+                pcie_root: &st.pcie_root,
+                device_id: format!(
+                    "0x{}",
+                    planned
+                        .model
+                        .pci_device_id
+                        .trim_start_matches("0x")
+                        .get(..4)
+                        .unwrap_or("0000")
+                        .to_ascii_lowercase()
+                ),
+                numa: st.numa_node,
+            })
+            .collect();
+        sysfs::build(root, spec, &gpus)?;
+        Ok(self)
+    }
+
+    /// The simulated host tree (`--host-root` with the sim backend), if the node has one.
+    pub fn host_root(&self) -> Option<&Path> {
+        self.host_root.as_deref()
+    }
+
+    /// Slots whose GPU the simulated host has moved off `nvidia` (to `vfio-pci`, or no
+    /// driver): NVML does not list them.
+    fn hidden_slots(&self) -> Vec<usize> {
+        let Some(root) = &self.host_root else {
+            return Vec::new();
+        };
+        (0..self.plan.gpus.len())
+            .filter(|&i| {
+                let address = self.identity(i).pci_bus_id;
+                sysfs::driver_of(root, &address).as_deref()
+                    != Some(crate::hardware::passthrough::NVIDIA_DRIVER)
+            })
+            .collect()
     }
 
     /// Opens the node whose state is in `state_dir` (the description is stored with the
@@ -160,7 +214,7 @@ impl SimBackend {
         };
         let name = spec.node_name.clone().unwrap_or_else(|| "sim-node".into());
         let plan = spec.plan("state file", &name)?;
-        Ok(SimBackend::from_plan(plan, Some(state_dir)))
+        SimBackend::from_plan(plan, Some(state_dir)).with_host_tree()
     }
 
     /// Powers on a validated node plan.
@@ -178,11 +232,16 @@ impl SimBackend {
             },
             None => Store::Memory(Mutex::new(initial)),
         };
+        let host_root = match (state_dir, &plan.spec.passthrough) {
+            (Some(dir), Some(_)) => Some(sysfs::host_root(dir)),
+            _ => None,
+        };
         SimBackend {
             plan,
             statics,
             store,
             xids: Default::default(),
+            host_root,
         }
     }
 
@@ -203,7 +262,9 @@ impl SimBackend {
 
     /// The slot of GPU `index` if it is on the node now (hot-plugged GPUs included).
     fn check_index(&self, index: u32) -> Result<usize, HardwareError> {
-        self.store.with(|s| Ok((hotplug::slot(s, index)?, false)))
+        let hidden = self.hidden_slots();
+        self.store
+            .with(|s| Ok((hotplug::slot(s, index, &hidden)?, false)))
     }
 
     /// The model of the GPU in slot `i`: the node description's, or a hot-added one's.
@@ -415,9 +476,10 @@ impl GpuBackend for SimBackend {
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
         let state = self.store.read(|s| Ok(s.clone()))?;
+        let hidden = self.hidden_slots();
         let mut gpus = Vec::new();
         for (i, gs) in state.gpus.iter().enumerate() {
-            if gs.removed {
+            if gs.removed || hidden.contains(&i) {
                 continue;
             }
             let model = match self.plan.gpus.get(i) {
@@ -431,6 +493,7 @@ impl GpuBackend for SimBackend {
             driver_version: self.plan.driver_version.clone(),
             cuda_driver_version: self.plan.cuda_driver_version.clone(),
             gpus,
+            passthrough: None,
         })
     }
 
@@ -511,5 +574,19 @@ impl GpuBackend for SimBackend {
 
     fn telemetry(&self) -> Result<super::telemetry::NodeTelemetry, HardwareError> {
         self.sim_telemetry()
+    }
+
+    fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
+        let i = self.check_index(index)?;
+        self.store.read(|s| Ok(!s.gpus[i].persistence_off))
+    }
+
+    fn set_persistence_mode(&self, index: u32, enabled: bool) -> Result<(), HardwareError> {
+        let i = self.check_index(index)?;
+        self.store.with(|s| {
+            let changed = s.gpus[i].persistence_off == enabled;
+            s.gpus[i].persistence_off = !enabled;
+            Ok(((), changed))
+        })
     }
 }

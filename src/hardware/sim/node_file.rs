@@ -17,6 +17,10 @@
 //!       clusterUuid: c2a0e7d4-1111-2222-3333-444455556666
 //!       cliqueId: 1
 //!       state: Completed        # NotSupported | NotStarted | InProgress | Completed
+//! passthrough:                  # optional: simulate the host's PCI tree for VFIO
+//!   iommu: true                 # false: the IOMMU is off
+//!   iommufd: false              # true: /dev/iommu and vfio-dev/vfioN exist
+//!   sharedGroup: [0]            # these GPUs share their IOMMU group with a NIC
 //! ```
 
 use std::path::Path;
@@ -47,6 +51,10 @@ pub struct NodeSpec {
     pub numa_nodes: u32,
     /// GPU groups in index order.
     pub gpus: Vec<GpuGroupSpec>,
+    /// The host's IOMMU and PCI tree for VFIO passthrough; absent: no host tree is
+    /// simulated ([`super::sysfs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<super::sysfs::PassthroughSpec>,
 }
 
 /// `count` identical GPUs.
@@ -271,6 +279,20 @@ impl NodeSpec {
                 format!(
                     "{} GPUs in all; a node holds at most {MAX_GPUS}",
                     gpus.len()
+                ),
+            ));
+        }
+        if let Some(bad) = self
+            .passthrough
+            .iter()
+            .flat_map(|p| &p.shared_group)
+            .find(|i| **i as usize >= gpus.len())
+        {
+            return Err(err(
+                "passthrough.sharedGroup".into(),
+                format!(
+                    "GPU {bad} does not exist; valid indices are 0 to {}",
+                    gpus.len() - 1
                 ),
             ));
         }

@@ -103,6 +103,7 @@ pub(super) fn initial_state(plan: &NodePlan, statics: &[StaticGpu]) -> SimState 
                 ecc: Default::default(),
                 removed: false,
                 added_model: None,
+                persistence_off: false,
                 unknown: Default::default(),
             }
         })

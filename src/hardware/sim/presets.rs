@@ -147,6 +147,46 @@ gpus:
   - model: RTX-4090
 ",
     },
+    Preset {
+        name: "hgx-h100-passthrough",
+        summary: "8 × H100 80GB HBM3, dynamic MIG, IOMMU on with one group per GPU: VFIO passthrough (--passthrough)",
+        yaml: "\
+nodeName: hgx-h100-passthrough
+gpus:
+  - model: H100-SXM5-80GB
+    count: 8
+    mig: dynamic
+passthrough:
+  iommu: true
+",
+    },
+    Preset {
+        name: "hgx-h100-passthrough-shared-group",
+        summary: "hgx-h100-passthrough, but GPU 0 shares its IOMMU group with a network card (VFIO refused for it)",
+        yaml: "\
+nodeName: hgx-h100-passthrough-shared-group
+gpus:
+  - model: H100-SXM5-80GB
+    count: 8
+    mig: dynamic
+passthrough:
+  iommu: true
+  sharedGroup: [0]
+",
+    },
+    Preset {
+        name: "hgx-h100-passthrough-iommu-off",
+        summary: "hgx-h100-passthrough with the IOMMU off (--passthrough refuses to start)",
+        yaml: "\
+nodeName: hgx-h100-passthrough-iommu-off
+gpus:
+  - model: H100-SXM5-80GB
+    count: 8
+    mig: dynamic
+passthrough:
+  iommu: false
+",
+    },
 ];
 
 /// The preset named `name`, if any.

@@ -71,6 +71,10 @@ pub struct GpuState {
     /// Health-relevant events since the last recovery (see [`crate::hardware::health`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<crate::hardware::health::GpuFault>,
+    /// Persistence mode was turned off (`nvmlDeviceSetPersistenceMode`); on by default, as
+    /// on hosts running nvidia-persistenced.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistence_off: bool,
     /// Fields of a newer release, kept (see [`SimState::unknown`]).
     #[serde(flatten)]
     pub unknown: Unknown,

@@ -1,0 +1,112 @@
+//! A [`GpuBackend`] that adds the host's PCI view to NVML's: every inventory carries
+//! [`PciHostFacts`], including NVML's last record of each GPU that moved to `vfio-pci` (NVML
+//! stops listing a GPU the moment `nvidia` lets go of it).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::{PciHost, normalize_address};
+use crate::hardware::{
+    GpuBackend, GpuInfo, HardwareError, MigDevice, MigModeChange, NodeInventory, telemetry,
+};
+
+/// NVML (or the simulator) plus the PCI bus under a host root.
+pub struct PassthroughBackend {
+    inner: Arc<dyn GpuBackend>,
+    pci: Arc<PciHost>,
+    /// NVML's last record of every GPU seen, by normalised PCI address.
+    seen: Mutex<BTreeMap<String, GpuInfo>>,
+}
+
+impl PassthroughBackend {
+    /// Wraps `inner` with the bus of `pci`.
+    pub fn new(inner: Arc<dyn GpuBackend>, pci: Arc<PciHost>) -> PassthroughBackend {
+        PassthroughBackend {
+            inner,
+            pci,
+            seen: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The host's PCI bus.
+    pub fn pci(&self) -> &Arc<PciHost> {
+        &self.pci
+    }
+}
+
+impl std::fmt::Debug for PassthroughBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PassthroughBackend")
+            .field("inner", &self.inner.name())
+            .field("root", &self.pci.root())
+            .finish()
+    }
+}
+
+impl GpuBackend for PassthroughBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    /// NVML's inventory with `passthrough` filled in.
+    ///
+    /// # Errors
+    /// NVML's, or [`HardwareError::Passthrough`] when sysfs cannot be listed.
+    fn inventory(&self) -> Result<NodeInventory, HardwareError> {
+        let mut inventory = self.inner.inventory()?;
+        let mut facts = self.pci.scan().map_err(HardwareError::Passthrough)?;
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        for gpu in &inventory.gpus {
+            seen.insert(normalize_address(&gpu.pci_bus_id), gpu.clone());
+        }
+        let visible: std::collections::BTreeSet<String> = inventory
+            .gpus
+            .iter()
+            .map(|g| normalize_address(&g.pci_bus_id))
+            .collect();
+        facts.hidden_gpus = facts
+            .gpus
+            .iter()
+            .filter(|g| !visible.contains(&g.address))
+            .filter_map(|g| seen.get(&g.address).cloned())
+            .collect();
+        inventory.passthrough = Some(facts);
+        Ok(inventory)
+    }
+
+    fn health_generation(&self) -> u64 {
+        self.inner
+            .health_generation()
+            .wrapping_add(self.pci.switch_count() << 40)
+    }
+
+    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
+        self.inner.set_mig_mode(index, enabled)
+    }
+
+    fn create_mig_device(
+        &self,
+        index: u32,
+        profile_id: u32,
+        placement_start: u32,
+    ) -> Result<MigDevice, HardwareError> {
+        self.inner
+            .create_mig_device(index, profile_id, placement_start)
+    }
+
+    fn destroy_mig_device(&self, index: u32, gi_id: u32, ci_id: u32) -> Result<(), HardwareError> {
+        self.inner.destroy_mig_device(index, gi_id, ci_id)
+    }
+
+    fn telemetry(&self) -> Result<telemetry::NodeTelemetry, HardwareError> {
+        self.inner.telemetry()
+    }
+
+    fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
+        self.inner.persistence_mode(index)
+    }
+
+    fn set_persistence_mode(&self, index: u32, enabled: bool) -> Result<(), HardwareError> {
+        self.inner.set_persistence_mode(index, enabled)
+    }
+}
