@@ -69,6 +69,7 @@ fn record(uid: &str) -> ClaimRecord {
             gpu_uuid: "GPU-0".into(),
             mig: None,
             sharing: None,
+            vfio: None,
         }],
         updated_unix: 0,
     }

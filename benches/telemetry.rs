@@ -54,6 +54,7 @@ fn node() -> (SimBackend, Checkpoint, ClaimPods) {
                         gpu_uuid: gpu.uuid.clone(),
                         mig: None,
                         sharing: None,
+                        vfio: None,
                     }],
                     updated_unix: 0,
                 },

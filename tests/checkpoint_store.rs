@@ -40,6 +40,7 @@ fn claim() -> ClaimRecord {
                 uuid: Some("MIG-bbb".into()),
             }),
             sharing: Some(json!({"strategy": "MPS", "daemon": {"id": "x", "limits": [50, 1.5]}})),
+            vfio: None,
         }],
         updated_unix: 1_760_000_000,
     }

@@ -26,6 +26,7 @@ fn config_without_sharing_is_exclusive() {
         api_version: ApiVersion::ResourceNvidiaV1beta1,
         kind: ConfigKind::GpuConfig,
         sharing: None,
+        vfio: None,
     };
     let got = decode(&json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}));
     assert_eq!(Ok(want), got);
@@ -48,6 +49,7 @@ fn seed_talk_api_version_decodes_like_nvidia_one() {
         api_version: ApiVersion::GpuNvidiaV1alpha1,
         kind: ConfigKind::MigDeviceConfig,
         sharing: mps(MpsConfig::default()),
+        vfio: None,
     };
     assert_eq!(Ok(want), got);
 }
@@ -167,11 +169,11 @@ fn decoding_errors_name_the_field_the_value_and_the_choices() {
         ),
         (
             json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuClaimParameters"}),
-            "kind: \"GpuClaimParameters\" is not valid; valid: GpuConfig, MigDeviceConfig",
+            "kind: \"GpuClaimParameters\" is not valid; valid: GpuConfig, MigDeviceConfig, VfioDeviceConfig",
         ),
         (
             json!({"apiVersion": "resource.nvidia.com/v1beta1"}),
-            "kind: required field is missing; valid: GpuConfig, MigDeviceConfig",
+            "kind: required field is missing; valid: GpuConfig, MigDeviceConfig, VfioDeviceConfig",
         ),
         (
             json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": 3}),
@@ -297,4 +299,104 @@ fn mig_device_config_accepts_default_interval() {
         interval: TimeSliceInterval::Default,
     });
     assert_eq!(Ok(want), got);
+}
+
+fn vfio(iommu: serde_json::Value) -> serde_json::Value {
+    json!({
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "VfioDeviceConfig",
+        "iommu": iommu,
+    })
+}
+
+#[test]
+fn vfio_device_config_decodes_nvidias_fields_and_defaults_to_legacy_without_api_device() {
+    use super::{IommuBackend, VfioSettings};
+    let got = decode(&vfio(
+        json!({"backendPolicy": "PreferIommuFD", "enableAPIDevice": true}),
+    ))
+    .map(|c| c.vfio);
+    assert_eq!(
+        Ok(Some(VfioSettings {
+            backend: IommuBackend::PreferIommuFd,
+            api_device: true
+        })),
+        got
+    );
+    let bare =
+        decode(&json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}))
+            .map(|c| c.vfio);
+    assert_eq!(Ok(Some(VfioSettings::default())), bare);
+}
+
+#[test]
+fn vfio_device_config_errors_name_the_field_the_value_and_the_choices() {
+    let got: Vec<String> = [
+        vfio(json!({"backendPolicy": "IommuFD"})),
+        vfio(json!({"enableAPIDevice": "yes"})),
+        vfio(json!({"group": 3})),
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+               "sharing": {"strategy": "MPS"}}),
+    ]
+    .into_iter()
+    .map(message)
+    .collect();
+    assert_eq!(
+        vec![
+            "iommu.backendPolicy: \"IommuFD\" is not valid; valid: LegacyOnly, PreferIommuFD",
+            "iommu.enableAPIDevice: expected a boolean, got \"yes\"",
+            "iommu.group: unknown field; valid fields: backendPolicy, enableAPIDevice",
+            "sharing: unknown field; valid fields: apiVersion, kind, iommu",
+        ],
+        got
+    );
+}
+
+#[test]
+fn vfio_settings_go_to_vfio_devices_only_and_a_config_naming_the_wrong_kind_is_refused() {
+    use super::{Entry, Target, TargetKind, VfioSettings, resolve_vfio};
+    let target = |device: &str, request: &str, kind| Target {
+        device: device.into(),
+        request: request.into(),
+        kind,
+        uuid: None,
+        memory_bytes: 0,
+    };
+    let targets = [
+        target("gpu-vfio-0", "vm", TargetKind::Vfio),
+        target("gpu-1", "train", TargetKind::FullGpu),
+    ];
+    let entry = |requests: &[&str], parameters| Entry {
+        from_class: false,
+        requests: requests.iter().map(|r| r.to_string()).collect(),
+        parameters,
+    };
+    let api = vfio(json!({"enableAPIDevice": true}));
+    let got = resolve_vfio(&targets, &[entry(&[], api.clone())]).unwrap();
+    assert_eq!(
+        vec![
+            Some(VfioSettings {
+                api_device: true,
+                ..VfioSettings::default()
+            }),
+            None
+        ],
+        got
+    );
+    let err = resolve_vfio(&targets, &[entry(&["train"], api)]).unwrap_err();
+    assert!(
+        crate::errors::error_chain(&err)
+            .contains("VfioDeviceConfig names request \"train\", which got a full GPU"),
+        "{}",
+        crate::errors::error_chain(&err)
+    );
+    let gpu = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                     "sharing": {"strategy": "TimeSlicing"}});
+    let err = resolve_vfio(&targets, &[entry(&["vm"], gpu)]).unwrap_err();
+    assert!(
+        crate::errors::error_chain(&err)
+            .contains("GpuConfig names request \"vm\", which got a VFIO device"),
+        "{}",
+        crate::errors::error_chain(&err)
+    );
 }

@@ -398,6 +398,7 @@ mod tests {
                     gpu_uuid: "GPU-ccc".into(),
                     mig: None,
                     sharing: None,
+                    vfio: None,
                 }],
                 updated_unix: 1_760_000_000,
             },

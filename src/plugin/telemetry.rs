@@ -319,6 +319,7 @@ mod tests {
                     uuid: Some(u.into()),
                 }),
                 sharing: None,
+                vfio: None,
             }],
             updated_unix: 0,
         }

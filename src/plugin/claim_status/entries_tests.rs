@@ -11,6 +11,7 @@ fn device(name: &str, mig: Option<MigRecord>, sharing: Option<Value>) -> DeviceR
         gpu_uuid: "GPU-0000".into(),
         mig,
         sharing,
+        vfio: None,
     }
 }
 
