@@ -67,6 +67,14 @@ pub(crate) struct InventoryArgs {
     /// Output: a table for people, or ResourceSlice objects for `kubectl create -f -`.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
+    /// Also publish a VFIO device `gpu-vfio-<i>` per GPU on the PCI bus, as the plugin's
+    /// --passthrough does: read from --host-root (default /), or from the simulated node's
+    /// host tree with --gpu-backend sim (its state dir's, or a fresh one).
+    #[arg(long)]
+    passthrough: bool,
+    /// Where the host's sys/ is found for --passthrough.
+    #[arg(long, value_name = "DIR")]
+    host_root: Option<PathBuf>,
     /// List the built-in simulated nodes and GPU models, then exit.
     #[arg(long)]
     list_presets: bool,
@@ -115,12 +123,28 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         mig_profiles: args.mig_profiles.mig_profiles.clone(),
         slice_layout: args.slice_layout.slice_layout,
         mig_attributes: args.slice_layout.mig_attributes,
-        passthrough: false,
+        passthrough: args.passthrough,
     };
+    // A simulated node keeps its host tree in a state directory: a fresh one when none is given.
+    let scratch = (args.state_dir.is_none() && args.passthrough).then(|| {
+        Scratch(std::env::temp_dir().join(format!("gpu-dra-inventory-{}", std::process::id())))
+    });
+    let state_dir = args
+        .state_dir
+        .clone()
+        .or_else(|| scratch.as_ref().map(|d| d.0.clone()));
+    let mut host_root = args.host_root.clone();
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
         Backend::Sim => {
             let node = args.sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET);
-            let sim = SimBackend::open(node, args.state_dir.as_deref())?;
+            let sim = SimBackend::open(node, state_dir.as_deref())?;
+            if args.passthrough && host_root.is_none() {
+                host_root = sim.host_root().map(PathBuf::from);
+                anyhow::ensure!(
+                    host_root.is_some(),
+                    "--passthrough: the simulated node {node:?} simulates no host PCI tree; use a preset with one (hgx-h100-passthrough) or add a `passthrough:` section to its node file"
+                );
+            }
             if args.mig_policy.is_none() {
                 options.policies =
                     ModelOptions::with_policies(&args.driver_name.driver_name, &sim.mig_policies())
@@ -137,6 +161,15 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
     options.policies.extend(policy_flag::parse_gpu_policies(
         &args.gpu_mig_policies.gpu_mig_policies,
     )?);
+    let backend: Box<dyn GpuBackend> = if args.passthrough {
+        use gpu_dra::hardware::passthrough::{HostKernel, PassthroughBackend, PciHost};
+        let root = host_root.unwrap_or_else(|| PathBuf::from("/"));
+        // Read only: the inventory never writes sysfs, so the kernel side is the host's.
+        let pci = std::sync::Arc::new(PciHost::new(root, std::sync::Arc::new(HostKernel)));
+        Box::new(PassthroughBackend::new(std::sync::Arc::from(backend), pci))
+    } else {
+        backend
+    };
     let node_name = args.node_name.unwrap_or(default_node);
     let policy = match &args.health_policy {
         Some(path) => gpu_dra::health::HealthPolicy::load(path)?,
@@ -185,4 +218,13 @@ fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".to_string())
+}
+
+/// A scratch state directory, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
