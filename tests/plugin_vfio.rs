@@ -72,11 +72,17 @@ fn vfio_config(backend: &str, api_device: bool) -> Value {
 }
 
 async fn start(node: &Node, env: &[(&str, &str)]) -> Plugin {
-    let mut command = node.command();
-    command.arg("--passthrough");
-    let mut plugin = node.spawn_command(command, env);
+    let mut plugin = node.spawn_command(passthrough_command(node), env);
     plugin.wait_registrable().await;
     plugin
+}
+
+/// The plugin's command with `--passthrough` on the simulated node's host tree (named, so the
+/// NVML backend over the simulated library finds it too).
+fn passthrough_command(node: &Node) -> std::process::Command {
+    let mut command = node.command();
+    command.arg("--passthrough").arg("--host-root").arg(host_root(node));
+    command
 }
 
 async fn prepare_one(kubelet: &mut KubeletClient, claim: &ClaimRef) -> Result<Vec<String>, String> {
@@ -344,9 +350,7 @@ async fn sriov_vfs_mig_instances_and_processes_holding_the_gpu_are_each_refused_
 #[tokio::test]
 async fn the_plugin_refuses_to_start_with_passthrough_when_the_iommu_is_off() {
     let node = Node::new().with_sim_node("hgx-h100-passthrough-iommu-off");
-    let mut command = node.command();
-    command.arg("--passthrough");
-    let mut plugin = node.spawn_command(command, &[]);
+    let mut plugin = node.spawn_command(passthrough_command(&node), &[]);
     let status = plugin.wait_exit().await;
     assert!(!status.success());
     let log = plugin.log();

@@ -290,3 +290,41 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         unsafe { put(migDevice, handle.to_ptr()) }
     })
 }
+
+/// `nvmlDeviceGetPersistenceMode`: on unless turned off (as with nvidia-persistenced running).
+///
+/// # Safety
+/// `mode` is null or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: nvmlDevice_t,
+    mode: *mut sys::nvmlEnableState_t,
+) -> nvmlReturn_t {
+    on_gpu(device, |view, gpu| {
+        let on = view
+            .node
+            .backend
+            .persistence_mode(gpu.index)
+            .map_err(|e| ffi::code_of(&e))?;
+        // SAFETY: null or valid for one write (caller's contract).
+        unsafe { put(mode, sys::nvmlEnableState_t::from(on)) }
+    })
+}
+
+/// `nvmlDeviceSetPersistenceMode`: `NVML_FEATURE_ENABLED` (1) or `NVML_FEATURE_DISABLED` (0);
+/// anything else is `NVML_ERROR_INVALID_ARGUMENT`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceSetPersistenceMode(
+    device: nvmlDevice_t,
+    mode: sys::nvmlEnableState_t,
+) -> nvmlReturn_t {
+    on_gpu(device, |view, gpu| {
+        if mode > 1 {
+            return Err(ffi::INVALID_ARGUMENT);
+        }
+        view.node
+            .backend
+            .set_persistence_mode(gpu.index, mode == 1)
+            .map_err(|e| ffi::code_of(&e))
+    })
+}

@@ -30,9 +30,15 @@ pub struct Node {
 }
 
 impl Node {
+    /// The state file's bytes, and the GPUs the simulated host has moved off `nvidia` (a
+    /// driver switch changes what NVML lists without touching the state file).
     fn state_file_bytes(&self) -> Option<Vec<u8>> {
         let dir = self.state_dir.as_ref()?;
-        std::fs::read(dir.join(gpu_dra::hardware::sim::STATE_FILE)).ok()
+        let mut bytes = std::fs::read(dir.join(gpu_dra::hardware::sim::STATE_FILE)).ok()?;
+        for slot in self.backend.hidden_slots() {
+            bytes.extend_from_slice(format!("\nhidden {slot}").as_bytes());
+        }
+        Some(bytes)
     }
 
     /// The node's hardware now.

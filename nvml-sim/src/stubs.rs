@@ -310,15 +310,6 @@ pub extern "C" fn nvmlDeviceGetDisplayActive(
 
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetPersistenceMode(
-    device: nvmlDevice_t,
-    mode: *mut nvmlEnableState_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceGetPciInfoExt(
     device: nvmlDevice_t,
     pci: *mut nvmlPciInfoExt_t,
@@ -1386,15 +1377,6 @@ pub extern "C" fn nvmlDeviceGetPdi(device: nvmlDevice_t, pdi: *mut nvmlPdi_t) ->
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlUnitSetLedState(unit: nvmlUnit_t, color: nvmlLedColor_t) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceSetPersistenceMode(
-    device: nvmlDevice_t,
-    mode: nvmlEnableState_t,
-) -> nvmlReturn_t {
     NOT_SUPPORTED
 }
 

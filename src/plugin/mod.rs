@@ -124,6 +124,16 @@ fn passthrough_host(
             let kernel = Arc::new(crate::hardware::sim::sysfs::SimKernel::new(&root));
             (root, kernel)
         }
+        // The simulated NVML library keeps the simulated node's host tree in its state dir.
+        BackendChoice::Nvml { .. } if config.simulated_host => {
+            let Some(root) = config.host_root.clone() else {
+                return Err(PluginError::NoSimulatedHost {
+                    node: "--simulated-host without --host-root (give the simulated node's <GPU_DRA_SIM_STATE_DIR>/host-root)".into(),
+                });
+            };
+            let kernel = Arc::new(crate::hardware::sim::sysfs::SimKernel::new(&root));
+            (root, kernel)
+        }
         BackendChoice::Nvml { .. } => (
             config
                 .host_root

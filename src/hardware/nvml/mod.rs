@@ -270,6 +270,18 @@ impl GpuBackend for NvmlBackend {
         })
     }
 
+    fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
+        self.device(index)?
+            .is_in_persistent_mode()
+            .map_err(wrap("nvmlDeviceGetPersistenceMode", index))
+    }
+
+    fn set_persistence_mode(&self, index: u32, enabled: bool) -> Result<(), HardwareError> {
+        self.device(index)?
+            .set_persistent(enabled)
+            .map_err(wrap("nvmlDeviceSetPersistenceMode", index))
+    }
+
     fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
         let dev = self.device(index)?;
         let mode = dev

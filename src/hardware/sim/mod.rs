@@ -187,8 +187,10 @@ impl SimBackend {
     }
 
     /// Slots whose GPU the simulated host has moved off `nvidia` (to `vfio-pci`, or no
-    /// driver): NVML does not list them.
-    fn hidden_slots(&self) -> Vec<usize> {
+    /// driver): NVML does not list them. Empty without a host tree. Cheap (one `readlink`
+    /// per GPU): the simulated NVML library keys its inventory cache on it, since a driver
+    /// switch changes what NVML lists without touching the state file.
+    pub fn hidden_slots(&self) -> Vec<usize> {
         let Some(root) = &self.host_root else {
             return Vec::new();
         };
