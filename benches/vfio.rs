@@ -44,7 +44,10 @@ async fn cycle(kubelet: &mut KubeletClient, claim: &ClaimRef) -> (Duration, Dura
     let prepared = t.elapsed();
     assert!(got[&claim.uid].is_ok(), "{got:?}");
     let t = Instant::now();
-    kubelet.unprepare(std::slice::from_ref(claim)).await.unwrap();
+    kubelet
+        .unprepare(std::slice::from_ref(claim))
+        .await
+        .unwrap();
     (prepared, t.elapsed())
 }
 
@@ -55,7 +58,10 @@ struct Figures {
 
 impl Figures {
     fn p50(&self) -> (Duration, Duration) {
-        (percentile(&self.prepare, 0.5), percentile(&self.unprepare, 0.5))
+        (
+            percentile(&self.prepare, 0.5),
+            percentile(&self.unprepare, 0.5),
+        )
     }
     fn line(&self, label: &str) -> String {
         format!(

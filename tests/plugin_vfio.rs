@@ -81,7 +81,10 @@ async fn start(node: &Node, env: &[(&str, &str)]) -> Plugin {
 /// NVML backend over the simulated library finds it too).
 fn passthrough_command(node: &Node) -> std::process::Command {
     let mut command = node.command();
-    command.arg("--passthrough").arg("--host-root").arg(host_root(node));
+    command
+        .arg("--passthrough")
+        .arg("--host-root")
+        .arg(host_root(node));
     command
 }
 
@@ -156,19 +159,20 @@ async fn a_vfio_claim_moves_the_gpu_to_vfio_pci_and_unprepare_gives_it_back() {
         .map(|n| n["path"].as_str().unwrap())
         .collect();
     assert_eq!(vec!["/dev/vfio/1", "/dev/vfio/vfio"], nodes);
-    let host_paths: Vec<String> = device["containerEdits"]["deviceNodes"]
+    // The simulated host's nodes carry type and numbers: the runtime creates them.
+    let numbers: Vec<(&str, i64, i64)> = device["containerEdits"]["deviceNodes"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|n| n["hostPath"].as_str().unwrap().to_string())
+        .map(|n| {
+            (
+                n["type"].as_str().unwrap(),
+                n["major"].as_i64().unwrap(),
+                n["minor"].as_i64().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(
-        vec![
-            host_root(&node).join("dev/vfio/1").display().to_string(),
-            host_root(&node).join("dev/vfio/vfio").display().to_string()
-        ],
-        host_paths
-    );
+    assert_eq!(vec![("c", 511, 0), ("c", 10, 196)], numbers);
     assert_eq!(
         json!(["NVIDIA_VISIBLE_DEVICES=void"]),
         device["containerEdits"]["env"]

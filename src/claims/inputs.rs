@@ -77,6 +77,27 @@ pub trait ClaimSource: Send + Sync {
 pub trait HostFactsSource: Send + Sync {
     /// Facts for these devices; the error text says what is missing.
     fn facts(&self, gpus: &[GpuDeviceRef]) -> Result<HostFacts, String>;
+
+    /// The CDI device node of the VFIO node `path` (`/dev/vfio/3`, `/dev/vfio/vfio`,
+    /// `/dev/iommu`, `/dev/vfio/devices/vfio0`), as the host has it under `host_root`. The
+    /// default, for a real host, reads its type and numbers there (the runtime on the host
+    /// finds it at `path`); the error says which node is missing.
+    fn vfio_node(
+        &self,
+        path: &str,
+        host_root: &std::path::Path,
+    ) -> Result<cdi::DeviceNode, String> {
+        let at = host_root.join(path.trim_start_matches('/'));
+        let info = cdi::stat_node(&at)
+            .map_err(|e| crate::errors::error_chain(&e))?
+            .ok_or_else(|| {
+                format!(
+                    "{} does not exist after the switch to vfio-pci",
+                    at.display()
+                )
+            })?;
+        Ok(cdi::node_edit(path, std::path::Path::new(path), info).0)
+    }
 }
 
 impl HostFactsSource for cdi::HostMode {

@@ -195,7 +195,12 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 claim: claim.clone(),
                 detail: crate::errors::error_chain(&e),
             })?;
-        Ok(vfio_cdi_device(name, pci, &gpu, settings))
+        vfio_cdi_device(name, pci, &gpu, settings, self.host.as_ref()).map_err(|detail| {
+            ClaimError::Cdi {
+                claim: claim.clone(),
+                detail,
+            }
+        })
     }
 
     /// NVML's record of the GPU `uuid` now, if NVML lists it.
@@ -293,14 +298,18 @@ impl<S: ClaimSource> ClaimsManager<S> {
 
 /// The CDI device of a GPU on `vfio-pci`: its VFIO group node (or, with `PreferIommuFD` and
 /// a kernel with iommufd, its VFIO device cdev), the API device with `enableAPIDevice`, and
-/// `NVIDIA_VISIBLE_DEVICES=void` so no NVIDIA hook touches the container. Host paths are under
-/// the host root; container paths are the host's own.
+/// `NVIDIA_VISIBLE_DEVICES=void` so no NVIDIA hook touches the container. Each node is as
+/// `host` describes it ([`super::HostFactsSource::vfio_node`]).
+///
+/// # Errors
+/// The node `host` cannot describe (missing on a real host), as text.
 pub fn vfio_cdi_device(
     name: String,
     pci: &PciHost,
     gpu: &crate::hardware::passthrough::PciGpu,
     settings: VfioSettings,
-) -> cdi::Device {
+    host: &dyn super::HostFactsSource,
+) -> Result<cdi::Device, String> {
     let iommufd = settings.backend == IommuBackend::PreferIommuFd
         && pci.root().join("dev/iommu").exists()
         && gpu.vfio_dev.is_some();
@@ -321,25 +330,10 @@ pub fn vfio_cdi_device(
         }
     }
     let device_nodes = nodes
-        .into_iter()
-        .map(|path| cdi::DeviceNode {
-            host_path: Some(
-                pci.root()
-                    .join(path.trim_start_matches('/'))
-                    .display()
-                    .to_string(),
-            ),
-            path,
-            kind: None,
-            major: None,
-            minor: None,
-            file_mode: None,
-            permissions: None,
-            uid: None,
-            gid: None,
-        })
-        .collect();
-    cdi::Device {
+        .iter()
+        .map(|path| host.vfio_node(path, pci.root()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(cdi::Device {
         name,
         annotations: Default::default(),
         container_edits: cdi::ContainerEdits {
@@ -347,5 +341,39 @@ pub fn vfio_cdi_device(
             device_nodes,
             ..Default::default()
         },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cdi::{GpuDeviceRef, HostFacts};
+    use crate::claims::HostFactsSource;
+
+    /// A real host's facts source (the trait's default `vfio_node`).
+    struct RealHost;
+
+    impl HostFactsSource for RealHost {
+        fn facts(&self, _: &[GpuDeviceRef]) -> Result<HostFacts, String> {
+            Err("not used".into())
+        }
+    }
+
+    #[test]
+    fn a_real_hosts_vfio_node_carries_the_numbers_of_the_node_under_the_host_root() {
+        // /dev/null stands in for a VFIO node: any character device shows the reading.
+        let node = RealHost
+            .vfio_node("/dev/null", std::path::Path::new("/"))
+            .unwrap();
+        assert_eq!(
+            (Some(1), Some(3), Some("/dev/null")),
+            (node.major, node.minor, node.host_path.as_deref())
+        );
+        let missing = RealHost
+            .vfio_node("/dev/vfio/999", std::path::Path::new("/nonexistent-root"))
+            .unwrap_err();
+        assert!(
+            missing.contains("/nonexistent-root/dev/vfio/999 does not exist"),
+            "{missing}"
+        );
     }
 }

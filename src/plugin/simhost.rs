@@ -16,6 +16,13 @@ pub const SIM_CAPS_MAJOR: u32 = 237;
 /// Character major of `nvidia-uvm` on the simulated node.
 pub const SIM_UVM_MAJOR: u32 = 510;
 
+/// Character major of the VFIO group nodes (`/dev/vfio/<group>`) on the simulated node.
+pub const SIM_VFIO_MAJOR: u32 = 511;
+/// Character major of the VFIO device cdevs (`/dev/vfio/devices/vfio<N>`) on the simulated node.
+pub const SIM_VFIO_DEV_MAJOR: u32 = 509;
+/// The misc major of `/dev/vfio/vfio` (minor 196, fixed by the kernel) and `/dev/iommu`.
+pub const MISC_MAJOR: u32 = 10;
+
 /// CDI facts for simulated GPUs: nothing is probed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SimHostFacts;
@@ -66,5 +73,33 @@ impl HostFactsSource for SimHostFacts {
                 .collect::<BTreeMap<_, _>>(),
         };
         host.facts(gpus).map_err(|e| e.to_string())
+    }
+
+    /// A simulated VFIO node carries its type and numbers, so the runtime creates it in the
+    /// container without a host node: groups `511:<group − 1>`, device cdevs `509:<N>`,
+    /// `/dev/vfio/vfio` `10:196`, `/dev/iommu` `10:123`.
+    fn vfio_node(
+        &self,
+        path: &str,
+        _host_root: &std::path::Path,
+    ) -> Result<crate::cdi::DeviceNode, String> {
+        let last = path.rsplit('/').next().unwrap_or_default();
+        let (major, minor) = match path {
+            "/dev/vfio/vfio" => (MISC_MAJOR, 196),
+            "/dev/iommu" => (MISC_MAJOR, 123),
+            _ if path.starts_with("/dev/vfio/devices/") => (
+                SIM_VFIO_DEV_MAJOR,
+                last.trim_start_matches("vfio")
+                    .parse()
+                    .map_err(|_| format!("{path}: not a VFIO device cdev"))?,
+            ),
+            _ => {
+                let group: u32 = last
+                    .parse()
+                    .map_err(|_| format!("{path}: not a VFIO group node"))?;
+                (SIM_VFIO_MAJOR, group.saturating_sub(1))
+            }
+        };
+        Ok(SimulatedHost::char_node(path, major, minor))
     }
 }
