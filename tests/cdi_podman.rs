@@ -243,3 +243,45 @@ async fn a_container_naming_one_request_of_two_sees_only_that_device() {
     assert_eq!(gpu_nodes(&both), vec!["/dev/nvidia6", "/dev/nvidia7"]);
     rig.unprepare("two", &uid).await;
 }
+
+/// A VM's GPU (VFIO passthrough): the runtime creates the VFIO group node and the VFIO API
+/// device from the spec, the container sees no NVIDIA node and no NVIDIA library, and the
+/// request's device metadata file names the GPU's PCI address (what KubeVirt reads).
+#[tokio::test]
+async fn a_vfio_container_gets_the_group_node_the_api_device_and_the_pci_address() {
+    let Some(mut rig) = Rig::start_passthrough().await else {
+        return;
+    };
+    let uid = rig.uid("vm");
+    let claim = with_config(
+        claims::on_node("vm", &uid, &["gpu-vfio-1"]),
+        &["gpu-0"],
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+               "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}}),
+    );
+    let devices = rig.prepare(claim).await;
+    let inside = rig.run_and_check(&uid, &cdi_ids(&devices, None), &[]);
+    let nodes: Vec<(&str, u32, u32)> = inside
+        .nvidia_nodes
+        .iter()
+        .map(|(path, n)| (path.as_str(), n.major, n.minor))
+        .collect();
+    assert_eq!(
+        vec![("/dev/vfio/2", 511, 1), ("/dev/vfio/vfio", 10, 196)],
+        nodes
+    );
+    let metadata = inside
+        .contents
+        .iter()
+        .find(|(path, _)| path.ends_with("/gpu-0/gpu.nvidia.com-metadata.json"))
+        .map(|(_, text)| text.clone())
+        .unwrap_or_else(|| panic!("no metadata file: {:?}", inside.contents.keys()));
+    let bus = gpu_dra::hardware::sim::ids::pci_address(1).0;
+    assert!(
+        metadata.contains(&format!(
+            "\"resource.kubernetes.io/pciBusID\":{{\"string\":\"{bus}\"}}"
+        )),
+        "{metadata}"
+    );
+    rig.unprepare("vm", &uid).await;
+}

@@ -18,7 +18,8 @@ pub struct Node {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inside {
     pub env: BTreeMap<String, String>,
-    /// `/dev/nvidia*` nodes (including `/dev/nvidia-caps/…`) by path.
+    /// `/dev/nvidia*` nodes (including `/dev/nvidia-caps/…`) and VFIO nodes (`/dev/vfio/…`,
+    /// `/dev/iommu`) by path.
     pub nvidia_nodes: BTreeMap<String, Node>,
     /// Mount points (`/proc/self/mountinfo` field 5).
     pub mount_points: Vec<String>,
@@ -87,7 +88,10 @@ impl Inside {
                 "nodes" => {
                     let f: Vec<&str> = line.split('|').collect();
                     assert_eq!(f.len(), 5, "bad node line {line:?}");
-                    if f[0].starts_with("/dev/nvidia") {
+                    let gpu_node = f[0].starts_with("/dev/nvidia")
+                        || f[0].starts_with("/dev/vfio/")
+                        || f[0] == "/dev/iommu";
+                    if gpu_node {
                         let hex = |s: &str| u32::from_str_radix(s, 16).expect("hex number");
                         let node = Node {
                             kind: f[1].to_string(),

@@ -23,6 +23,8 @@ gpus:
   - model: H100-SXM5-80GB
     count: 7
     mig: dynamic
+passthrough:
+  iommu: true
 ";
 
 /// A file the test puts into each mount source, so a container that got some other
@@ -40,12 +42,29 @@ pub struct Rig {
 impl Rig {
     /// Starts the plugin with extra `env`; `None` when podman tests are skipped here.
     pub async fn start(env: &[(&str, &str)]) -> Option<Rig> {
+        Rig::start_with_args(env, &[]).await
+    }
+
+    /// [`Rig::start`] with `--passthrough` on the simulated node's host tree.
+    pub async fn start_passthrough() -> Option<Rig> {
+        Rig::start_with_args(&[], &["--passthrough"]).await
+    }
+
+    async fn start_with_args(env: &[(&str, &str)], args: &[&str]) -> Option<Rig> {
         podman_or_skip()?;
         let node = Node::new();
         let file = node.root().join("node.yaml");
         std::fs::write(&file, NODE_FILE).expect("node file");
         let node = node.with_sim_node(file.to_str().expect("UTF-8 path"));
-        let plugin = node.start_with(env).await;
+        let mut command = node.command();
+        command.args(args);
+        if !args.is_empty() {
+            command
+                .arg("--host-root")
+                .arg(node.state_dir().join("sim/host-root"));
+        }
+        let mut plugin = node.spawn_command(command, env);
+        plugin.wait_registrable().await;
         let kubelet = plugin.register(DraApi::V1).await;
         eventually("the node's slices", || node.api.complete_pool()).await;
         let nanos = SystemTime::now()
