@@ -35,8 +35,10 @@ mod harness;
 mod paced;
 #[path = "../tests/plugin_support/mod.rs"]
 mod plugin_support;
+#[path = "support/tmpfs.rs"]
+mod tmpfs;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpu_dra::kubelet::ClaimRef;
@@ -75,40 +77,6 @@ fn latency_row(label: &str, mut samples: Vec<Duration>) -> Duration {
     p50
 }
 
-/// The file system type holding `path` (longest mount point that prefixes it).
-fn fs_type(path: &Path) -> String {
-    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mounts
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let mount = Path::new(*fields.get(4)?);
-            let dash = fields.iter().position(|f| *f == "-")?;
-            let kind = fields.get(dash + 1)?.to_string();
-            path.starts_with(mount)
-                .then_some((mount.as_os_str().len(), kind))
-        })
-        .max()
-        .map_or_else(|| "unknown".to_string(), |(_, kind)| kind)
-}
-
-/// Where the CDI specs go: `GPU_DRA_BENCH_CDI_DIR`, else the first of `/run` and `/dev/shm`
-/// that is a tmpfs (where a node's `/var/run/cdi` is), else `root`.
-fn cdi_parent(root: &Path) -> PathBuf {
-    if let Some(dir) = std::env::var_os("GPU_DRA_BENCH_CDI_DIR") {
-        return PathBuf::from(dir);
-    }
-    ["/run", "/dev/shm"]
-        .iter()
-        .map(Path::new)
-        .find(|dir| {
-            fs_type(dir) == "tmpfs"
-                && tempfile::tempdir_in(dir).is_ok_and(|probe| probe.close().is_ok())
-        })
-        .map_or_else(|| root.to_path_buf(), Path::to_path_buf)
-}
-
 /// The API server's answer times.
 #[derive(Clone, Copy)]
 struct Latency {
@@ -139,7 +107,9 @@ struct Bench {
 
 impl Bench {
     async fn start(root: &Path, cdi: &Path, latency: Latency, env: &[(&str, &str)]) -> Bench {
-        let node = Node::new_tls_in(root).with_cdi_in(cdi);
+        let node = Node::new_tls_in(root)
+            .with_cdi_in(cdi)
+            .with_metadata_in(cdi);
         let node_file = node.root().join("bench-node.yaml");
         std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).expect("node file");
         node.api.set_get_latency(latency.get);
@@ -299,7 +269,7 @@ fn main() {
         write_cpu: micros_from_env("GPU_DRA_BENCH_WRITE_CPU_US", 0),
     };
     let root = std::env::temp_dir();
-    let cdi = cdi_parent(&root);
+    let cdi = tmpfs::parent(&root);
     let hz = clock_ticks_per_second();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -316,9 +286,9 @@ fn main() {
             latency.get,
             latency.write,
             root.display(),
-            fs_type(&root),
+            tmpfs::fs_type(&root),
             cdi.display(),
-            fs_type(&cdi)
+            tmpfs::fs_type(&cdi)
         );
 
         println!(
@@ -391,7 +361,7 @@ fn main() {
         println!("idle plugin (chart's malloc settings), fresh: {idle_rss}");
         drop(fresh);
         // The `plugin` bench's node (8 H100 with dynamic MIG: a larger device model).
-        let h100 = Node::new_tls_in(&root).with_cdi_in(&cdi);
+        let h100 = Node::new_tls_in(&root).with_cdi_in(&cdi).with_metadata_in(&cdi);
         let mut plugin =
             h100.spawn_command(h100.chart_command_on(plugin_support::PRESET), CHART_ENV);
         plugin.wait_registrable().await;

@@ -13,6 +13,8 @@
 
 #[path = "../tests/plugin_support/mod.rs"]
 mod plugin_support;
+#[path = "support/tmpfs.rs"]
+mod tmpfs;
 
 use std::time::{Duration, Instant};
 
@@ -76,7 +78,12 @@ impl Figures {
 
 /// Runs `ROUNDS` cycles of a VFIO claim and of a full-GPU claim, interleaved, on one plugin.
 async fn measure(metadata: bool) -> (Figures, Figures) {
-    let node = Node::new().with_sim_node(PRESET);
+    // CDI specs and metadata files on a tmpfs, as the chart keeps them.
+    let tmpfs = tmpfs::parent(&std::env::temp_dir());
+    let node = Node::new()
+        .with_sim_node(PRESET)
+        .with_cdi_in(&tmpfs)
+        .with_metadata_in(&tmpfs);
     let mut vm = claims::on_node("vm", "uid-vm", &["gpu-vfio-1"]);
     vm["status"]["allocation"]["devices"]["config"] = json!([{
         "source": "FromClaim",
@@ -128,7 +135,12 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        println!("VFIO passthrough, {ROUNDS} cycles each, simulated {PRESET}");
+        let tmpfs = tmpfs::parent(&std::env::temp_dir());
+        println!(
+            "VFIO passthrough, {ROUNDS} cycles each, simulated {PRESET}; CDI specs and metadata in {} ({})",
+            tmpfs.display(),
+            tmpfs::fs_type(&tmpfs)
+        );
         let (vfio_on, full_on) = measure(true).await;
         let (vfio_off, full_off) = measure(false).await;
         println!("{}", vfio_on.line("VFIO claim (metadata on)"));

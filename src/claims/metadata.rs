@@ -135,6 +135,17 @@ impl MetadataWriter {
         }
     }
 
+    /// A writer keeping the files in `dir` instead (`--device-metadata-dir`): on a tmpfs a
+    /// new file costs about a tenth of what ext4 charges for a fresh inode (18 against
+    /// 176 µs measured on the bench machine), and the files, like the claims, never outlive
+    /// a reboot.
+    pub fn in_dir(dir: &Path, driver: &str) -> Self {
+        MetadataWriter {
+            root: dir.to_path_buf(),
+            driver: driver.to_string(),
+        }
+    }
+
     /// The directory that holds every claim's files.
     pub fn root(&self) -> &Path {
         &self.root

@@ -87,6 +87,12 @@ pub(crate) struct PluginArgs {
     /// at /var/run/kubernetes.io/dra-device-attributes/…, as KubeVirt and Kubernetes 1.37 read it.
     #[arg(long, env = "GPU_DRA_DEVICE_METADATA", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     device_metadata: bool,
+    /// Where the device metadata files are kept on the host (default:
+    /// <plugin dir>/dra-device-metadata). The chart puts them on a tmpfs (/var/run/gpu-dra/…):
+    /// a new file there costs a tenth of a fresh ext4 inode, and none outlives a reboot,
+    /// exactly like the claims they describe.
+    #[arg(long, env = "GPU_DRA_DEVICE_METADATA_DIR", value_name = "DIR")]
+    device_metadata_dir: Option<PathBuf>,
     /// Publish a VFIO device `gpu-vfio-<i>` per NVIDIA GPU (class vfio.gpu.nvidia.com) and
     /// hand GPUs to VMs by moving them from the nvidia driver to vfio-pci on prepare. Needs the
     /// IOMMU on, and writable host sysfs under --host-root.
@@ -144,6 +150,7 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         mps: args.mps,
         time_slicing: args.time_slicing,
         device_metadata: args.device_metadata,
+        device_metadata_dir: args.device_metadata_dir,
         passthrough: args.passthrough,
         host_root: args.host_root,
         shared_gpus: args.shared_gpus,

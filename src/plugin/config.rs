@@ -84,6 +84,9 @@ pub struct PluginConfig {
     /// `--device-metadata`: write each prepared claim's device metadata file (KEP-5304) and
     /// mount it through the claim's CDI spec.
     pub device_metadata: bool,
+    /// `--device-metadata-dir`: where the metadata files are kept; `None`:
+    /// `<plugin dir>/dra-device-metadata` (Kubernetes' library's place).
+    pub device_metadata_dir: Option<PathBuf>,
     /// `--passthrough`: publish a VFIO device `gpu-vfio-<i>` per GPU and hand GPUs to VMs
     /// (driver switch to `vfio-pci`).
     pub passthrough: bool,

@@ -259,9 +259,17 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         checkpoint_cache: Default::default(),
         sharing,
         prepared: Default::default(),
-        metadata: config.device_metadata.then(|| {
-            crate::claims::metadata::MetadataWriter::new(&config.plugin_dir, &config.driver_name)
-        }),
+        metadata: config
+            .device_metadata
+            .then(|| match &config.device_metadata_dir {
+                Some(dir) => {
+                    crate::claims::metadata::MetadataWriter::in_dir(dir, &config.driver_name)
+                }
+                None => crate::claims::metadata::MetadataWriter::new(
+                    &config.plugin_dir,
+                    &config.driver_name,
+                ),
+            }),
         pci,
     });
     let sockets = PluginSockets {

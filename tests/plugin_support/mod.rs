@@ -93,6 +93,8 @@ pub struct Node {
     dir: tempfile::TempDir,
     /// CDI specs in a directory of their own (another file system), when set.
     cdi_dir: Option<tempfile::TempDir>,
+    /// Device metadata files in a directory of their own (`--device-metadata-dir`), when set.
+    metadata_dir: Option<tempfile::TempDir>,
     runs: AtomicUsize,
     sim_node: String,
     /// The cluster's API server.
@@ -136,6 +138,7 @@ impl Node {
         Node {
             dir,
             cdi_dir: None,
+            metadata_dir: None,
             runs: AtomicUsize::new(0),
             sim_node: claims::NODE.to_string(),
             api,
@@ -153,6 +156,13 @@ impl Node {
     /// `/var/run/cdi` on another file system (a tmpfs) than its state.
     pub fn with_cdi_in(mut self, parent: &Path) -> Node {
         self.cdi_dir = Some(tempfile::tempdir_in(parent).expect("CDI temp dir"));
+        self
+    }
+
+    /// The same node with its device metadata files in a fresh directory under `parent`
+    /// (`--device-metadata-dir`), as the chart keeps them on a tmpfs.
+    pub fn with_metadata_in(mut self, parent: &Path) -> Node {
+        self.metadata_dir = Some(tempfile::tempdir_in(parent).expect("metadata temp dir"));
         self
     }
 
@@ -238,6 +248,9 @@ impl Node {
             &self.plugin_dir(),
             &self.state_dir(),
         );
+        if let Some(dir) = &self.metadata_dir {
+            command.arg("--device-metadata-dir").arg(dir.path());
+        }
         if nvml_backend() {
             // The same node through libnvidia-ml's ABI: the simulated library shares the
             // simulator's state directory the sim backend would use (`<state-dir>/sim`).
