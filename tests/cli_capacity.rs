@@ -166,3 +166,60 @@ fn bad_input_exits_2_naming_the_flag_the_file_and_what_is_wrong() {
         "{err}"
     );
 }
+
+/// A passthrough node (`inventory --passthrough`): a VM holding `gpu-vfio-0` holds all of
+/// GPU 0 (its counters), shown under the `vfio` profile, and the full GPU and MIG profiles
+/// count GPU 0 as taken.
+#[test]
+fn a_vm_holding_a_vfio_device_takes_its_whole_gpu_in_the_capacity_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = gpu_dra(&[
+        "inventory",
+        "--sim-node",
+        "hgx-h100-passthrough",
+        "--passthrough",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let slices = dir.path().join("slices.json");
+    std::fs::write(&slices, out).unwrap();
+    let claims = dir.path().join("claims.yaml");
+    std::fs::write(
+        &claims,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: vm, namespace: vms}\n\
+         status:\n  allocation: {devices: {results: [{request: r, driver: gpu.nvidia.com, pool: hgx-h100-passthrough, device: gpu-vfio-0}]}}\n  \
+         reservedFor: [{resource: pods, name: virt-launcher-vm, uid: u1}]\n",
+    )
+    .unwrap();
+    let (code, out, err) = gpu_dra(&[
+        "capacity",
+        "--slices",
+        slices.to_str().unwrap(),
+        "--claims",
+        claims.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let profile = |name: &str| {
+        report["profiles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["profile"] == name)
+            .unwrap_or_else(|| panic!("no profile {name}: {out}"))
+            .clone()
+    };
+    assert_eq!(
+        (8, 1, 7),
+        (
+            profile("vfio")["capacity"].as_i64().unwrap(),
+            profile("vfio")["allocated"].as_i64().unwrap(),
+            profile("vfio")["free"].as_i64().unwrap()
+        )
+    );
+    assert_eq!(7, profile("gpu")["free"].as_i64().unwrap());
+    assert_eq!(49, profile("1g.10gb")["free"].as_i64().unwrap());
+}

@@ -52,6 +52,19 @@ fn string<'a>(device: &'a DeviceRecord, driver: &str, attr: Attr) -> Option<&'a 
     device.attribute(driver, attr)?.string
 }
 
+/// The GPU (minor number) a VFIO device (`gpu-vfio-<i>`, no minor attribute) belongs to: the
+/// `<minor>` of the `gpu-<minor>-counter-set` it consumes; `None` for a bare one (its GPU on
+/// `vfio-pci` since before the plugin started, NVML never saw it).
+fn vfio_gpu_minor(device: &DeviceRecord) -> Option<i64> {
+    device.consumes_counters.iter().flatten().find_map(|c| {
+        c.counter_set
+            .strip_prefix("gpu-")?
+            .strip_suffix("-counter-set")?
+            .parse()
+            .ok()
+    })
+}
+
 /// The GPU (minor number) a device belongs to: its `minor` / `parentMinor`, else its
 /// `index` / `parentIndex`, else the `<n>` of a `gpu-<n>…` name.
 fn gpu_minor(device: &DeviceRecord, driver: &str, mig: bool) -> Option<i64> {
@@ -269,12 +282,24 @@ pub(super) fn collect<'a>(
         let pool_holders = holders.get(pool_name);
         let mut matched: HashSet<&str> = HashSet::new();
         let mut by_minor: HashMap<i64, usize> = HashMap::new();
+        let mut bare = 0i64;
         for &slice in &pool.slices {
             let node = slice.spec.node_name.unwrap_or(pool_name);
             for (d, device) in slice.spec.devices.iter().flatten().enumerate() {
                 let profile = string(device, driver, Attr::Profile);
-                let mig = profile.is_some() || string(device, driver, Attr::Type) == Some("mig");
-                let Some(minor) = gpu_minor(device, driver, mig) else {
+                let kind = string(device, driver, Attr::Type);
+                let mig = profile.is_some() || kind == Some("mig");
+                let vfio = kind == Some("vfio");
+                // A bare VFIO device is a GPU of its own: negative keys never meet a minor.
+                let found = if vfio {
+                    Some(vfio_gpu_minor(device).unwrap_or_else(|| {
+                        bare -= 1;
+                        bare
+                    }))
+                } else {
+                    gpu_minor(device, driver, mig)
+                };
+                let Some(minor) = found else {
                     return Err(invalid(
                         slice,
                         format!("spec.devices[{d}].attributes"),
@@ -288,7 +313,11 @@ pub(super) fn collect<'a>(
                     gpus.push(GpuEntry {
                         node: node.to_string(),
                         minor,
-                        name: format!("gpu-{minor}"),
+                        name: if minor < 0 {
+                            device.name.to_string()
+                        } else {
+                            format!("gpu-{minor}")
+                        },
                         uuid: None,
                         model: "",
                         devices: Vec::new(),
@@ -300,7 +329,7 @@ pub(super) fn collect<'a>(
                 if gpu.model.is_empty() {
                     gpu.model = string(device, driver, Attr::ProductName).unwrap_or("");
                 }
-                if gpu.uuid.is_none() {
+                if gpu.uuid.is_none() && !vfio {
                     gpu.uuid = if mig {
                         string(device, driver, Attr::ParentUuid)
                     } else {
@@ -364,7 +393,9 @@ pub(super) fn collect<'a>(
                 }
                 gpu.devices.push(Dev {
                     name: device.name,
-                    profile: if mig {
+                    profile: if vfio {
+                        super::VFIO_GPU
+                    } else if mig {
                         profile.unwrap_or("unknown")
                     } else {
                         FULL_GPU

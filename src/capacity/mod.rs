@@ -35,6 +35,8 @@ pub use render::{TableOptions, render_table};
 
 /// The profile name under which full GPUs are counted.
 pub const FULL_GPU: &str = "gpu";
+/// The profile name of a GPU's VFIO device (`gpu-vfio-<i>`, a whole GPU for a VM).
+pub const VFIO_GPU: &str = "vfio";
 
 /// What [`build`] reads.
 #[derive(Clone, Debug, Default)]
