@@ -93,6 +93,9 @@ pub struct SimSliceOptions {
     pub slice_layout: crate::devices::SliceLayout,
     /// What MIG devices carry (`--mig-attributes`).
     pub mig_attributes: crate::devices::MigAttributes,
+    /// Also the VFIO devices (`--passthrough`), from the simulated node's host tree at power
+    /// on (every GPU on `nvidia`); the node must describe one (`passthrough:`).
+    pub passthrough: bool,
 }
 
 /// The slices a simulated node (preset or node file) publishes, as `inventory -o yaml` prints
@@ -103,8 +106,34 @@ pub fn sim_slices(
     driver: &str,
     options: SimSliceOptions,
 ) -> Result<Vec<ResourceSlice>, InputError> {
-    let sim = SimBackend::open(sim_node, None).map_err(InputError::Sim)?;
-    let inventory = sim.inventory().map_err(|e| InputError::SimSlices {
+    let scratch = match options.passthrough {
+        true => Some(crate::fsutil::ScratchDir::new("sim-slices").map_err(|e| {
+            InputError::SimSlices {
+                detail: format!("a scratch directory for the simulated host tree: {e}"),
+            }
+        })?),
+        false => None,
+    };
+    let sim =
+        SimBackend::open(sim_node, scratch.as_ref().map(|d| d.path())).map_err(InputError::Sim)?;
+    let policies = sim.mig_policies();
+    let node_name = sim.node_name().to_string();
+    let backend: Box<dyn GpuBackend> = match (options.passthrough, sim.host_root()) {
+        (false, _) => Box::new(sim),
+        (true, None) => {
+            return Err(InputError::SimSlices {
+                detail: format!(
+                    "--passthrough: the simulated node {sim_node:?} simulates no host PCI tree; use a preset with one (hgx-h100-passthrough) or add a `passthrough:` section to its node file"
+                ),
+            });
+        }
+        (true, Some(root)) => {
+            use crate::hardware::passthrough::{HostKernel, PassthroughBackend, PciHost};
+            let pci = std::sync::Arc::new(PciHost::new(root, std::sync::Arc::new(HostKernel)));
+            Box::new(PassthroughBackend::new(std::sync::Arc::new(sim), pci))
+        }
+    };
+    let inventory = backend.inventory().map_err(|e| InputError::SimSlices {
         detail: e.to_string(),
     })?;
     crate::devices::profiles::check(&options.mig_profiles, &inventory).map_err(|e| {
@@ -117,14 +146,15 @@ pub fn sim_slices(
         mig_profiles: options.mig_profiles,
         slice_layout: options.slice_layout,
         mig_attributes: options.mig_attributes,
-        ..ModelOptions::with_policies(driver, &sim.mig_policies())
+        passthrough: options.passthrough,
+        ..ModelOptions::with_policies(driver, &policies)
     };
     let model = crate::devices::build(&inventory, &model_options);
     slices::build(
         &model,
         &PoolOptions {
             driver_name: driver.to_string(),
-            node_name: sim.node_name().to_string(),
+            node_name,
             generation: 1,
         },
     )

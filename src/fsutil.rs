@@ -916,3 +916,35 @@ mod tests {
         assert!(matches!(err, FsError::NotAFilePath { .. }), "got {err:?}");
     }
 }
+
+/// A scratch directory under the system's temp directory, removed (with what it holds) when
+/// dropped: for verbs that simulate a node's state for one run (`inventory --passthrough`,
+/// `explain --passthrough` on a simulated node).
+#[derive(Debug)]
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// Creates `<temp>/gpu-dra-<purpose>-<pid>-<n>`.
+    ///
+    /// # Errors
+    /// The directory cannot be created.
+    pub fn new(purpose: &str) -> std::io::Result<ScratchDir> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("gpu-dra-{purpose}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(ScratchDir(dir))
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

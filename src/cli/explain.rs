@@ -20,6 +20,10 @@ pub(crate) struct ExplainArgs {
     /// Slices of a simulated node (preset or node file).
     #[arg(long, conflicts_with_all = ["slices", "kubeconfig"])]
     sim_node: Option<String>,
+    /// With --sim-node: the node also publishes its VFIO devices (gpu-vfio-<i>), as the plugin
+    /// does with --passthrough; the node must simulate a host tree (hgx-h100-passthrough).
+    #[arg(long, conflicts_with_all = ["slices", "kubeconfig"])]
+    passthrough: bool,
     /// With --sim-node: publish its GPUs shareable (consumable capacity), as
     /// `kubelet-plugin --shared-gpus` would: off, memory or N shares.
     #[arg(long, default_value = "off", value_name = "off|memory|N")]
@@ -138,6 +142,7 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                             mig_profiles: args.mig_profiles.mig_profiles.clone(),
                             slice_layout: args.slice_layout.slice_layout,
                             mig_attributes: args.slice_layout.mig_attributes,
+                            passthrough: args.passthrough,
                         },
                     )
                     .map_err(|e| chain(&anyhow::Error::new(e))),

@@ -126,13 +126,14 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         passthrough: args.passthrough,
     };
     // A simulated node keeps its host tree in a state directory: a fresh one when none is given.
-    let scratch = (args.state_dir.is_none() && args.passthrough).then(|| {
-        Scratch(std::env::temp_dir().join(format!("gpu-dra-inventory-{}", std::process::id())))
-    });
+    let scratch = match args.state_dir.is_none() && args.passthrough {
+        true => Some(gpu_dra::fsutil::ScratchDir::new("inventory")?),
+        false => None,
+    };
     let state_dir = args
         .state_dir
         .clone()
-        .or_else(|| scratch.as_ref().map(|d| d.0.clone()));
+        .or_else(|| scratch.as_ref().map(|d| d.path().to_path_buf()));
     let mut host_root = args.host_root.clone();
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
         Backend::Sim => {
@@ -218,13 +219,4 @@ fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".to_string())
-}
-
-/// A scratch state directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
