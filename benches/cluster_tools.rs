@@ -21,7 +21,6 @@
 #[path = "support/fleet.rs"]
 mod fleet;
 #[path = "../tests/plugin_support/mod.rs"]
-#[allow(dead_code)]
 mod plugin_support;
 
 use std::path::{Path, PathBuf};

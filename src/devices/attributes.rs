@@ -200,24 +200,6 @@ pub fn mig(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantities_and_versions_take_canonical_forms() {
-        assert_eq!(mib_quantity(40960), "40Gi");
-        assert_eq!(mib_quantity(81559), "81559Mi");
-        assert_eq!(mib_quantity(9984), "9984Mi");
-        assert_eq!(mib_quantity(0), "0Mi");
-        assert_eq!(semver_of("580.95.05").as_deref(), Some("580.95.5"));
-        assert_eq!(semver_of("13.0").as_deref(), Some("13.0.0"));
-        assert_eq!(semver_of("550").as_deref(), Some("550.0.0"));
-        assert_eq!(semver_of("r580"), None);
-        assert_eq!(semver_of("1.2.3.4"), None);
-    }
-}
-
 /// The VFIO device `gpu-vfio-<i>` of a GPU on the PCI bus, with NVIDIA's attributes: `type`
 /// `vfio`, `uuid` (version-5 UUID of the PCI address), `deviceID`, `vendorID`,
 /// `productName` (NVML's when NVML has seen the GPU, else the PCI device ID),
@@ -273,5 +255,23 @@ pub fn vfio(
         attributes: Some(a),
         capacity,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_and_versions_take_canonical_forms() {
+        assert_eq!(mib_quantity(40960), "40Gi");
+        assert_eq!(mib_quantity(81559), "81559Mi");
+        assert_eq!(mib_quantity(9984), "9984Mi");
+        assert_eq!(mib_quantity(0), "0Mi");
+        assert_eq!(semver_of("580.95.05").as_deref(), Some("580.95.5"));
+        assert_eq!(semver_of("13.0").as_deref(), Some("13.0.0"));
+        assert_eq!(semver_of("550").as_deref(), Some("550.0.0"));
+        assert_eq!(semver_of("r580"), None);
+        assert_eq!(semver_of("1.2.3.4"), None);
     }
 }

@@ -109,7 +109,7 @@ pub enum PluginError {
 fn passthrough_host(
     config: &PluginConfig,
     sim_host_root: Option<PathBuf>,
-) -> Result<Option<Arc<crate::hardware::passthrough::PciHost>>, PluginError> {
+) -> Result<Option<Arc<crate::hardware::passthrough::PciHost>>, Box<PluginError>> {
     use crate::hardware::passthrough::{HostKernel, PciHost, SysfsKernel};
     if !config.passthrough {
         return Ok(None);
@@ -117,9 +117,9 @@ fn passthrough_host(
     let (root, kernel): (PathBuf, Arc<dyn SysfsKernel>) = match &config.backend {
         BackendChoice::Sim { sim_node } => {
             let Some(root) = config.host_root.clone().or(sim_host_root) else {
-                return Err(PluginError::NoSimulatedHost {
+                return Err(Box::new(PluginError::NoSimulatedHost {
                     node: sim_node.clone(),
-                });
+                }));
             };
             let kernel = Arc::new(crate::hardware::sim::sysfs::SimKernel::new(&root));
             (root, kernel)
@@ -127,9 +127,9 @@ fn passthrough_host(
         // The simulated NVML library keeps the simulated node's host tree in its state dir.
         BackendChoice::Nvml { .. } if config.simulated_host => {
             let Some(root) = config.host_root.clone() else {
-                return Err(PluginError::NoSimulatedHost {
+                return Err(Box::new(PluginError::NoSimulatedHost {
                     node: "--simulated-host without --host-root (give the simulated node's <GPU_DRA_SIM_STATE_DIR>/host-root)".into(),
-                });
+                }));
             };
             let kernel = Arc::new(crate::hardware::sim::sysfs::SimKernel::new(&root));
             (root, kernel)
@@ -143,7 +143,8 @@ fn passthrough_host(
         ),
     };
     let pci = PciHost::new(root, kernel);
-    pci.require_iommu().map_err(PluginError::Passthrough)?;
+    pci.require_iommu()
+        .map_err(|e| Box::new(PluginError::Passthrough(e)))?;
     Ok(Some(Arc::new(pci)))
 }
 
@@ -196,7 +197,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 (Arc::new(nvml), host, None)
             }
         };
-    let pci = passthrough_host(&config, sim_host_root)?;
+    let pci = passthrough_host(&config, sim_host_root).map_err(|e| *e)?;
     let backend: Arc<dyn GpuBackend> = match &pci {
         Some(pci) => Arc::new(crate::hardware::passthrough::PassthroughBackend::new(
             backend,
