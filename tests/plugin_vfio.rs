@@ -476,6 +476,22 @@ async fn while_the_gpu_is_on_vfio_pci_its_full_gpu_and_mig_devices_are_not_publi
     let now = names();
     assert!(now.contains(&"gpu-vfio-0".to_string()), "{now:?}");
     assert!(!now.iter().any(|n| n.starts_with("gpu-0-mig")), "{now:?}");
+
+    // A restart while the VM holds it: NVML has never seen the GPU in this process, so its
+    // VFIO device is published bare (no counters, no NVML facts) and nothing else of it.
+    drop(kubelet);
+    drop(plugin);
+    node.api.remove_slices();
+    let plugin = start(&node, &[]).await;
+    plugin_support::eventually("gpu-vfio-0 republished after the restart", || {
+        names().contains(&"gpu-vfio-0".to_string()).then_some(())
+    })
+    .await;
+    let now = names();
+    assert!(!now.contains(&"gpu-0".to_string()), "{now:?}");
+    assert!(now.contains(&"gpu-1".to_string()), "{now:?}");
+    assert_eq!("vfio-pci", driver(&node, 0));
+    let mut kubelet = plugin.register(DraApi::V1).await;
     kubelet
         .unprepare(std::slice::from_ref(&claim))
         .await
@@ -484,4 +500,5 @@ async fn while_the_gpu_is_on_vfio_pci_its_full_gpu_and_mig_devices_are_not_publi
         names().contains(&"gpu-0".to_string()).then_some(())
     })
     .await;
+    assert_given_back(&node, 0, "after the unprepare by the restarted plugin");
 }
