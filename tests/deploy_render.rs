@@ -678,7 +678,11 @@ fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
         on.to_vec(),
         [on.as_slice(), &["-f", sim.as_str()]].concat(),
         vfio.to_vec(),
-        [vfio.as_slice(), &["--set", "kubeletPlugin.privileged=false"]].concat(),
+        [
+            vfio.as_slice(),
+            &["--set", "kubeletPlugin.privileged=false"],
+        ]
+        .concat(),
         [vfio.as_slice(), &["-f", sim.as_str()]].concat(),
     ];
     for extra in runs {
