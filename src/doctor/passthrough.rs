@@ -228,8 +228,8 @@ pub fn check_vfio_device(facts: &PassthroughFacts) -> Check {
 }
 
 /// `gpu-vfio-<i>`: GPU `i` (by PCI address) can go to a VM whole: it has an IOMMU group whose
-/// other members are PCI bridges or NVIDIA functions on nvidia or vfio-pci, and no SR-IOV
-/// VFs. A failure names the offending member.
+/// other members are PCI bridges or NVIDIA functions on nvidia or vfio-pci, it is on nvidia,
+/// vfio-pci or no driver, and it has no SR-IOV VFs. A failure names the offending member.
 pub fn check_gpu(index: usize, gpu: &GpuGroup) -> Check {
     let name = format!("gpu-vfio-{index}");
     const ANCHOR: &str = "gpu-vfio-index";
@@ -270,6 +270,19 @@ pub fn check_gpu(index: usize, gpu: &GpuGroup) -> Check {
                 names.join(", ")
             ),
             fix,
+            ANCHOR,
+        );
+    }
+    if let Some(other) = gpu
+        .gpu
+        .driver
+        .as_deref()
+        .filter(|d| !matches!(*d, "nvidia" | "vfio-pci"))
+    {
+        return Check::fail(
+            name,
+            format!("{address}: bound to {other}, not nvidia or vfio-pci"),
+            "Bind the GPU to nvidia (blacklist nouveau: echo 'blacklist nouveau' > /etc/modprobe.d/blacklist-nouveau.conf, then rebuild the initramfs and reboot); the plugin switches GPUs only between nvidia and vfio-pci",
             ANCHOR,
         );
     }
@@ -417,6 +430,20 @@ mod tests {
                 "gpu-vfio-3",
                 Status::Fail,
                 "0000:5d:00.0 (driver nvidia): 4 SR-IOV VFs enabled"
+            )
+        );
+    }
+
+    #[test]
+    fn a_gpu_on_nouveau_fails_naming_the_driver() {
+        let mut nouveau = gpu(vec![]);
+        nouveau.gpu.driver = Some("nouveau".into());
+        let check = check_gpu(0, &nouveau);
+        assert_eq!(
+            (check.status, check.found.as_str()),
+            (
+                Status::Fail,
+                "0000:5d:00.0: bound to nouveau, not nvidia or vfio-pci"
             )
         );
     }
