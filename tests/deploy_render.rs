@@ -595,6 +595,29 @@ fn passthrough_with_sim_values_sets_the_flag_but_mounts_nothing_from_the_host() 
             container(plain_ds)["securityContext"]
         );
     }
+    // The NVML backend over the simulated library is told where the library keeps the tree.
+    let objects = render_chart(
+        &helm,
+        &[
+            "-f",
+            &sim,
+            "--set",
+            "passthrough.enabled=true",
+            "--set",
+            "sim.nvmlLibrary=true",
+        ],
+    );
+    for ds in of_kind(&objects, "DaemonSet") {
+        let env = env(ds);
+        assert_eq!(
+            passthrough_env(ds),
+            (
+                Some("true".into()),
+                Some(format!("{}/host-root", env["GPU_DRA_SIM_STATE_DIR"]))
+            )
+        );
+        assert_eq!(passthrough_mounts(ds), BTreeMap::new());
+    }
 }
 
 #[test]
