@@ -73,6 +73,8 @@ pub struct GpuGroup {
 pub struct PassthroughFacts {
     /// The host root the facts were read under.
     pub root: PathBuf,
+    /// Whether `sys/bus/pci` exists there: without it doctor is not looking at a sysfs.
+    pub sysfs: bool,
     /// How many IOMMU groups `sys/kernel/iommu_groups` holds (0: missing or empty).
     pub iommu_groups: usize,
     /// Where vfio-pci was found loaded (`sys/module/vfio_pci` or the driver's directory).
@@ -162,6 +164,7 @@ pub fn probe(root: &Path) -> PassthroughFacts {
     }
     PassthroughFacts {
         root: root.to_path_buf(),
+        sysfs: root.join("sys/bus/pci").is_dir(),
         iommu_groups,
         vfio_pci,
         vfio_api_device: root.join("dev/vfio/vfio").exists(),
@@ -174,6 +177,18 @@ pub fn probe(root: &Path) -> PassthroughFacts {
 pub fn check_iommu(facts: &PassthroughFacts) -> Check {
     const NAME: &str = "iommu";
     let dir = facts.root.join("sys/kernel/iommu_groups");
+    if !facts.sysfs {
+        return Check::fail(
+            NAME,
+            format!(
+                "unknown: no sysfs under {} ({} is missing)",
+                facts.root.display(),
+                facts.root.join("sys/bus/pci").display()
+            ),
+            "Pass doctor the plugin's --host-root; in the plugin's pod the chart mounts the host's /sys at /host-root/sys when passthrough.enabled is set",
+            NAME,
+        );
+    }
     if facts.iommu_groups > 0 {
         return Check::ok(
             NAME,
@@ -317,7 +332,7 @@ pub fn checks(facts: &PassthroughFacts) -> Vec<Check> {
         check_vfio_modules(facts),
         check_vfio_device(facts),
     ];
-    if facts.iommu_groups == 0 {
+    if facts.iommu_groups == 0 || !facts.sysfs {
         return out;
     }
     if facts.gpus.is_empty() {
@@ -449,9 +464,23 @@ mod tests {
     }
 
     #[test]
+    fn a_root_without_sysfs_says_so_instead_of_calling_the_iommu_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let check = check_iommu(&probe(dir.path()));
+        assert_eq!(check.status, Status::Fail);
+        assert!(
+            check.found.starts_with("unknown: no sysfs under")
+                && check.fix.unwrap().contains("--host-root"),
+            "{}",
+            check.found
+        );
+    }
+
+    #[test]
     fn with_the_iommu_off_only_the_three_host_checks_are_reported() {
         let facts = PassthroughFacts {
             root: "/h".into(),
+            sysfs: true,
             iommu_groups: 0,
             vfio_pci: None,
             vfio_api_device: false,
