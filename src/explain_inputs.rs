@@ -17,7 +17,7 @@ use crate::hardware::sim::SimBackend;
 use crate::slices::{self, PoolOptions};
 
 /// The project's DeviceClasses (`device-classes/`), built in so `explain` works anywhere.
-const BUILTIN_CLASSES: [(&str, &str); 2] = [
+const BUILTIN_CLASSES: [(&str, &str); 3] = [
     (
         "device-classes/gpu.nvidia.com.yaml",
         include_str!("../device-classes/gpu.nvidia.com.yaml"),
@@ -25,6 +25,10 @@ const BUILTIN_CLASSES: [(&str, &str); 2] = [
     (
         "device-classes/mig.nvidia.com.yaml",
         include_str!("../device-classes/mig.nvidia.com.yaml"),
+    ),
+    (
+        "device-classes/vfio.gpu.nvidia.com.yaml",
+        include_str!("../device-classes/vfio.gpu.nvidia.com.yaml"),
     ),
 ];
 
@@ -68,7 +72,7 @@ pub enum InputError {
     },
 }
 
-/// The built-in `gpu.nvidia.com` and `mig.nvidia.com` DeviceClasses.
+/// The built-in `gpu.nvidia.com`, `mig.nvidia.com` and `vfio.gpu.nvidia.com` DeviceClasses.
 pub fn builtin_classes() -> Result<Vec<DeviceClass>, InputError> {
     BUILTIN_CLASSES
         .iter()

@@ -268,3 +268,114 @@ fn selectors_views_and_errors_can_be_shared_across_threads() {
     assert_eq!(got, vec![Ok(true); 4]);
     assert_eq!(selector.expression(), gpu(".type == 'mig'"));
 }
+
+/// A VFIO device as `--passthrough` publishes it (NVIDIA's attribute set).
+const VFIO_DEVICE: &str = r#"
+name: gpu-vfio-3
+attributes:
+  type: {string: vfio}
+  uuid: {string: 6c5a0f7e-2b1d-5c3e-8f4a-9b0c1d2e3f40}
+  deviceID: {string: "0x2330"}
+  vendorID: {string: "0x10de"}
+  productName: {string: NVIDIA H100 80GB HBM3}
+  iommuFDEnabled: {bool: false}
+  resource.kubernetes.io/pciBusID: {string: "0000:5d:00.0"}
+  resource.kubernetes.io/pcieRoot: {string: "pci0000:59"}
+  resource.kubernetes.io/numaNode: {int: 0}
+capacity:
+  addressableMemory: {value: 80Gi}
+"#;
+
+fn view(yaml: &str) -> DeviceView {
+    let device: Device = serde_yaml::from_str(yaml).expect("fixture is a valid Device");
+    DeviceView::from_api("gpu.nvidia.com", &device).expect("fixture is a valid device")
+}
+
+/// The one CEL selector of a DeviceClass file of `device-classes/`.
+fn class_selector(file: &str) -> Selector {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("device-classes")
+        .join(file);
+    let class: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let expression = class["spec"]["selectors"][0]["cel"]["expression"]
+        .as_str()
+        .unwrap();
+    Selector::compile(expression).unwrap()
+}
+
+#[test]
+fn the_vfio_class_selects_vfio_devices_and_neither_full_gpus_nor_mig_devices() {
+    let vfio = class_selector("vfio.gpu.nvidia.com.yaml");
+    let full_gpu = VFIO_DEVICE
+        .replace("gpu-vfio-3", "gpu-3")
+        .replace("{string: vfio}", "{string: gpu}");
+    let got = [
+        vfio.evaluate(&view(VFIO_DEVICE)),
+        vfio.evaluate(&view(&full_gpu)),
+        vfio.evaluate(&mig_device()),
+    ]
+    .map(|r| r.map_err(|e| e.to_string()));
+    assert_eq!(got, [Ok(true), Ok(false), Ok(false)]);
+    // And the GPU and MIG classes leave the VFIO device alone.
+    for file in ["gpu.nvidia.com.yaml", "mig.nvidia.com.yaml"] {
+        assert_eq!(
+            class_selector(file)
+                .evaluate(&view(VFIO_DEVICE))
+                .map_err(|e| e.to_string()),
+            Ok(false),
+            "{file}"
+        );
+    }
+}
+
+/// docs/vm-passthrough.md's KubeVirt example: its ResourceClaimTemplate is a valid
+/// resource.k8s.io/v1 object naming the VFIO class, and its model selector matches an H100's
+/// VFIO device.
+#[test]
+fn the_kubevirt_example_claim_template_names_the_vfio_class_and_its_selector_matches() {
+    use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/vm-passthrough.md"),
+    )
+    .unwrap();
+    let block = doc
+        .split("```yaml\n")
+        .map(|b| b.split("```").next().unwrap())
+        .find(|b| b.contains("kind: ResourceClaimTemplate"))
+        .expect("a ResourceClaimTemplate example");
+    let first = block.split("\n---\n").next().unwrap();
+    let template: ResourceClaimTemplate = serde_yaml::from_str(first).unwrap();
+    let devices = template.spec.unwrap().spec.unwrap().devices.unwrap();
+    let request = &devices.requests.as_ref().unwrap()[0];
+    let exactly = request.exactly.as_ref().unwrap();
+    assert_eq!(
+        (request.name.as_str(), exactly.device_class_name.as_str()),
+        ("gpu", "vfio.gpu.nvidia.com")
+    );
+    let expression = &exactly.selectors.as_ref().unwrap()[0]
+        .cel
+        .as_ref()
+        .unwrap()
+        .expression;
+    let selector = Selector::compile(expression).unwrap();
+    assert_eq!(
+        selector
+            .evaluate(&view(VFIO_DEVICE))
+            .map_err(|e| e.to_string()),
+        Ok(true)
+    );
+    let config = &devices.config.as_ref().unwrap()[0];
+    let opaque = config.opaque.as_ref().unwrap();
+    assert_eq!(
+        (opaque.driver.as_str(), &opaque.parameters.0),
+        (
+            "gpu.nvidia.com",
+            &serde_json::json!({
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "VfioDeviceConfig",
+                "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}
+            })
+        )
+    );
+}

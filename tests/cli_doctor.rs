@@ -109,7 +109,9 @@ fn doctor_command(node: &Node, sim_node: &str) -> Command {
         .arg(root.join("no-crio.conf"))
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("GPU_DRA_SIM_STATE_DIR")
-        .env_remove("GPU_DRA_SIM_NODE");
+        .env_remove("GPU_DRA_SIM_NODE")
+        .env_remove("GPU_DRA_PASSTHROUGH")
+        .env_remove("GPU_DRA_HOST_ROOT");
     if nvml_backend() {
         command
             .args(["--gpu-backend", "nvml", "--simulated-host"])
@@ -440,4 +442,221 @@ fn a_cdi_directory_without_write_permission_fails_even_for_root() {
         node.cdi_root().display()
     );
     assert_eq!(run.check("cdi-root")["found"], want);
+}
+
+/// A host's sysfs and `/dev/vfio` as the kernel lays them out, under a directory given to
+/// doctor as `--host-root`: functions under `sys/devices/pci0000:00/`, linked from
+/// `sys/bus/pci/devices/` and from their IOMMU group's `devices/`, each with a `driver` and an
+/// `iommu_group` link.
+struct HostTree {
+    root: PathBuf,
+}
+
+impl HostTree {
+    /// The IOMMU on, vfio-pci loaded, `/dev/vfio/vfio` present; no PCI function yet.
+    fn new(root: PathBuf) -> HostTree {
+        for dir in [
+            "sys/kernel/iommu_groups",
+            "sys/bus/pci/devices",
+            "sys/devices/pci0000:00",
+            "sys/module/vfio_pci",
+            "dev/vfio",
+        ] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        for driver in ["nvidia", "vfio-pci", "pcieport", "mlx5_core"] {
+            let dir = root.join("sys/bus/pci/drivers").join(driver);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("bind"), "").unwrap();
+            std::fs::write(dir.join("unbind"), "").unwrap();
+        }
+        std::fs::write(root.join("dev/vfio/vfio"), "").unwrap();
+        HostTree { root }
+    }
+
+    /// A PCI function at `address` in IOMMU group `group`, bound to `driver`.
+    fn function(&self, address: &str, vendor: &str, class: &str, driver: &str, group: u32) {
+        use std::os::unix::fs::symlink;
+        let dev = self.root.join("sys/devices/pci0000:00").join(address);
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("vendor"), format!("{vendor}\n")).unwrap();
+        std::fs::write(dev.join("class"), format!("{class}\n")).unwrap();
+        symlink(
+            format!("../../../bus/pci/drivers/{driver}"),
+            dev.join("driver"),
+        )
+        .unwrap();
+        symlink(
+            format!("../../../kernel/iommu_groups/{group}"),
+            dev.join("iommu_group"),
+        )
+        .unwrap();
+        symlink(
+            format!("../../../devices/pci0000:00/{address}"),
+            self.root.join("sys/bus/pci/devices").join(address),
+        )
+        .unwrap();
+        let members = self
+            .root
+            .join(format!("sys/kernel/iommu_groups/{group}/devices"));
+        std::fs::create_dir_all(&members).unwrap();
+        symlink(
+            format!("../../../../devices/pci0000:00/{address}"),
+            members.join(address),
+        )
+        .unwrap();
+    }
+
+    /// Two H100s: 0000:1b:00.0 alone in group 1, and 0000:5d:00.0 behind the bridge
+    /// 0000:5c:00.0 in group 3.
+    fn two_gpus(&self) {
+        self.function("0000:5d:00.0", "0x10de", "0x030200", "nvidia", 3);
+        self.function("0000:5c:00.0", "0x8086", "0x060400", "pcieport", 3);
+        self.function("0000:1b:00.0", "0x10de", "0x030200", "vfio-pci", 1);
+    }
+
+    fn arg(&self) -> &str {
+        self.root.to_str().unwrap()
+    }
+}
+
+fn host_tree(node: &Node) -> HostTree {
+    HostTree::new(node.root().join("host-root"))
+}
+
+const PASSTHROUGH_CHECKS: [&str; 3] = ["iommu", "vfio-modules", "vfio-device"];
+
+#[test]
+fn gpus_alone_or_behind_a_bridge_in_their_iommu_group_pass_every_passthrough_check() {
+    let node = bare_node();
+    let host = host_tree(&node);
+    host.two_gpus();
+    let run = doctor(
+        &node,
+        &["--quick", "--passthrough", "--host-root", host.arg()],
+    );
+    assert_eq!((run.code, run.not_ok()), (0, vec![]), "{:#?}", run.checks);
+    let found = |name: &str| run.check(name)["found"].as_str().unwrap().to_string();
+    let groups = format!("{}/sys/kernel/iommu_groups", host.arg());
+    assert_eq!(found("iommu"), format!("on: 2 IOMMU groups in {groups}"));
+    assert_eq!(
+        found("vfio-modules"),
+        format!("vfio-pci loaded ({}/sys/module/vfio_pci)", host.arg())
+    );
+    // Indexed by PCI address, as the gpu-vfio-<i> devices are.
+    assert_eq!(
+        (found("gpu-vfio-0"), found("gpu-vfio-1")),
+        (
+            "0000:1b:00.0 (driver vfio-pci): IOMMU group 1, alone".to_string(),
+            "0000:5d:00.0 (driver nvidia): IOMMU group 3, with 0000:5c:00.0 (bridges or NVIDIA functions)".to_string()
+        )
+    );
+    // Without --passthrough none of them runs.
+    let plain = doctor(&node, &["--quick", "--host-root", host.arg()]);
+    let names: Vec<&str> = plain
+        .checks
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| !PASSTHROUGH_CHECKS.contains(n) && !n.starts_with("gpu-vfio")),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn a_network_card_in_a_gpus_iommu_group_fails_that_gpus_check_naming_the_card() {
+    let node = bare_node();
+    let host = host_tree(&node);
+    host.two_gpus();
+    host.function("0000:5d:00.1", "0x15b3", "0x020000", "mlx5_core", 3);
+    let run = doctor(
+        &node,
+        &["--quick", "--passthrough", "--host-root", host.arg()],
+    );
+    let found = run.only_bad("gpu-vfio-1", "fail", 2);
+    assert_eq!(
+        found,
+        "0000:5d:00.0 (driver nvidia): IOMMU group 3 also holds 0000:5d:00.1 (vendor 0x15b3, class 0x020000, driver mlx5_core)"
+    );
+    let fix = run.check("gpu-vfio-1")["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("ACS") && fix.ends_with("(docs/troubleshooting.md#gpu-vfio-index)"),
+        "{fix}"
+    );
+}
+
+#[test]
+fn a_host_without_iommu_groups_fails_the_iommu_check_with_the_kernel_command_line_fix() {
+    let node = bare_node();
+    let host = host_tree(&node);
+    host.two_gpus();
+    std::fs::remove_dir_all(host.root.join("sys/kernel/iommu_groups")).unwrap();
+    // As in the plugin's pod: the settings come from the plugin's environment.
+    let mut command = doctor_command(&node, PRESET);
+    let out = command
+        .args(["--quick", "-o", "json"])
+        .env("GPU_DRA_PASSTHROUGH", "true")
+        .env("GPU_DRA_HOST_ROOT", host.arg())
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run = Run {
+        code: out.status.code().unwrap(),
+        checks: report["checks"].as_array().unwrap().clone(),
+    };
+    let found = run.only_bad("iommu", "fail", 2);
+    assert_eq!(
+        found,
+        format!(
+            "off: {}/sys/kernel/iommu_groups is missing or empty",
+            host.arg()
+        )
+    );
+    let fix = run.check("iommu")["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("intel_iommu=on iommu=pt") && fix.contains("amd_iommu=on"),
+        "{fix}"
+    );
+    // The GPUs' groups are not looked at with the IOMMU off.
+    assert!(
+        run.checks
+            .iter()
+            .all(|c| !c["name"].as_str().unwrap().starts_with("gpu-vfio")),
+        "{:#?}",
+        run.checks
+    );
+}
+
+#[test]
+fn without_vfio_pci_loaded_the_modules_and_api_device_checks_fail() {
+    let node = bare_node();
+    let host = host_tree(&node);
+    host.two_gpus();
+    std::fs::remove_dir_all(host.root.join("sys/module/vfio_pci")).unwrap();
+    std::fs::remove_dir_all(host.root.join("sys/bus/pci/drivers/vfio-pci")).unwrap();
+    std::fs::remove_file(host.root.join("dev/vfio/vfio")).unwrap();
+    let run = doctor(
+        &node,
+        &["--quick", "--passthrough", "--host-root", host.arg()],
+    );
+    assert_eq!(
+        (run.code, run.not_ok()),
+        (
+            2,
+            vec![
+                ("vfio-modules".to_string(), "fail".to_string()),
+                ("vfio-device".to_string(), "fail".to_string()),
+            ]
+        ),
+        "{:#?}",
+        run.checks
+    );
+    let fix = run.check("vfio-modules")["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("modprobe vfio-pci") && fix.contains("/etc/modules-load.d"),
+        "{fix}"
+    );
 }

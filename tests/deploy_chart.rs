@@ -130,6 +130,7 @@ fn schema_accepts_every_documented_choice() {
         json!({"sim": {"nodePresets": ["dgx-h100", {"preset": "l4-x4", "sharedGpus": "memory"}]}}),
         json!({"metrics": {"enabled": false}, "logging": {"format": "json", "level": "debug"}}),
         json!({"driverRoot": "/run/nvidia/driver", "deviceClasses": {"mig": false}}),
+        json!({"passthrough": {"enabled": true, "iommufd": true}}),
     ];
     let got: Vec<Vec<String>> = cases
         .iter()

@@ -427,6 +427,199 @@ fn toggles_remove_the_policy_and_a_device_class() {
     assert_eq!(kinds(&objects), want);
 }
 
+/// Host paths mounted into the plugin container that are not the chart's passthrough-free
+/// mounts: host path → (mount path, read-only).
+fn passthrough_mounts(daemonset: &Value) -> BTreeMap<String, (String, bool)> {
+    let spec = &daemonset["spec"]["template"]["spec"];
+    let volumes: BTreeMap<&str, &str> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
+        .collect();
+    container(daemonset)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["mountPath"].as_str().unwrap().starts_with("/host-root"))
+        .map(|m| {
+            let host = volumes[m["name"].as_str().unwrap()];
+            (
+                host.to_string(),
+                (
+                    m["mountPath"].as_str().unwrap().to_string(),
+                    m["readOnly"].as_bool().unwrap_or(false),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The plugin's passthrough settings: `GPU_DRA_PASSTHROUGH` (`--passthrough`) and
+/// `GPU_DRA_HOST_ROOT` (`--host-root`), absent as `None`.
+fn passthrough_env(daemonset: &Value) -> (Option<String>, Option<String>) {
+    let env = env(daemonset);
+    (
+        env.get("GPU_DRA_PASSTHROUGH").cloned(),
+        env.get("GPU_DRA_HOST_ROOT").cloned(),
+    )
+}
+
+fn class_names(objects: &[Value]) -> Vec<String> {
+    of_kind(objects, "DeviceClass")
+        .into_iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn passthrough_off_renders_no_vfio_class_no_passthrough_env_and_no_host_root_mounts() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    for extra in [vec![], vec!["-f".to_string(), sim_values()]] {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let objects = render_chart(&helm, &extra);
+        assert_eq!(class_names(&objects), ["gpu.nvidia.com", "mig.nvidia.com"]);
+        for ds in of_kind(&objects, "DaemonSet") {
+            assert_eq!(passthrough_env(ds), (None, None));
+            assert_eq!(passthrough_mounts(ds), BTreeMap::new());
+        }
+    }
+}
+
+#[test]
+fn passthrough_on_renders_the_vfio_class_the_flags_and_the_host_sys_dev_vfio_and_proc_mounts() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(&helm, &["--set", "passthrough.enabled=true"]);
+    assert_eq!(
+        class_names(&objects),
+        ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"]
+    );
+    let file = yaml_file(&deploy_support::repo().join("device-classes/vfio.gpu.nvidia.com.yaml"));
+    let rendered = of_kind(&objects, "DeviceClass")[2];
+    assert_eq!(rendered["spec"], file["spec"]);
+    assert_eq!(
+        file["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'"
+    );
+
+    let daemonset = of_kind(&objects, "DaemonSet")[0];
+    assert_eq!(
+        passthrough_env(daemonset),
+        (Some("true".into()), Some("/host-root".into()))
+    );
+    // sysfs writable (bind/unbind, driver_override); the rest only read.
+    let mount = |path: &str, read_only: bool| (path.to_string(), read_only);
+    let want = BTreeMap::from([
+        ("/sys".to_string(), mount("/host-root/sys", false)),
+        ("/dev/vfio".to_string(), mount("/host-root/dev/vfio", true)),
+        ("/proc".to_string(), mount("/host-root/proc", true)),
+    ]);
+    assert_eq!(passthrough_mounts(daemonset), want);
+    // Real GPU nodes run privileged already; passthrough adds nothing to it.
+    assert_eq!(
+        container(daemonset)["securityContext"],
+        json!({"privileged": true})
+    );
+
+    let iommufd = render_chart(
+        &helm,
+        &[
+            "--set",
+            "passthrough.enabled=true",
+            "--set",
+            "passthrough.iommufd=true",
+        ],
+    );
+    let daemonset = of_kind(&iommufd, "DaemonSet")[0];
+    assert_eq!(
+        passthrough_mounts(daemonset).get("/dev/iommu"),
+        Some(&mount("/host-root/dev/iommu", true))
+    );
+    let volume = daemonset["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["hostPath"]["path"] == "/dev/iommu")
+        .unwrap();
+    assert_eq!(volume["hostPath"]["type"], "CharDevice");
+}
+
+#[test]
+fn passthrough_without_privileged_adds_only_sys_ptrace_to_the_dropped_capabilities() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(
+        &helm,
+        &[
+            "--set",
+            "passthrough.enabled=true",
+            "--set",
+            "kubeletPlugin.privileged=false",
+        ],
+    );
+    let daemonset = of_kind(&objects, "DaemonSet")[0];
+    assert_eq!(
+        container(daemonset)["securityContext"],
+        json!({
+            "runAsUser": 0,
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
+        })
+    );
+    assert_eq!(passthrough_mounts(daemonset).len(), 3);
+}
+
+#[test]
+fn passthrough_with_sim_values_sets_the_flag_but_mounts_nothing_from_the_host() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let sim = sim_values();
+    let plain = render_chart(&helm, &["-f", &sim]);
+    let objects = render_chart(&helm, &["-f", &sim, "--set", "passthrough.enabled=true"]);
+    assert!(class_names(&objects).contains(&"vfio.gpu.nvidia.com".to_string()));
+    let plain_sets = of_kind(&plain, "DaemonSet");
+    let sets = of_kind(&objects, "DaemonSet");
+    assert_eq!(sets.len(), plain_sets.len());
+    for (ds, plain_ds) in sets.into_iter().zip(plain_sets) {
+        // The simulated node's own tree is the plugin's default --host-root.
+        assert_eq!(passthrough_env(ds), (Some("true".into()), None));
+        assert_eq!(host_mounts(ds), host_mounts(plain_ds));
+        assert_eq!(
+            container(ds)["securityContext"],
+            container(plain_ds)["securityContext"]
+        );
+    }
+    // The NVML backend over the simulated library is told where the library keeps the tree.
+    let objects = render_chart(
+        &helm,
+        &[
+            "-f",
+            &sim,
+            "--set",
+            "passthrough.enabled=true",
+            "--set",
+            "sim.nvmlLibrary=true",
+        ],
+    );
+    for ds in of_kind(&objects, "DaemonSet") {
+        let env = env(ds);
+        assert_eq!(
+            passthrough_env(ds),
+            (
+                Some("true".into()),
+                Some(format!("{}/host-root", env["GPU_DRA_SIM_STATE_DIR"]))
+            )
+        );
+        assert_eq!(passthrough_mounts(ds), BTreeMap::new());
+    }
+}
+
 #[test]
 fn helm_refuses_a_misspelt_value() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
@@ -495,11 +688,25 @@ fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
     let sim = sim_values();
     // With ComputeDomains on too: the controller Deployment, its plugin and their RBAC.
     let on = ["--set", "computeDomains.enabled=true"];
+    // With passthrough on: the VFIO class, the host-root mounts (and SYS_PTRACE unprivileged).
+    let vfio = [
+        "--set",
+        "passthrough.enabled=true",
+        "--set",
+        "passthrough.iommufd=true",
+    ];
     let runs = [
         vec![],
         vec!["-f", sim.as_str()],
         on.to_vec(),
         [on.as_slice(), &["-f", sim.as_str()]].concat(),
+        vfio.to_vec(),
+        [
+            vfio.as_slice(),
+            &["--set", "kubeletPlugin.privileged=false"],
+        ]
+        .concat(),
+        [vfio.as_slice(), &["-f", sim.as_str()]].concat(),
     ];
     for extra in runs {
         for object in render_chart(&helm, &extra) {

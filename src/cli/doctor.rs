@@ -58,6 +58,14 @@ pub(crate) struct DoctorArgs {
     /// `--state-dir`.
     #[command(flatten)]
     state_dir: StateDirFlag,
+    /// The plugin runs with `--passthrough`: also check what VFIO passthrough needs (the
+    /// IOMMU, vfio-pci, /dev/vfio/vfio, each GPU's IOMMU group).
+    #[arg(long, env = "GPU_DRA_PASSTHROUGH", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false", num_args = 0..=1, default_missing_value = "true")]
+    passthrough: bool,
+    /// Where the host's sys/ and dev/vfio/ are found for --passthrough, as the plugin takes it.
+    /// Default: / (simulated node: its tree, <state dir>/sim/host-root).
+    #[arg(long, env = "GPU_DRA_HOST_ROOT", value_name = "DIR")]
+    host_root: Option<PathBuf>,
     /// containerd's configuration file.
     #[arg(long, default_value = "/etc/containerd/config.toml")]
     containerd_config: PathBuf,
@@ -101,8 +109,18 @@ pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         .state_dir
         .state_dir
         .unwrap_or_else(|| plugin_dir.clone());
+    let simulated = args.simulated_host || args.backend.gpu_backend == Backend::Sim;
+    let host_root = args.passthrough.then(|| {
+        args.host_root.clone().unwrap_or_else(|| {
+            if simulated {
+                state_dir.join("sim").join("host-root")
+            } else {
+                PathBuf::from("/")
+            }
+        })
+    });
     let gpus = NodeGpus {
-        simulated: args.simulated_host || args.backend.gpu_backend == Backend::Sim,
+        simulated,
         backend,
         driver_root: args.driver_root.driver_root.clone(),
         sim_state: state_dir.join("sim"),
@@ -127,7 +145,7 @@ pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         },
         quick: args.quick,
     };
-    let report = doctor::run(&config, &gpus)?;
+    let report = doctor::run(&config, &gpus, host_root.as_deref())?;
     match args.output {
         DoctorOutput::Table => emit(&report.render_table())?,
         DoctorOutput::Json => emit(&report.to_json())?,

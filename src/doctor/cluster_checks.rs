@@ -203,20 +203,28 @@ pub fn check_scheduling_cost(
 }
 
 /// The DeviceClasses the chart installs for `driver`: the GPU class (named after the
-/// driver) and `mig.nvidia.com`.
-pub fn expected_classes(driver: &str) -> Vec<String> {
-    vec![driver.to_string(), "mig.nvidia.com".to_string()]
+/// driver) and `mig.nvidia.com`, and with `vfio` (passthrough on) `vfio.<driver>`.
+pub fn expected_classes(driver: &str, vfio: bool) -> Vec<String> {
+    let mut classes = vec![driver.to_string(), "mig.nvidia.com".to_string()];
+    if vfio {
+        classes.push(format!("vfio.{driver}"));
+    }
+    classes
 }
 
-/// `device-classes`: each expected class exists.
-pub fn check_classes(driver: &str, classes: &Result<Vec<String>, String>) -> Check {
+/// `device-classes`: each expected class exists (`vfio`: passthrough is on).
+pub fn check_classes(driver: &str, vfio: bool, classes: &Result<Vec<String>, String>) -> Check {
     const NAME: &str = "device-classes";
-    let fix = "Install the chart's DeviceClasses (helm upgrade --install with deviceClasses.gpu and deviceClasses.mig true); claims name them";
+    let fix = if vfio {
+        "Install the chart's DeviceClasses (helm upgrade --install with deviceClasses.gpu, deviceClasses.mig and passthrough.enabled true); claims name them"
+    } else {
+        "Install the chart's DeviceClasses (helm upgrade --install with deviceClasses.gpu and deviceClasses.mig true); claims name them"
+    };
     let classes = match classes {
         Ok(c) => c,
         Err(why) => return Check::fail(NAME, why.clone(), fix, NAME),
     };
-    let want = expected_classes(driver);
+    let want = expected_classes(driver, vfio);
     let missing: Vec<&String> = want.iter().filter(|w| !classes.contains(w)).collect();
     if missing.is_empty() {
         Check::ok(NAME, want.join(", "))
@@ -292,14 +300,14 @@ pub fn check_rbac(access: &[(Permission, Review)]) -> Check {
     }
 }
 
-/// Every cluster check, in report order.
-pub fn checks(driver: &str, node: &str, facts: &ClusterFacts) -> Vec<Check> {
+/// Every cluster check, in report order (`vfio`: passthrough is on, its class is expected).
+pub fn checks(driver: &str, vfio: bool, node: &str, facts: &ClusterFacts) -> Vec<Check> {
     vec![
         check_resource_api(&facts.resource_v1),
         check_gates(&facts.gates),
         check_slices(node, &facts.slices),
         check_scheduling_cost(&facts.resource_v1, &facts.slices),
-        check_classes(driver, &facts.classes),
+        check_classes(driver, vfio, &facts.classes),
         check_policy(&facts.policies),
         check_rbac(&facts.access),
     ]
@@ -431,6 +439,7 @@ mod tests {
     fn a_missing_device_class_fails_naming_it() {
         let c = check_classes(
             "gpu.nvidia.com",
+            false,
             &Ok(vec!["gpu.nvidia.com".into(), "other".into()]),
         );
         assert_eq!(
@@ -438,7 +447,30 @@ mod tests {
             (Status::Fail, "missing DeviceClass mig.nvidia.com")
         );
         let all = Ok(vec!["mig.nvidia.com".into(), "gpu.nvidia.com".into()]);
-        assert_eq!(check_classes("gpu.nvidia.com", &all).status, Status::Ok);
+        assert_eq!(
+            check_classes("gpu.nvidia.com", false, &all).status,
+            Status::Ok
+        );
+    }
+
+    #[test]
+    fn with_passthrough_on_the_vfio_class_is_expected_too() {
+        let without = Ok(vec!["mig.nvidia.com".into(), "gpu.nvidia.com".into()]);
+        let c = check_classes("gpu.nvidia.com", true, &without);
+        assert_eq!(
+            (c.status, c.found.as_str()),
+            (Status::Fail, "missing DeviceClass vfio.gpu.nvidia.com")
+        );
+        assert!(c.fix.unwrap().contains("passthrough.enabled"));
+        let with = Ok(vec![
+            "mig.nvidia.com".into(),
+            "gpu.nvidia.com".into(),
+            "vfio.gpu.nvidia.com".into(),
+        ]);
+        assert_eq!(
+            check_classes("gpu.nvidia.com", true, &with).status,
+            Status::Ok
+        );
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! through kube — and returns a [`Report`] whose [`Report::exit_code`] is 0 when all is ok,
 //! 1 on a warning and 2 on a failure. Checks are described in `docs/troubleshooting.md`.
 //!
+//! With `--passthrough`, [`run`] adds the VFIO checks of [`passthrough`] (IOMMU, vfio-pci,
+//! `/dev/vfio/vfio`, each GPU's IOMMU group) right after the node's own, read under the
+//! plugin's `--host-root`; they start no process, so `--quick` keeps them.
+//!
 //! `--quick` ([`DoctorConfig::quick`]) runs only the node's own checks that start no process
 //! and talk to nobody (no plugin socket, no `nvidia-smi`, no cluster): the plugin logs them at
 //! start (`plugin/start_checks.rs` calls [`node_checks`]; nothing here imports the plugin).
@@ -15,6 +19,7 @@ pub mod cluster_checks;
 pub mod gather;
 pub mod gpu;
 pub mod host;
+pub mod passthrough;
 pub mod report;
 pub mod runtime;
 pub mod smi;
@@ -63,16 +68,27 @@ pub enum DoctorError {
     Runtime(#[source] std::io::Error),
 }
 
-/// Runs every check and returns the report.
+/// Runs every check and returns the report. `passthrough`: the host root (`--host-root`) when
+/// the plugin runs with `--passthrough`, whose VFIO checks then follow the node's own (and
+/// the cluster's `device-classes` check also wants `vfio.<driver>`).
 ///
 /// # Errors
 /// [`DoctorError::Runtime`] only; everything the checks find is in the report.
-pub fn run(config: &DoctorConfig, gpus: &dyn GpuProbe) -> Result<Report, DoctorError> {
+pub fn run(
+    config: &DoctorConfig,
+    gpus: &dyn GpuProbe,
+    passthrough: Option<&Path>,
+) -> Result<Report, DoctorError> {
     let inventory = gpus.inventory();
     let simulated = gpus.simulated();
     let mut report = Report {
         checks: node_checks(config, gpus, &inventory, simulated),
     };
+    if let Some(root) = passthrough {
+        report
+            .checks
+            .extend(passthrough::checks(&passthrough::probe(root)));
+    }
     if config.quick {
         return Ok(report);
     }
@@ -97,7 +113,7 @@ pub fn run(config: &DoctorConfig, gpus: &dyn GpuProbe) -> Result<Report, DoctorE
     });
     report
         .checks
-        .extend(runtime.block_on(cluster_checks(config, gpus)));
+        .extend(runtime.block_on(cluster_checks(config, gpus, passthrough.is_some())));
     Ok(report)
 }
 
@@ -150,7 +166,7 @@ pub fn node_checks(
     checks
 }
 
-async fn cluster_checks(config: &DoctorConfig, gpus: &dyn GpuProbe) -> Vec<Check> {
+async fn cluster_checks(config: &DoctorConfig, gpus: &dyn GpuProbe, vfio: bool) -> Vec<Check> {
     if !config.cluster {
         return vec![Check::warn(
             "cluster",
@@ -172,7 +188,7 @@ async fn cluster_checks(config: &DoctorConfig, gpus: &dyn GpuProbe) -> Vec<Check
     };
     let node = node_name(config, gpus);
     let facts = cluster::gather(&client, &config.driver_name, &node).await;
-    cluster::checks(&config.driver_name, &node, &facts)
+    cluster::checks(&config.driver_name, vfio, &node, &facts)
 }
 
 /// `--node-name`, else the simulated node's name, else the host name.

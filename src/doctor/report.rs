@@ -45,7 +45,7 @@ pub const DOCS: &str = "docs/troubleshooting.md";
 
 /// Every section of [`DOCS`] a fix links to: one per check (`gpu-index` for the `gpu-<index>`
 /// checks). A test keeps them in step with the guide's headings.
-pub const ANCHORS: [&str; 20] = [
+pub const ANCHORS: [&str; 24] = [
     "nvml",
     "gpus",
     "gpu-index",
@@ -56,6 +56,10 @@ pub const ANCHORS: [&str; 20] = [
     "plugin-dir",
     "registry-dir",
     "tools",
+    "iommu",
+    "vfio-modules",
+    "vfio-device",
+    "gpu-vfio-index",
     "plugin-socket",
     "nvidia-smi",
     "cluster",
