@@ -7,7 +7,7 @@ mod alloc_fixtures;
 
 use std::sync::Arc;
 
-use alloc_fixtures::{allocated, claim, device_names, yaml};
+use alloc_fixtures::{allocated, claim, device_names};
 use gpu_dra::alloc::{Detail, Node, Outcome, allocate_claim};
 use gpu_dra::devices::{self, ModelOptions};
 use gpu_dra::hardware::GpuBackend;
@@ -51,20 +51,7 @@ fn slices(mig: &str) -> Vec<ResourceSlice> {
 }
 
 fn classes() -> Vec<DeviceClass> {
-    ["gpu", "mig", "vfio"]
-        .iter()
-        .map(|kind| {
-            let name = match *kind {
-                "gpu" => "gpu.nvidia.com".to_string(),
-                "mig" => "mig.nvidia.com".to_string(),
-                _ => "vfio.gpu.nvidia.com".to_string(),
-            };
-            yaml(&format!(
-                "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {{name: {name}}}\n\
-                 spec:\n  selectors:\n  - cel:\n      expression: \"device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == '{kind}'\"\n"
-            ))
-        })
-        .collect()
+    gpu_dra::explain_inputs::builtin_classes().unwrap()
 }
 
 fn request(class: &str) -> ResourceClaim {

@@ -328,6 +328,17 @@ async fn sriov_vfs_mig_instances_and_processes_holding_the_gpu_are_each_refused_
     )
     .await;
     std::fs::remove_dir_all(host_root(&node).join("proc")).unwrap();
+    // nvidia-persistenced holds it too, and lets go when persistence mode goes off: no refusal.
+    let daemon = host_root(&node).join("proc/77");
+    std::fs::create_dir_all(daemon.join("fd")).unwrap();
+    std::fs::write(daemon.join("comm"), "nvidia-persistenced\n").unwrap();
+    std::os::unix::fs::symlink("/dev/nvidia0", daemon.join("fd/5")).unwrap();
+    prepare_one(&mut kubelet, &claim).await.unwrap();
+    kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(host_root(&node).join("proc")).unwrap();
 
     // A MIG instance nobody's claim holds (made behind the plugin's back).
     let sim =
@@ -337,6 +348,8 @@ async fn sriov_vfs_mig_instances_and_processes_holding_the_gpu_are_each_refused_
         .profile_by_name("1g.10gb")
         .unwrap()
         .id;
+    // (The prepare above switched MIG off on this dynamic-MIG GPU, as a full GPU's does.)
+    sim.set_mig_mode(0, true).unwrap();
     let made = sim.create_mig_device(0, profile, 3).unwrap();
     let err = prepare_one(&mut kubelet, &claim).await.unwrap_err();
     assert!(err.contains("MIG instances: 1g.10gb@3"), "{err}");

@@ -114,7 +114,14 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 }
             }
             if *minor != crate::devices::UNKNOWN_GPU {
-                let holders = pci.holders(*minor);
+                // nvidia-persistenced holds every GPU's node while persistence mode is on and
+                // lets go when act turns it off (NVML tells the daemon), as NVIDIA's driver
+                // relies on with `nvidia-smi -pm 0`: not a user of the GPU.
+                let holders: Vec<String> = pci
+                    .holders(*minor)
+                    .into_iter()
+                    .filter(|h| !h.ends_with("(nvidia-persistenced)"))
+                    .collect();
                 if !holders.is_empty() {
                     let mps = holders.iter().any(|h| h.contains("nvidia-cuda-mps"));
                     return Err(refuse(format!(
