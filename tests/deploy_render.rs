@@ -237,6 +237,11 @@ fn real_gpu_plugin_is_privileged_with_host_mounts_probes_and_downward_env() {
             mount("/var/lib/kubelet/plugins_registry", "None"),
         ),
         ("/var/run/cdi".to_string(), mount("/var/run/cdi", "None")),
+        // Device metadata on a tmpfs next to the CDI specs (docs/device-metadata.md).
+        (
+            "/var/run/gpu-dra/dra-device-metadata".to_string(),
+            mount("/var/run/gpu-dra/dra-device-metadata", "None"),
+        ),
         ("/".to_string(), mount("/driver-root", "HostToContainer")),
         ("/dev".to_string(), mount("/host/dev", "HostToContainer")),
     ]);
@@ -321,7 +326,8 @@ fn sim_values_run_one_unprivileged_daemonset_per_preset_label() {
             preset.to_string(),
             shared.to_string(),
             Value::Null,
-            3,
+            // plugin dir, registry dir, CDI root, device metadata dir
+            4,
         )
     };
     let want = vec![
