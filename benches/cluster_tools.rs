@@ -278,6 +278,21 @@ fn live(slices: &Value, claims: &Value, nine: &Path) {
         claims["items"].as_array().unwrap().len(),
         started.elapsed().as_secs_f64()
     );
+    // What the fake server alone takes to answer the two big lists once (its JSON is built
+    // and serialised per request in this process): the floor under the tools' wall times.
+    let mut serve = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let bytes = get(&node.api.url(), "/apis/resource.k8s.io/v1/resourceslices")
+            + get(&node.api.url(), "/apis/resource.k8s.io/v1/resourceclaims");
+        serve.push((t.elapsed().as_secs_f64(), bytes));
+    }
+    serve.sort_by(|a, b| a.0.total_cmp(&b.0));
+    println!(
+        "fake API server alone, GET slices + claims lists: median {:.2} s for {:.0} MB (a floor under the --kubeconfig wall times below; CPU and RSS are the tools' own)",
+        serve[RUNS / 2].0,
+        serve[RUNS / 2].1 as f64 / 1e6
+    );
     let kubeconfig = node.root().join("kubeconfig");
     let os = |x: &'static str| std::ffi::OsStr::new(x);
     measure(
@@ -325,4 +340,20 @@ fn live(slices: &Value, claims: &Value, nine: &Path) {
         5.0,
         200.0,
     );
+}
+
+/// GETs `path` from the plain-HTTP server at `base` (`http://host:port`) and returns the bytes
+/// of the answer, read to the end.
+fn get(base: &str, path: &str) -> usize {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).unwrap();
+    body.len()
 }
