@@ -16,56 +16,25 @@
 use std::path::{Path, PathBuf};
 
 use super::report::Check;
+use crate::hardware::passthrough::{HostKernel, NVIDIA_VENDOR, PciFunction, PciGpu, PciHost};
 
-/// PCI vendor ID of NVIDIA, as sysfs prints it.
-const NVIDIA_VENDOR: &str = "0x10de";
-
-/// A PCI function as its sysfs directory shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PciFunction {
-    /// Address, `0000:5d:00.0`.
-    pub address: String,
-    /// Vendor ID, `0x10de`.
-    pub vendor: String,
-    /// Class code, `0x030200`.
-    pub class: String,
-    /// The bound driver's name, if any.
-    pub driver: Option<String>,
-}
-
-impl PciFunction {
-    /// Whether a VM may take this function along with a GPU of its IOMMU group, as prepare
-    /// decides: a PCI bridge (class `0x0604xx`), or an NVIDIA function (the GPU's audio or
-    /// USB function, another GPU) bound to `nvidia` or `vfio-pci`.
-    pub fn may_share_group(&self) -> bool {
-        let bridge = self.class.starts_with("0x0604");
-        let nvidia = self.vendor == NVIDIA_VENDOR
-            && matches!(self.driver.as_deref(), Some("nvidia" | "vfio-pci"));
-        bridge || nvidia
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{} (vendor {}, class {}, driver {})",
-            self.address,
-            self.vendor,
-            self.class,
-            self.driver.as_deref().unwrap_or("none")
-        )
-    }
+fn describe(m: &PciFunction) -> String {
+    format!(
+        "{} (vendor {}, class {}, driver {})",
+        m.address,
+        m.vendor,
+        m.class,
+        m.driver.as_deref().unwrap_or("none")
+    )
 }
 
 /// One NVIDIA GPU physical function and its IOMMU group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuGroup {
-    /// The GPU.
-    pub gpu: PciFunction,
-    /// Its IOMMU group, if the IOMMU covers it.
-    pub group: Option<String>,
+    /// The GPU, as the plugin's PCI reader sees it ([`PciHost::scan`]).
+    pub gpu: PciGpu,
     /// The group's other members, sorted by address, or why they could not be listed.
     pub others: Result<Vec<PciFunction>, String>,
-    /// SR-IOV virtual functions enabled on it (`sriov_numvfs`).
-    pub sriov_vfs: u32,
 }
 
 /// What the host shows for passthrough.
@@ -86,82 +55,41 @@ pub struct PassthroughFacts {
     pub gpus: Vec<GpuGroup>,
 }
 
-fn read_trimmed(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_ascii_lowercase())
-}
-
-/// The last component of the link at `path` (a driver's or group's name).
-fn link_name(path: &Path) -> Option<String> {
-    let target = std::fs::read_link(path).ok()?;
-    Some(target.file_name()?.to_string_lossy().into_owned())
-}
-
-fn function(devices: &Path, address: &str) -> PciFunction {
-    let dir = devices.join(address);
-    PciFunction {
-        address: address.to_string(),
-        vendor: read_trimmed(&dir.join("vendor")).unwrap_or_default(),
-        class: read_trimmed(&dir.join("class")).unwrap_or_default(),
-        driver: link_name(&dir.join("driver")),
-    }
-}
-
-fn dir_names(dir: &Path) -> std::io::Result<Vec<String>> {
-    let mut names = std::fs::read_dir(dir)?
-        .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    names.sort();
-    Ok(names)
-}
-
-/// Reads the passthrough facts under `root` (the host's `/` as this process sees it). A
+/// Reads the passthrough facts under `root` (the host's `/` as this process sees it), with
+/// the plugin's own PCI reader ([`PciHost`]), so doctor judges exactly what prepare will. A
 /// missing file or directory reads as absent; nothing is written.
 pub fn probe(root: &Path) -> PassthroughFacts {
     let groups_dir = root.join("sys/kernel/iommu_groups");
-    let iommu_groups = dir_names(&groups_dir).map(|g| g.len()).unwrap_or(0);
+    let iommu_groups = std::fs::read_dir(&groups_dir).map_or(0, |d| d.count());
     let vfio_pci = [
         root.join("sys/module/vfio_pci"),
         root.join("sys/bus/pci/drivers/vfio-pci"),
     ]
     .into_iter()
     .find(|p| p.is_dir());
-    let devices = root.join("sys/bus/pci/devices");
-    let mut gpus = Vec::new();
-    for address in dir_names(&devices).unwrap_or_default() {
-        let gpu = function(&devices, &address);
-        let display = gpu.class.starts_with("0x0300") || gpu.class.starts_with("0x0302");
-        if gpu.vendor != NVIDIA_VENDOR || !display || devices.join(&address).join("physfn").exists()
-        {
-            continue;
-        }
-        let group = link_name(&devices.join(&address).join("iommu_group"));
-        let others = match &group {
-            None => Ok(Vec::new()),
-            Some(g) => {
-                let members = groups_dir.join(g).join("devices");
-                dir_names(&members)
-                    .map(|names| {
-                        names
-                            .iter()
-                            .filter(|a| **a != address)
-                            .map(|a| function(&devices, a))
+    // Read only: the kernel side is never written to here.
+    let pci = PciHost::new(root, std::sync::Arc::new(HostKernel));
+    let gpus = pci
+        .scan()
+        .map(|facts| facts.gpus)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|gpu| {
+            let others = match &gpu.iommu_group {
+                None => Ok(Vec::new()),
+                Some(group) => pci
+                    .group_members(group)
+                    .map(|members| {
+                        members
+                            .into_iter()
+                            .filter(|m| m.address != gpu.address)
                             .collect()
                     })
-                    .map_err(|e| format!("listing {}: {e}", members.display()))
-            }
-        };
-        let sriov_vfs = read_trimmed(&devices.join(&address).join("sriov_numvfs"))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        gpus.push(GpuGroup {
-            gpu,
-            group,
-            others,
-            sriov_vfs,
-        });
-    }
+                    .map_err(|e| crate::errors::error_chain(&e)),
+            };
+            GpuGroup { gpu, others }
+        })
+        .collect();
     PassthroughFacts {
         root: root.to_path_buf(),
         sysfs: root.join("sys/bus/pci").is_dir(),
@@ -250,7 +178,7 @@ pub fn check_gpu(index: usize, gpu: &GpuGroup) -> Check {
     const ANCHOR: &str = "gpu-vfio-index";
     let address = &gpu.gpu.address;
     let driver = gpu.gpu.driver.as_deref().unwrap_or("none");
-    let Some(group) = &gpu.group else {
+    let Some(group) = &gpu.gpu.iommu_group else {
         return Check::fail(
             name,
             format!("{address} (driver {driver}): in no IOMMU group"),
@@ -271,7 +199,7 @@ pub fn check_gpu(index: usize, gpu: &GpuGroup) -> Check {
     };
     let offenders: Vec<&PciFunction> = others.iter().filter(|m| !m.may_share_group()).collect();
     if !offenders.is_empty() {
-        let names: Vec<String> = offenders.iter().map(|m| m.describe()).collect();
+        let names: Vec<String> = offenders.iter().map(|m| describe(m)).collect();
         let nvidia_only = offenders.iter().all(|m| m.vendor == NVIDIA_VENDOR);
         let fix = if nvidia_only {
             "Bind the GPU's other NVIDIA functions to vfio-pci (echo vfio-pci > <function>/driver_override, unbind, echo <address> > /sys/bus/pci/drivers/vfio-pci/bind) or to nvidia, so they go to the VM with it"
@@ -301,12 +229,12 @@ pub fn check_gpu(index: usize, gpu: &GpuGroup) -> Check {
             ANCHOR,
         );
     }
-    if gpu.sriov_vfs > 0 {
+    if gpu.gpu.sriov_vfs > 0 {
         return Check::fail(
             name,
             format!(
                 "{address} (driver {driver}): {} SR-IOV VFs enabled",
-                gpu.sriov_vfs
+                gpu.gpu.sriov_vfs
             ),
             "Disable the VFs (echo 0 > /sys/bus/pci/devices/<address>/sriov_numvfs); a GPU with VFs cannot go to a VM whole",
             ANCHOR,
@@ -372,44 +300,18 @@ mod tests {
 
     fn gpu(others: Vec<PciFunction>) -> GpuGroup {
         GpuGroup {
-            gpu: function("0000:5d:00.0", NVIDIA_VENDOR, "0x030200", Some("nvidia")),
-            group: Some("7".into()),
+            gpu: PciGpu {
+                address: "0000:5d:00.0".into(),
+                device_id: "0x2330".into(),
+                driver: Some("nvidia".into()),
+                iommu_group: Some("7".into()),
+                pcie_root: None,
+                numa_node: None,
+                sriov_vfs: 0,
+                vfio_dev: None,
+            },
             others: Ok(others),
-            sriov_vfs: 0,
         }
-    }
-
-    #[test]
-    fn bridges_and_nvidia_functions_on_nvidia_or_vfio_may_share_a_group_nothing_else_may() {
-        let cases = [
-            (function("a", "0x8086", "0x060400", Some("pcieport")), true),
-            (
-                function("b", NVIDIA_VENDOR, "0x040300", Some("vfio-pci")),
-                true,
-            ),
-            (
-                function("c", NVIDIA_VENDOR, "0x030200", Some("nvidia")),
-                true,
-            ),
-            (
-                function("d", NVIDIA_VENDOR, "0x040300", Some("snd_hda_intel")),
-                false,
-            ),
-            (
-                function("e", "0x15b3", "0x020000", Some("mlx5_core")),
-                false,
-            ),
-            (function("f", "0x15b3", "0x020000", None), false),
-        ];
-        let got: Vec<(String, bool)> = cases
-            .iter()
-            .map(|(f, _)| (f.address.clone(), f.may_share_group()))
-            .collect();
-        let want: Vec<(String, bool)> = cases
-            .iter()
-            .map(|(f, ok)| (f.address.clone(), *ok))
-            .collect();
-        assert_eq!(got, want);
     }
 
     #[test]
@@ -437,7 +339,7 @@ mod tests {
     #[test]
     fn sriov_vfs_fail_a_gpu_whose_group_is_fine() {
         let mut with_vfs = gpu(vec![]);
-        with_vfs.sriov_vfs = 4;
+        with_vfs.gpu.sriov_vfs = 4;
         let check = check_gpu(3, &with_vfs);
         assert_eq!(
             (check.name.as_str(), check.status, check.found.as_str()),

@@ -568,5 +568,6 @@ mod tests {
         assert!(f(NVIDIA_VENDOR, "0x030200", Some(NVIDIA_DRIVER)).may_share_group());
         assert!(!f(NVIDIA_VENDOR, "0x040300", Some("snd_hda_intel")).may_share_group());
         assert!(!f("0x15b3", "0x020000", Some("mlx5_core")).may_share_group());
+        assert!(!f("0x15b3", "0x020000", None).may_share_group());
     }
 }
