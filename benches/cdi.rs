@@ -71,6 +71,7 @@ fn record(uid: &str) -> ClaimRecord {
             sharing: None,
         }],
         updated_unix: 0,
+        fabric_partition: None,
     }
 }
 

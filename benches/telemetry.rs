@@ -56,6 +56,7 @@ fn node() -> (SimBackend, Checkpoint, ClaimPods) {
                         sharing: None,
                     }],
                     updated_unix: 0,
+                    fabric_partition: None,
                 },
             );
             let pod = PodRef {

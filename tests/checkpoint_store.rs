@@ -42,6 +42,7 @@ fn claim() -> ClaimRecord {
             sharing: Some(json!({"strategy": "MPS", "daemon": {"id": "x", "limits": [50, 1.5]}})),
         }],
         updated_unix: 1_760_000_000,
+        fabric_partition: None,
     }
 }
 

@@ -20,6 +20,7 @@ mod act;
 mod batch;
 mod cache;
 mod error;
+pub mod fabric;
 mod inputs;
 mod kind;
 pub mod metadata;
@@ -73,6 +74,8 @@ pub struct ClaimsManager<S> {
     pub prepared: std::sync::atomic::AtomicU64,
     /// Device metadata files (KEP-5304) for every prepared claim; `None`: none written.
     pub metadata: Option<metadata::MetadataWriter>,
+    /// Fabric Manager partitions (`--fabric-manager`); `None`: no partition is activated.
+    pub fabric: Option<fabric::FabricPartitions>,
 }
 
 /// A prepared device as the kubelet gets it.

@@ -126,6 +126,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         failures.extend(sharing::undo(self.sharing.as_ref(), claim, rec, others));
         self.destroy_carved(others, rec, claim, &mut failures);
         crate::crashpoint::hit("unprepare-mig-destroyed");
+        failures.extend(self.release_fabric(rec, others, claim));
         failures
     }
 

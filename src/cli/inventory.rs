@@ -115,6 +115,7 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         mig_profiles: args.mig_profiles.mig_profiles.clone(),
         slice_layout: args.slice_layout.slice_layout,
         mig_attributes: args.slice_layout.mig_attributes,
+        fabric_partitions: None,
     };
     let (backend, default_node): (Box<dyn GpuBackend>, String) = match backend_kind {
         Backend::Sim => {

@@ -230,6 +230,7 @@ pub(super) fn prepare_all(
         sharing: Some(simulated_sharing(&work)?),
         prepared: Default::default(),
         metadata: None,
+        fabric: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

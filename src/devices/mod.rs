@@ -244,6 +244,9 @@ pub struct ModelOptions {
     pub slice_layout: SliceLayout,
     /// What MIG devices carry (`--mig-attributes`); compact by default.
     pub mig_attributes: MigAttributes,
+    /// Fabric Manager's partition list on an FM node (`--fabric-manager`): full GPUs then
+    /// carry `gpuModuleID` and `partition1/2/4/8`; `None` (default) publishes neither.
+    pub fabric_partitions: Option<std::sync::Arc<crate::fabric_manager::PartitionTable>>,
 }
 
 impl Default for ModelOptions {
@@ -256,6 +259,7 @@ impl Default for ModelOptions {
             mig_profiles: MigProfileSet::All,
             slice_layout: SliceLayout::ByGpu,
             mig_attributes: MigAttributes::Compact,
+            fabric_partitions: None,
         }
     }
 }
@@ -294,12 +298,20 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     for gpu in &inventory.gpus {
         let policy = options.policy_for(gpu);
         let common = attributes::common(inventory, gpu);
-        let full = || PublishedDevice {
-            gpu_index: gpu.index,
-            gpu_minor: gpu.minor,
-            gpu_uuid: gpu.uuid.clone(),
-            kind: DeviceKind::Gpu,
-            device: attributes::full_gpu(&common, gpu),
+        let full = || {
+            let mut device = attributes::full_gpu(&common, gpu);
+            if let (Some(table), Some(attrs)) =
+                (&options.fabric_partitions, device.attributes.as_mut())
+            {
+                attrs.extend(crate::fabric_manager::attributes(gpu.module_id, table));
+            }
+            PublishedDevice {
+                gpu_index: gpu.index,
+                gpu_minor: gpu.minor,
+                gpu_uuid: gpu.uuid.clone(),
+                kind: DeviceKind::Gpu,
+                device,
+            }
         };
         match policy {
             MigPolicy::Disabled if gpu.mig.current => {

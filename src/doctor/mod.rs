@@ -12,6 +12,7 @@
 
 pub mod cluster;
 pub mod cluster_checks;
+pub mod fabric;
 pub mod gather;
 pub mod gpu;
 pub mod host;

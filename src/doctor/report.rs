@@ -45,7 +45,7 @@ pub const DOCS: &str = "docs/troubleshooting.md";
 
 /// Every section of [`DOCS`] a fix links to: one per check (`gpu-index` for the `gpu-<index>`
 /// checks). A test keeps them in step with the guide's headings.
-pub const ANCHORS: [&str; 20] = [
+pub const ANCHORS: [&str; 21] = [
     "nvml",
     "gpus",
     "gpu-index",
@@ -58,6 +58,7 @@ pub const ANCHORS: [&str; 20] = [
     "tools",
     "plugin-socket",
     "nvidia-smi",
+    "fabric-manager",
     "cluster",
     "resource-api",
     "feature-gates",

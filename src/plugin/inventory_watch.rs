@@ -400,6 +400,7 @@ mod tests {
                     sharing: None,
                 }],
                 updated_unix: 1_760_000_000,
+                fabric_partition: None,
             },
         );
         encode(&checkpoint).unwrap()

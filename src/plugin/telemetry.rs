@@ -321,6 +321,7 @@ mod tests {
                 sharing: None,
             }],
             updated_unix: 0,
+            fabric_partition: None,
         }
     }
 

@@ -52,5 +52,6 @@ pub fn manager<S: ClaimSource>(
         sharing: None,
         prepared: Default::default(),
         metadata: None,
+        fabric: None,
     }
 }
