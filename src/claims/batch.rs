@@ -209,17 +209,19 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let mut done = Vec::with_capacity(wave.len());
         for p in wave {
             let id = &ids[p.index];
-            let acted = self
-                .activate_fabric(id, p.fabric_partition)
-                .and_then(|()| {
-                    self.act(
-                        store,
-                        id,
-                        &p.devices,
-                        &p.metadata,
-                        p.pod_claim_name.as_deref(),
-                    )
-                });
+            let acted = match self.activate_fabric(id, p.fabric_partition) {
+                Ok(()) => self.act(
+                    store,
+                    id,
+                    &p.devices,
+                    &p.metadata,
+                    p.pod_claim_name.as_deref(),
+                ),
+                Err(e) => {
+                    self.activation_failed(store, id, &e);
+                    Err(e)
+                }
+            };
             match acted {
                 Ok(cdi_ids) => done.push((p.index, cdi_ids)),
                 Err(e) => {

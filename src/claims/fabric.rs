@@ -138,6 +138,38 @@ impl<S: ClaimSource> ClaimsManager<S> {
         Ok(())
     }
 
+    /// After [`ClaimsManager::activate_fabric`] failed with `error`: when FM surely did not
+    /// activate the partition (unreachable, `fmpm` missing, partition busy), the claim's
+    /// intent forgets it, so the rollback does not need FM (which may be unreachable) to
+    /// undo what never happened. A failure that may have activated it (a timeout, another
+    /// FM error) keeps it recorded, and the rollback deactivates it.
+    pub(super) fn activation_failed(
+        &self,
+        store: &mut crate::checkpoint::CheckpointStore,
+        id: &ClaimId,
+        error: &ClaimError,
+    ) {
+        let surely_inactive = matches!(
+            error,
+            ClaimError::Fabric { source, .. } if matches!(
+                source.as_ref(),
+                FabricError::Unreachable { .. }
+                    | FabricError::ToolNotFound { .. }
+                    | FabricError::PartitionBusy { .. }
+            )
+        );
+        if !surely_inactive {
+            return;
+        }
+        let uid = id.uid.clone();
+        // Best effort: if this write fails, the rollback still tries FM.
+        let _ = self.update(store, &id.to_string(), |cp| {
+            if let Some(c) = cp.claims.get_mut(&uid) {
+                c.fabric_partition = None;
+            }
+        });
+    }
+
     /// Deactivates `rec`'s partition unless a claim of `others` other than `rec` holds it or
     /// FM has it inactive already; the failure, if any.
     pub(super) fn release_fabric(
