@@ -175,8 +175,10 @@ async fn single_gpu_partitions_of_different_gpus_are_independent() {
     let node = fm_node();
     let plugin = start_fm(&node, &[]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
-    node.api.put_claim(claims::on_node("a", "uid-a", &["gpu-0"]));
-    node.api.put_claim(claims::on_node("b", "uid-b", &["gpu-1"]));
+    node.api
+        .put_claim(claims::on_node("a", "uid-a", &["gpu-0"]));
+    node.api
+        .put_claim(claims::on_node("b", "uid-b", &["gpu-1"]));
     prepare_one(&mut kubelet, "a", "uid-a").await.unwrap();
     prepare_one(&mut kubelet, "b", "uid-b").await.unwrap();
     assert_eq!(BTreeSet::from([7, 8]), active(&node));
@@ -194,16 +196,15 @@ async fn a_busy_partition_is_named_and_nothing_is_left_behind() {
     // Another tenant (or a stale activation) holds all eight GPUs.
     let out = fmpm(&node, &["-a", "0"]);
     assert!(out.status.success(), "{out:?}");
-    node.api.put_claim(claims::on_node("one", "uid-one", &["gpu-0"]));
+    node.api
+        .put_claim(claims::on_node("one", "uid-one", &["gpu-0"]));
     let err = prepare_one(&mut kubelet, "one", "uid-one")
         .await
         .unwrap_err();
-    assert!(
-        err.contains("Fabric Manager partition 7 is busy"),
-        "{err}"
-    );
+    assert!(err.contains("Fabric Manager partition 7 is busy"), "{err}");
     assert_eq!(BTreeSet::from([0]), active(&node), "partition 0 untouched");
-    node.snapshot().assert_converged(&[], "after the busy refusal");
+    node.snapshot()
+        .assert_converged(&[], "after the busy refusal");
 }
 
 #[tokio::test]
@@ -212,7 +213,8 @@ async fn an_unreachable_fabric_manager_is_named() {
     let plugin = start_fm(&node, &[]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     std::fs::remove_file(sim::socket(&sim_state(&node))).expect("FM's socket");
-    node.api.put_claim(claims::on_node("one", "uid-one", &["gpu-0"]));
+    node.api
+        .put_claim(claims::on_node("one", "uid-one", &["gpu-0"]));
     let err = prepare_one(&mut kubelet, "one", "uid-one")
         .await
         .unwrap_err();
@@ -232,17 +234,29 @@ async fn simulated_fmpm_answers_as_fabric_manager_does() {
     // fmpm returns FM's fmReturn_t from main: -24 exits 232, -4 exits 252.
     let overlap = fmpm(&node, &["-a", "3"]);
     assert_eq!(
-        (Some(232), "Failed to activate partition. fmReturn: -24\n".to_string()),
+        (
+            Some(232),
+            "Failed to activate partition. fmReturn: -24\n".to_string()
+        ),
         (code(&overlap), stdout(&overlap))
     );
     let inactive = fmpm(&node, &["-d", "2"]);
     assert_eq!(
-        (Some(252), "Failed to deactivate partition. fmReturn: -4\n".to_string()),
+        (
+            Some(252),
+            "Failed to deactivate partition. fmReturn: -4\n".to_string()
+        ),
         (code(&inactive), stdout(&inactive))
     );
-    let elsewhere = fmpm(&node, &["-l", "--unix-domain-socket", "/nonexistent/socket"]);
+    let elsewhere = fmpm(
+        &node,
+        &["-l", "--unix-domain-socket", "/nonexistent/socket"],
+    );
     assert_eq!(
-        (Some(247), "Failed to connect to Fabric Manager instance.\n".to_string()),
+        (
+            Some(247),
+            "Failed to connect to Fabric Manager instance.\n".to_string()
+        ),
         (code(&elsewhere), stdout(&elsewhere))
     );
 }
@@ -252,8 +266,11 @@ async fn simulated_fmpm_answers_as_fabric_manager_does() {
 async fn crash_and_recover(point: &str) {
     let node = fm_node();
     let uid = "uid-crash";
-    node.api
-        .put_claim(claims::on_node("crash", uid, &["gpu-0", "gpu-1", "gpu-2", "gpu-3"]));
+    node.api.put_claim(claims::on_node(
+        "crash",
+        uid,
+        &["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+    ));
     let claim = [claim_ref("crash", uid)];
     let in_prepare = point.starts_with("prepare-");
     let mut plugin = start_fm(&node, &[(crashpoint::ENV, point)]).await;
@@ -266,7 +283,11 @@ async fn crash_and_recover(point: &str) {
         assert!(kubelet.unprepare(&claim).await.is_err(), "{point}");
     }
     let status = plugin.wait_exit().await;
-    assert_eq!(Some(SIGABRT), Plugin::ended_by(&status), "{point}: {status}");
+    assert_eq!(
+        Some(SIGABRT),
+        Plugin::ended_by(&status),
+        "{point}: {status}"
+    );
 
     let plugin = start_fm(&node, &[]).await;
     let recovered = node.snapshot();
@@ -283,7 +304,11 @@ async fn crash_and_recover(point: &str) {
     if in_prepare {
         let retried = kubelet.prepare(&claim).await.unwrap();
         assert!(retried[uid].is_ok(), "{point}: retry: {retried:?}");
-        assert_eq!(BTreeSet::from([1]), active(&node), "{point}: after the retry");
+        assert_eq!(
+            BTreeSet::from([1]),
+            active(&node),
+            "{point}: after the retry"
+        );
     }
     let retried = kubelet.unprepare(&claim).await.unwrap();
     assert_eq!(Some(&Ok(())), retried.get(uid), "{point}: unprepare");

@@ -253,5 +253,9 @@ fn the_fabric_manager_preset_numbers_its_gpus_as_baseboard_modules_1_to_8() {
             .collect()
     };
     assert_eq!(modules("hgx-h100-fm"), (1..=8).collect::<Vec<u32>>());
-    assert_eq!(modules("dgx-h100"), vec![0; 8], "no NVSwitch board declared");
+    assert_eq!(
+        modules("dgx-h100"),
+        vec![0; 8],
+        "no NVSwitch board declared"
+    );
 }

@@ -78,7 +78,11 @@ mod tests {
         let c = check("unix:/run/nvidia-fabricmanager/socket", &Ok(table));
         assert_eq!(c.status, Status::Ok);
         assert!(c.found.contains("15 partitions"), "{}", c.found);
-        assert!(c.found.contains("sizes 1, 2, 4, 8; active: 3"), "{}", c.found);
+        assert!(
+            c.found.contains("sizes 1, 2, 4, 8; active: 3"),
+            "{}",
+            c.found
+        );
     }
 
     #[test]

@@ -169,10 +169,7 @@ impl FmClient {
                 Ok(None) if Instant::now() >= deadline => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(spawn_err(format!(
-                        "no answer within {:?}",
-                        self.timeout
-                    )));
+                    return Err(spawn_err(format!("no answer within {:?}", self.timeout)));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(2)),
                 Err(e) => return Err(spawn_err(e.to_string())),
@@ -235,11 +232,12 @@ mod tests {
             Endpoint::Unix("/nonexistent/socket".into()),
         );
         let err = client.list().unwrap_err();
+        assert!(matches!(err, FabricError::Unreachable { .. }), "{err}");
         assert!(
-            matches!(err, FabricError::Unreachable { .. }),
+            err.to_string()
+                .contains("/nonexistent/socket does not exist"),
             "{err}"
         );
-        assert!(err.to_string().contains("/nonexistent/socket does not exist"), "{err}");
     }
 
     #[test]

@@ -107,9 +107,9 @@ impl FabricError {
             FabricError::Mismatch { .. } | FabricError::NoModule { .. } => {
                 "fabric_partition_mismatch"
             }
-            FabricError::BadList { .. } | FabricError::Failed { .. } | FabricError::Spawn { .. } => {
-                "fabric_manager"
-            }
+            FabricError::BadList { .. }
+            | FabricError::Failed { .. }
+            | FabricError::Spawn { .. } => "fabric_manager",
         }
     }
 }

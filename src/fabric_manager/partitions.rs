@@ -355,13 +355,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("modules 1,2,3"), "{err}");
-        assert!(err.contains("partition 1 (4 GPUs: modules 1,2,3,4)"), "{err}");
+        assert!(
+            err.contains("partition 1 (4 GPUs: modules 1,2,3,4)"),
+            "{err}"
+        );
         assert!(err.contains("partition 0 (8 GPUs"), "{err}");
-        assert!(err.contains("matchAttribute: gpu.nvidia.com/partitionN"), "{err}");
+        assert!(
+            err.contains("matchAttribute: gpu.nvidia.com/partitionN"),
+            "{err}"
+        );
         let err = partition_for(&set(&[1, 5]), &table())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("partitions that contain them: partition 0 (8 GPUs"), "{err}");
+        assert!(
+            err.contains("partitions that contain them: partition 0 (8 GPUs"),
+            "{err}"
+        );
         assert!(!err.contains("partition 1 ("), "{err}");
     }
 
@@ -379,7 +388,11 @@ mod tests {
             .map(|p| PartitionTable::new(p).unwrap_err().to_string())
             .collect();
         assert!(errors[0].contains("no partitions"), "{}", errors[0]);
-        assert!(errors[1].contains("partition ID 0 is listed twice"), "{}", errors[1]);
+        assert!(
+            errors[1].contains("partition ID 0 is listed twice"),
+            "{}",
+            errors[1]
+        );
         assert!(errors[2].contains("physicalId 1 twice"), "{}", errors[2]);
     }
 

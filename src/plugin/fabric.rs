@@ -66,8 +66,8 @@ pub fn client_for(
             detail: e.to_string(),
         };
         let exe = std::env::current_exe().map_err(io)?;
-        let program = fabric_manager::sim::install(&exe, &sim_state.join("fabricmanager/bin"))
-            .map_err(io)?;
+        let program =
+            fabric_manager::sim::install(&exe, &sim_state.join("fabricmanager/bin")).map_err(io)?;
         let mut client = FmClient::new(program, endpoint(fm, sim_state));
         client.env.push((
             fabric_manager::sim::STATE_DIR_ENV.into(),
@@ -86,7 +86,10 @@ pub fn client_for(
 ///
 /// # Errors
 /// As [`client`], and [`FmClient::list`]'s errors (unreachable, an invalid list).
-pub fn setup(config: &PluginConfig, fm: &FabricManagerConfig) -> Result<FabricPartitions, FabricError> {
+pub fn setup(
+    config: &PluginConfig,
+    fm: &FabricManagerConfig,
+) -> Result<FabricPartitions, FabricError> {
     let client = client(config, fm)?;
     let table = Arc::new(client.list()?);
     info!(

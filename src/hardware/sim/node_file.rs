@@ -317,7 +317,9 @@ impl NodeSpec {
             other => {
                 return Err(err(
                     "fabricMode".into(),
-                    format!("{other} is not a FABRIC_MODE; valid choices are 0 (bare metal), 1 (shared NVSwitch), 2 (vGPU)"),
+                    format!(
+                        "{other} is not a FABRIC_MODE; valid choices are 0 (bare metal), 1 (shared NVSwitch), 2 (vGPU)"
+                    ),
                 ));
             }
         }
