@@ -161,6 +161,25 @@ impl PartitionTable {
         out
     }
 
+    /// The module ID FM lists for the GPU at `pci_bus_id` (any domain width and case:
+    /// `0000:18:00.0`, `00000000:18:00.0`): for a GPU NVML cannot see (bound to `vfio-pci`),
+    /// whose VFIO device still needs `gpuModuleID`.
+    pub fn module_by_pci_bus_id(&self, pci_bus_id: &str) -> Option<u32> {
+        let key = |bdf: &str| -> Option<(u64, String)> {
+            let (domain, rest) = bdf.trim().split_once(':')?;
+            Some((
+                u64::from_str_radix(domain, 16).ok()?,
+                rest.to_ascii_lowercase(),
+            ))
+        };
+        let wanted = key(pci_bus_id)?;
+        self.partitions
+            .iter()
+            .flat_map(|p| &p.gpu_info)
+            .find(|g| key(&g.pci_bus_id).as_ref() == Some(&wanted))
+            .map(|g| g.physical_id)
+    }
+
     /// The partition whose GPUs are exactly `modules`, if any.
     pub fn exact(&self, modules: &BTreeSet<u32>) -> Option<&Partition> {
         self.partitions.iter().find(|p| &p.modules() == modules)
@@ -394,6 +413,16 @@ mod tests {
             errors[1]
         );
         assert!(errors[2].contains("physicalId 1 twice"), "{}", errors[2]);
+    }
+
+    #[test]
+    fn a_gpu_is_found_by_its_pci_bus_id_whatever_the_domain_width() {
+        let gpus: Vec<(String, String)> = (1..=8)
+            .map(|m| (format!("GPU-{m}"), format!("00000000:{:02X}:00.0", m * 16)))
+            .collect();
+        let t = PartitionTable::new(hgx_8gpu_table(&gpus, &BTreeSet::new())).unwrap();
+        assert_eq!(t.module_by_pci_bus_id("0000:30:00.0"), Some(3));
+        assert_eq!(t.module_by_pci_bus_id("0000:31:00.0"), None);
     }
 
     #[test]
