@@ -323,3 +323,34 @@ async fn a_crash_at_every_fabric_crash_point_converges_after_restart_and_retry()
         crash_and_recover(point).await;
     }
 }
+
+#[tokio::test]
+async fn two_shares_of_one_gpu_hold_its_partition_until_the_last_one_leaves() {
+    use plugin_support::sharing::as_share;
+    let node = fm_node();
+    let plugin = start_fm(&node, &[("GPU_DRA_SHARED_GPUS", "4")]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let share = |name: &str, uid: &str, id: &str| {
+        as_share(
+            claims::on_node(name, uid, &["gpu-0"]),
+            0,
+            id,
+            serde_json::json!({"memory": "20Gi"}),
+        )
+    };
+    node.api.put_claim(share("a", "uid-a", "aaaa1111"));
+    node.api.put_claim(share("b", "uid-b", "bbbb2222"));
+    prepare_one(&mut kubelet, "a", "uid-a")
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", plugin.log()));
+    prepare_one(&mut kubelet, "b", "uid-b").await.unwrap();
+    assert_eq!(BTreeSet::from([7]), active(&node));
+    unprepare_one(&mut kubelet, "a", "uid-a").await;
+    assert_eq!(
+        BTreeSet::from([7]),
+        active(&node),
+        "b still holds partition 7"
+    );
+    unprepare_one(&mut kubelet, "b", "uid-b").await;
+    assert!(active(&node).is_empty(), "the last one out deactivates it");
+}

@@ -1,7 +1,7 @@
 //! Fabric Manager partitions in the claim lifecycle (FM nodes only, `--fabric-manager`).
 //!
 //! Prepare: the GPUs of a claim's devices that carry `gpuModuleID` (full GPUs; VFIO devices
-//! once they carry it) must be exactly one partition's, else the claim is refused at planning,
+//! once they carry it), admin-access devices aside, must be exactly one partition's, else the claim is refused at planning,
 //! before anything is recorded or touched. The partition goes into the claim's intent record,
 //! then FM activates it (skipped when it is active already), then the usual steps run.
 //! Undo (unprepare, rollback, start-up recovery): the partition is deactivated unless another
@@ -99,8 +99,14 @@ impl<S: ClaimSource> ClaimsManager<S> {
         };
         let claim = id.to_string();
         let step = || "matching the claim's GPUs to a Fabric Manager partition".to_string();
-        let modules = claim_modules(planned.iter().map(|p| p.allocated.device.as_str()), model)
-            .map_err(|e| fabric_error(&claim, step(), e))?;
+        // Admin access watches GPUs (monitoring) without holding them: it must not activate
+        // or hold a partition the GPUs' tenant needs.
+        let devices = planned
+            .iter()
+            .filter(|p| !p.allocated.admin_access)
+            .map(|p| p.allocated.device.as_str());
+        let modules =
+            claim_modules(devices, model).map_err(|e| fabric_error(&claim, step(), e))?;
         if modules.is_empty() {
             return Ok(None);
         }
