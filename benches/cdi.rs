@@ -72,6 +72,7 @@ fn record(uid: &str) -> ClaimRecord {
             vfio: None,
         }],
         updated_unix: 0,
+        fabric_partition: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn node() -> (SimBackend, Checkpoint, ClaimPods) {
                         vfio: None,
                     }],
                     updated_unix: 0,
+                    fabric_partition: None,
                 },
             );
             let pod = PodRef {

@@ -39,6 +39,12 @@ pub const VFIO_POINTS: &[&str] = &[
     "unprepare-vfio-bound",
 ];
 
+/// The crash points of Fabric Manager partitions, passed only on FM nodes
+/// (`--fabric-manager`): after FM activated a claim's partition, and after it deactivated it.
+/// Kept out of [`POINTS`], whose every point a MIG claim on a plain node passes;
+/// `tests/plugin_fabric.rs` crashes at each of these.
+pub const FABRIC_POINTS: &[&str] = &["prepare-fabric-activated", "unprepare-fabric-deactivated"];
+
 /// Aborts the process if `GPU_DRA_CRASH_AT` equals `point`.
 pub fn hit(point: &str) {
     if std::env::var_os(ENV).is_some_and(|v| v == point) {

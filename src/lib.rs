@@ -21,6 +21,7 @@ pub mod doctor;
 pub mod errors;
 pub mod explain;
 pub mod explain_inputs;
+pub mod fabric_manager;
 pub mod fsutil;
 pub mod hardware;
 pub mod health;

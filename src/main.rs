@@ -26,6 +26,11 @@ fn main() -> ExitCode {
         let args = argv.map(|a| a.to_string_lossy().into_owned()).collect();
         return gpu_dra::compute_domain::imex::run(tool, args);
     }
+    // And `fmpm` (gpu_dra::fabric_manager::sim::install).
+    if gpu_dra::fabric_manager::sim::personality(&argv0) {
+        let args: Vec<String> = argv.map(|a| a.to_string_lossy().into_owned()).collect();
+        return gpu_dra::fabric_manager::sim::run(&args);
+    }
     let cli = Cli::parse();
     let (format, default_level) = match &cli.command {
         Command::KubeletPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),

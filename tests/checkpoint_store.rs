@@ -43,6 +43,7 @@ fn claim() -> ClaimRecord {
             vfio: None,
         }],
         updated_unix: 1_760_000_000,
+        fabric_partition: None,
     }
 }
 

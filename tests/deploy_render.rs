@@ -738,3 +738,64 @@ fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
         }
     }
 }
+
+#[test]
+fn fabric_manager_values_reach_the_plugin_with_the_sockets_directory_only_when_enabled() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let fm_env = |args: &[&str]| {
+        let objects = render_chart(&helm, args);
+        let ds = of_kind(&objects, "DaemonSet")[0];
+        let env: BTreeMap<String, String> = env(ds)
+            .into_iter()
+            .filter(|(k, _)| k.contains("FABRIC") || k.contains("FMPM"))
+            .collect();
+        let mounted = host_mounts(ds).contains_key("/run/nvidia-fabricmanager");
+        (env, mounted)
+    };
+    let pairs = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!((BTreeMap::new(), false), fm_env(&[]), "off by default");
+    assert_eq!(
+        (
+            pairs(&[
+                ("GPU_DRA_FABRIC_MANAGER", "true"),
+                (
+                    "NVIDIA_FABRICMANAGER_UNIX_SOCKET",
+                    "/run/nvidia-fabricmanager/socket"
+                )
+            ]),
+            true
+        ),
+        fm_env(&["--set", "fabricManager.enabled=true"])
+    );
+    assert_eq!(
+        (
+            pairs(&[
+                ("GPU_DRA_FABRIC_MANAGER", "true"),
+                ("NVIDIA_FABRICMANAGER_ADDRESS", "10.0.0.7"),
+                ("GPU_DRA_FMPM_PATH", "/driver-root/opt/fm/fmpm"),
+            ]),
+            false
+        ),
+        fm_env(&[
+            "--set",
+            "fabricManager.enabled=true",
+            "--set",
+            "fabricManager.address=10.0.0.7",
+            "--set",
+            "fabricManager.fmpmPath=/driver-root/opt/fm/fmpm",
+        ]),
+        "TCP: no socket mount"
+    );
+    let sim = sim_values();
+    assert_eq!(
+        (pairs(&[("GPU_DRA_FABRIC_MANAGER", "true")]), false),
+        fm_env(&["-f", &sim, "--set", "fabricManager.enabled=true"]),
+        "the sim uses its own simulated FM"
+    );
+}

@@ -223,3 +223,39 @@ fn the_gb200_preset_is_one_clique_of_four_registered_gpus() {
         .collect();
     assert_eq!(fabrics.len(), 1, "{fabrics:?}");
 }
+
+#[test]
+fn shared_nvswitch_mode_without_an_8_gpu_nvswitch_board_is_refused_naming_the_field() {
+    let (err, file) = open_err("fabricMode: 1\ngpus:\n  - model: H100-SXM5-80GB\n    count: 8\n");
+    assert_eq!(
+        err,
+        format!(
+            "{file}: fabricMode: 1 (shared NVSwitch partitions) needs `nvswitch: true` and 8 GPUs (the HGX 8-GPU partition table)"
+        )
+    );
+    let (err, _) = open_err("nvswitch: true\nfabricMode: 3\ngpus:\n  - model: H100-SXM5-80GB\n");
+    assert!(
+        err.contains("fabricMode: 3 is not a FABRIC_MODE; valid choices are 0 (bare metal), 1 (shared NVSwitch), 2 (vGPU)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_fabric_manager_preset_numbers_its_gpus_as_baseboard_modules_1_to_8() {
+    use gpu_dra::hardware::GpuBackend;
+    let modules = |preset: &str| -> Vec<u32> {
+        let sim = SimBackend::open(preset, None).unwrap();
+        sim.inventory()
+            .unwrap()
+            .gpus
+            .iter()
+            .map(|g| g.module_id)
+            .collect()
+    };
+    assert_eq!(modules("hgx-h100-fm"), (1..=8).collect::<Vec<u32>>());
+    assert_eq!(
+        modules("dgx-h100"),
+        vec![0; 8],
+        "no NVSwitch board declared"
+    );
+}

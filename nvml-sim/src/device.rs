@@ -156,6 +156,27 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     })
 }
 
+/// `nvmlDeviceGetModuleId`: the GPU's slot on an NVSwitch baseboard (the node file's
+/// `nvswitch: true` gives 1–8); `NVML_ERROR_NOT_SUPPORTED` on other GPUs, as PCIe boards
+/// answer.
+///
+/// # Safety
+/// `moduleId` is null or valid for one write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetModuleId(
+    device: nvmlDevice_t,
+    moduleId: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, dev| {
+        let gpu = dev.full()?;
+        if gpu.module_id == 0 {
+            return Err(ffi::NOT_SUPPORTED);
+        }
+        // SAFETY: null or valid for one write (caller's contract).
+        unsafe { put(moduleId, gpu.module_id) }
+    })
+}
+
 /// `nvmlDeviceGetIndex`: the enumeration index now.
 ///
 /// # Safety

@@ -124,15 +124,6 @@ pub extern "C" fn nvmlDeviceGetHandleByUUIDV(
 
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetModuleId(
-    device: nvmlDevice_t,
-    moduleId: *mut raw::c_uint,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceGetC2cModeInfoV(
     device: nvmlDevice_t,
     c2cModeInfo: *mut nvmlC2cModeInfo_v1_t,

@@ -25,6 +25,8 @@ pub struct ClaimRecord {
     pub devices: Vec<DeviceRecord>,
     /// When the record last changed (seconds since the Unix epoch), for operators.
     pub updated_unix: i64,
+    /// The Fabric Manager partition the claim activated (or is activating), on FM nodes.
+    pub fabric_partition: Option<u32>,
 }
 
 /// Where a claim is in its life on this node. Recorded *before* acting, so after a crash

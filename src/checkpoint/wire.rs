@@ -74,6 +74,10 @@ struct ClaimV1 {
     phase: PhaseV1,
     devices: Vec<DeviceV1>,
     updated_unix: i64,
+    /// Absent unless the claim holds a Fabric Manager partition, so files of nodes without
+    /// FM stay readable by releases that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fabric_partition: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -257,6 +261,7 @@ fn to_wire(cp: &Checkpoint) -> PayloadV1 {
                 },
                 devices: c.devices.iter().map(device_to_wire).collect(),
                 updated_unix: c.updated_unix,
+                fabric_partition: c.fabric_partition,
             };
             (uid.clone(), claim)
         })
@@ -309,6 +314,7 @@ fn from_wire(wire: PayloadV1) -> Checkpoint {
                 },
                 devices: c.devices.into_iter().map(device_from_wire).collect(),
                 updated_unix: c.updated_unix,
+                fabric_partition: c.fabric_partition,
             };
             (uid, claim)
         })

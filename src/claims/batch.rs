@@ -43,6 +43,8 @@ struct Planned {
     metadata: Vec<super::metadata::MetadataDevice>,
     /// The claim's pod-claim-name annotation.
     pod_claim_name: Option<String>,
+    /// The Fabric Manager partition it activates (FM nodes).
+    fabric_partition: Option<u32>,
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
@@ -150,12 +152,15 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 plan::plan(id, &allocation, &model, &self.pool, &next).and_then(|mut planned| {
                     sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
                     self.vfio_preflight(id, &mut planned)?;
-                    Ok(planned)
+                    let partition = self.fabric_partition(id, &planned, &model)?;
+                    Ok((planned, partition))
                 });
             match planned {
-                Ok(devices) => {
+                Ok((devices, fabric_partition)) => {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
-                    next.claims.insert(id.uid.clone(), intent(id, &devices));
+                    let mut record = intent(id, &devices);
+                    record.fabric_partition = fabric_partition;
+                    next.claims.insert(id.uid.clone(), record);
                     let metadata = if self.metadata.is_some() {
                         let of: Vec<_> = devices
                             .iter()
@@ -170,6 +175,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                         devices,
                         metadata,
                         pod_claim_name: allocation.pod_claim_name.clone(),
+                        fabric_partition,
                     });
                 }
                 Err(e) => results[i] = Some(Err(e)),
@@ -188,7 +194,9 @@ impl<S: ClaimSource> ClaimsManager<S> {
         // Without anything to undo but the CDI spec, a claim needs no intent record: a crash
         // before its completion is recorded leaves only a spec no record names, which
         // start-up recovery removes.
-        let intent_needed = wave.iter().any(|p| p.devices.iter().any(needs_undo));
+        let intent_needed = wave
+            .iter()
+            .any(|p| p.fabric_partition.is_some() || p.devices.iter().any(needs_undo));
         if intent_needed {
             let recorded = self.update(store, &ids[wave[0].index].to_string(), |cp| {
                 for p in &wave {
@@ -209,13 +217,20 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let mut done = Vec::with_capacity(wave.len());
         for p in wave {
             let id = &ids[p.index];
-            match self.act(
-                store,
-                id,
-                &p.devices,
-                &p.metadata,
-                p.pod_claim_name.as_deref(),
-            ) {
+            let acted = match self.activate_fabric(id, p.fabric_partition) {
+                Ok(()) => self.act(
+                    store,
+                    id,
+                    &p.devices,
+                    &p.metadata,
+                    p.pod_claim_name.as_deref(),
+                ),
+                Err(e) => {
+                    self.activation_failed(store, id, &e);
+                    Err(e)
+                }
+            };
+            match acted {
                 Ok(cdi_ids) => done.push((p.index, cdi_ids)),
                 Err(e) => {
                     results[p.index] = Some(Err(self.undo_failed(store, id, intent_needed, e)));
@@ -336,11 +351,12 @@ impl<S: ClaimSource> ClaimsManager<S> {
             })
         };
         let (spec_only, known): (Vec<_>, Vec<_>) = known.into_iter().partition(|(_, rec)| {
-            rec.devices.iter().all(|d| {
-                d.sharing.is_none()
-                    && d.vfio.is_none()
-                    && (d.mig.is_none() || static_mig(&d.device))
-            })
+            rec.fabric_partition.is_none()
+                && rec.devices.iter().all(|d| {
+                    d.sharing.is_none()
+                        && d.vfio.is_none()
+                        && (d.mig.is_none() || static_mig(&d.device))
+                })
         });
         let marked = self.update(&mut store, &ids[first_known].to_string(), |cp| {
             for (_, rec) in &spec_only {
@@ -420,6 +436,7 @@ fn intent(id: &ClaimId, devices: &[PlannedDevice]) -> ClaimRecord {
         phase: ClaimPhase::PrepareStarted,
         devices: devices.iter().map(|p| p.record.clone()).collect(),
         updated_unix: crate::hardware::health::unix_now(),
+        fabric_partition: None,
     }
 }
 

@@ -145,6 +145,18 @@ pub enum ClaimError {
         #[source]
         source: Box<crate::sharing::SharingError>,
     },
+    /// A Fabric Manager step failed: the claim's GPUs match no partition, the partition is
+    /// busy, or FM is unreachable (the source says which, with the fix).
+    #[error("claim {claim}: {step}")]
+    Fabric {
+        /// Claim.
+        claim: String,
+        /// Step, naming the partition.
+        step: String,
+        /// Cause.
+        #[source]
+        source: Box<crate::fabric_manager::FabricError>,
+    },
     /// The inventory could not be read.
     #[error("claim {claim}: reading the GPU inventory")]
     Inventory {

@@ -22,6 +22,7 @@ impl ClaimError {
             ClaimError::Inventory { .. } => "inventory",
             ClaimError::Config { .. } => "config",
             ClaimError::Sharing { .. } => "sharing",
+            ClaimError::Fabric { source, .. } => source.kind(),
             ClaimError::Batch { kind, .. } => kind,
             ClaimError::Undo { .. } => "undo",
             ClaimError::RollbackIncomplete { cause, .. } => cause.kind(),

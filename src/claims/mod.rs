@@ -20,6 +20,7 @@ mod act;
 mod batch;
 mod cache;
 mod error;
+pub mod fabric;
 mod inputs;
 mod kind;
 pub mod metadata;
@@ -77,6 +78,8 @@ pub struct ClaimsManager<S> {
     /// The host's PCI bus for VFIO passthrough; `None`: passthrough is off and a VFIO device
     /// is refused.
     pub pci: Option<Arc<crate::hardware::passthrough::PciHost>>,
+    /// Fabric Manager partitions (`--fabric-manager`); `None`: no partition is activated.
+    pub fabric: Option<fabric::FabricPartitions>,
 }
 
 /// A prepared device as the kubelet gets it.

@@ -131,6 +131,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 failures.push(e);
             }
         }
+        failures.extend(self.release_fabric(rec, others, claim));
         failures
     }
 

@@ -76,6 +76,9 @@ pub(crate) struct DoctorArgs {
     /// no nvidia-smi, no cluster).
     #[arg(long)]
     quick: bool,
+    /// `--fabric-manager`: also check Fabric Manager as the plugin would use it.
+    #[command(flatten)]
+    fabric_manager: super::flags::FabricManagerFlags,
     /// Output: a table for people, or `{"checks": [{name, status, found, fix}]}`.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: DoctorOutput,
@@ -145,7 +148,23 @@ pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         },
         quick: args.quick,
     };
-    let report = doctor::run(&config, &gpus, host_root.as_deref())?;
+    let mut report = doctor::run(&config, &gpus, host_root.as_deref())?;
+    if let Some(fm) = args.fabric_manager.config() {
+        let client = gpu_dra::plugin::fabric::client_for(
+            gpus.simulated && config.layout.driver_root == std::path::Path::new("/"),
+            &gpus.sim_state,
+            &config.layout.driver_root,
+            &fm,
+        );
+        let endpoint = client
+            .as_ref()
+            .map(|c| c.endpoint.to_string())
+            .unwrap_or_default();
+        let listed = client.and_then(|c| c.list());
+        report
+            .checks
+            .push(doctor::fabric::check(&endpoint, &listed));
+    }
     match args.output {
         DoctorOutput::Table => emit(&report.render_table())?,
         DoctorOutput::Json => emit(&report.to_json())?,

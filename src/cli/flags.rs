@@ -99,6 +99,40 @@ pub(crate) struct DriverRootFlag {
     pub(crate) driver_root: PathBuf,
 }
 
+/// `--fabric-manager` and where FM is: `kubelet-plugin` and `doctor` (docs/fabric-manager.md).
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct FabricManagerFlags {
+    /// Fabric Manager partitions (NVSwitch node, FABRIC_MODE=1): publish gpuModuleID and
+    /// partition1/2/4/8, refuse multi-GPU claims that are not one partition, activate the
+    /// claim's partition on prepare and deactivate it on unprepare.
+    #[arg(long, env = "GPU_DRA_FABRIC_MANAGER", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false", num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) fabric_manager: bool,
+    /// FM's Unix socket (FM_CMD_UNIX_SOCKET_PATH); default
+    /// <driver-root>/run/nvidia-fabricmanager/socket (the simulated node's own with --gpu-backend sim).
+    #[arg(long, env = "NVIDIA_FABRICMANAGER_UNIX_SOCKET", value_name = "PATH")]
+    pub(crate) fabric_manager_socket: Option<PathBuf>,
+    /// FM's TCP address (FM_CMD_BIND_INTERFACE, port 6666); when set it is used instead of
+    /// the socket ("" means 127.0.0.1).
+    #[arg(long, env = "NVIDIA_FABRICMANAGER_ADDRESS", value_name = "HOST")]
+    pub(crate) fabric_manager_address: Option<String>,
+    /// The fmpm executable (NVIDIA/Fabric-Manager-Client); default: found under the driver
+    /// root (usr/bin, usr/local/bin, usr/sbin, opt/bin, bin, sbin).
+    #[arg(long, env = "GPU_DRA_FMPM_PATH", value_name = "PATH")]
+    pub(crate) fmpm_path: Option<PathBuf>,
+}
+
+impl FabricManagerFlags {
+    /// The plugin's FM configuration; `None` when `--fabric-manager` is off.
+    pub(crate) fn config(&self) -> Option<gpu_dra::plugin::config::FabricManagerConfig> {
+        self.fabric_manager
+            .then(|| gpu_dra::plugin::config::FabricManagerConfig {
+                socket: self.fabric_manager_socket.clone(),
+                address: self.fabric_manager_address.clone(),
+                fmpm: self.fmpm_path.clone(),
+            })
+    }
+}
+
 /// `--proc-root`: `kubelet-plugin` and `doctor`.
 #[derive(clap::Args, Debug)]
 pub(crate) struct ProcRootFlag {

@@ -124,6 +124,7 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         slice_layout: args.slice_layout.slice_layout,
         mig_attributes: args.slice_layout.mig_attributes,
         passthrough: args.passthrough,
+        fabric_partitions: None,
     };
     // A simulated node keeps its host tree in a state directory: a fresh one when none is given.
     let scratch = match args.state_dir.is_none() && args.passthrough {

@@ -9,8 +9,8 @@ use gpu_dra::hardware::{MigPolicy, policy_flag};
 
 use super::common::block_on;
 use super::flags::{
-    DriverNameFlag, DriverRootFlag, GpuMigPoliciesFlag, MigProfilesFlag, NodeFlags, Policy,
-    ProcRootFlag, SliceLayoutFlag, interval_seconds,
+    DriverNameFlag, DriverRootFlag, FabricManagerFlags, GpuMigPoliciesFlag, MigProfilesFlag,
+    NodeFlags, Policy, ProcRootFlag, SliceLayoutFlag, interval_seconds,
 };
 
 /// Flags of `gpu-dra kubelet-plugin`.
@@ -106,6 +106,9 @@ pub(crate) struct PluginArgs {
     /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
     #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
+    /// `--fabric-manager` and its endpoint.
+    #[command(flatten)]
+    fabric_manager: FabricManagerFlags,
 }
 
 /// Runs the plugin until it is signalled to stop.
@@ -155,6 +158,7 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         host_root: args.host_root,
         shared_gpus: args.shared_gpus,
         metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
+        fabric_manager: args.fabric_manager.config(),
     };
     block_on(gpu_dra::plugin::run(config))
 }

@@ -231,6 +231,7 @@ pub(super) fn prepare_all(
         prepared: Default::default(),
         metadata: None,
         pci: None,
+        fabric: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

@@ -257,6 +257,9 @@ pub struct ModelOptions {
     /// Publish a VFIO device `gpu-vfio-<i>` per GPU on the PCI bus (`--passthrough`), from
     /// the inventory's `passthrough` facts; off by default.
     pub passthrough: bool,
+    /// Fabric Manager's partition list on an FM node (`--fabric-manager`): full GPUs then
+    /// carry `gpuModuleID` and `partition1/2/4/8`; `None` (default) publishes neither.
+    pub fabric_partitions: Option<std::sync::Arc<crate::fabric_manager::PartitionTable>>,
 }
 
 impl Default for ModelOptions {
@@ -270,6 +273,7 @@ impl Default for ModelOptions {
             slice_layout: SliceLayout::ByGpu,
             mig_attributes: MigAttributes::Compact,
             passthrough: false,
+            fabric_partitions: None,
         }
     }
 }
@@ -308,12 +312,20 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     for gpu in &inventory.gpus {
         let policy = options.policy_for(gpu);
         let common = attributes::common(inventory, gpu);
-        let full = || PublishedDevice {
-            gpu_index: gpu.index,
-            gpu_minor: gpu.minor,
-            gpu_uuid: gpu.uuid.clone(),
-            kind: DeviceKind::Gpu,
-            device: attributes::full_gpu(&common, gpu),
+        let full = || {
+            let mut device = attributes::full_gpu(&common, gpu);
+            if let (Some(table), Some(attrs)) =
+                (&options.fabric_partitions, device.attributes.as_mut())
+            {
+                attrs.extend(crate::fabric_manager::attributes(gpu.module_id, table));
+            }
+            PublishedDevice {
+                gpu_index: gpu.index,
+                gpu_minor: gpu.minor,
+                gpu_uuid: gpu.uuid.clone(),
+                kind: DeviceKind::Gpu,
+                device,
+            }
         };
         match policy {
             MigPolicy::Disabled if gpu.mig.current => {

@@ -16,6 +16,7 @@
 
 pub mod cluster;
 pub mod cluster_checks;
+pub mod fabric;
 pub mod gather;
 pub mod gpu;
 pub mod host;

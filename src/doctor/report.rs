@@ -45,7 +45,7 @@ pub const DOCS: &str = "docs/troubleshooting.md";
 
 /// Every section of [`DOCS`] a fix links to: one per check (`gpu-index` for the `gpu-<index>`
 /// checks). A test keeps them in step with the guide's headings.
-pub const ANCHORS: [&str; 24] = [
+pub const ANCHORS: [&str; 25] = [
     "nvml",
     "gpus",
     "gpu-index",
@@ -62,6 +62,7 @@ pub const ANCHORS: [&str; 24] = [
     "gpu-vfio-index",
     "plugin-socket",
     "nvidia-smi",
+    "fabric-manager",
     "cluster",
     "resource-api",
     "feature-gates",

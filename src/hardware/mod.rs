@@ -89,6 +89,14 @@ pub struct GpuInfo {
     /// GPU or driver does not support fabric queries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<fabric::FabricInfo>,
+    /// NVML module ID (`nvmlDeviceGetModuleId`): the GPU's slot on an NVSwitch baseboard
+    /// (1–8 on HGX), which Fabric Manager calls `physicalId`; 0 when NVML cannot say.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub module_id: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 impl GpuInfo {

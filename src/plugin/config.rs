@@ -100,6 +100,22 @@ pub struct PluginConfig {
     pub health_policy: Option<PathBuf>,
     /// `host:port` serving `/metrics`, `/healthz` and `/readyz`; `None`: not served.
     pub metrics_addr: Option<String>,
+    /// `--fabric-manager`: Fabric Manager partitions on an NVSwitch node in shared mode;
+    /// `None` (default): no FM attributes, no partition checks.
+    pub fabric_manager: Option<FabricManagerConfig>,
+}
+
+/// Where Fabric Manager and `fmpm` are (`--fabric-manager-*`, `--fmpm-path`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FabricManagerConfig {
+    /// FM's Unix socket; `None`: `<driver-root>/run/nvidia-fabricmanager/socket` (the
+    /// simulated node's own with the sim backend).
+    pub socket: Option<PathBuf>,
+    /// FM's TCP address (`FM_CMD_BIND_INTERFACE`); when set it wins over the socket, and an
+    /// empty value means `127.0.0.1`.
+    pub address: Option<String>,
+    /// The `fmpm` executable; `None`: found under the driver root.
+    pub fmpm: Option<PathBuf>,
 }
 
 /// The `--metrics-addr` value as [`PluginConfig::metrics_addr`]: empty or `off` turn the

@@ -320,6 +320,7 @@ mod tests {
                 phase: ClaimPhase::PrepareCompleted,
                 devices: vec![],
                 updated_unix: 0,
+                fabric_partition: None,
             };
             cp.claims.insert(uid.to_string(), record);
         }

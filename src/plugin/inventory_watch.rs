@@ -401,6 +401,7 @@ mod tests {
                     vfio: None,
                 }],
                 updated_unix: 1_760_000_000,
+                fabric_partition: None,
             },
         );
         encode(&checkpoint).unwrap()

@@ -13,6 +13,7 @@
 
 pub mod claim_status;
 pub mod config;
+pub mod fabric;
 pub mod handler;
 pub mod holders;
 pub mod inventory_watch;
@@ -95,6 +96,10 @@ pub enum PluginError {
     /// `--mig-profiles` names a profile no GPU of the node has.
     #[error("checking --mig-profiles against the node's GPUs")]
     MigProfiles(#[source] crate::devices::MigProfilesError),
+    /// `--fabric-manager` is on and FM is not usable (fmpm missing, FM unreachable, or its
+    /// partition list invalid).
+    #[error("Fabric Manager (--fabric-manager)")]
+    FabricManager(#[source] crate::fabric_manager::FabricError),
     /// Waiting for signals failed.
     #[error("installing signal handlers")]
     Signals(#[source] std::io::Error),
@@ -222,6 +227,16 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     model_options.slice_layout = config.slice_layout;
     model_options.mig_attributes = config.mig_attributes;
     model_options.passthrough = pci.is_some();
+    let fabric = match &config.fabric_manager {
+        Some(fm) => {
+            // The simulated FM reads the node's state file, written by the first read.
+            backend.inventory().map_err(PluginError::Backend)?;
+            let fabric = fabric::setup(&config, fm).map_err(PluginError::FabricManager)?;
+            model_options.fabric_partitions = Some(Arc::clone(&fabric.table));
+            Some(fabric)
+        }
+        None => None,
+    };
     let boot_id = crate::checkpoint::boot_id(&config.proc_root).map_err(PluginError::BootId)?;
     let naming =
         ClaimNaming::for_driver(&config.driver_name).map_err(|source| PluginError::Naming {
@@ -272,6 +287,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 ),
             }),
         pci,
+        fabric,
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),

@@ -322,6 +322,7 @@ mod tests {
                 vfio: None,
             }],
             updated_unix: 0,
+            fabric_partition: None,
         }
     }
 

@@ -53,5 +53,6 @@ pub fn manager<S: ClaimSource>(
         prepared: Default::default(),
         metadata: None,
         pci: None,
+        fabric: None,
     }
 }

@@ -66,6 +66,25 @@ impl NvmlBackend {
     }
 }
 
+impl NvmlBackend {
+    /// The GPU's module ID (`nvmlDeviceGetModuleId`: its slot on an NVSwitch baseboard,
+    /// Fabric Manager's `physicalId`); 0 when the GPU or driver cannot say (NOT_SUPPORTED,
+    /// no such function, a library without the symbol). Other failures name the call.
+    pub(super) fn module_id(&self, handle: nvmlDevice_t, index: u32) -> Result<u32, HardwareError> {
+        let Ok(&call) = self.nvml.lib().nvmlDeviceGetModuleId.as_ref() else {
+            return Ok(0);
+        };
+        let mut id: std::ffi::c_uint = 0;
+        // SAFETY: live device handle; `id` is valid for one write.
+        let ret = unsafe { call(handle, &mut id) };
+        if matches!(ret, RAW_NOT_SUPPORTED | RAW_FUNCTION_NOT_FOUND) {
+            return Ok(0);
+        }
+        check(ret, "nvmlDeviceGetModuleId", index)?;
+        Ok(id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

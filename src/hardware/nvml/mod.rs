@@ -197,6 +197,7 @@ impl NvmlBackend {
         };
         let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
         let fabric = self.fabric(handle, index)?;
+        let module_id = self.module_id(handle, index)?;
         Ok(GpuInfo {
             healthy: self.health.healthy(&uuid),
             faults: self.health.faults(&uuid),
@@ -233,6 +234,7 @@ impl NvmlBackend {
             mig_devices,
             empty_gpu_instances,
             fabric,
+            module_id,
         })
     }
 }

@@ -21,6 +21,9 @@
 //!   iommu: true                 # false: the IOMMU is off
 //!   iommufd: false              # true: /dev/iommu and vfio-dev/vfioN exist
 //!   sharedGroup: [0]            # these GPUs share their IOMMU group with a NIC
+//! nvswitch: true                # optional: an HGX baseboard; GPUs get module IDs 1–8
+//! fabricMode: 1                 # optional: Fabric Manager's FABRIC_MODE (0, 1 = shared
+//!                               # NVSwitch partitions, 2); 1 needs nvswitch and 8 GPUs
 //! ```
 
 use std::path::Path;
@@ -55,6 +58,18 @@ pub struct NodeSpec {
     /// simulated ([`super::sysfs`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passthrough: Option<super::sysfs::PassthroughSpec>,
+    /// The GPUs sit on an NVSwitch baseboard (HGX): each reports a module ID
+    /// (`nvmlDeviceGetModuleId`), 1 to 8 in index order.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nvswitch: bool,
+    /// Fabric Manager's `FABRIC_MODE`: 0 bare metal (default), 1 shared NVSwitch
+    /// virtualization (the simulated FM serves partitions), 2 vGPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fabric_mode: u8,
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
 }
 
 /// `count` identical GPUs.
@@ -153,6 +168,8 @@ pub struct PlannedGpu {
     pub mig_devices: Vec<(u32, Placement)>,
     /// Fabric membership, when the GPU is on an NVLink fabric.
     pub fabric: Option<FabricInfo>,
+    /// NVML module ID (1–8 on an NVSwitch baseboard), 0 when none.
+    pub module_id: u32,
 }
 
 /// A validated node: every GPU resolved against the catalog and every pre-created MIG device
@@ -270,6 +287,11 @@ impl NodeSpec {
                     mig_enabled,
                     mig_devices: mig_devices.clone(),
                     fabric: fabric.clone(),
+                    module_id: if self.nvswitch {
+                        gpus.len() as u32 + 1
+                    } else {
+                        0
+                    },
                 });
             }
         }
@@ -295,6 +317,33 @@ impl NodeSpec {
                     gpus.len() - 1
                 ),
             ));
+        }
+        if self.nvswitch && gpus.len() > 8 {
+            return Err(err(
+                "nvswitch".into(),
+                format!(
+                    "{} GPUs; an NVSwitch baseboard holds at most 8 (module IDs 1-8)",
+                    gpus.len()
+                ),
+            ));
+        }
+        match self.fabric_mode {
+            0 | 2 => {}
+            1 if self.nvswitch && gpus.len() == 8 => {}
+            1 => {
+                return Err(err(
+                    "fabricMode".into(),
+                    "1 (shared NVSwitch partitions) needs `nvswitch: true` and 8 GPUs (the HGX 8-GPU partition table)".into(),
+                ));
+            }
+            other => {
+                return Err(err(
+                    "fabricMode".into(),
+                    format!(
+                        "{other} is not a FABRIC_MODE; valid choices are 0 (bare metal), 1 (shared NVSwitch), 2 (vGPU)"
+                    ),
+                ));
+            }
         }
         let mut spec = self.clone();
         spec.node_name = Some(node_name.clone());

@@ -15,6 +15,7 @@ pub(super) struct StaticGpu {
     pub(super) pcie_root: String,
     pub(super) numa_node: i64,
     pub(super) fabric: Option<crate::hardware::fabric::FabricInfo>,
+    pub(super) module_id: u32,
 }
 
 /// The fixed identity of GPU slot `i` (slots past the description's GPUs are hot-added ones,
@@ -28,6 +29,7 @@ pub(super) fn static_gpu(plan: &NodePlan, i: u32) -> StaticGpu {
         pcie_root,
         numa_node: ids::numa_node(i, count, plan.numa_nodes),
         fabric: plan.gpus.get(i as usize).and_then(|g| g.fabric.clone()),
+        module_id: plan.gpus.get(i as usize).map_or(0, |g| g.module_id),
     }
 }
 
@@ -197,5 +199,6 @@ pub(super) fn gpu_info(
         healthy: gs.healthy,
         faults: gs.faults.clone(),
         fabric: st.fabric.clone(),
+        module_id: st.module_id,
     }
 }

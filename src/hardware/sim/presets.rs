@@ -115,6 +115,19 @@ gpus:
 ",
     },
     Preset {
+        name: "hgx-h100-fm",
+        summary: "8 × H100 80GB HBM3 on an NVSwitch baseboard (module IDs 1–8), Fabric Manager in shared NVSwitch mode (FABRIC_MODE=1), MIG off",
+        yaml: "\
+nodeName: hgx-h100-fm
+nvswitch: true
+fabricMode: 1
+gpus:
+  - model: H100-SXM5-80GB
+    count: 8
+    mig: disabled
+",
+    },
+    Preset {
         name: "a30-x4",
         summary: "4 × A30 24GB, dynamic MIG",
         yaml: "\

@@ -36,6 +36,7 @@ fn record(phase: ClaimPhase, devices: Vec<DeviceRecord>) -> ClaimRecord {
         phase,
         devices,
         updated_unix: 0,
+        fabric_partition: None,
     }
 }
 
