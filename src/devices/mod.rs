@@ -485,6 +485,17 @@ fn add_vfio_devices(
             continue;
         }
         let mut device = attributes::vfio(format!("gpu-vfio-{i}"), pci, facts.iommufd, gpu);
+        // On an FM node a VFIO device carries its GPU's module and partitions, as the full GPU
+        // does, so claims of several VM GPUs match a partition (`gpu.nvidia.com/partitionN`)
+        // and prepare activates it. A GPU NVML cannot see is found in FM's list by address.
+        if let (Some(table), Some(attrs)) = (&options.fabric_partitions, device.attributes.as_mut())
+            && let Some(module) = gpu
+                .map(|g| g.module_id)
+                .filter(|m| *m != 0)
+                .or_else(|| table.module_by_pci_bus_id(&pci.address))
+        {
+            attrs.extend(crate::fabric_manager::attributes(module, table));
+        }
         if let Some(g) = gpu {
             let set_name = counter_set_name(g.minor);
             let set = match model.counter_sets.iter().find(|s| s.name == set_name) {

@@ -162,13 +162,15 @@ gpus:
     },
     Preset {
         name: "hgx-h100-passthrough",
-        summary: "8 × H100 80GB HBM3, dynamic MIG, IOMMU on with one group per GPU: VFIO passthrough (--passthrough)",
+        summary: "8 × H100 80GB HBM3 on NVSwitch, dynamic MIG, IOMMU on with one group per GPU, Fabric Manager in shared mode: VFIO passthrough (--passthrough, --fabric-manager)",
         yaml: "\
 nodeName: hgx-h100-passthrough
 gpus:
   - model: H100-SXM5-80GB
     count: 8
     mig: dynamic
+nvswitch: true
+fabricMode: 1
 passthrough:
   iommu: true
 ",
