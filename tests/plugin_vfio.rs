@@ -515,3 +515,59 @@ async fn while_the_gpu_is_on_vfio_pci_its_full_gpu_and_mig_devices_are_not_publi
     .await;
     assert_given_back(&node, 0, "after the unprepare by the restarted plugin");
 }
+
+/// Fabric Manager on the same node (`--fabric-manager`): the VFIO devices carry their GPUs'
+/// module and partitions, a VM claim of GPUs 0 and 2 (modules 1 and 3) activates partition 3
+/// before the GPUs move to vfio-pci and deactivates it after they are back, and a claim of
+/// GPUs that make no partition is refused before anything moves.
+#[tokio::test]
+async fn a_vm_claim_of_two_gpus_activates_their_fabric_manager_partition() {
+    use gpu_dra::fabric_manager::sim;
+    let node = Node::new().with_sim_node(PRESET);
+    node.api.put_claim(vfio_claim(
+        "vm2",
+        "uid-vm2",
+        &["gpu-vfio-0", "gpu-vfio-2"],
+        None,
+    ));
+    node.api.put_claim(vfio_claim(
+        "odd",
+        "uid-odd",
+        &["gpu-vfio-0", "gpu-vfio-1"],
+        None,
+    ));
+    let mut command = passthrough_command(&node);
+    command.arg("--fabric-manager");
+    let mut plugin = node.spawn_command(command, &[]);
+    plugin.wait_registrable().await;
+    let vfio0 = plugin_support::eventually("gpu-vfio-0 published", || {
+        node.api
+            .complete_pool()?
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .find(|d| d["name"] == "gpu-vfio-0")
+    })
+    .await;
+    assert_eq!(json!({"int": 1}), vfio0["attributes"]["gpuModuleID"]);
+    assert_eq!(json!({"int": 3}), vfio0["attributes"]["partition2"]);
+    let mut kubelet = plugin.register(DraApi::V1).await;
+
+    let err = prepare_one(&mut kubelet, &claim_ref("odd", "uid-odd"))
+        .await
+        .unwrap_err();
+    assert!(err.contains("partition"), "{err}");
+    assert_eq!(("nvidia".to_string(), "nvidia".to_string()), (driver(&node, 0), driver(&node, 1)));
+    assert!(sim::active(&node.state_dir().join("sim")).is_empty());
+
+    let vm = claim_ref("vm2", "uid-vm2");
+    prepare_one(&mut kubelet, &vm).await.unwrap();
+    assert_eq!(
+        std::collections::BTreeSet::from([3]),
+        sim::active(&node.state_dir().join("sim"))
+    );
+    assert_eq!(("vfio-pci".to_string(), "vfio-pci".to_string()), (driver(&node, 0), driver(&node, 2)));
+    kubelet.unprepare(std::slice::from_ref(&vm)).await.unwrap();
+    assert!(sim::active(&node.state_dir().join("sim")).is_empty());
+    assert_given_back(&node, 0, "GPU 0 after unprepare");
+    assert_given_back(&node, 2, "GPU 2 after unprepare");
+}
