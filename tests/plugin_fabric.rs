@@ -354,3 +354,27 @@ async fn two_shares_of_one_gpu_hold_its_partition_until_the_last_one_leaves() {
     unprepare_one(&mut kubelet, "b", "uid-b").await;
     assert!(active(&node).is_empty(), "the last one out deactivates it");
 }
+
+#[tokio::test]
+async fn a_prepare_costs_one_fmpm_call_and_an_unprepare_one() {
+    let node = fm_node();
+    let plugin = start_fm(&node, &[]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    node.api
+        .put_claim(claims::on_node("pair", "uid-pair", &["gpu-4", "gpu-6"]));
+    let socket = sim::socket(&sim_state(&node));
+    let endpoint = format!("--unix-domain-socket {}", socket.display());
+    let before = sim::calls(&sim_state(&node)).len();
+    prepare_one(&mut kubelet, "pair", "uid-pair").await.unwrap();
+    let prepared = sim::calls(&sim_state(&node)).len();
+    unprepare_one(&mut kubelet, "pair", "uid-pair").await;
+    let calls = sim::calls(&sim_state(&node));
+    assert_eq!(
+        (
+            vec![format!("-a 5 {endpoint}")],
+            vec![format!("-d 5 {endpoint}")]
+        ),
+        (calls[before..prepared].to_vec(), calls[prepared..].to_vec()),
+        "one call each, as the kubelet's request path pays it"
+    );
+}
