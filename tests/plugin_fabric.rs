@@ -378,3 +378,58 @@ async fn a_prepare_costs_one_fmpm_call_and_an_unprepare_one() {
         "one call each, as the kubelet's request path pays it"
     );
 }
+
+/// `gpu-dra doctor --fabric-manager` on this node, as JSON: the `fabric-manager` check.
+fn doctor_fm_check(node: &Node) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(["doctor", "--gpu-backend", "sim", "--sim-node", &node_file()])
+        .arg("--state-dir")
+        .arg(node.state_dir())
+        .arg("--plugin-dir")
+        .arg(node.plugin_dir())
+        .arg("--registry-dir")
+        .arg(node.registry_dir())
+        .arg("--cdi-root")
+        .arg(node.cdi_root())
+        .args(["--fabric-manager", "-o", "json"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run gpu-dra doctor");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "fabric-manager")
+        .cloned()
+        .unwrap_or_else(|| panic!("no fabric-manager check: {report:#}"))
+}
+
+#[tokio::test]
+async fn doctor_checks_that_fabric_manager_answers_with_its_partitions() {
+    let node = fm_node();
+    let _plugin = start_fm(&node, &[]).await;
+    let check = doctor_fm_check(&node);
+    assert_eq!("ok", check["status"], "{check:#}");
+    let found = check["found"].as_str().unwrap();
+    assert!(
+        found.contains("15 partitions") && found.contains("sizes 1, 2, 4, 8"),
+        "{found}"
+    );
+    std::fs::remove_file(sim::socket(&sim_state(&node))).expect("FM's socket");
+    let check = doctor_fm_check(&node);
+    assert_eq!("fail", check["status"], "{check:#}");
+    assert!(
+        check["found"]
+            .as_str()
+            .unwrap()
+            .contains("Fabric Manager unreachable"),
+        "{check:#}"
+    );
+    assert!(
+        check["fix"].as_str().unwrap().contains("FABRIC_MODE=1"),
+        "{check:#}"
+    );
+}
