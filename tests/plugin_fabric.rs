@@ -433,3 +433,60 @@ async fn doctor_checks_that_fabric_manager_answers_with_its_partitions() {
         "{check:#}"
     );
 }
+
+#[tokio::test]
+async fn the_plugin_does_not_start_with_fabric_manager_on_a_node_without_it() {
+    // The plain DGX H100 preset: no NVSwitch board declared, FM not in shared mode.
+    let node = Node::new();
+    let mut command = node.command();
+    command.arg("--fabric-manager");
+    let mut plugin = node.spawn_command(command, &[]);
+    let status = plugin.wait_exit().await;
+    assert!(!status.success(), "{status}");
+    let log = plugin.log();
+    assert!(
+        log.contains("Fabric Manager (--fabric-manager)")
+            && log.contains("Fabric Manager unreachable"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn simulated_fabric_manager_refuses_a_node_not_in_shared_mode() {
+    // FM answering on a node whose FABRIC_MODE is not 1: FM_ST_NOT_SUPPORTED.
+    let node = fm_node();
+    let _plugin = start_fm(&node, &[]).await;
+    let plain = tempfile::tempdir().unwrap();
+    let state = plain.path().join("sim");
+    let inventory = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args([
+            "inventory",
+            "--gpu-backend",
+            "sim",
+            "--sim-node",
+            "dgx-h100",
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(inventory.status.success(), "{inventory:?}");
+    let sock = sim::socket(&state);
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let out = Command::new(sim_state(&node).join("fabricmanager/bin/fmpm"))
+        .arg("-l")
+        .env(sim::STATE_DIR_ENV, &state)
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            Some(253),
+            "Failed to get partition list. fmReturn: -3\n".to_string()
+        ),
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        )
+    );
+}
