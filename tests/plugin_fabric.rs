@@ -354,3 +354,139 @@ async fn two_shares_of_one_gpu_hold_its_partition_until_the_last_one_leaves() {
     unprepare_one(&mut kubelet, "b", "uid-b").await;
     assert!(active(&node).is_empty(), "the last one out deactivates it");
 }
+
+#[tokio::test]
+async fn a_prepare_costs_one_fmpm_call_and_an_unprepare_one() {
+    let node = fm_node();
+    let plugin = start_fm(&node, &[]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    node.api
+        .put_claim(claims::on_node("pair", "uid-pair", &["gpu-4", "gpu-6"]));
+    let socket = sim::socket(&sim_state(&node));
+    let endpoint = format!("--unix-domain-socket {}", socket.display());
+    let before = sim::calls(&sim_state(&node)).len();
+    prepare_one(&mut kubelet, "pair", "uid-pair").await.unwrap();
+    let prepared = sim::calls(&sim_state(&node)).len();
+    unprepare_one(&mut kubelet, "pair", "uid-pair").await;
+    let calls = sim::calls(&sim_state(&node));
+    assert_eq!(
+        (
+            vec![format!("-a 5 {endpoint}")],
+            vec![format!("-d 5 {endpoint}")]
+        ),
+        (calls[before..prepared].to_vec(), calls[prepared..].to_vec()),
+        "one call each, as the kubelet's request path pays it"
+    );
+}
+
+/// `gpu-dra doctor --fabric-manager` on this node, as JSON: the `fabric-manager` check.
+fn doctor_fm_check(node: &Node) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args(["doctor", "--gpu-backend", "sim", "--sim-node", &node_file()])
+        .arg("--state-dir")
+        .arg(node.state_dir())
+        .arg("--plugin-dir")
+        .arg(node.plugin_dir())
+        .arg("--registry-dir")
+        .arg(node.registry_dir())
+        .arg("--cdi-root")
+        .arg(node.cdi_root())
+        .args(["--fabric-manager", "-o", "json"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run gpu-dra doctor");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "fabric-manager")
+        .cloned()
+        .unwrap_or_else(|| panic!("no fabric-manager check: {report:#}"))
+}
+
+#[tokio::test]
+async fn doctor_checks_that_fabric_manager_answers_with_its_partitions() {
+    let node = fm_node();
+    let _plugin = start_fm(&node, &[]).await;
+    let check = doctor_fm_check(&node);
+    assert_eq!("ok", check["status"], "{check:#}");
+    let found = check["found"].as_str().unwrap();
+    assert!(
+        found.contains("15 partitions") && found.contains("sizes 1, 2, 4, 8"),
+        "{found}"
+    );
+    std::fs::remove_file(sim::socket(&sim_state(&node))).expect("FM's socket");
+    let check = doctor_fm_check(&node);
+    assert_eq!("fail", check["status"], "{check:#}");
+    assert!(
+        check["found"]
+            .as_str()
+            .unwrap()
+            .contains("Fabric Manager unreachable"),
+        "{check:#}"
+    );
+    assert!(
+        check["fix"].as_str().unwrap().contains("FABRIC_MODE=1"),
+        "{check:#}"
+    );
+}
+
+#[tokio::test]
+async fn the_plugin_does_not_start_with_fabric_manager_on_a_node_without_it() {
+    // The plain DGX H100 preset: no NVSwitch board declared, FM not in shared mode.
+    let node = Node::new();
+    let mut command = node.command();
+    command.arg("--fabric-manager");
+    let mut plugin = node.spawn_command(command, &[]);
+    let status = plugin.wait_exit().await;
+    assert!(!status.success(), "{status}");
+    let log = plugin.log();
+    assert!(
+        log.contains("Fabric Manager (--fabric-manager)")
+            && log.contains("Fabric Manager unreachable"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn simulated_fabric_manager_refuses_a_node_not_in_shared_mode() {
+    // FM answering on a node whose FABRIC_MODE is not 1: FM_ST_NOT_SUPPORTED.
+    let node = fm_node();
+    let _plugin = start_fm(&node, &[]).await;
+    let plain = tempfile::tempdir().unwrap();
+    let state = plain.path().join("sim");
+    let inventory = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args([
+            "inventory",
+            "--gpu-backend",
+            "sim",
+            "--sim-node",
+            "dgx-h100",
+        ])
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(inventory.status.success(), "{inventory:?}");
+    let sock = sim::socket(&state);
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let out = Command::new(sim_state(&node).join("fabricmanager/bin/fmpm"))
+        .arg("-l")
+        .env(sim::STATE_DIR_ENV, &state)
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            Some(253),
+            "Failed to get partition list. fmReturn: -3\n".to_string()
+        ),
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        )
+    );
+}

@@ -105,8 +105,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .iter()
             .filter(|p| !p.allocated.admin_access)
             .map(|p| p.allocated.device.as_str());
-        let modules =
-            claim_modules(devices, model).map_err(|e| fabric_error(&claim, step(), e))?;
+        let modules = claim_modules(devices, model).map_err(|e| fabric_error(&claim, step(), e))?;
         if modules.is_empty() {
             return Ok(None);
         }
@@ -115,7 +114,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .map_err(|e| fabric_error(&claim, step(), e))
     }
 
-    /// Activates the partition recorded in the claim's intent (skipped when FM has it
+    /// Activates the partition recorded in the claim's intent (success when FM has it
     /// active already).
     ///
     /// # Errors
@@ -130,18 +129,23 @@ impl<S: ClaimSource> ClaimsManager<S> {
         };
         let claim = id.to_string();
         let step = || format!("activating Fabric Manager partition {partition}");
-        let current = fm
-            .client
-            .list()
-            .map_err(|e| fabric_error(&claim, step(), e))?;
-        if current.get(partition).is_some_and(|p| p.is_active) {
-            return Ok(());
+        // One fmpm call in the common case; FM's "in use" answer is checked against its list,
+        // so a partition active already (a retry after a crash) counts as activated.
+        match fm.client.activate(partition) {
+            Ok(()) => {
+                crate::crashpoint::hit("prepare-fabric-activated");
+                Ok(())
+            }
+            Err(e @ FabricError::Failed { code, .. })
+                if code == crate::fabric_manager::codes::IN_USE =>
+            {
+                match fm.client.list() {
+                    Ok(listed) if listed.get(partition).is_some_and(|p| p.is_active) => Ok(()),
+                    _ => Err(fabric_error(&claim, step(), e)),
+                }
+            }
+            Err(e) => Err(fabric_error(&claim, step(), e)),
         }
-        fm.client
-            .activate(partition)
-            .map_err(|e| fabric_error(&claim, step(), e))?;
-        crate::crashpoint::hit("prepare-fabric-activated");
-        Ok(())
     }
 
     /// After [`ClaimsManager::activate_fabric`] failed with `error`: when FM surely did not
@@ -176,8 +180,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
         });
     }
 
-    /// Deactivates `rec`'s partition unless a claim of `others` other than `rec` holds it or
-    /// FM has it inactive already; the failure, if any.
+    /// Deactivates `rec`'s partition unless a claim of `others` other than `rec` holds it
+    /// (success too when FM has it inactive already); the failure, if any.
     pub(super) fn release_fabric(
         &self,
         rec: &ClaimRecord,
@@ -185,35 +189,27 @@ impl<S: ClaimSource> ClaimsManager<S> {
         claim: &str,
     ) -> Option<ClaimError> {
         let partition = rec.fabric_partition?;
-        let fm = match &self.fabric {
-            Some(fm) => fm,
-            None => {
-                return Some(fabric_error(
-                    claim,
-                    format!("deactivating Fabric Manager partition {partition}"),
-                    FabricError::Unreachable {
-                        endpoint: "(none)".into(),
-                        detail: "the claim holds a partition but the plugin runs without --fabric-manager".into(),
-                    },
-                ));
-            }
-        };
+        // A plugin restarted without --fabric-manager cannot deactivate it; refusing the
+        // unprepare for that would hold the GPUs forever. The partition stays active for the
+        // operator (docs/fabric-manager.md: `fmpm -d`).
+        let fm = self.fabric.as_ref()?;
         if holders(partition, others, &rec.uid) > 0 {
             return None;
         }
         let step = || format!("deactivating Fabric Manager partition {partition}");
-        let current = match fm.client.list() {
-            Ok(current) => current,
-            Err(e) => return Some(fabric_error(claim, step(), e)),
-        };
-        if !current.get(partition).is_some_and(|p| p.is_active) {
-            return None;
+        // One fmpm call in the common case; a refusal is checked against FM's list, so a
+        // partition inactive already (an undo repeated after a crash) counts as deactivated.
+        match fm.client.deactivate(partition) {
+            Ok(()) => {
+                crate::crashpoint::hit("unprepare-fabric-deactivated");
+                None
+            }
+            Err(e @ FabricError::Failed { .. }) => match fm.client.list() {
+                Ok(listed) if !listed.get(partition).is_some_and(|p| p.is_active) => None,
+                _ => Some(fabric_error(claim, step(), e)),
+            },
+            Err(e) => Some(fabric_error(claim, step(), e)),
         }
-        if let Err(e) = fm.client.deactivate(partition) {
-            return Some(fabric_error(claim, step(), e));
-        }
-        crate::crashpoint::hit("unprepare-fabric-deactivated");
-        None
     }
 }
 

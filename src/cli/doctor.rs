@@ -149,7 +149,8 @@ pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         quick: args.quick,
     };
     let mut report = doctor::run(&config, &gpus, host_root.as_deref())?;
-    if let Some(fm) = args.fabric_manager.config() {
+    // `--quick` starts no process; asking FM runs fmpm.
+    if let Some(fm) = args.fabric_manager.config().filter(|_| !args.quick) {
         let client = gpu_dra::plugin::fabric::client_for(
             gpus.simulated && config.layout.driver_root == std::path::Path::new("/"),
             &gpus.sim_state,

@@ -6,7 +6,7 @@
 //! the C library `libnvfm.so`: a child process needs no `unsafe` (the house keeps that to
 //! NVML) and is how the plugin already drives `nvidia-smi`, `nvidia-cuda-mps-control` and
 //! `nvidia-imex-ctl`. The cost: `fmpm` must be on the host (under the driver root), and each
-//! call is a process start (about a millisecond). With the simulated node the tool is the
+//! call is a process start (docs/fabric-manager.md has the measured cost). With the simulated node the tool is the
 //! `gpu-dra` binary itself run as `fmpm` ([`sim`]), which keeps the active partitions in the
 //! simulated node's state directory.
 //!

@@ -6,7 +6,8 @@
 //! The node is the simulated one in `GPU_DRA_SIM_STATE_DIR`: FM answers only when the node
 //! file sets `fabricMode: 1` (shared NVSwitch mode), lists the HGX 8-GPU table over the GPUs'
 //! module IDs, and keeps the active partitions in `<state>/fabricmanager/active.json`
-//! under a lock, so every process sees one truth. FM "runs" while its socket
+//! under a lock, so every process sees one truth; every call is appended to
+//! `<state>/fabricmanager/calls.log` ([`calls`]). FM "runs" while its socket
 //! `<state>/run/nvidia-fabricmanager/socket` exists ([`start`] creates it; removing it makes
 //! FM unreachable).
 //!
@@ -149,6 +150,7 @@ pub fn run(args: &[String]) -> ExitCode {
         println!("Failed to connect to Fabric Manager instance.");
         return exit(codes::CONNECTION_NOT_VALID);
     };
+    record(&state, args);
     let running = std::fs::symlink_metadata(socket(&state)).is_ok();
     let reachable = match &socket_path {
         Some(path) => running && std::fs::symlink_metadata(path).is_ok(),
@@ -272,6 +274,30 @@ fn write_active(dir: &Path, active: &BTreeSet<u32>) -> std::io::Result<()> {
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, dir.join("active.json"))
+}
+
+/// Appends `args` as one line to `<state>/fabricmanager/calls.log` (one `O_APPEND` write, so
+/// concurrent calls do not interleave); a log that cannot be written is skipped.
+fn record(state: &Path, args: &[String]) {
+    let dir = state.join("fabricmanager");
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut f) = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("calls.log"))
+    {
+        let _ = f.write_all(format!("{}\n", args.join(" ")).as_bytes());
+    }
+}
+
+/// The simulated `fmpm` calls made against the node in `state`, oldest first, each as its
+/// arguments joined by spaces (for tests counting what a prepare costs).
+pub fn calls(state: &Path) -> Vec<String> {
+    std::fs::read_to_string(state.join("fabricmanager/calls.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 /// The partitions the simulated FM of the node in `state` has active (for tests and the
