@@ -556,7 +556,10 @@ async fn a_vm_claim_of_two_gpus_activates_their_fabric_manager_partition() {
         .await
         .unwrap_err();
     assert!(err.contains("partition"), "{err}");
-    assert_eq!(("nvidia".to_string(), "nvidia".to_string()), (driver(&node, 0), driver(&node, 1)));
+    assert_eq!(
+        ("nvidia".to_string(), "nvidia".to_string()),
+        (driver(&node, 0), driver(&node, 1))
+    );
     assert!(sim::active(&node.state_dir().join("sim")).is_empty());
 
     let vm = claim_ref("vm2", "uid-vm2");
@@ -565,7 +568,10 @@ async fn a_vm_claim_of_two_gpus_activates_their_fabric_manager_partition() {
         std::collections::BTreeSet::from([3]),
         sim::active(&node.state_dir().join("sim"))
     );
-    assert_eq!(("vfio-pci".to_string(), "vfio-pci".to_string()), (driver(&node, 0), driver(&node, 2)));
+    assert_eq!(
+        ("vfio-pci".to_string(), "vfio-pci".to_string()),
+        (driver(&node, 0), driver(&node, 2))
+    );
     kubelet.unprepare(std::slice::from_ref(&vm)).await.unwrap();
     assert!(sim::active(&node.state_dir().join("sim")).is_empty());
     assert_given_back(&node, 0, "GPU 0 after unprepare");
