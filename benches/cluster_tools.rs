@@ -340,6 +340,41 @@ fn live(slices: &Value, claims: &Value, nine: &Path) {
         5.0,
         200.0,
     );
+    // What that doctor run checked, so its time stands for the cluster checks it claims.
+    let out = Command::new(BIN)
+        .args([
+            "doctor",
+            "-o",
+            "json",
+            "--node-name",
+            "node-0000",
+            "--gpu-backend",
+            "sim",
+            "--sim-node",
+            "dgx-h100",
+        ])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--plugin-dir")
+        .arg(&plugin_dir)
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let checks: Vec<String> = report["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            format!(
+                "{}={}",
+                c["name"].as_str().unwrap_or("?"),
+                c["status"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    println!("  doctor's checks in that run: {}", checks.join(" "));
 }
 
 /// GETs `path` from the plain-HTTP server at `base` (`http://host:port`) and returns the bytes
