@@ -307,7 +307,16 @@ fn sim_values_run_one_unprivileged_daemonset_per_preset_label() {
         return;
     };
     let objects = render_chart(&helm, &["-f", &sim_values()]);
-    let got: Vec<(Value, String, String, Value, usize)> = of_kind(&objects, "DaemonSet")
+    type Row = (
+        Value,
+        String,
+        String,
+        Value,
+        usize,
+        Option<String>,
+        Option<String>,
+    );
+    let got: Vec<Row> = of_kind(&objects, "DaemonSet")
         .into_iter()
         .map(|ds| {
             let env = env(ds);
@@ -317,25 +326,38 @@ fn sim_values_run_one_unprivileged_daemonset_per_preset_label() {
                 env["GPU_DRA_SHARED_GPUS"].clone(),
                 container(ds)["securityContext"]["privileged"].clone(),
                 host_mounts(ds).len(),
+                env.get("GPU_DRA_PASSTHROUGH").cloned(),
+                env.get("GPU_DRA_FABRIC_MANAGER").cloned(),
             )
         })
         .collect();
-    let row = |preset: &str, shared: &str| {
+    let row = |preset: &str, shared: &str, vm: bool| {
+        let on = |yes: bool| yes.then(|| "true".to_string());
         (
             json!({"gpu-dra.dev/sim-preset": preset}),
             preset.to_string(),
             shared.to_string(),
             Value::Null,
-            // plugin dir, registry dir, CDI root, device metadata dir
+            // plugin dir, registry dir, CDI root, device metadata dir: nothing from the host
+            // for passthrough, whose tree the simulated node keeps itself
             4,
+            on(vm),
+            on(vm),
         )
     };
     let want = vec![
-        row("dgx-h100", "off"),
-        row("dgx-a100", "off"),
-        row("l4-x4", "memory"),
+        row("dgx-h100", "off", false),
+        row("dgx-a100", "off", false),
+        row("l4-x4", "memory", false),
+        // Passthrough and Fabric Manager only where the preset simulates them.
+        row("hgx-h100-passthrough", "off", true),
     ];
     assert_eq!(got, want);
+    let classes: Vec<&str> = of_kind(&objects, "DeviceClass")
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .collect();
+    assert!(classes.contains(&"vfio.gpu.nvidia.com"), "{classes:?}");
 }
 
 #[test]
@@ -382,6 +404,7 @@ fn sim_values_with_the_nvml_library_run_the_nvml_backend_over_the_simulated_libr
         row("dgx-h100", json!(all_dynamic)),
         row("dgx-a100", Value::Null),
         row("l4-x4", Value::Null),
+        row("hgx-h100-passthrough", json!(all_dynamic)),
     ];
     assert_eq!(got, want);
 }
@@ -483,7 +506,15 @@ fn passthrough_off_renders_no_vfio_class_no_passthrough_env_and_no_host_root_mou
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
-    for extra in [vec![], vec!["-f".to_string(), sim_values()]] {
+    // (The simulated values turn it on for their hgx-h100-passthrough preset only:
+    // sim_values_run_one_unprivileged_daemonset_per_preset_label.)
+    let sim_without_vms = [
+        "-f".to_string(),
+        sim_values(),
+        "--set".to_string(),
+        "sim.nodePresets={dgx-h100,dgx-a100}".to_string(),
+    ];
+    for extra in [vec![], sim_without_vms.to_vec()] {
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let objects = render_chart(&helm, &extra);
         assert_eq!(class_names(&objects), ["gpu.nvidia.com", "mig.nvidia.com"]);
