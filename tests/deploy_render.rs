@@ -35,8 +35,8 @@ fn env(daemonset: &Value) -> BTreeMap<String, String> {
     deploy_support::container_env(container(daemonset))
 }
 
-/// Host paths mounted into the plugin container: host path → (mount path, propagation).
-fn host_mounts(daemonset: &Value) -> BTreeMap<String, (String, String)> {
+/// The plugin container's hostPath mounts: (host path, its volumeMount).
+fn host_path_mounts(daemonset: &Value) -> Vec<(String, Value)> {
     let spec = &daemonset["spec"]["template"]["spec"];
     let volumes: BTreeMap<&str, &str> = spec["volumes"]
         .as_array()
@@ -48,16 +48,18 @@ fn host_mounts(daemonset: &Value) -> BTreeMap<String, (String, String)> {
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|m| {
-            let host = volumes.get(m["name"].as_str()?)?;
-            let propagation = m["mountPropagation"].as_str().unwrap_or("None");
-            Some((
-                host.to_string(),
-                (
-                    m["mountPath"].as_str()?.to_string(),
-                    propagation.to_string(),
-                ),
-            ))
+        .filter_map(|m| Some((volumes.get(m["name"].as_str()?)?.to_string(), m.clone())))
+        .collect()
+}
+
+/// Host paths mounted into the plugin container: host path → (mount path, propagation).
+fn host_mounts(daemonset: &Value) -> BTreeMap<String, (String, String)> {
+    host_path_mounts(daemonset)
+        .into_iter()
+        .map(|(host, m)| {
+            let path = m["mountPath"].as_str().unwrap().to_string();
+            let propagation = m["mountPropagation"].as_str().unwrap_or("None").to_string();
+            (host, (path, propagation))
         })
         .collect()
 }
@@ -459,27 +461,12 @@ fn toggles_remove_the_policy_and_a_device_class() {
 /// Host paths mounted into the plugin container that are not the chart's passthrough-free
 /// mounts: host path → (mount path, read-only).
 fn passthrough_mounts(daemonset: &Value) -> BTreeMap<String, (String, bool)> {
-    let spec = &daemonset["spec"]["template"]["spec"];
-    let volumes: BTreeMap<&str, &str> = spec["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
-        .collect();
-    container(daemonset)["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["mountPath"].as_str().unwrap().starts_with("/host-root"))
-        .map(|m| {
-            let host = volumes[m["name"].as_str().unwrap()];
-            (
-                host.to_string(),
-                (
-                    m["mountPath"].as_str().unwrap().to_string(),
-                    m["readOnly"].as_bool().unwrap_or(false),
-                ),
-            )
+    host_path_mounts(daemonset)
+        .into_iter()
+        .filter(|(_, m)| m["mountPath"].as_str().unwrap().starts_with("/host-root"))
+        .map(|(host, m)| {
+            let path = m["mountPath"].as_str().unwrap().to_string();
+            (host, (path, m["readOnly"].as_bool().unwrap_or(false)))
         })
         .collect()
 }

@@ -20,15 +20,7 @@ const FABRIC_INFO_V2: u32 = (size_of::<nvmlGpuFabricInfo_v2_t>() as u32) | (2 <<
 
 /// Formats a cluster UUID's 16 bytes as `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 fn cluster_uuid(bytes: &[u8; NVML_GPU_FABRIC_UUID_LEN as usize]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    crate::hardware::passthrough::hyphenated(bytes)
 }
 
 impl NvmlBackend {

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 pub use backend::PassthroughBackend;
-pub use uuid5::uuid_v5_dns;
+pub use uuid5::{hyphenated, uuid_v5_dns};
 
 /// The NVIDIA kernel driver's name in sysfs.
 pub const NVIDIA_DRIVER: &str = "nvidia";

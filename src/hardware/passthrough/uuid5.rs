@@ -71,7 +71,12 @@ pub fn uuid_v5_dns(name: &str) -> String {
     b.copy_from_slice(&hash[..16]);
     b[6] = (b[6] & 0x0f) | 0x50;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    hyphenated(&b)
+}
+
+/// 16 bytes as a lower-case `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` UUID string.
+pub fn hyphenated(bytes: &[u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|x| format!("{x:02x}")).collect();
     format!(
         "{}-{}-{}-{}-{}",
         &hex[0..8],
