@@ -63,6 +63,16 @@ fn vfio_claim(name: &str, uid: &str, devices: &[&str], config: Option<Value>) ->
     claim
 }
 
+/// The container paths of a CDI device's device nodes, in order.
+fn node_paths(device: &Value) -> Vec<&str> {
+    device["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect()
+}
+
 fn vfio_config(backend: &str, api_device: bool) -> Value {
     json!({
         "apiVersion": "resource.nvidia.com/v1beta1",
@@ -152,13 +162,7 @@ async fn a_vfio_claim_moves_the_gpu_to_vfio_pci_and_unprepare_gives_it_back() {
         .iter()
         .find(|d| d["name"] == "uid-vm-gpu-vfio-0")
         .expect("the VFIO device in the spec");
-    let nodes: Vec<&str> = device["containerEdits"]["deviceNodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(vec!["/dev/vfio/1", "/dev/vfio/vfio"], nodes);
+    assert_eq!(vec!["/dev/vfio/1", "/dev/vfio/vfio"], node_paths(device));
     // The simulated host's nodes carry type and numbers: the runtime creates them.
     let numbers: Vec<(&str, i64, i64)> = device["containerEdits"]["deviceNodes"]
         .as_array()
@@ -239,13 +243,10 @@ async fn with_iommufd_the_vm_gets_the_vfio_device_cdev_and_dev_iommu() {
     let claim = claim_ref("vm", "uid-vm");
     prepare_one(&mut kubelet, &claim).await.unwrap();
     let spec: Value = serde_json::from_str(&node.spec("uid-vm").unwrap()).unwrap();
-    let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| n["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(vec!["/dev/vfio/devices/vfio1", "/dev/iommu"], nodes);
+    assert_eq!(
+        vec!["/dev/vfio/devices/vfio1", "/dev/iommu"],
+        node_paths(&spec["devices"][0])
+    );
     kubelet
         .unprepare(std::slice::from_ref(&claim))
         .await

@@ -124,7 +124,11 @@ impl<S: ClaimSource> ClaimsManager<S> {
         results: &mut [Option<Prepared>],
     ) -> Vec<(usize, ClaimAllocation)> {
         let (first, _) = pending[0];
-        let (model, buses) = match self.model_and_buses(&ids[first].to_string()) {
+        let super::WaveModel {
+            model,
+            buses,
+            inventory,
+        } = match self.model_and_buses(&ids[first].to_string()) {
             Ok(found) => found,
             Err(e) => {
                 for (i, _) in &pending {
@@ -151,7 +155,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             let planned =
                 plan::plan(id, &allocation, &model, &self.pool, &next).and_then(|mut planned| {
                     sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
-                    self.vfio_preflight(id, &mut planned)?;
+                    self.vfio_preflight(id, &inventory, &mut planned)?;
                     let partition = self.fabric_partition(id, &planned, &model)?;
                     Ok((planned, partition))
                 });

@@ -20,7 +20,7 @@ use crate::hardware::NodeInventory;
 /// unprepare alternate between two inventories (without and with its instance); each model of
 /// a large node holds about a megabyte, so the cache stays small.
 #[derive(Default)]
-pub struct ModelCache(std::sync::Mutex<Vec<(NodeInventory, Arc<DeviceModel>)>>);
+pub struct ModelCache(std::sync::Mutex<Vec<(Arc<NodeInventory>, Arc<DeviceModel>)>>);
 
 /// How many inventories [`ModelCache`] remembers.
 const MODEL_CACHE_ENTRIES: usize = 2;
@@ -28,20 +28,31 @@ const MODEL_CACHE_ENTRIES: usize = 2;
 impl ModelCache {
     /// The model for `inventory`, from the cache when it was seen recently.
     pub fn get(&self, inventory: NodeInventory, options: &ModelOptions) -> Arc<DeviceModel> {
+        self.get_with_inventory(inventory, options).1
+    }
+
+    /// [`ModelCache::get`], and the inventory the model was built from (equal to `inventory`),
+    /// shared rather than copied, for the steps of the same call that read it too.
+    pub fn get_with_inventory(
+        &self,
+        inventory: NodeInventory,
+        options: &ModelOptions,
+    ) -> (Arc<NodeInventory>, Arc<DeviceModel>) {
         let mut entries = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(at) = entries.iter().position(|(seen, _)| *seen == inventory) {
+        if let Some(at) = entries.iter().position(|(seen, _)| **seen == inventory) {
             let entry = entries.remove(at);
-            let model = Arc::clone(&entry.1);
+            let found = (Arc::clone(&entry.0), Arc::clone(&entry.1));
             entries.insert(0, entry);
-            return model;
+            return found;
         }
         let model = Arc::new(devices::build(&inventory, options));
-        entries.insert(0, (inventory, Arc::clone(&model)));
+        let inventory = Arc::new(inventory);
+        entries.insert(0, (Arc::clone(&inventory), Arc::clone(&model)));
         entries.truncate(MODEL_CACHE_ENTRIES);
-        model
+        (inventory, model)
     }
 }
 

@@ -110,16 +110,22 @@ fn prepared(records: &[DeviceRecord]) -> Vec<PreparedDevice> {
         .collect()
 }
 
+/// What one prepare wave plans with: one inventory read, its device model, and the GPUs' PCI
+/// bus IDs by UUID (filled only when device metadata is written).
+struct WaveModel {
+    model: Arc<DeviceModel>,
+    buses: std::collections::BTreeMap<String, String>,
+    inventory: Arc<crate::hardware::NodeInventory>,
+}
+
 impl<S: ClaimSource> ClaimsManager<S> {
     fn model(&self, claim: &str) -> Result<Arc<DeviceModel>, ClaimError> {
-        self.model_and_buses(claim).map(|(model, _)| model)
+        self.model_and_buses(claim).map(|found| found.model)
     }
 
-    /// [`ClaimsManager::model`] with each GPU's PCI bus ID by UUID (for device metadata).
-    fn model_and_buses(
-        &self,
-        claim: &str,
-    ) -> Result<(Arc<DeviceModel>, std::collections::BTreeMap<String, String>), ClaimError> {
+    /// [`ClaimsManager::model`] with each GPU's PCI bus ID by UUID (for device metadata), and
+    /// the inventory it was built from (VFIO's checks read it: one inventory per wave).
+    fn model_and_buses(&self, claim: &str) -> Result<WaveModel, ClaimError> {
         let inventory = self
             .backend
             .inventory()
@@ -136,7 +142,14 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 .collect(),
             None => Default::default(),
         };
-        Ok((self.model_cache.get(inventory, &self.model_options), buses))
+        let (inventory, model) = self
+            .model_cache
+            .get_with_inventory(inventory, &self.model_options);
+        Ok(WaveModel {
+            model,
+            buses,
+            inventory,
+        })
     }
 
     /// Removes claim `uid`'s device metadata files, if any are written: those of the requests

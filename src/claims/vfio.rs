@@ -31,7 +31,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
     }
 
     /// Checks every VFIO device of a planned claim before anything is touched, and records in
-    /// its intent whether persistence mode must be restored on undo.
+    /// its intent whether persistence mode must be restored on undo. `inventory` is the one
+    /// the wave planned with (nothing has moved since).
     ///
     /// # Errors
     /// [`ClaimError::NotPassable`] naming the first device that cannot go to a VM and why:
@@ -40,6 +41,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
     pub(super) fn vfio_preflight(
         &self,
         id: &ClaimId,
+        inventory: &crate::hardware::NodeInventory,
         planned: &mut [PlannedDevice],
     ) -> Result<(), ClaimError> {
         if !planned
@@ -49,13 +51,6 @@ impl<S: ClaimSource> ClaimsManager<S> {
             return Ok(());
         }
         let claim = id.to_string();
-        let inventory = self
-            .backend
-            .inventory()
-            .map_err(|source| ClaimError::Inventory {
-                claim: claim.clone(),
-                source: Box::new(source),
-            })?;
         for p in planned.iter_mut() {
             let Action::Vfio { address, minor } = &p.action else {
                 continue;
