@@ -119,7 +119,10 @@ async fn measure(metadata: bool) -> (Figures, Figures, Duration) {
     let mut floor = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         let t = Instant::now();
-        let got = kubelet.prepare(std::slice::from_ref(&missing)).await.unwrap();
+        let got = kubelet
+            .prepare(std::slice::from_ref(&missing))
+            .await
+            .unwrap();
         floor.push(t.elapsed());
         assert!(got[&missing.uid].is_err(), "a claim that does not exist");
     }
