@@ -4,7 +4,7 @@
 //! {"version": "v1", "checksum": "sha256:<hex>", "payload": {"nodeBootId": "…", "claims": {…}}}
 //! ```
 //! The checksum covers the payload in canonical form (object keys sorted, no whitespace), so
-//! it does not depend on how the file was pretty-printed. The version is read before
+//! it does not depend on how the file is formatted (written compact, in canonical form). The version is read before
 //! anything else, so a file from a newer plugin is recognised as such, not as garbage.
 
 use std::collections::BTreeMap;
@@ -58,26 +58,31 @@ pub enum DecodeError {
     },
 }
 
+// The wire structs declare their fields in the order of their JSON names, so that serde
+// writes every object with its keys sorted: the compact serialization of a payload is its
+// canonical form, and [`encode`] hashes what it writes in one pass. The test
+// `encoded_payload_is_canonical` holds every struct to it.
+
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct PayloadV1 {
-    node_boot_id: String,
     claims: BTreeMap<String, ClaimV1>,
+    node_boot_id: String,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ClaimV1 {
-    uid: String,
-    namespace: String,
-    name: String,
-    phase: PhaseV1,
     devices: Vec<DeviceV1>,
-    updated_unix: i64,
     /// Absent unless the claim holds a Fabric Manager partition, so files of nodes without
     /// FM stay readable by releases that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fabric_partition: Option<u32>,
+    name: String,
+    namespace: String,
+    phase: PhaseV1,
+    uid: String,
+    updated_unix: i64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -90,15 +95,15 @@ enum PhaseV1 {
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct DeviceV1 {
-    request_names: Vec<String>,
-    pool: String,
-    device: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    share_id: Option<String>,
     cdi_device_ids: Vec<String>,
+    device: String,
     gpu_uuid: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mig: Option<MigV1>,
+    pool: String,
+    request_names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    share_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sharing: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,41 +121,48 @@ struct VfioV1 {
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct MigV1 {
-    parent_minor: u32,
-    profile_id: u32,
-    profile: String,
-    placement_start: u32,
-    placement_size: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    gi_id: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ci_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gi_id: Option<u32>,
+    parent_minor: u32,
+    placement_size: u32,
+    placement_start: u32,
+    profile: String,
+    profile_id: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     uuid: Option<String>,
 }
 
-/// Serializes a valid checkpoint into the current format (pretty JSON, trailing newline).
+/// Serializes a valid checkpoint into the current format: compact JSON, the envelope's
+/// `version`, `checksum` and `payload` in that order, and a trailing newline. The payload is
+/// written in its canonical form (keys sorted, no whitespace), so the checksum is the hash
+/// of the bytes written, computed in the same pass. `jq . checkpoint.json` shows it indented.
 ///
 /// # Errors
 /// [`DecodeError::Invalid`] when `cp` breaks an invariant (nothing invalid is ever written).
 pub fn encode(cp: &Checkpoint) -> Result<Vec<u8>, DecodeError> {
     cp.validate()
         .map_err(|source| DecodeError::Invalid { source })?;
-    let payload = serde_json::to_value(to_wire(cp)).map_err(|source| DecodeError::Payload {
+    let wire = to_wire(cp);
+    let payload = if maps_are_sorted() {
+        serde_json::to_vec(&wire)
+    } else {
+        serde_json::to_value(&wire).map(|value| canonical(&value))
+    }
+    .map_err(|source| DecodeError::Payload {
         version: CURRENT_VERSION,
         source,
     })?;
-    let envelope = serde_json::json!({
-        "version": CURRENT_VERSION,
-        "checksum": checksum(&payload),
-        "payload": payload,
-    });
-    let mut bytes =
-        serde_json::to_vec_pretty(&envelope).map_err(|source| DecodeError::Payload {
-            version: CURRENT_VERSION,
-            source,
-        })?;
-    bytes.push(b'\n');
+    let sum = checksum_of(&payload);
+    let mut bytes = Vec::with_capacity(payload.len() + 128);
+    bytes.extend_from_slice(b"{\"version\":\"");
+    bytes.extend_from_slice(CURRENT_VERSION.as_bytes());
+    bytes.extend_from_slice(b"\",\"checksum\":\"");
+    bytes.extend_from_slice(sum.as_bytes());
+    bytes.extend_from_slice(b"\",\"payload\":");
+    bytes.extend_from_slice(&payload);
+    bytes.extend_from_slice(b"}\n");
     Ok(bytes)
 }
 
@@ -194,8 +206,7 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
             computed,
         });
     }
-    let wire: PayloadV1 =
-        serde_json::from_value(payload.clone()).map_err(|source| DecodeError::Payload {
+    let wire = PayloadV1::deserialize(payload).map_err(|source| DecodeError::Payload {
             version: CURRENT_VERSION,
             source,
         })?;
@@ -207,11 +218,46 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
 
 /// `sha256:<hex>` of the canonical form of `payload`.
 pub fn checksum(payload: &Value) -> String {
-    let mut canonical = Vec::new();
-    write_canonical(payload, &mut canonical);
-    let digest = Sha256::digest(&canonical);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
+    checksum_of(&canonical(payload))
+}
+
+/// `sha256:<hex>` of `canonical`, bytes already in canonical form.
+fn checksum_of(canonical: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let digest = Sha256::digest(canonical);
+    let mut text = String::with_capacity(7 + 2 * digest.len());
+    text.push_str("sha256:");
+    for b in digest {
+        let _ = write!(text, "{b:02x}");
+    }
+    text
+}
+
+/// The canonical form of `value`: compact JSON with object keys sorted at every level.
+fn canonical(value: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    if maps_are_sorted() {
+        // serde_json's map is a BTreeMap unless some crate in the build turns on its
+        // `preserve_order` feature: then its compact form is the canonical one.
+        if serde_json::to_writer(&mut out, value).is_ok() {
+            return out;
+        }
+        out.clear();
+    }
+    write_canonical(value, &mut out);
+    out
+}
+
+/// Whether `serde_json::Map` iterates in key order in this build (it does unless a crate
+/// enables serde_json's `preserve_order` feature, which makes it keep insertion order).
+fn maps_are_sorted() -> bool {
+    static SORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SORTED.get_or_init(|| {
+        let mut map = serde_json::Map::new();
+        map.insert("b".into(), Value::Null);
+        map.insert("a".into(), Value::Null);
+        map.keys().next().map(String::as_str) == Some("a")
+    })
 }
 
 /// Compact JSON with object keys sorted at every level, whatever map type serde_json uses.
@@ -225,7 +271,7 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                out.extend(Value::String(key.clone()).to_string().into_bytes());
+                let _ = serde_json::to_writer(&mut *out, key);
                 out.push(b':');
                 write_canonical(value, out);
             }
@@ -241,7 +287,9 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
             }
             out.push(b']');
         }
-        scalar => out.extend(scalar.to_string().into_bytes()),
+        scalar => {
+            let _ = serde_json::to_writer(&mut *out, scalar);
+        }
     }
 }
 
@@ -348,5 +396,119 @@ fn device_from_wire(d: DeviceV1) -> DeviceRecord {
             address: v.address,
             restore_persistence: v.restore_persistence,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint with every optional field set, and a `sharing` value whose keys were
+    /// inserted out of order.
+    fn everything() -> Checkpoint {
+        let mut sharing = serde_json::Map::new();
+        sharing.insert("strategy".into(), Value::from("MPS"));
+        sharing.insert(
+            "mps".into(),
+            serde_json::json!({"pipeDir": "/p", "activeThreadPercentage": 50}),
+        );
+        let device = |name: &str| DeviceRecord {
+            request_names: vec!["gpu".into(), "other".into()],
+            pool: "node-a".into(),
+            device: name.into(),
+            share_id: Some("share-1".into()),
+            cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim=uid-{name}")],
+            gpu_uuid: "GPU-1".into(),
+            mig: None,
+            sharing: None,
+            vfio: None,
+        };
+        let mig = DeviceRecord {
+            mig: Some(MigRecord {
+                parent_minor: 0,
+                profile_id: 19,
+                profile: "1g.10gb".into(),
+                placement_start: 6,
+                placement_size: 1,
+                gi_id: Some(13),
+                ci_id: Some(0),
+                uuid: Some("MIG-1".into()),
+            }),
+            sharing: Some(Value::Object(sharing)),
+            ..device("gpu-0-mig-1g10gb-6")
+        };
+        let vfio = DeviceRecord {
+            vfio: Some(VfioRecord {
+                address: "0000:1b:00.0".into(),
+                restore_persistence: true,
+            }),
+            ..device("gpu-vfio-1")
+        };
+        let claim = |uid: &str, phase, devices| ClaimRecord {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+            phase,
+            devices,
+            updated_unix: 1_700_000_000,
+            fabric_partition: Some(3),
+        };
+        Checkpoint {
+            node_boot_id: "boot".into(),
+            claims: [
+                ("b".into(), claim("b", ClaimPhase::PrepareCompleted, vec![mig])),
+                ("a".into(), claim("a", ClaimPhase::UnprepareStarted, vec![vfio])),
+            ]
+            .into_iter()
+            .collect(),
+        }
+    }
+
+    fn envelope(bytes: &[u8]) -> Value {
+        serde_json::from_slice(bytes).expect("the file is JSON")
+    }
+
+    #[test]
+    fn encoded_payload_is_canonical() {
+        let bytes = encode(&everything()).expect("encodes");
+        let text = std::str::from_utf8(&bytes).expect("utf-8");
+        let payload = envelope(&bytes)["payload"].clone();
+        let mut slow = Vec::new();
+        write_canonical(&payload, &mut slow);
+        let written = text
+            .split_once("\"payload\":")
+            .and_then(|(_, rest)| rest.strip_suffix("}\n"))
+            .expect("payload last, then the closing brace and a newline");
+        assert_eq!(written.as_bytes(), &slow[..], "written payload is canonical");
+        assert_eq!(
+            envelope(&bytes)["checksum"],
+            Value::from(checksum_of(&slow))
+        );
+        assert!(text.starts_with("{\"version\":\"v1\",\"checksum\":\"sha256:"));
+    }
+
+    #[test]
+    fn everything_round_trips() {
+        let cp = everything();
+        let back = decode(&encode(&cp).expect("encodes")).expect("decodes");
+        assert_eq!(back, cp);
+    }
+
+    #[test]
+    fn an_indented_file_of_an_earlier_release_still_reads() {
+        let cp = everything();
+        let mut indented = serde_json::to_vec_pretty(&envelope(&encode(&cp).unwrap())).unwrap();
+        indented.push(b'\n');
+        assert_eq!(decode(&indented).expect("decodes"), cp);
+    }
+
+    #[test]
+    fn a_changed_payload_fails_its_checksum() {
+        let bytes = encode(&everything()).unwrap();
+        let text = String::from_utf8(bytes).unwrap().replace("claim-a", "claim-z");
+        assert!(matches!(
+            decode(text.as_bytes()),
+            Err(DecodeError::Checksum { .. })
+        ));
     }
 }
