@@ -436,7 +436,8 @@ pub trait GpuBackend: Send + Sync {
     /// cheap enough to poll several times a second: the plugin re-reads the inventory as soon
     /// as it changes instead of waiting for its next interval. The value means nothing
     /// else. Backends that cannot tell return a constant (the default), and changes are then
-    /// found on the regular interval only.
+    /// found on the regular interval only. Called on an async thread: answer from memory or
+    /// a stat, never wait on the device or a lock another process holds for long.
     fn health_generation(&self) -> u64 {
         0
     }

@@ -220,11 +220,11 @@ impl Watcher {
         ticker.tick().await; // the first round ran at start-up
         let mut poll = tokio::time::interval(HEALTH_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let generation = |w: &Arc<Watcher>| {
-            let w = Arc::clone(w);
-            tokio::task::spawn_blocking(move || w.backend.health_generation())
-        };
-        let mut seen_generation = generation(&this).await.unwrap_or(0);
+        // Polled on this task, not the blocking pool: the backends answer from memory (an
+        // atomic counter under NVML, a stat of the state file in the simulation), and a hop
+        // to a blocking thread five times a second was most of the idle plugin's CPU.
+        let generation = |w: &Arc<Watcher>| w.backend.health_generation();
+        let mut seen_generation = generation(&this);
         let now = unix_now();
         let mut last_judged = gpu_states(&this.policy, &published, &[], now);
         let mut last_states = {
@@ -254,7 +254,7 @@ impl Watcher {
                 _ = poll.tick() => false,
             };
             if !regular {
-                let g = generation(&this).await.unwrap_or(seen_generation);
+                let g = generation(&this);
                 if g == seen_generation {
                     continue;
                 }
