@@ -258,6 +258,38 @@ fn memory(pid: u32) -> String {
     )
 }
 
+/// The plugin's own time per prepare call, from its `prepared` log lines (`elapsed_us`: from
+/// the claims' batch entering the lifecycle, after the prefetch GETs, to the answer): what of
+/// the p50 above the floor is the plugin's work and what is transport and scheduling.
+fn print_plugin_times(log: &str) {
+    let mut elapsed: Vec<Duration> = log
+        .lines()
+        .filter(|l| l.contains("prepared") && !l.contains("unprepared"))
+        .take(crate::harness::CALLS)
+        .filter_map(|l| {
+            let rest = &l[l.find("elapsed_us")? + "elapsed_us".len()..];
+            let digits: String = rest
+                .chars()
+                .skip_while(|c| !c.is_ascii_digit())
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok().map(Duration::from_micros)
+        })
+        .collect();
+    if elapsed.is_empty() {
+        println!("(the plugin logged no prepare times)");
+        return;
+    }
+    elapsed.sort();
+    println!(
+        "the plugin's own time per prepared claim in the 1-claim loop (its log: after the prefetch GET), n={}: \
+         p50 {:.2?}, p90 {:.2?}",
+        elapsed.len(),
+        percentile(&elapsed, 0.5),
+        percentile(&elapsed, 0.9)
+    );
+}
+
 /// A few inventory rounds with nothing to do.
 const IDLE: Duration = Duration::from_millis(2500);
 
@@ -301,6 +333,7 @@ fn main() {
         let figures =
             harness::replay(&h.node.api, &mut kubelet, h.pid(), h.spawned, &h.refs, hz).await;
         harness::print(&figures);
+        print_plugin_times(&h.plugin.log());
         drop(h);
         if std::env::var_os("GPU_DRA_BENCH_HARNESS_ONLY").is_some() {
             return;
