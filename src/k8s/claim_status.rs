@@ -225,12 +225,12 @@ impl ClaimStatusWriter {
         now: &str,
         mut object: DynamicObject,
     ) -> Result<(SyncOutcome, Option<DynamicObject>), kube::Error> {
-        let status = object.data.get("status").cloned().unwrap_or(Value::Null);
+        let status = object.data.get("status").unwrap_or(&Value::Null);
         if status.get("allocation").is_none_or(Value::is_null) {
             return Ok((SyncOutcome::ClaimGone, None));
         }
         let generation = object.metadata.generation;
-        let Some(devices) = merge(&status, &self.driver, &self.pool, want, generation, now) else {
+        let Some(devices) = merge(status, &self.driver, &self.pool, want, generation, now) else {
             return Ok((SyncOutcome::Unchanged, Some(object)));
         };
         let status = object
@@ -249,10 +249,35 @@ impl ClaimStatusWriter {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PostParams::default()
         };
+        // managedFields are not sent: the server keeps the live ones when a request has
+        // none (an empty list never resets them), and the ones we hold go stale with our
+        // own write.
+        object.metadata.managed_fields = None;
+        let body = serde_json::to_vec(&object).map_err(kube::Error::SerdeError)?;
+        let mut request = kube::core::Request::new(api.resource_url())
+            .replace_subresource("status", &claim.name, &params, body)
+            .map_err(kube::Error::BuildRequest)?;
+        request.extensions_mut().insert("replace_status");
         crate::cost::count(crate::cost::Cost::ApiRequest);
-        let written = api.replace_status(&claim.name, &params, &object).await?;
-        Ok((SyncOutcome::Written, Some(written)))
+        let answer = self.client.request_text(request).await?;
+        // The claim as written is the object sent with the server's new resourceVersion:
+        // only that is read from the answer, not the whole claim again.
+        let written: Written = serde_json::from_str(&answer).map_err(kube::Error::SerdeError)?;
+        object.metadata.resource_version = written.metadata.resource_version;
+        Ok((SyncOutcome::Written, Some(object)))
     }
+}
+
+/// What is read of the claim the server answers a status write with.
+#[derive(serde::Deserialize)]
+struct Written {
+    metadata: WrittenMeta,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WrittenMeta {
+    resource_version: Option<String>,
 }
 
 /// The claim's new `status.devices` list, or `None` when `status` already shows `want`.

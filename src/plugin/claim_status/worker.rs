@@ -210,7 +210,6 @@ async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Trac
         true => checkpoint(&worker.state_dir, &worker.boot_id).await,
         false => None,
     };
-    let health = worker.health.borrow().clone();
     for uid in due {
         let Some(t) = tracked.get_mut(&uid) else {
             continue;
@@ -219,7 +218,8 @@ async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Trac
             t.record = cp.as_ref().and_then(|cp| cp.claims.get(&uid)).cloned();
             t.record_known = true;
         }
-        let want = wanted(t.record.as_ref(), &health);
+        // Borrowed per claim, not cloned per pass: the list has an entry per device.
+        let want = wanted(t.record.as_ref(), &worker.health.borrow());
         let span = tracing::info_span!(
             "claim_status",
             claim.uid = %t.claim.uid,
