@@ -271,7 +271,7 @@ fn main() {
         let chart: &[(&str, &str)] = &[
             ("MALLOC_ARENA_MAX", "2"),
             ("MALLOC_MMAP_THRESHOLD_", "65536"),
-            ("MALLOC_TRIM_THRESHOLD_", "131072"),
+            ("MALLOC_TRIM_THRESHOLD_", "1048576"),
         ];
         for (label, env) in [
             ("glibc defaults", &[][..]),

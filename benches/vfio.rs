@@ -34,7 +34,7 @@ const PRESET: &str = "hgx-h100-passthrough";
 const CHART_ENV: &[(&str, &str)] = &[
     ("MALLOC_ARENA_MAX", "2"),
     ("MALLOC_MMAP_THRESHOLD_", "65536"),
-    ("MALLOC_TRIM_THRESHOLD_", "131072"),
+    ("MALLOC_TRIM_THRESHOLD_", "1048576"),
 ];
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -273,7 +273,7 @@ fn real_gpu_plugin_is_privileged_with_host_mounts_probes_and_downward_env() {
         ("POD_UID", Some("fieldRef:metadata.uid")),
         ("MALLOC_ARENA_MAX", Some("2")),
         ("MALLOC_MMAP_THRESHOLD_", Some("65536")),
-        ("MALLOC_TRIM_THRESHOLD_", Some("131072")),
+        ("MALLOC_TRIM_THRESHOLD_", Some("1048576")),
         ("GPU_DRA_GPU_BACKEND", Some("nvml")),
         ("GPU_DRA_PLUGIN_DIR", Some(plugin_dir)),
         ("GPU_DRA_DRIVER_ROOT", Some("/driver-root")),
