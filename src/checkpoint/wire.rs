@@ -207,9 +207,9 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
         });
     }
     let wire = PayloadV1::deserialize(payload).map_err(|source| DecodeError::Payload {
-        version: CURRENT_VERSION,
-        source,
-    })?;
+            version: CURRENT_VERSION,
+            source,
+        })?;
     let cp = from_wire(wire);
     cp.validate()
         .map_err(|source| DecodeError::Invalid { source })?;
@@ -456,14 +456,8 @@ mod tests {
         Checkpoint {
             node_boot_id: "boot".into(),
             claims: [
-                (
-                    "b".into(),
-                    claim("b", ClaimPhase::PrepareCompleted, vec![mig]),
-                ),
-                (
-                    "a".into(),
-                    claim("a", ClaimPhase::UnprepareStarted, vec![vfio]),
-                ),
+                ("b".into(), claim("b", ClaimPhase::PrepareCompleted, vec![mig])),
+                ("a".into(), claim("a", ClaimPhase::UnprepareStarted, vec![vfio])),
             ]
             .into_iter()
             .collect(),
@@ -485,11 +479,7 @@ mod tests {
             .split_once("\"payload\":")
             .and_then(|(_, rest)| rest.strip_suffix("}\n"))
             .expect("payload last, then the closing brace and a newline");
-        assert_eq!(
-            written.as_bytes(),
-            &slow[..],
-            "written payload is canonical"
-        );
+        assert_eq!(written.as_bytes(), &slow[..], "written payload is canonical");
         assert_eq!(
             envelope(&bytes)["checksum"],
             Value::from(checksum_of(&slow))
@@ -515,9 +505,7 @@ mod tests {
     #[test]
     fn a_changed_payload_fails_its_checksum() {
         let bytes = encode(&everything()).unwrap();
-        let text = String::from_utf8(bytes)
-            .unwrap()
-            .replace("claim-a", "claim-z");
+        let text = String::from_utf8(bytes).unwrap().replace("claim-a", "claim-z");
         assert!(matches!(
             decode(text.as_bytes()),
             Err(DecodeError::Checksum { .. })
