@@ -534,7 +534,7 @@ fn binding_phase(p: BindingPhase<'_>) {
         .filter(|r| {
             r.path == "/apis/resource.k8s.io/v1/resourceclaims"
                 && r.method == "GET"
-                && r.query.get("watch").is_none()
+                && !r.query.contains_key("watch")
         })
         .count();
     println!("  of them list pages of every namespace's claims: {pages}");
