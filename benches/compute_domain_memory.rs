@@ -14,6 +14,17 @@
 //! ResourceSlice and no ResourceClaim while idle (Nodes only when a domain is deleted or a
 //! resync sweeps stale labels, by label and metadata only).
 //!
+//! Then it stops that controller and starts one with `--binding-conditions`, which also
+//! watches every ResourceClaim of the cluster, against the same server holding
+//! `GPU_DRA_BENCH_CLAIMS` (default 8,000: 8 per node) allocated ResourceClaims as a real API
+//! server shows them (managed fields of the controller-manager and the scheduler, the pod's
+//! owner reference, a device request, an allocation of driver `gpu.nvidia.com` with its node
+//! selector, reserved for one pod); every `GPU_DRA_BENCH_CHANNEL_EVERY`th (default 16th) is
+//! instead an IMEX channel claim of `compute-domain.nvidia.com` whose `IMEXDaemonReady` is
+//! already set (its domain is Ready). The list is paged as kube-apiserver pages it (the
+//! client's `limit` of 500). It reports the controller's VmRSS and VmHWM idle after that
+//! initial list, and its requests.
+//!
 //! Target (issue 34): the controller idles under 50 MB at 1,000 nodes.
 
 #[path = "../tests/cd_support/mod.rs"]
@@ -164,6 +175,25 @@ fn requests_by_kind(server: &ObjServer, from: usize) -> BTreeMap<String, usize> 
 
 struct Controller(Child);
 
+/// Starts the release binary as the chart runs it (leader election and metrics on), with
+/// `extra` arguments.
+fn start_controller(binary: &str, kubeconfig: &std::path::Path, extra: &[&str]) -> Controller {
+    Controller(
+        Command::new(binary)
+            .args(["compute-domain-controller", "--namespace", DRIVER_NS])
+            .args(["--image", "gpu-dra:bench", "--metrics-addr", "127.0.0.1:0"])
+            .args(extra)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("POD_NAME", "gpu-dra-compute-domain-controller-0")
+            .env_remove("GPU_DRA_IMEX_IMAGE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the controller"),
+    )
+}
+
 impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -194,19 +224,7 @@ fn main() {
     server.write_kubeconfig(&kubeconfig);
     let binary = std::env::var("GPU_DRA_CONTROLLER_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_gpu-dra").to_string());
-    let controller = Controller(
-        Command::new(&binary)
-            .args(["compute-domain-controller", "--namespace", DRIVER_NS])
-            .args(["--image", "gpu-dra:bench", "--metrics-addr", "127.0.0.1:0"])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .env("POD_NAME", "gpu-dra-compute-domain-controller-0")
-            .env_remove("GPU_DRA_IMEX_IMAGE")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the controller"),
-    );
+    let controller = start_controller(&binary, &kubeconfig, &[]);
     let pid = controller.0.id();
     let watching = |resource: &str| {
         server.requests().iter().any(|r| {
@@ -317,5 +335,208 @@ fn main() {
         .iter()
         .any(|r| r.path.starts_with(NODES) && r.method == "GET");
     println!("  Nodes read at all: {touched_nodes}");
+    drop(controller);
+
+    let claim_count = env_usize("GPU_DRA_BENCH_CLAIMS", 8 * node_count);
+    let channel_every = env_usize("GPU_DRA_BENCH_CHANNEL_EVERY", 16).max(1);
+    binding_phase(BindingPhase {
+        server: &server,
+        binary: &binary,
+        kubeconfig: &kubeconfig,
+        node_count,
+        domain_uids: domains.iter().map(|(_, uid, _)| uid.clone()).collect(),
+        claim_count,
+        channel_every,
+        idle,
+    });
+}
+
+/// The namespaces the bench's workloads run in.
+const CLAIM_NAMESPACES: usize = 20;
+
+/// Managed fields a real API server keeps on a claim a template made and the scheduler
+/// allocated: the controller-manager's create, the scheduler's status update, and for a
+/// channel the controller's condition write.
+fn claim_managed_fields(channel: bool) -> Value {
+    let mut fields = vec![
+        json!({"manager": "kube-controller-manager", "operation": "Update",
+               "apiVersion": "resource.k8s.io/v1", "time": "2026-11-28T10:00:00Z",
+               "fieldsType": "FieldsV1", "fieldsV1": {
+                   "f:metadata": {"f:annotations": {".": {}, "f:resource.kubernetes.io/pod-claim-name": {}},
+                                  "f:finalizers": {".": {}, "v:\"resource.kubernetes.io/delete-protection\"": {}},
+                                  "f:generateName": {},
+                                  "f:ownerReferences": {".": {}, "k:{\"uid\":\"…\"}": {}}},
+                   "f:spec": {"f:devices": {"f:requests": {}}}}}),
+        json!({"manager": "kube-scheduler", "operation": "Update",
+               "apiVersion": "resource.k8s.io/v1", "time": "2026-11-28T10:00:01Z",
+               "fieldsType": "FieldsV1", "subresource": "status", "fieldsV1": {
+                   "f:status": {"f:allocation": {".": {}, "f:allocationTimestamp": {},
+                                                 "f:devices": {".": {}, "f:config": {}, "f:results": {}},
+                                                 "f:nodeSelector": {}},
+                                "f:reservedFor": {".": {}, "k:{\"uid\":\"…\"}": {}}}}}),
+    ];
+    if channel {
+        fields.push(json!({"manager": "gpu-dra", "operation": "Update",
+               "apiVersion": "resource.k8s.io/v1", "time": "2026-11-28T10:00:02Z",
+               "fieldsType": "FieldsV1", "subresource": "status", "fieldsV1": {
+                   "f:status": {"f:devices": {}}}}));
+    }
+    Value::Array(fields)
+}
+
+/// Claim `i` of the population, on node `i / 8`: a GPU claim of `gpu.nvidia.com`, or with
+/// `channel` (its node's domain UID) an IMEX channel claim whose daemon is Ready.
+fn allocated_claim(i: usize, node_count: usize, channel: Option<&str>) -> (String, Value) {
+    let node = format!("dgx-h100-{:04}", (i / 8) % node_count.max(1));
+    let pod = format!("train-{:05}-worker-{}", i / 8, i % 8);
+    let pod_uid = format!("{:08x}-1111-4222-8333-{:012x}", i, i * 7 + 3);
+    let (namespace, mut claim) = match channel {
+        Some(uid) => {
+            let ready = json!([{"driver": api::DRIVER_NAME, "pool": node, "device": "channel-0",
+                                "shareID": format!("{:08x}-0000-4000-8000-{:012x}", i, i),
+                                "conditions": [{"type": "IMEXDaemonReady", "status": "True",
+                                                "reason": "DaemonReady",
+                                                "message": format!("the IMEX daemon of ComputeDomain {uid} is Ready on node {node}"),
+                                                "lastTransitionTime": "2026-11-28T10:00:02Z"}]}]);
+            let share = format!("{:08x}-0000-4000-8000-{:012x}", i, i);
+            let claim = cd_support::allocated_channel_claim(
+                &format!("{pod}-imex-x7k2p"),
+                &node,
+                uid,
+                &share,
+                ready,
+            );
+            (WORKLOAD_NS.to_string(), claim)
+        }
+        None => {
+            let namespace = format!("team-{:02}", (i / 8) % CLAIM_NAMESPACES);
+            let claim = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": format!("{pod}-gpu-q9z4m")},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
+                    "count": 1,
+                    "selectors": [{"cel": {"expression":
+                        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"}}]}}]}},
+                "status": {
+                    "allocation": {
+                        "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com",
+                                                 "pool": node, "device": format!("gpu-{}", i % 8)}]},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+                        "allocationTimestamp": "2026-11-28T10:00:01Z",
+                    },
+                    "reservedFor": [{"resource": "pods", "name": pod, "uid": pod_uid}],
+                },
+            });
+            (namespace, claim)
+        }
+    };
+    let meta = &mut claim["metadata"];
+    meta["namespace"] = json!(namespace);
+    meta["generateName"] = json!(format!("{pod}-"));
+    meta["annotations"] = json!({"resource.kubernetes.io/pod-claim-name":
+                                 if channel.is_some() { "imex-channel" } else { "gpu" }});
+    meta["finalizers"] = json!(["resource.kubernetes.io/delete-protection"]);
+    meta["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod", "name": pod,
+                                      "uid": pod_uid, "controller": true,
+                                      "blockOwnerDeletion": true}]);
+    meta["managedFields"] = claim_managed_fields(channel.is_some());
+    (namespace, claim)
+}
+
+/// What the binding-conditions phase runs against.
+struct BindingPhase<'a> {
+    server: &'a ObjServer,
+    binary: &'a str,
+    kubeconfig: &'a std::path::Path,
+    node_count: usize,
+    /// The domains' UIDs; node `i` is in domain `i % len`.
+    domain_uids: Vec<String>,
+    claim_count: usize,
+    channel_every: usize,
+    idle: Duration,
+}
+
+/// The controller with `--binding-conditions` over the same cluster plus a claim population:
+/// its memory idle after the initial list of every claim, and its requests.
+fn binding_phase(p: BindingPhase<'_>) {
+    let mut claim_bytes = 0;
+    let mut channels = 0;
+    for i in 0..p.claim_count {
+        let node = (i / 8) % p.node_count.max(1);
+        let channel = (i % p.channel_every == p.channel_every - 1)
+            .then(|| p.domain_uids[node % p.domain_uids.len()].as_str());
+        channels += usize::from(channel.is_some());
+        let (namespace, claim) = allocated_claim(i, p.node_count, channel);
+        let created = p.server.create(&cd_support::claims_path(&namespace), claim);
+        claim_bytes += created.to_string().len();
+    }
+    println!(
+        "compute_domain_memory, --binding-conditions: {} allocated ResourceClaims \
+         ({:.1} KB of JSON each, {channels} of them IMEX channels, Ready), {:.1} MB in all",
+        p.claim_count,
+        claim_bytes as f64 / p.claim_count.max(1) as f64 / 1000.0,
+        claim_bytes as f64 / 1e6
+    );
+    // The stopped controller held the Lease; a new replica would wait out its duration.
+    p.server.delete(&format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{DRIVER_NS}/leases/{}",
+        gpu_dra::compute_domain::controller::LEASE_NAME
+    ));
+    let from = p.server.requests().len();
+    let controller = start_controller(p.binary, p.kubeconfig, &["--binding-conditions"]);
+    let pid = controller.0.id();
+    let started = Instant::now();
+    let watched_claims = || {
+        p.server.requests()[from..].iter().any(|r| {
+            r.path == "/apis/resource.k8s.io/v1/resourceclaims"
+                && r.query.get("watch").is_some_and(|w| w == "true")
+        })
+    };
+    while !watched_claims() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the controller never watched ResourceClaims"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listed_in = started.elapsed();
+    let (_, hwm_listed) = memory(pid);
+    std::thread::sleep(p.idle);
+    let (rss, hwm) = memory(pid);
+    println!(
+        "  claims listed and watched {:.1?} after the start (peak then {hwm_listed:.1} MiB)",
+        listed_in
+    );
+    println!("{:>42} {:>10}", "controller, --binding-conditions", "MiB");
+    println!(
+        "{:>42} {:>10.1}",
+        format!("idle, {} claims listed (VmRSS)", p.claim_count),
+        rss
+    );
+    println!("{:>42} {:>10.1}", "peak (VmHWM)", hwm);
+    println!(
+        "target: idle under 50 MB at {} nodes with binding conditions: {}",
+        p.node_count,
+        if rss * 1.048_576 < 50.0 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    println!("requests of the controller from its start (watch events are no requests):");
+    for (kind, n) in requests_by_kind(p.server, from) {
+        println!("  {n:>6}  {kind}");
+    }
+    let pages = p.server.requests()[from..]
+        .iter()
+        .filter(|r| {
+            r.path == "/apis/resource.k8s.io/v1/resourceclaims"
+                && r.method == "GET"
+                && !r.query.contains_key("watch")
+        })
+        .count();
+    println!("  of them list pages of every namespace's claims: {pages}");
     drop(controller);
 }

@@ -2,7 +2,8 @@
 //! TLS with client certificates as kube-apiserver serves it): any resource, kept by
 //! [`ObjectStore`](super::objstore::ObjectStore), and watches (`?watch=true`) streamed as
 //! kube-apiserver does, one JSON event per line (`ADDED`, `MODIFIED`, `DELETED`) from the
-//! resourceVersion asked for, until `timeoutSeconds`. Every request is recorded with the code
+//! resourceVersion asked for, until `timeoutSeconds`. Lists are paged when the client asks
+//! (`limit`, `continue`), as kube-apiserver pages them. Every request is recorded with the code
 //! it got. Writes can be made to take a set time ([`ObjServer::set_write_latency`], an etcd
 //! write), as `tests/plugin_support`'s server does. Watches can be expired
 //! ([`ObjServer::expire_watches`]) as kube-apiserver expires them after a compaction: every
@@ -481,12 +482,7 @@ fn route(
     match (method, t.name.as_deref()) {
         ("GET", None) => {
             let items = store.list(&t.prefix, &t.resource, t.namespace.as_deref(), selector);
-            (
-                200,
-                json!({"apiVersion": "v1", "kind": "List",
-                       "metadata": {"resourceVersion": store.version.to_string()},
-                       "items": items}),
-            )
+            list_page(items, query, store.version)
         }
         ("GET", Some(name)) => match store.get(&key(name)) {
             Some(o) => (200, o.clone()),
@@ -530,6 +526,54 @@ fn route(
             &format!("{method} is not supported here"),
         ),
     }
+}
+
+/// A list answer of `items`, one page when the client asks for pages (`limit`, then
+/// `continue`) as kube-apiserver pages them: at most `limit` items, with a `continue` token
+/// and `remainingItemCount` while more remain. The token is the offset of the next item,
+/// tagged with the list's resourceVersion (pages are not a snapshot here: enough for clients
+/// that list, not for tests that change the collection between pages). Without `limit`
+/// (or with 0) every item in one answer.
+fn list_page(items: Vec<Value>, query: &BTreeMap<String, String>, version: u64) -> (u16, Value) {
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|&l| l > 0);
+    let token = query.get("continue").filter(|c| !c.is_empty());
+    let (list_version, from) = match token {
+        None => (version, 0),
+        Some(token) => {
+            let parsed = token
+                .split_once('.')
+                .and_then(|(v, o)| Some((v.parse::<u64>().ok()?, o.parse::<usize>().ok()?)));
+            match parsed {
+                Some(p) => p,
+                None => {
+                    return status(
+                        400,
+                        "BadRequest",
+                        &format!("invalid continue token {token:?}"),
+                    );
+                }
+            }
+        }
+    };
+    let total = items.len();
+    let end = limit.map_or(total, |l| from.saturating_add(l).min(total));
+    let page: Vec<Value> = items
+        .into_iter()
+        .skip(from)
+        .take(end.saturating_sub(from))
+        .collect();
+    let mut metadata = json!({"resourceVersion": list_version.to_string()});
+    if end < total {
+        metadata["continue"] = json!(format!("{list_version}.{end}"));
+        metadata["remainingItemCount"] = json!(total - end);
+    }
+    (
+        200,
+        json!({"apiVersion": "v1", "kind": "List", "metadata": metadata, "items": page}),
+    )
 }
 
 /// The watch: changes after `resourceVersion` to objects of the target's collection (and

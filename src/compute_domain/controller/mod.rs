@@ -20,8 +20,9 @@
 //! conflicts. With leader election (the default) only the holder of a Lease acts; see
 //! [`leader`].
 //!
-//! With `--binding-conditions` it also watches ResourceClaims (every namespace, keeping only
-//! their metadata and status) and holds the pods of a domain in the scheduler's PreBind until
+//! With `--binding-conditions` it also watches ResourceClaims (every namespace, keeping of a
+//! claim its identity, and its status only when it has a channel with binding conditions:
+//! [`binding::trim_claim`]) and holds the pods of a domain in the scheduler's PreBind until
 //! their node's IMEX daemon is Ready, or fails them over to another node; see [`binding`].
 
 pub mod binding;

@@ -434,12 +434,39 @@ pub fn status_patch(claim: &ResourceClaim, write: &ConditionWrite) -> Value {
     Value::Array(ops)
 }
 
-/// What the claims store keeps of a claim: its metadata without managed fields, and its
-/// status (the allocation carries the configs [`decide`] reads); the spec is dropped.
+/// Whether `claim` has an allocation result of this driver carrying [`IMEX_DAEMON_READY`]
+/// among its binding conditions: the only claims [`decide`] reads more of than their identity.
+fn has_channel_with_conditions(claim: &ResourceClaim) -> bool {
+    crate::alloc::allocation_results(claim).iter().any(|r| {
+        r.driver == api::DRIVER_NAME
+            && r.binding_conditions
+                .as_ref()
+                .is_some_and(|c| c.iter().any(|c| c == IMEX_DAEMON_READY))
+    })
+}
+
+/// What the claims store keeps of a claim: of its metadata the name, namespace, UID,
+/// resourceVersion and deletion timestamp (what [`decide`] and the [`Binder`] read); the
+/// spec never; and the status only when an allocation result of this driver carries
+/// [`IMEX_DAEMON_READY`] (its allocation has the configs [`decide`] reads, its
+/// `status.devices` what [`status_patch`] keeps). Every other claim of the cluster (GPU
+/// claims, channels without binding conditions) is kept as its identity alone, so the store
+/// grows by a few hundred bytes per claim, not by the claim. A claim that later gets such a
+/// result arrives whole in its next watch event and is kept with its status then.
 pub fn trim_claim(claim: &mut ResourceClaim) {
-    claim.metadata.managed_fields = None;
-    claim.metadata.annotations = None;
+    let meta = std::mem::take(&mut claim.metadata);
+    claim.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        resource_version: meta.resource_version,
+        deletion_timestamp: meta.deletion_timestamp,
+        ..Default::default()
+    };
     claim.spec = Default::default();
+    if !has_channel_with_conditions(claim) {
+        claim.status = None;
+    }
 }
 
 #[cfg(test)]
@@ -644,6 +671,47 @@ mod tests {
         assert_eq!(kinds(&plan), vec![]);
         assert_eq!(plan.commit, vec!["node-a".to_string()]);
         assert_eq!(plan.unlabel, vec![("node-b".to_string(), U.to_string())]);
+    }
+
+    #[test]
+    fn the_store_keeps_a_pending_channels_status_and_only_the_identity_of_other_claims() {
+        let now = Instant::now();
+        let mut pending = (*claim("w0", "node-a", None)).clone();
+        pending.metadata.managed_fields = Some(vec![Default::default()]);
+        pending.metadata.labels = Some(BTreeMap::from([("a".to_string(), "b".to_string())]));
+        let mut plain = (*claim("plain-0", "node-b", None)).clone();
+        trim_claim(&mut pending);
+        trim_claim(&mut plain);
+        assert!(pending.status.is_some());
+        assert_eq!(pending.metadata.managed_fields, None);
+        assert_eq!(pending.metadata.labels, None);
+        assert_eq!(plain.status, None);
+        assert_eq!(
+            (
+                plain.name_any(),
+                plain.namespace(),
+                plain.uid(),
+                plain.resource_version()
+            ),
+            (
+                "plain-0".to_string(),
+                Some("team-a".to_string()),
+                Some("uid-plain-0".to_string()),
+                Some("7".to_string())
+            )
+        );
+        // The decisions on trimmed claims are those on whole ones.
+        let whole = vec![
+            claim("w0", "node-a", None),
+            claim("plain-0", "node-b", None),
+        ];
+        let trimmed = vec![Arc::new(pending), Arc::new(plain)];
+        for nodes in [BTreeMap::new(), node_object("node-a", true, None)] {
+            assert_eq!(
+                decide(&trimmed, &nodes, &live(), &Memory::default(), now, T),
+                decide(&whole, &nodes, &live(), &Memory::default(), now, T)
+            );
+        }
     }
 
     #[test]
