@@ -192,7 +192,7 @@ fn rbac_rules_cover_exactly_the_calls_in_src_k8s() {
         ),
         (
             "resourceclaims/status update",
-            claim_status.contains("api.replace_status(&claim.name, &params, &object)"),
+            claim_status.contains(".replace_subresource(\"status\", &claim.name, &params, body)"),
         ),
         // Kubernetes 1.36 checks `associated-node:<verb of the request>` on the synthetic
         // resourceclaims/driver for every driver whose status.devices entries change
@@ -200,7 +200,7 @@ fn rbac_rules_cover_exactly_the_calls_in_src_k8s() {
         (
             "resourceclaims/driver associated-node:update",
             claim_status.contains("status.insert(\"devices\"")
-                && claim_status.contains("replace_status"),
+                && claim_status.contains("replace_subresource(\"status\""),
         ),
         (
             "nodes get",
@@ -227,7 +227,9 @@ fn rbac_rules_cover_exactly_the_calls_in_src_k8s() {
     assert_eq!(calls.to_vec(), want);
 
     // Calls that would need more rights than the chart grants; a status write anywhere but
-    // claim_status.rs, or a second one there, is one of them.
+    // claim_status.rs, or a second one there, is one of them, and so is a hand-built request
+    // (`Request::new`, which the status write uses to read only the answer's
+    // resourceVersion) anywhere else.
     let mut unexpected = Vec::new();
     for entry in fs::read_dir(repo().join("src/k8s")).unwrap() {
         let path = entry.unwrap().path();
@@ -248,7 +250,12 @@ fn rbac_rules_cover_exactly_the_calls_in_src_k8s() {
             }
         }
         let allowed = usize::from(path.ends_with("claim_status.rs"));
-        if text.matches(".replace_status(").count() != allowed {
+        for call in [".replace_subresource(", "Request::new("] {
+            if text.matches(call).count() != allowed {
+                unexpected.push(format!("{} calls {call}", path.display()));
+            }
+        }
+        if text.contains(".replace_status(") {
             unexpected.push(format!("{} calls .replace_status(", path.display()));
         }
     }
