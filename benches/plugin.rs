@@ -268,11 +268,7 @@ fn main() {
         }
         // The Helm chart tunes glibc's malloc for a mostly idle server (two arenas, large
         // buffers mmapped, early trim); the image runs the dist build (GPU_DRA_PLUGIN_BIN).
-        let chart: &[(&str, &str)] = &[
-            ("MALLOC_ARENA_MAX", "2"),
-            ("MALLOC_MMAP_THRESHOLD_", "65536"),
-            ("MALLOC_TRIM_THRESHOLD_", "1048576"),
-        ];
+        let chart = plugin_support::chart_malloc_env();
         for (label, env) in [
             ("glibc defaults", &[][..]),
             ("malloc tuned as the chart runs it", chart),

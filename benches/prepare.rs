@@ -29,6 +29,8 @@
 //! idle RSS < 15 MiB. Set GPU_DRA_PLUGIN_BIN to measure another build (the image's dist
 //! binary, or an older one).
 
+#[path = "support/api_model.rs"]
+mod api_model;
 #[path = "support/harness.rs"]
 mod harness;
 #[path = "support/paced.rs"]
@@ -41,23 +43,17 @@ mod tmpfs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use api_model::Latency;
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::{DraApi, KubeletClient};
 use paced::{clock_ticks_per_second, cpu_ns, cpu_ticks, percentile};
 use plugin_support::claims;
-use plugin_support::{Node, Plugin, eventually, prepare_all, unprepare_all};
+use plugin_support::{Node, Plugin, chart_malloc_env, eventually, prepare_all, unprepare_all};
 
 const LATENCY_CYCLES: usize = 300;
 const BATCH_CYCLES: usize = 100;
 const SUSTAIN: Duration = Duration::from_secs(3);
 const CONCURRENT: usize = 8;
-
-/// The Helm chart's malloc settings (deployments/helm/gpu-dra).
-const CHART_ENV: &[(&str, &str)] = &[
-    ("MALLOC_ARENA_MAX", "2"),
-    ("MALLOC_MMAP_THRESHOLD_", "65536"),
-    ("MALLOC_TRIM_THRESHOLD_", "1048576"),
-];
 
 fn device_names() -> Vec<String> {
     let mig = (0..8).flat_map(|g| (0..7).map(move |i| format!("gpu-{g}-mig-1g10gb-{i}")));
@@ -77,25 +73,6 @@ fn latency_row(label: &str, mut samples: Vec<Duration>) -> Duration {
     p50
 }
 
-/// The API server's answer times.
-#[derive(Clone, Copy)]
-struct Latency {
-    get: Duration,
-    write: Duration,
-    /// Of `get` and `write`, what the server spends on this machine's CPU.
-    get_cpu: Duration,
-    write_cpu: Duration,
-}
-
-fn micros_from_env(name: &str, default: u64) -> Duration {
-    Duration::from_micros(
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default),
-    )
-}
-
 struct Bench {
     /// Kept for its directories and API server while the plugin runs.
     node: Node,
@@ -112,9 +89,7 @@ impl Bench {
             .with_metadata_in(cdi);
         let node_file = node.root().join("bench-node.yaml");
         std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).expect("node file");
-        node.api.set_get_latency(latency.get);
-        node.api.set_write_latency(latency.write);
-        node.api.set_server_cpu(latency.get_cpu, latency.write_cpu);
+        latency.apply(&node.api);
         let refs = claims::one_per_device_as_scheduled(&node.api, &device_names());
         let command = node.chart_command_on(node_file.to_str().expect("utf-8 path"));
         let spawned = Instant::now();
@@ -296,12 +271,7 @@ const IDLE: Duration = Duration::from_millis(2500);
 const INVENTORY_ROUND: Duration = Duration::from_secs(11);
 
 fn main() {
-    let latency = Latency {
-        get: micros_from_env("GPU_DRA_BENCH_GET_LATENCY_US", 2600),
-        write: micros_from_env("GPU_DRA_BENCH_WRITE_LATENCY_US", 2000),
-        get_cpu: micros_from_env("GPU_DRA_BENCH_GET_CPU_US", 0),
-        write_cpu: micros_from_env("GPU_DRA_BENCH_WRITE_CPU_US", 0),
-    };
+    let latency = Latency::from_env();
     let root = std::env::temp_dir();
     let cdi = tmpfs::parent(&root);
     let hz = clock_ticks_per_second();
@@ -329,7 +299,7 @@ fn main() {
             "\n-- as issue 34's harness measures: a fresh plugin, calls {:?} apart",
             harness::PAUSE
         );
-        let h = Bench::start(&root, &cdi, latency, CHART_ENV).await;
+        let h = Bench::start(&root, &cdi, latency, chart_malloc_env()).await;
         let mut kubelet = h.kubelet().await;
         println!("plugin pid {}", h.pid());
         let figures =
@@ -341,7 +311,7 @@ fn main() {
             return;
         }
 
-        let idle = Bench::start(&root, &cdi, latency, CHART_ENV).await;
+        let idle = Bench::start(&root, &cdi, latency, chart_malloc_env()).await;
         tokio::time::sleep(IDLE).await;
         println!(
             "idle plugin (chart's malloc settings), before any call: {}",
@@ -349,7 +319,7 @@ fn main() {
         );
         drop(idle);
 
-        let b = Bench::start(&root, &cdi, latency, CHART_ENV).await;
+        let b = Bench::start(&root, &cdi, latency, chart_malloc_env()).await;
         let refs = &b.refs;
         println!("\n-- latency per call");
         let (p1, u1) = latencies(&b, &refs[..1], LATENCY_CYCLES, "1 claim").await;
@@ -397,7 +367,7 @@ fn main() {
         // another running instance maps stay resident (MADV_PAGEOUT skips shared pages).
         drop(b);
 
-        let fresh = Bench::start(&root, &cdi, latency, CHART_ENV).await;
+        let fresh = Bench::start(&root, &cdi, latency, chart_malloc_env()).await;
         tokio::time::sleep(IDLE).await;
         let idle_rss = memory(fresh.pid());
         println!("idle plugin (chart's malloc settings), fresh: {idle_rss}");
@@ -405,7 +375,7 @@ fn main() {
         // The `plugin` bench's node (8 H100 with dynamic MIG: a larger device model).
         let h100 = Node::new_tls_in(&root).with_cdi_in(&cdi).with_metadata_in(&cdi);
         let mut plugin =
-            h100.spawn_command(h100.chart_command_on(plugin_support::PRESET), CHART_ENV);
+            h100.spawn_command(h100.chart_command_on(plugin_support::PRESET), chart_malloc_env());
         plugin.wait_registrable().await;
         eventually("slices", || h100.api.complete_pool()).await;
         tokio::time::sleep(IDLE).await;

@@ -3,7 +3,8 @@
 //! (sysfs, `/dev/vfio`) the simulator keeps, the chart's malloc settings, and a fake API
 //! server modelled on a real one as `benches/prepare.rs` models it: TLS with client
 //! certificates, GETs answered after `GPU_DRA_BENCH_GET_LATENCY_US` (default 2,600 µs) and
-//! writes (the claim-status PUT) after `GPU_DRA_BENCH_WRITE_LATENCY_US` (default 2,000 µs).
+//! writes (the claim-status PUT) after `GPU_DRA_BENCH_WRITE_LATENCY_US` (default 2,000 µs),
+//! as `benches/support/api_model.rs` sets them for both benches.
 //! The floor (a prepare of a claim that does not exist: one GET → 404) is reported too, so
 //! what the plugin adds is the p50 above it.
 //!
@@ -16,6 +17,8 @@
 //! Targets (issue 32): VFIO prepare p50 < 5 ms; device metadata adds < 50 µs per claim.
 //! Wall times on a shared 2-core machine are noisy; the p50 of many rounds is what to read.
 
+#[path = "support/api_model.rs"]
+mod api_model;
 #[path = "../tests/plugin_support/mod.rs"]
 mod plugin_support;
 #[path = "support/tmpfs.rs"]
@@ -23,19 +26,15 @@ mod tmpfs;
 
 use std::time::{Duration, Instant};
 
+use api_model::Latency;
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::{DraApi, KubeletClient};
 use plugin_support::claims::{self, claim_ref};
-use plugin_support::{Node, eventually};
+use plugin_support::{Node, chart_malloc_env, eventually};
 use serde_json::json;
 
 const ROUNDS: usize = 200;
 const PRESET: &str = "hgx-h100-passthrough";
-const CHART_ENV: &[(&str, &str)] = &[
-    ("MALLOC_ARENA_MAX", "2"),
-    ("MALLOC_MMAP_THRESHOLD_", "65536"),
-    ("MALLOC_TRIM_THRESHOLD_", "1048576"),
-];
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -99,13 +98,10 @@ async fn measure(metadata: bool) -> (Figures, Figures, Duration) {
     node.api.put_claim(vm);
     node.api
         .put_claim(claims::on_node("pod", "uid-pod", &["gpu-2"]));
-    node.api
-        .set_get_latency(micros_from_env("GPU_DRA_BENCH_GET_LATENCY_US", 2600));
-    node.api
-        .set_write_latency(micros_from_env("GPU_DRA_BENCH_WRITE_LATENCY_US", 2000));
+    Latency::from_env().apply(&node.api);
     let mut command = node.chart_command_on(PRESET);
     command.args(["--passthrough", &format!("--device-metadata={metadata}")]);
-    let mut plugin = node.spawn_command(command, CHART_ENV);
+    let mut plugin = node.spawn_command(command, chart_malloc_env());
     plugin.wait_registrable().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     eventually("slices published", || node.api.complete_pool().map(drop)).await;
@@ -149,15 +145,6 @@ async fn measure(metadata: bool) -> (Figures, Figures, Duration) {
         f.unprepare.sort();
     }
     (vfio, full, floor)
-}
-
-fn micros_from_env(name: &str, default: u64) -> Duration {
-    Duration::from_micros(
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default),
-    )
 }
 
 fn main() {

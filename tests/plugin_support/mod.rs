@@ -40,6 +40,41 @@ const POLL: Duration = Duration::from_millis(5);
 /// both.
 pub const BACKEND_ENV: &str = "GPU_DRA_TEST_GPU_BACKEND";
 /// The simulated node every plugin test runs on.
+/// The `MALLOC_*` variables the Helm chart sets on the kubelet plugin's container, read from
+/// its DaemonSet template (`name:` then `value:` lines), so a benchmark of what the chart
+/// deploys runs with the chart's values and cannot drift from them. Panics when the template
+/// has none: a bench that cannot run as the chart does must not report figures.
+pub fn chart_malloc_env() -> &'static [(&'static str, &'static str)] {
+    static ENV: std::sync::OnceLock<Vec<(&'static str, &'static str)>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deployments/helm/gpu-dra/templates/daemonset.yaml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut lines = text.lines().map(str::trim);
+        let mut env = Vec::new();
+        while let Some(line) = lines.next() {
+            if let Some(name) = line
+                .strip_prefix("- name: ")
+                .filter(|n| n.starts_with("MALLOC_"))
+            {
+                let value = lines
+                    .next()
+                    .and_then(|l| l.strip_prefix("value: "))
+                    .unwrap_or_else(|| panic!("{name} without a value in {}", path.display()));
+                env.push((name, value.trim_matches('"')));
+            }
+        }
+        assert!(
+            !env.is_empty(),
+            "no MALLOC_* variable in {}",
+            path.display()
+        );
+        env
+    })
+}
+
 pub const PRESET: &str = "dgx-h100";
 
 /// The `prepare` bench's node (64 devices, as in the reference driver's side-by-side
