@@ -52,4 +52,11 @@ pub enum MetricsError {
         #[source]
         source: std::io::Error,
     },
+    /// The endpoint's thread or its runtime could not be started.
+    #[error("starting the metrics endpoint's thread")]
+    Thread {
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -13,7 +13,6 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::{Health, Metrics, MetricsError, text};
@@ -27,12 +26,13 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 const PLAIN: &str = "text/plain; charset=utf-8";
 
-/// The running endpoint. Dropping it (or [`MetricsServer::shutdown`]) stops accepting and
-/// closes the listening socket; requests in flight are cut off.
+/// The running endpoint, on a thread of its own. Dropping it (or [`MetricsServer::shutdown`])
+/// stops accepting and closes the listening socket; requests in flight are cut off.
 #[derive(Debug)]
 pub struct MetricsServer {
     local_addr: SocketAddr,
-    task: JoinHandle<()>,
+    /// Dropped (or sent) to stop the endpoint's runtime.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl MetricsServer {
@@ -47,33 +47,68 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }
 
 /// Binds `addr` (`host:port`; a host name is resolved, the first address that binds wins)
-/// and serves `metrics` and `health` on it from a background task of the current runtime.
+/// and serves `metrics` and `health` on it from a thread of its own (`gpu-dra-metrics`, with
+/// a one-thread runtime).
+///
+/// The kubelet plugin runs its async work on one thread, where a MIG carve or an MPS daemon's
+/// start holds everything else for as long as it takes; the kubelet's probes and Prometheus
+/// must still get their answers then, so the endpoint does not share that thread. What it
+/// serves is shared memory ([`Metrics`], [`Health`]), so it answers from whatever state the
+/// plugin is in.
 ///
 /// # Errors
 /// [`MetricsError::Bind`] when the address does not resolve or cannot be bound (in use,
-/// no permission), [`MetricsError::LocalAddr`] when the bound address cannot be read.
+/// no permission), [`MetricsError::LocalAddr`] when the bound address cannot be read,
+/// [`MetricsError::Thread`] when the thread or its runtime cannot start.
 pub async fn serve(
     addr: &str,
     metrics: Metrics,
     health: Health,
 ) -> Result<MetricsServer, MetricsError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
+    let bind_error = |source| MetricsError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
     let local_addr = listener
         .local_addr()
         .map_err(|source| MetricsError::LocalAddr { source })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| MetricsError::Thread { source })?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("gpu-dra-metrics".to_string())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        warn!(error = %e, "registering the metrics socket; not serving /metrics");
+                        return;
+                    }
+                };
+                tokio::select! {
+                    () = accept_loop(listener, metrics, health) => {}
+                    _ = stopped => {}
+                }
+            });
+        })
+        .map_err(|source| MetricsError::Thread { source })?;
     info!(addr = %local_addr, "serving /metrics, /healthz and /readyz");
-    let task = tokio::spawn(accept_loop(listener, metrics, health));
-    Ok(MetricsServer { local_addr, task })
+    Ok(MetricsServer {
+        local_addr,
+        stop: Some(stop),
+    })
 }
 
 async fn accept_loop(listener: TcpListener, metrics: Metrics, health: Health) {
