@@ -45,6 +45,9 @@ async fn prepared_with(
         config,
     ));
     let plugin = node.start().await;
+    // The callers read the device's UUID from the slices: a prepare does not wait for the
+    // first publish, so wait for it here.
+    eventually("slices", || node.api.complete_pool()).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let got = kubelet.prepare(&[claim_ref(name, uid)]).await.unwrap();
     assert!(got[uid].is_ok(), "{got:?}\n{}", plugin.log());

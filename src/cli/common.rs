@@ -29,17 +29,41 @@ pub(crate) fn emit(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Runs a long-running verb on the two-thread runtime the node agents use.
+/// How many threads run a long-running verb's async work.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Threads {
+    /// One: the verb's own thread (a current-thread runtime), plus the blocking pool.
+    ///
+    /// The kubelet plugin runs so: its calls are serialised by the plugin lock anyway, and
+    /// a second worker costs cross-thread wake-ups on every call and timer (a tenth of its
+    /// CPU on the paced prepare loop of `cargo bench --bench prepare`, and a tenth of a
+    /// millisecond of its p50). Synchronous work on that thread (a MIG carve, an MPS
+    /// daemon's start) holds the other tasks meanwhile; the metrics and probe endpoint has
+    /// its own thread for that reason.
+    One,
+    /// A multi-thread runtime of this many workers.
+    Workers(usize),
+}
+
+/// Runs a long-running verb on a runtime of `threads`.
 ///
 /// Fails when the runtime cannot start ("starting the async runtime") or with the verb's error.
 pub(crate) fn block_on<E>(
+    threads: Threads,
     work: impl std::future::Future<Output = Result<(), E>>,
 ) -> anyhow::Result<ExitCode>
 where
     E: std::error::Error + Send + Sync + 'static,
 {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let mut builder = match threads {
+        Threads::One => tokio::runtime::Builder::new_current_thread(),
+        Threads::Workers(workers) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(workers);
+            builder
+        }
+    };
+    let runtime = builder
         .enable_all()
         .build()
         .context("starting the async runtime")?;

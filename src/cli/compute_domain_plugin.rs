@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::common::block_on;
+use super::common::{Threads, block_on};
 use super::flags::{DriverRootFlag, NodeFlags, interval_seconds};
 
 /// Flags of `gpu-dra compute-domain-plugin`.
@@ -68,29 +68,32 @@ pub(crate) fn run(args: CdPluginArgs) -> anyhow::Result<ExitCode> {
     let (backend, node_name) = node.backend_and_name()?;
     let (plugin_dir, state_dir) =
         node.plugin_and_state_dirs(PathBuf::from(config::DEFAULT_PLUGIN_DIR));
-    block_on(gpu_dra::compute_domain::plugin::run(CdPluginConfig {
-        node_name,
-        kubeconfig: node.kubeconfig.kubeconfig,
-        backend,
-        clique_override: args.clique_id,
-        simulated_host: node.simulated_host,
-        state_dir,
-        plugin_dir,
-        registry_dir: node.kubelet_dirs.registry_dir,
-        pod_uid: node.pod_uid,
-        cdi_root: node.cdi_root.cdi_root,
-        dev_root: node.dev_root.dev_root,
-        metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
-        namespace: args.namespace,
-        max_domains: args.max_domains,
-        ready_timeout: std::time::Duration::from_secs(args.daemon_ready_timeout),
-        imex_mode: args.imex_mode,
-        device_metadata: args.device_metadata,
-        host_imex: config::HostImex {
-            socket: args.imex_host_socket,
-            ctl: args.imex_ctl_bin,
-            driver_root: args.driver_root.driver_root,
-        },
-        binding_conditions: args.binding_conditions,
-    }))
+    block_on(
+        Threads::Workers(2),
+        gpu_dra::compute_domain::plugin::run(CdPluginConfig {
+            node_name,
+            kubeconfig: node.kubeconfig.kubeconfig,
+            backend,
+            clique_override: args.clique_id,
+            simulated_host: node.simulated_host,
+            state_dir,
+            plugin_dir,
+            registry_dir: node.kubelet_dirs.registry_dir,
+            pod_uid: node.pod_uid,
+            cdi_root: node.cdi_root.cdi_root,
+            dev_root: node.dev_root.dev_root,
+            metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
+            namespace: args.namespace,
+            max_domains: args.max_domains,
+            ready_timeout: std::time::Duration::from_secs(args.daemon_ready_timeout),
+            imex_mode: args.imex_mode,
+            device_metadata: args.device_metadata,
+            host_imex: config::HostImex {
+                socket: args.imex_host_socket,
+                ctl: args.imex_ctl_bin,
+                driver_root: args.driver_root.driver_root,
+            },
+            binding_conditions: args.binding_conditions,
+        }),
+    )
 }

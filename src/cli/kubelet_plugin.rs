@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use gpu_dra::devices::SharedGpus;
 use gpu_dra::hardware::{MigPolicy, policy_flag};
 
-use super::common::block_on;
+use super::common::{Threads, block_on};
 use super::flags::{
     DriverNameFlag, DriverRootFlag, FabricManagerFlags, GpuMigPoliciesFlag, MigProfilesFlag,
     NodeFlags, Policy, ProcRootFlag, SliceLayoutFlag, interval_seconds,
@@ -160,5 +160,5 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         metrics_addr: gpu_dra::plugin::config::metrics_addr_flag(&args.metrics_addr),
         fabric_manager: args.fabric_manager.config(),
     };
-    block_on(gpu_dra::plugin::run(config))
+    block_on(Threads::One, gpu_dra::plugin::run(config))
 }
