@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::resource::v1::DeviceAttribute;
-use serde_json::{Value, json};
 
 use crate::cdi::Mount;
 use crate::fsutil;
@@ -86,6 +85,41 @@ pub struct MetadataDevice {
     /// Its published attributes, with `resource.kubernetes.io/pciBusID` added where the
     /// published device lacks it.
     pub attributes: BTreeMap<String, DeviceAttribute>,
+}
+
+/// One version's object of a metadata document, its fields in sorted key order
+/// ([`MetadataWriter::document`]).
+#[derive(serde::Serialize)]
+struct Doc<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: &'static str,
+    metadata: DocMeta<'a>,
+    #[serde(rename = "podClaimName", skip_serializing_if = "Option::is_none")]
+    pod_claim_name: Option<&'a str>,
+    requests: [DocRequest<'a>; 1],
+}
+
+#[derive(serde::Serialize)]
+struct DocMeta<'a> {
+    generation: i64,
+    name: &'a str,
+    namespace: &'a str,
+    uid: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct DocRequest<'a> {
+    devices: &'a [DocDevice<'a>],
+    name: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct DocDevice<'a> {
+    attributes: &'a BTreeMap<String, DeviceAttribute>,
+    driver: &'a str,
+    name: &'a str,
+    pool: &'a str,
 }
 
 /// The claim a metadata file is about.
@@ -173,6 +207,10 @@ impl MetadataWriter {
 
     /// The document for the devices of one request: the JSON stream, one object per version
     /// of [`VERSIONS`], each followed by a newline. `generation` is 1 for a first write. Pure.
+    ///
+    /// Serialised straight from borrowed fields, keys in sorted order: the same bytes as a
+    /// `serde_json::Value` built and printed, without building one (a tree copy of every
+    /// device's attributes for each version cost a fifth of a prepare's lifecycle work).
     pub fn document(
         &self,
         claim: &MetadataClaim<'_>,
@@ -180,34 +218,36 @@ impl MetadataWriter {
         devices: &[&MetadataDevice],
         generation: i64,
     ) -> String {
-        let devices: Vec<Value> = devices
+        let devices: Vec<DocDevice<'_>> = devices
             .iter()
-            .map(|d| {
-                json!({
-                    "driver": self.driver,
-                    "pool": d.pool,
-                    "name": d.name,
-                    "attributes": d.attributes,
-                })
+            .map(|d| DocDevice {
+                attributes: &d.attributes,
+                driver: &self.driver,
+                name: &d.name,
+                pool: &d.pool,
             })
             .collect();
         let mut out = String::new();
         for version in VERSIONS {
-            let mut object = json!({
-                "apiVersion": format!("{GROUP}/{version}"),
-                "kind": "DeviceMetadata",
-                "metadata": {
-                    "name": claim.name,
-                    "namespace": claim.namespace,
-                    "uid": claim.uid,
-                    "generation": generation,
+            let object = Doc {
+                api_version: format!("{GROUP}/{version}"),
+                kind: "DeviceMetadata",
+                metadata: DocMeta {
+                    generation,
+                    name: claim.name,
+                    namespace: claim.namespace,
+                    uid: claim.uid,
                 },
-                "requests": [{ "name": request, "devices": devices }],
-            });
-            if let Some(pod_claim) = claim.pod_claim_name.filter(|n| !n.is_empty()) {
-                object["podClaimName"] = json!(pod_claim);
+                pod_claim_name: claim.pod_claim_name.filter(|n| !n.is_empty()),
+                requests: [DocRequest {
+                    devices: &devices,
+                    name: request,
+                }],
+            };
+            // Serialising borrowed strings, maps with string keys and integers cannot fail.
+            if let Ok(text) = serde_json::to_string(&object) {
+                out.push_str(&text);
             }
-            out.push_str(&object.to_string());
             out.push('\n');
         }
         out

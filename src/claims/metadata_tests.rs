@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::{Value, json};
 
 fn attr(s: &str) -> DeviceAttribute {
     DeviceAttribute {
@@ -152,4 +153,64 @@ fn a_name_that_would_leave_its_directory_is_refused_naming_it() {
     assert!(w.remove("../x", ["a"]).is_err());
     assert!(w.remove("uid_1", ["a"]).is_err());
     assert!(!dir.path().join("dra-device-metadata").exists());
+}
+
+/// The document as it was built before it was serialised from borrowed fields: a `Value`
+/// tree, printed. The bytes must not change (runtimes and workloads read these files).
+fn document_as_a_value(
+    w: &MetadataWriter,
+    claim: &MetadataClaim<'_>,
+    request: &str,
+    devices: &[&MetadataDevice],
+    generation: i64,
+) -> String {
+    let devices: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"driver": w.driver, "pool": d.pool, "name": d.name, "attributes": d.attributes}))
+        .collect();
+    let mut out = String::new();
+    for version in VERSIONS {
+        let mut object = json!({
+            "apiVersion": format!("{GROUP}/{version}"),
+            "kind": "DeviceMetadata",
+            "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid, "generation": generation},
+            "requests": [{ "name": request, "devices": devices }],
+        });
+        if let Some(pod_claim) = claim.pod_claim_name.filter(|n| !n.is_empty()) {
+            object["podClaimName"] = json!(pod_claim);
+        }
+        out.push_str(&object.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+#[test]
+fn the_document_has_the_bytes_of_the_value_it_was_built_as_before() {
+    let w = MetadataWriter::new(Path::new("/plugin"), "gpu.nvidia.com");
+    let mut with_version = device("gpus/fast", "gpu-1");
+    with_version.attributes.insert(
+        "cudaComputeCapability".to_string(),
+        DeviceAttribute {
+            version: Some("9.0.0".to_string()),
+            ..DeviceAttribute::default()
+        },
+    );
+    with_version.attributes.insert(
+        "index".to_string(),
+        DeviceAttribute {
+            int: Some(3),
+            ..DeviceAttribute::default()
+        },
+    );
+    let plain = device("gpus", "gpu-0");
+    for pod_claim in [None, Some(""), Some("gpu")] {
+        for devices in [vec![&plain], vec![&plain, &with_version]] {
+            let c = claim(pod_claim);
+            assert_eq!(
+                w.document(&c, "gpus", &devices, 7),
+                document_as_a_value(&w, &c, "gpus", &devices, 7)
+            );
+        }
+    }
 }
