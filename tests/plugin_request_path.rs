@@ -319,3 +319,51 @@ async fn after_its_call_a_claim_costs_one_status_write_one_shared_ledger_write_n
         );
     }
 }
+
+/// A VM's claim (`--passthrough`, the simulated HGX H100 with its host tree, dynamic MIG). The
+/// driver switch has something to undo, so the checkpoint is written twice on each side
+/// (intent and completion; marked and forgotten), never parsed. The simulated GPU's own
+/// state (MIG mode and persistence mode, which a real GPU keeps) is written durably by the
+/// simulator in the plugin's process, so its writes, fsyncs and reads count here too: the
+/// plugin itself fsyncs nothing. The sysfs writes of the switch are not files it replaces.
+#[tokio::test]
+async fn a_vfio_prepare_and_unprepare_cost_two_checkpoint_writes_each_and_no_parse() {
+    let node = Node::new().with_sim_node("hgx-h100-passthrough");
+    node.api
+        .put_claim(claims::on_node("vm", "uid-vm", &["gpu-vfio-0"]));
+    let mut command = node.command();
+    command
+        .arg("--passthrough")
+        .arg("--host-root")
+        .arg(node.state_dir().join("sim/host-root"));
+    let mut plugin = node.spawn_command(command, &[]);
+    plugin.wait_registrable().await;
+    eventually("slices", || node.api.complete_pool()).await;
+    eventually("the metrics address", || metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let refs = [claims::claim_ref("vm", "uid-vm")];
+
+    let got = measured(&plugin, "prepare", prepare_all(&mut kubelet, &refs)).await;
+    // Files: the checkpoint twice, the CDI spec, the metadata file, and the simulated GPU's
+    // state twice (MIG mode off, persistence off), each of those with two fsyncs. The state
+    // is read once for the wave's inventory and again around each of its changes.
+    let want = budget(&[
+        ("api_request", 1),
+        ("file_write", 6),
+        ("cdi_spec_write", 1),
+        ("fsync", 4),
+        ("hardware_state_read", 5),
+    ]);
+    assert_eq!(got, (1, want), "prepare of a VFIO claim: calls and costs");
+
+    let got = measured(&plugin, "unprepare", unprepare_all(&mut kubelet, &refs)).await;
+    // The checkpoint twice and the simulated GPU's persistence mode back on (two fsyncs);
+    // the spec and the metadata file go, and NVIDIA's `.yaml` spec is looked for.
+    let want = budget(&[
+        ("file_write", 3),
+        ("file_remove", 3),
+        ("fsync", 2),
+        ("hardware_state_read", 2),
+    ]);
+    assert_eq!(got, (1, want), "unprepare of a VFIO claim: calls and costs");
+}
