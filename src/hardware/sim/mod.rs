@@ -477,25 +477,28 @@ impl GpuBackend for SimBackend {
     }
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
-        let state = self.store.read(|s| Ok(s.clone()))?;
         let hidden = self.hidden_slots();
-        let mut gpus = Vec::new();
-        for (i, gs) in state.gpus.iter().enumerate() {
-            if gs.removed || hidden.contains(&i) {
-                continue;
+        // Built from the cached state in place, not from a copy of it: the claim lifecycle
+        // reads the inventory once per wave.
+        self.store.read(|state| {
+            let mut gpus = Vec::new();
+            for (i, gs) in state.gpus.iter().enumerate() {
+                if gs.removed || hidden.contains(&i) {
+                    continue;
+                }
+                let model = match self.plan.gpus.get(i) {
+                    Some(planned) => planned.model,
+                    None => hotplug::added_model(gs.added_model.as_deref(), i)?,
+                };
+                let index = gpus.len() as u32;
+                gpus.push(gpu_info(index, i as u32, model, &self.identity(i), gs));
             }
-            let model = match self.plan.gpus.get(i) {
-                Some(planned) => planned.model,
-                None => hotplug::added_model(gs.added_model.as_deref(), i)?,
-            };
-            let index = gpus.len() as u32;
-            gpus.push(gpu_info(index, i as u32, model, &self.identity(i), gs));
-        }
-        Ok(NodeInventory {
-            driver_version: self.plan.driver_version.clone(),
-            cuda_driver_version: self.plan.cuda_driver_version.clone(),
-            gpus,
-            passthrough: None,
+            Ok(NodeInventory {
+                driver_version: self.plan.driver_version.clone(),
+                cuda_driver_version: self.plan.cuda_driver_version.clone(),
+                gpus,
+                passthrough: None,
+            })
         })
     }
 
