@@ -52,7 +52,8 @@ pub enum MetricsError {
         #[source]
         source: std::io::Error,
     },
-    /// The endpoint's thread or its runtime could not be started.
+    /// The endpoint's thread or its runtime could not be started, or the socket could not be
+    /// registered with that runtime.
     #[error("starting the metrics endpoint's thread")]
     Thread {
         /// Cause.

@@ -66,7 +66,8 @@ impl Drop for MetricsServer {
 /// # Errors
 /// [`MetricsError::Bind`] when the address does not resolve or cannot be bound (in use,
 /// no permission), [`MetricsError::LocalAddr`] when the bound address cannot be read,
-/// [`MetricsError::Thread`] when the thread or its runtime cannot start.
+/// [`MetricsError::Thread`] when the thread or its runtime cannot start or the socket cannot
+/// be registered with it.
 pub async fn serve(
     addr: &str,
     metrics: Metrics,
@@ -86,14 +87,20 @@ pub async fn serve(
         .build()
         .map_err(|source| MetricsError::Thread { source })?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    // The socket can only be registered with the runtime that serves it, on its thread; the
+    // outcome comes back here, so a failure fails the start instead of leaving no endpoint.
+    let (registered, registration) = tokio::sync::oneshot::channel::<std::io::Result<()>>();
     std::thread::Builder::new()
         .name("gpu-dra-metrics".to_string())
         .spawn(move || {
             runtime.block_on(async move {
                 let listener = match TcpListener::from_std(listener) {
-                    Ok(listener) => listener,
+                    Ok(listener) => {
+                        let _ = registered.send(Ok(()));
+                        listener
+                    }
                     Err(e) => {
-                        warn!(error = %e, "registering the metrics socket; not serving /metrics");
+                        let _ = registered.send(Err(e));
                         return;
                     }
                 };
@@ -104,6 +111,15 @@ pub async fn serve(
             });
         })
         .map_err(|source| MetricsError::Thread { source })?;
+    match registration.await {
+        Ok(Ok(())) => {}
+        Ok(Err(source)) => return Err(MetricsError::Thread { source }),
+        Err(_) => {
+            return Err(MetricsError::Thread {
+                source: std::io::Error::other("the metrics thread ended before serving"),
+            });
+        }
+    }
     info!(addr = %local_addr, "serving /metrics, /healthz and /readyz");
     Ok(MetricsServer {
         local_addr,
