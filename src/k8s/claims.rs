@@ -345,15 +345,19 @@ pub fn request_classes(claim: &ResourceClaim) -> BTreeMap<String, String> {
 mod tests {
     use super::*;
 
-    /// A claim as kube-apiserver sends it: managed fields, a field this client's types do
-    /// not know, a template's annotation, a reservation, an opaque config and two results.
+    /// A claim as kube-apiserver sends it: managed fields, labels, an owner, a field this
+    /// client's types do not know, a template's annotation, a reservation, an opaque config
+    /// and two results. The metadata the typed claim leaves out is here, so a change to
+    /// [`allocated`] that starts reading it makes the two routes differ in the test below.
     fn served() -> serde_json::Value {
         serde_json::json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {
                 "name": "pod-gpu-abcde", "namespace": "team", "uid": "uid-1",
-                "resourceVersion": "42",
+                "resourceVersion": "42", "generation": 3,
+                "labels": {"team": "a"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "pod", "uid": "pod-uid"}],
                 "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
                 "managedFields": [{"manager": "kube-scheduler", "operation": "Update",
                                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
