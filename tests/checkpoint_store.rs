@@ -276,6 +276,60 @@ fn an_update_that_breaks_an_invariant_changes_neither_disk_nor_memory() {
     assert_eq!(store.checkpoint().claims.get(UID), Some(&claim()));
 }
 
+/// `update` changes the state in place (no copy of every record per write), so a failed one
+/// must put back exactly the state of before: the one its own last write made, and, before
+/// any write, the fresh (or rebooted) store's empty one.
+#[test]
+fn a_failed_update_restores_what_the_last_write_made_or_the_empty_state_before_any() {
+    let second = |mut c: ClaimRecord| {
+        c.uid = "second".into();
+        c.name = "second-claim".into();
+        c
+    };
+    let breaks = |cp: &mut gpu_dra::checkpoint::Checkpoint| {
+        cp.claims.insert("second".into(), second(claim()));
+        cp.claims.get_mut(UID).unwrap().namespace.clear();
+    };
+
+    // After writes of its own: the second write's state, not the first's.
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    store
+        .update(|cp| cp.claims.insert(UID.into(), claim()))
+        .unwrap();
+    store
+        .update(|cp| cp.claims.get_mut(UID).unwrap().updated_unix += 1)
+        .unwrap();
+    let written = store.checkpoint().clone();
+    let on_disk = fs::read(file(tmp.path())).unwrap();
+    let err = store.update(breaks).unwrap_err();
+    assert!(matches!(err, StoreError::Encode { .. }), "got {err:?}");
+    assert_eq!(store.checkpoint(), &written);
+    assert_eq!(fs::read(file(tmp.path())).unwrap(), on_disk);
+    assert!(store.is_current(), "the file is still what the store holds");
+    // And the store goes on from there.
+    store
+        .update(|cp| cp.claims.insert("second".into(), second(claim())))
+        .unwrap();
+    let (reopened, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    assert_eq!(reopened.checkpoint(), store.checkpoint());
+    assert_eq!(reopened.checkpoint().claims.len(), 2);
+
+    // Before any write: a fresh store, and one whose file is of an earlier boot.
+    for tmp in [tempfile::tempdir().unwrap(), saved("old-boot")] {
+        let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+        let before = store.checkpoint().clone();
+        let err = store
+            .update(|cp| {
+                cp.claims.insert(UID.into(), claim());
+                breaks(cp);
+            })
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Encode { .. }), "got {err:?}");
+        assert_eq!(store.checkpoint(), &before);
+        assert!(before.claims.is_empty() && before.node_boot_id == BOOT);
+    }
+}
 #[test]
 fn null_sharing_state_is_stored_as_absent_so_memory_matches_disk() {
     let tmp = tempfile::tempdir().unwrap();

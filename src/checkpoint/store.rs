@@ -140,6 +140,9 @@ pub struct CheckpointStore {
     /// The scratch file this store writes through ([`fsutil::replace_atomic_reusing`]), named
     /// at its first update and removed when the store is dropped.
     spare: Option<PathBuf>,
+    /// `current` as last read or written (verified bytes), from which a failed update
+    /// restores it; `None` while `current` is the fresh checkpoint of its boot ID.
+    written: Option<Vec<u8>>,
 }
 
 impl Drop for CheckpointStore {
@@ -278,13 +281,14 @@ impl CheckpointStore {
                             current: fresh,
                             seen: Seen::Absent,
                             spare: None,
+                            written: None,
                         },
                         LoadOutcome::Fresh,
                     ));
                 }
                 Err(source) => return Err(StoreError::Read { path, source }),
             };
-            let decoded = wire::decode(&bytes);
+            let decoded = wire::decode(&bytes).map(|c| (c, bytes));
             // A file replaced while it was read is read again at the next check.
             match version_of(&path) {
                 after if after == before => break (decoded, after),
@@ -293,7 +297,7 @@ impl CheckpointStore {
             }
         };
         let outcome = match decoded {
-            Ok(loaded) if loaded.node_boot_id == current_boot_id => {
+            Ok((loaded, bytes)) if loaded.node_boot_id == current_boot_id => {
                 let claims = loaded.claims.len();
                 return Ok((
                     Self {
@@ -301,11 +305,12 @@ impl CheckpointStore {
                         current: loaded,
                         seen,
                         spare: None,
+                        written: Some(bytes),
                     },
                     LoadOutcome::Loaded { claims },
                 ));
             }
-            Ok(stale) => LoadOutcome::BootChanged {
+            Ok((stale, _)) => LoadOutcome::BootChanged {
                 previous_boot_id: stale.node_boot_id,
                 dropped: stale.claims,
             },
@@ -333,6 +338,7 @@ impl CheckpointStore {
                 current: fresh,
                 seen,
                 spare: None,
+                written: None,
             },
             outcome,
         ))
@@ -357,11 +363,14 @@ impl CheckpointStore {
         &self.path
     }
 
-    /// Applies `change` to a copy of the state, validates it and replaces the file atomically;
-    /// only then does the store adopt it. When this returns `Ok`, the change survives a crash
-    /// of the process; a power loss may lose it, which costs nothing because the reboot that
-    /// follows invalidates every record (boot ID) — see `docs/architecture.md`, "Durability".
-    /// When this returns `Err`, neither disk nor memory changed.
+    /// Applies `change` to the state, validates it and replaces the file atomically. When
+    /// this returns `Ok`, the change survives a crash of the process; a power loss may lose
+    /// it, which costs nothing because the reboot that follows invalidates every record (boot
+    /// ID) — see `docs/architecture.md`, "Durability". When this returns `Err`, neither disk
+    /// nor memory changed: the state is restored from the bytes last read or written.
+    ///
+    /// The change is made in place, not on a copy: the cost of an update is the records it
+    /// touches plus one encoding, not a copy of every claim the node holds.
     ///
     /// # Errors
     /// [`StoreError::Encode`] when the change breaks an invariant, [`StoreError::Write`] when
@@ -370,10 +379,27 @@ impl CheckpointStore {
         &mut self,
         change: impl FnOnce(&mut Checkpoint) -> R,
     ) -> Result<R, StoreError> {
-        let mut next = self.current.clone();
-        let result = change(&mut next);
-        next.normalize();
-        let bytes = wire::encode(&next).map_err(|source| StoreError::Encode {
+        let fresh_boot_id = self
+            .written
+            .is_none()
+            .then(|| self.current.node_boot_id.clone());
+        let result = change(&mut self.current);
+        self.current.normalize();
+        match self.write_current() {
+            Ok(bytes) => {
+                self.written = Some(bytes);
+                self.seen = version_of(&self.path);
+                Ok(result)
+            }
+            Err(e) => {
+                self.restore(fresh_boot_id);
+                Err(e)
+            }
+        }
+    }
+
+    fn write_current(&mut self) -> Result<Vec<u8>, StoreError> {
+        let bytes = wire::encode(&self.current).map_err(|source| StoreError::Encode {
             path: self.path.clone(),
             source,
         })?;
@@ -386,9 +412,29 @@ impl CheckpointStore {
         let written = fsutil::replace_atomic_reusing(&self.path, &spare, &bytes, CHECKPOINT_MODE);
         self.spare = Some(spare);
         written.map_err(|source| StoreError::Write { source })?;
-        self.current = next;
-        self.seen = version_of(&self.path);
-        Ok(result)
+        Ok(bytes)
+    }
+
+    /// Puts back the state of before a failed update: the fresh checkpoint of
+    /// `fresh_boot_id` when it was one, else decoded from the bytes last read or written.
+    fn restore(&mut self, fresh_boot_id: Option<String>) {
+        if let Some(boot_id) = fresh_boot_id {
+            self.current = Checkpoint::new(&boot_id);
+            return;
+        }
+        match self.written.as_deref().map(wire::decode) {
+            Some(Ok(checkpoint)) => self.current = checkpoint,
+            failed => {
+                // Bytes this store verified or encoded always decode; should they not, the
+                // file (unchanged by the failed write) is read afresh at the next check-out.
+                tracing::error!(
+                    error = failed.and_then(Result::err).map(|e| error_chain(&e)),
+                    path = %self.path.display(),
+                    "restoring the checkpoint after a failed update; it will be read again"
+                );
+                self.seen = Seen::Unknown;
+            }
+        }
     }
 }
 
