@@ -115,6 +115,27 @@ async fn a_dynamic_mig_device_is_carved_at_the_allocated_placement_and_destroyed
     assert!(mig_layout(&n, 3).is_empty());
 }
 
+/// The same race inside one call: the second claim is planned against the first one's
+/// record of the same wave (not yet in the checkpoint), so it is refused all the same.
+#[tokio::test]
+async fn two_claims_for_one_placement_in_one_call_get_one_winner() {
+    let n = node(&[
+        ("a", &["gpu-0-mig-1g10gb-2"]),
+        ("b", &["gpu-0-mig-1g10gb-2"]),
+    ]);
+    let mut results = n.mgr.prepare_batch(&[id("a"), id("b")]).await;
+    let b = results.pop().unwrap();
+    let a = results.pop().unwrap();
+    assert!(a.is_ok(), "{a:?}");
+    let err = b.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "claim ns/claim-b (b): device gpu-0-mig-1g10gb-2 is not free: claim ns/claim-a (a) holds gpu-0-mig-1g10gb-2"
+    );
+    assert_eq!(mig_layout(&n, 0), ["1g.10gb@2"]);
+    assert_eq!(spec_files(&n), ["k8s.gpu.nvidia.com-claim_a.json"]);
+}
+
 #[tokio::test]
 async fn two_claims_racing_for_one_placement_get_one_winner() {
     let n = node(&[

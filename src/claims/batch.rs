@@ -137,8 +137,10 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 return Vec::new();
             }
         };
-        // The checkpoint as it will be once this wave's intent is recorded.
-        let mut next = store.checkpoint().clone();
+        // This wave's records, planned so far: with the checkpoint, what it will be once the
+        // wave's intent is recorded.
+        let mut next: std::collections::BTreeMap<String, crate::checkpoint::ClaimRecord> =
+            std::collections::BTreeMap::new();
         let mut wave: Vec<Planned> = Vec::with_capacity(pending.len());
         let mut later = Vec::new();
         let mut wave_devices = std::collections::BTreeSet::new();
@@ -152,19 +154,25 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 later.push((i, allocation));
                 continue;
             }
-            let planned =
-                plan::plan(id, &allocation, &model, &self.pool, &next).and_then(|mut planned| {
-                    sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
-                    self.vfio_preflight(id, &inventory, &mut planned)?;
-                    let partition = self.fabric_partition(id, &planned, &model)?;
-                    Ok((planned, partition))
-                });
+            let planned = plan::plan(
+                id,
+                &allocation,
+                &model,
+                &self.pool,
+                plan::Held::new(store.checkpoint(), &next),
+            )
+            .and_then(|mut planned| {
+                sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
+                self.vfio_preflight(id, &inventory, &mut planned)?;
+                let partition = self.fabric_partition(id, &planned, &model)?;
+                Ok((planned, partition))
+            });
             match planned {
                 Ok((devices, fabric_partition)) => {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
                     let mut record = intent(id, &devices);
                     record.fabric_partition = fabric_partition;
-                    next.claims.insert(id.uid.clone(), record);
+                    next.insert(id.uid.clone(), record);
                     let metadata = if self.metadata.is_some() {
                         let of: Vec<_> = devices
                             .iter()
@@ -205,8 +213,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
             let recorded = self.update(store, &ids[wave[0].index].to_string(), |cp| {
                 for p in &wave {
                     let uid = &ids[p.index].uid;
-                    if let Some(rec) = next.claims.get(uid) {
-                        cp.claims.insert(uid.clone(), rec.clone());
+                    if let Some(rec) = next.remove(uid) {
+                        cp.claims.insert(uid.clone(), rec);
                     }
                 }
             });
@@ -248,8 +256,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let completed = self.update(store, &ids[done[0].0].to_string(), |cp| {
             for (i, cdi_ids) in &done {
                 let uid = &ids[*i].uid;
-                if !intent_needed && let Some(rec) = next.claims.get(uid) {
-                    cp.claims.insert(uid.clone(), rec.clone());
+                if !intent_needed && let Some(rec) = next.remove(uid) {
+                    cp.claims.insert(uid.clone(), rec);
                 }
                 if let Some(c) = cp.claims.get_mut(uid) {
                     for (d, ids) in c.devices.iter_mut().zip(cdi_ids) {
@@ -392,10 +400,12 @@ impl<S: ClaimSource> ClaimsManager<S> {
         }
         // The claims still holding their devices: a share's MIG device or MPS daemon goes
         // with the last claim out, also when several leave in this call.
-        let mut others = store.checkpoint().clone();
+        // Copied only when a claim has hardware to undo.
+        let mut others: Option<crate::checkpoint::Checkpoint> = None;
         let mut undone = Vec::with_capacity(known.len());
         for (i, rec) in known {
-            match self.undo(&rec, &others) {
+            let others = others.get_or_insert_with(|| store.checkpoint().clone());
+            match self.undo(&rec, others) {
                 Ok(()) => {
                     others.claims.remove(&rec.uid);
                     undone.push(i);

@@ -2,7 +2,9 @@
 //! the claim may have it at all (this node's pool, a published device, nobody else holding it).
 
 use super::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId};
-use crate::checkpoint::{Checkpoint, DeviceRecord, MigRecord, VfioRecord};
+use std::collections::BTreeMap;
+
+use crate::checkpoint::{Checkpoint, ClaimRecord, DeviceRecord, MigRecord, VfioRecord};
 use crate::devices::{DeviceKind, DeviceModel};
 
 /// What prepare must do for one device.
@@ -61,6 +63,32 @@ pub struct PlannedDevice {
     pub vfio_settings: Option<crate::opaque::VfioSettings>,
 }
 
+/// The claims a plan is checked against: the checkpoint's, with the records of the claims
+/// planned earlier in the same wave in place of theirs. A view, so planning a wave costs
+/// the wave's records, not a copy of every record the node holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Held<'a> {
+    checkpoint: &'a Checkpoint,
+    wave: &'a BTreeMap<String, ClaimRecord>,
+}
+
+impl<'a> Held<'a> {
+    /// `checkpoint` as it will be once `wave`'s records (by UID) are written into it.
+    pub fn new(checkpoint: &'a Checkpoint, wave: &'a BTreeMap<String, ClaimRecord>) -> Self {
+        Self { checkpoint, wave }
+    }
+
+    /// Every claim record by UID, each UID once (the wave's record where it has one).
+    pub fn claims(self) -> impl Iterator<Item = (&'a String, &'a ClaimRecord)> {
+        let wave = self.wave;
+        self.checkpoint
+            .claims
+            .iter()
+            .filter(move |(uid, _)| !wave.contains_key(*uid))
+            .chain(wave.iter())
+    }
+}
+
 /// Plans a claim's devices against the node's current model and the other prepared claims.
 ///
 /// Fails when a device is in another pool, is not published here, or is held exclusively by
@@ -70,7 +98,7 @@ pub fn plan(
     allocation: &ClaimAllocation,
     model: &DeviceModel,
     pool: &str,
-    checkpoint: &Checkpoint,
+    held: Held<'_>,
 ) -> Result<Vec<PlannedDevice>, ClaimError> {
     if allocation.devices.is_empty() {
         return Err(ClaimError::NoDevices {
@@ -95,7 +123,7 @@ pub fn plan(
             })?;
         if !dev.admin_access {
             let full = matches!(published.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. });
-            check_exclusive(id, dev, published.gpu_minor, full, model, checkpoint)?;
+            check_exclusive(id, dev, published.gpu_minor, full, model, held)?;
         }
         // Only a dynamic-MIG GPU's full-GPU device consumes counters.
         let dynamic_gpu = published.device.consumes_counters.is_some();
@@ -151,7 +179,7 @@ pub fn plan(
                 if let Some(carved) = dev
                     .share_id
                     .as_ref()
-                    .and_then(|_| carved_share(id, &dev.device, checkpoint)) =>
+                    .and_then(|_| carved_share(id, &dev.device, held)) =>
             {
                 // Another share of this device carved it already: use that instance.
                 (
@@ -207,10 +235,9 @@ pub fn plan(
 }
 
 /// The MIG instance another claim's share of `device` carved (IDs and UUID known).
-fn carved_share(id: &ClaimId, device: &str, checkpoint: &Checkpoint) -> Option<MigRecord> {
-    checkpoint
-        .claims
-        .values()
+fn carved_share(id: &ClaimId, device: &str, held: Held<'_>) -> Option<MigRecord> {
+    held.claims()
+        .map(|(_, c)| c)
         // Only a completed prepare's instance surely exists: a half-done or half-undone
         // record may name one that was already destroyed.
         .filter(|c| c.uid != id.uid && c.phase == crate::checkpoint::ClaimPhase::PrepareCompleted)
@@ -226,9 +253,9 @@ fn check_exclusive(
     gpu_minor: u32,
     full_gpu: bool,
     model: &DeviceModel,
-    checkpoint: &Checkpoint,
+    held: Held<'_>,
 ) -> Result<(), ClaimError> {
-    for (uid, other) in &checkpoint.claims {
+    for (uid, other) in held.claims() {
         if uid == &id.uid {
             continue;
         }
