@@ -239,11 +239,17 @@ async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Trac
                 t.object = object;
                 if outcome == SyncOutcome::Written {
                     worker.metrics.record_claim_status_write(Outcome::Success);
-                    info!(
-                        devices = want.len(),
-                        failures_before = t.failures,
-                        "wrote status.devices"
-                    );
+                    // One line per write at debug: the prepare's own line says the claim is
+                    // ready; a write that needed tries says so at info.
+                    if t.failures > 0 {
+                        info!(
+                            devices = want.len(),
+                            failures_before = t.failures,
+                            "wrote status.devices"
+                        );
+                    } else {
+                        debug!(devices = want.len(), "wrote status.devices");
+                    }
                 } else {
                     debug!(
                         ?outcome,
