@@ -256,3 +256,71 @@ fn the_class_of_every_request_and_first_available_alternative_is_read_from_the_c
     .collect();
     assert_eq!(got, want);
 }
+
+/// The background writer, on the paused clock: a start alone is written within
+/// `START_FLUSH_DELAY` (a crash before then loses nothing: the restart adopts the claim from
+/// the checkpoint), an end brings the write forward to `FLUSH_DELAY` after it, and each is
+/// one write carrying every change so far.
+#[tokio::test(start_paused = true)]
+async fn a_start_is_written_within_ten_seconds_and_an_end_one_second_after_it() {
+    use gpu_dra::plugin::usage::{FLUSH_DELAY, START_FLUSH_DELAY};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state/usage.json");
+    let usage = Arc::new(UsageTracker::open(
+        &dir.path().join("state"),
+        Metrics::new(),
+    ));
+    let h = handler(&dir, Some(Arc::clone(&usage)));
+    let writer = tokio::spawn(Arc::clone(&usage).persist());
+    // The write runs on a blocking thread, in real time: wait for it in real time.
+    let written = |want_live: &[&str]| {
+        for _ in 0..400 {
+            if let Ok(ledger) = gpu_dra::usage::store::load(&file)
+                && ledger
+                    .live
+                    .keys()
+                    .map(String::as_str)
+                    .eq(want_live.iter().copied())
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    };
+
+    read(&usage, "train");
+    assert!(h.prepare(vec![claim("train")]).await["train"].is_ok());
+    tokio::time::sleep(START_FLUSH_DELAY - Duration::from_millis(500)).await;
+    read(&usage, "whole");
+    assert!(h.prepare(vec![claim("whole")]).await["whole"].is_ok());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !file.exists(),
+        "starts alone are not written before START_FLUSH_DELAY"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        written(&["train", "whole"]),
+        "both starts, in one write, START_FLUSH_DELAY after the first"
+    );
+
+    // An end: written FLUSH_DELAY after it, not START_FLUSH_DELAY.
+    read(&usage, "early");
+    assert!(h.prepare(vec![claim("early")]).await["early"].is_ok());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(h.unprepare(vec![claim("train")]).await["train"].is_ok());
+    tokio::time::sleep(FLUSH_DELAY - Duration::from_millis(100)).await;
+    assert!(
+        written(&["train", "whole"]),
+        "nothing written before FLUSH_DELAY after the end"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        written(&["early", "whole"]),
+        "the end and the start before it, in one write, FLUSH_DELAY after the end"
+    );
+    writer.abort();
+}
