@@ -115,9 +115,10 @@ impl Checkpoint {
     /// # Errors
     /// The first [`InvalidCheckpoint`] found.
     pub fn validate(&self) -> Result<(), InvalidCheckpoint> {
-        non_empty("node", "nodeBootId", &self.node_boot_id)?;
+        non_empty(&|| "node".to_string(), "nodeBootId", &self.node_boot_id)?;
         for (key, claim) in &self.claims {
-            let location = format!("claim {key}");
+            // Named only when something is wrong: no string per record on every write.
+            let location = || format!("claim {key}");
             if key != &claim.uid {
                 return Err(invalid(
                     &location,
@@ -130,7 +131,7 @@ impl Checkpoint {
             non_empty(&location, "namespace", &claim.namespace)?;
             non_empty(&location, "name", &claim.name)?;
             for device in &claim.devices {
-                let location = format!("claim {key} device {}", device.device);
+                let location = || format!("claim {key} device {}", device.device);
                 non_empty(&location, "device", &device.device)?;
                 non_empty(&location, "pool", &device.pool)?;
                 non_empty(&location, "gpuUuid", &device.gpu_uuid)?;
@@ -176,20 +177,24 @@ impl Checkpoint {
 }
 
 fn invalid(
-    location: &str,
+    location: &dyn Fn() -> String,
     field: &'static str,
     value: &str,
     expected: &'static str,
 ) -> InvalidCheckpoint {
     InvalidCheckpoint {
-        location: location.to_string(),
+        location: location(),
         field,
         value: value.to_string(),
         expected,
     }
 }
 
-fn non_empty(location: &str, field: &'static str, value: &str) -> Result<(), InvalidCheckpoint> {
+fn non_empty(
+    location: &dyn Fn() -> String,
+    field: &'static str,
+    value: &str,
+) -> Result<(), InvalidCheckpoint> {
     if value.is_empty() {
         return Err(invalid(location, field, value, "non-empty"));
     }

@@ -7,6 +7,7 @@
 //! it does not depend on how the file is formatted (written compact, in canonical form). The version is read before
 //! anything else, so a file from a newer plugin is recognised as such, not as garbage.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -62,26 +63,29 @@ pub enum DecodeError {
 // writes every object with its keys sorted: the compact serialization of a payload is its
 // canonical form, and [`encode`] hashes what it writes in one pass. The test
 // `encoded_payload_is_canonical` holds every struct to it.
+//
+// Their strings are `Cow`s: a write borrows them from the model (no copy of every record
+// per write), a read owns what it parsed.
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PayloadV1 {
-    claims: BTreeMap<String, ClaimV1>,
-    node_boot_id: String,
+struct PayloadV1<'a> {
+    claims: BTreeMap<Cow<'a, str>, ClaimV1<'a>>,
+    node_boot_id: Cow<'a, str>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ClaimV1 {
-    devices: Vec<DeviceV1>,
+struct ClaimV1<'a> {
+    devices: Vec<DeviceV1<'a>>,
     /// Absent unless the claim holds a Fabric Manager partition, so files of nodes without
     /// FM stay readable by releases that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fabric_partition: Option<u32>,
-    name: String,
-    namespace: String,
+    name: Cow<'a, str>,
+    namespace: Cow<'a, str>,
     phase: PhaseV1,
-    uid: String,
+    uid: Cow<'a, str>,
     updated_unix: i64,
 }
 
@@ -94,33 +98,33 @@ enum PhaseV1 {
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct DeviceV1 {
-    cdi_device_ids: Vec<String>,
-    device: String,
-    gpu_uuid: String,
+struct DeviceV1<'a> {
+    cdi_device_ids: Cow<'a, [String]>,
+    device: Cow<'a, str>,
+    gpu_uuid: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    mig: Option<MigV1>,
-    pool: String,
-    request_names: Vec<String>,
+    mig: Option<MigV1<'a>>,
+    pool: Cow<'a, str>,
+    request_names: Cow<'a, [String]>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    share_id: Option<String>,
+    share_id: Option<Cow<'a, str>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    sharing: Option<Value>,
+    sharing: Option<Cow<'a, Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    vfio: Option<VfioV1>,
+    vfio: Option<VfioV1<'a>>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct VfioV1 {
-    address: String,
+struct VfioV1<'a> {
+    address: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     restore_persistence: bool,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct MigV1 {
+struct MigV1<'a> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ci_id: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,10 +132,10 @@ struct MigV1 {
     parent_minor: u32,
     placement_size: u32,
     placement_start: u32,
-    profile: String,
+    profile: Cow<'a, str>,
     profile_id: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    uuid: Option<String>,
+    uuid: Option<Cow<'a, str>>,
 }
 
 /// Serializes a valid checkpoint into the current format: compact JSON, the envelope's
@@ -293,15 +297,15 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
-fn to_wire(cp: &Checkpoint) -> PayloadV1 {
+fn to_wire(cp: &Checkpoint) -> PayloadV1<'_> {
     let claims = cp
         .claims
         .iter()
         .map(|(uid, c)| {
             let claim = ClaimV1 {
-                uid: c.uid.clone(),
-                namespace: c.namespace.clone(),
-                name: c.name.clone(),
+                uid: Cow::Borrowed(&c.uid),
+                namespace: Cow::Borrowed(&c.namespace),
+                name: Cow::Borrowed(&c.name),
                 phase: match c.phase {
                     ClaimPhase::PrepareStarted => PhaseV1::PrepareStarted,
                     ClaimPhase::PrepareCompleted => PhaseV1::PrepareCompleted,
@@ -311,50 +315,54 @@ fn to_wire(cp: &Checkpoint) -> PayloadV1 {
                 updated_unix: c.updated_unix,
                 fabric_partition: c.fabric_partition,
             };
-            (uid.clone(), claim)
+            (Cow::Borrowed(uid.as_str()), claim)
         })
         .collect();
     PayloadV1 {
-        node_boot_id: cp.node_boot_id.clone(),
+        node_boot_id: Cow::Borrowed(&cp.node_boot_id),
         claims,
     }
 }
 
-fn device_to_wire(d: &DeviceRecord) -> DeviceV1 {
+fn device_to_wire(d: &DeviceRecord) -> DeviceV1<'_> {
     DeviceV1 {
-        request_names: d.request_names.clone(),
-        pool: d.pool.clone(),
-        device: d.device.clone(),
-        share_id: d.share_id.clone(),
-        cdi_device_ids: d.cdi_device_ids.clone(),
-        gpu_uuid: d.gpu_uuid.clone(),
+        request_names: Cow::Borrowed(&d.request_names),
+        pool: Cow::Borrowed(&d.pool),
+        device: Cow::Borrowed(&d.device),
+        share_id: d.share_id.as_deref().map(Cow::Borrowed),
+        cdi_device_ids: Cow::Borrowed(&d.cdi_device_ids),
+        gpu_uuid: Cow::Borrowed(&d.gpu_uuid),
         mig: d.mig.as_ref().map(|m| MigV1 {
             parent_minor: m.parent_minor,
             profile_id: m.profile_id,
-            profile: m.profile.clone(),
+            profile: Cow::Borrowed(&m.profile),
             placement_start: m.placement_start,
             placement_size: m.placement_size,
             gi_id: m.gi_id,
             ci_id: m.ci_id,
-            uuid: m.uuid.clone(),
+            uuid: m.uuid.as_deref().map(Cow::Borrowed),
         }),
-        sharing: d.sharing.clone().filter(|v| !v.is_null()),
+        sharing: d
+            .sharing
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .map(Cow::Borrowed),
         vfio: d.vfio.as_ref().map(|v| VfioV1 {
-            address: v.address.clone(),
+            address: Cow::Borrowed(&v.address),
             restore_persistence: v.restore_persistence,
         }),
     }
 }
 
-fn from_wire(wire: PayloadV1) -> Checkpoint {
+fn from_wire(wire: PayloadV1<'_>) -> Checkpoint {
     let claims = wire
         .claims
         .into_iter()
         .map(|(uid, c)| {
             let claim = ClaimRecord {
-                uid: c.uid,
-                namespace: c.namespace,
-                name: c.name,
+                uid: c.uid.into_owned(),
+                namespace: c.namespace.into_owned(),
+                name: c.name.into_owned(),
                 phase: match c.phase {
                     PhaseV1::PrepareStarted => ClaimPhase::PrepareStarted,
                     PhaseV1::PrepareCompleted => ClaimPhase::PrepareCompleted,
@@ -364,36 +372,36 @@ fn from_wire(wire: PayloadV1) -> Checkpoint {
                 updated_unix: c.updated_unix,
                 fabric_partition: c.fabric_partition,
             };
-            (uid, claim)
+            (uid.into_owned(), claim)
         })
         .collect();
     Checkpoint {
-        node_boot_id: wire.node_boot_id,
+        node_boot_id: wire.node_boot_id.into_owned(),
         claims,
     }
 }
 
-fn device_from_wire(d: DeviceV1) -> DeviceRecord {
+fn device_from_wire(d: DeviceV1<'_>) -> DeviceRecord {
     DeviceRecord {
-        request_names: d.request_names,
-        pool: d.pool,
-        device: d.device,
-        share_id: d.share_id,
-        cdi_device_ids: d.cdi_device_ids,
-        gpu_uuid: d.gpu_uuid,
+        request_names: d.request_names.into_owned(),
+        pool: d.pool.into_owned(),
+        device: d.device.into_owned(),
+        share_id: d.share_id.map(Cow::into_owned),
+        cdi_device_ids: d.cdi_device_ids.into_owned(),
+        gpu_uuid: d.gpu_uuid.into_owned(),
         mig: d.mig.map(|m| MigRecord {
             parent_minor: m.parent_minor,
             profile_id: m.profile_id,
-            profile: m.profile,
+            profile: m.profile.into_owned(),
             placement_start: m.placement_start,
             placement_size: m.placement_size,
             gi_id: m.gi_id,
             ci_id: m.ci_id,
-            uuid: m.uuid,
+            uuid: m.uuid.map(Cow::into_owned),
         }),
-        sharing: d.sharing,
+        sharing: d.sharing.map(Cow::into_owned),
         vfio: d.vfio.map(|v| VfioRecord {
-            address: v.address,
+            address: v.address.into_owned(),
             restore_persistence: v.restore_persistence,
         }),
     }
