@@ -280,13 +280,19 @@ pub fn print(f: &Figures) {
         above(f.prepare_10.p50()),
         mark(above(f.prepare_10.p50()) <= 2.0)
     );
-    // The loop's CPU less what the plugin spends without calls over as long.
-    let idle_share = ms(f.steady_idle.cpu_stat) * f.prepare.wall.as_secs_f64()
-        / f.steady_idle.wall.as_secs_f64().max(f64::EPSILON);
-    let per = (ms(f.prepare.cpu_stat) - idle_share).max(0.0) / CALLS as f64;
+    // The loop's CPU less what the plugin spends without calls over as long: from `/proc`
+    // ticks, as the issue's harness reads it (10 ms each, so ±0.2 ms per claim over 50
+    // calls), and from schedstat (nanoseconds), the steadier figure to compare builds by.
+    let per_claim_idle_out = |cpu: fn(&Paced) -> Duration| {
+        let idle_share = ms(cpu(&f.steady_idle)) * f.prepare.wall.as_secs_f64()
+            / f.steady_idle.wall.as_secs_f64().max(f64::EPSILON);
+        (ms(cpu(&f.prepare)) - idle_share).max(0.0) / CALLS as f64
+    };
+    let per = per_claim_idle_out(|p| p.cpu_stat);
+    let per_sched = per_claim_idle_out(|p| p.cpu_sched);
     println!(
         "  plugin CPU per claim over the prepare loop, idle work taken out {per:.2} ms \
-         (<= 1 ms, background included): {}",
+         ({per_sched:.2} ms by schedstat) (<= 1 ms, background included): {}",
         mark(per <= 1.0)
     );
 }
