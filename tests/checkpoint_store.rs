@@ -278,7 +278,8 @@ fn an_update_that_breaks_an_invariant_changes_neither_disk_nor_memory() {
 
 /// `update` changes the state in place (no copy of every record per write), so a failed one
 /// must put back exactly the state of before: the one its own last write made, and, before
-/// any write, the fresh (or rebooted) store's empty one.
+/// any write, the fresh (or rebooted) store's empty one. (A store that only read its file is
+/// `an_update_that_breaks_an_invariant_changes_neither_disk_nor_memory`.)
 #[test]
 fn a_failed_update_restores_what_the_last_write_made_or_the_empty_state_before_any() {
     let second = |mut c: ClaimRecord| {
@@ -291,12 +292,9 @@ fn a_failed_update_restores_what_the_last_write_made_or_the_empty_state_before_a
         cp.claims.get_mut(UID).unwrap().namespace.clear();
     };
 
-    // After writes of its own: the second write's state, not the first's.
-    let tmp = tempfile::tempdir().unwrap();
+    // After a write of its own: that write's state, not the one the store read.
+    let tmp = saved(BOOT);
     let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
-    store
-        .update(|cp| cp.claims.insert(UID.into(), claim()))
-        .unwrap();
     store
         .update(|cp| cp.claims.get_mut(UID).unwrap().updated_unix += 1)
         .unwrap();
