@@ -133,8 +133,8 @@ impl ClaimReader {
             uid: uid.to_string(),
         };
         let resource = ApiResource::erase::<ResourceClaim>(&());
-        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &resource);
-        let object = get_claim(&api, name, &wanted).await?;
+        let api = Api::<LeanObject>::namespaced_with(self.client.clone(), namespace, &resource);
+        let LeanObject(object) = get_claim(&api, name, &wanted).await?;
         let claim = match typed_claim(&object) {
             Ok(claim) => claim,
             Err(e) => {
@@ -146,6 +146,133 @@ impl ClaimReader {
         };
         let allocated = allocated(&claim, wanted, &self.driver, &self.pool)?;
         Ok((allocated, object))
+    }
+}
+
+/// An object as the server sent it, read in one pass and without its `managedFields`.
+///
+/// What it holds is what deserialising a [`DynamicObject`] gives, with
+/// `metadata.managedFields` left out: nothing this plugin does reads them, and a status
+/// write sends none (the server keeps the live ones). `DynamicObject`'s own reading goes
+/// through serde's `flatten`, which buffers the whole object once before reading it again,
+/// and parses every managed-fields entry's `fieldsV1` tree: on the prepare path that was
+/// most of the claim read's JSON work.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LeanObject(pub(crate) DynamicObject);
+
+impl kube::Resource for LeanObject {
+    type DynamicType = ApiResource;
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn group(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        DynamicObject::group(dt)
+    }
+
+    fn version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        DynamicObject::version(dt)
+    }
+
+    fn kind(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        DynamicObject::kind(dt)
+    }
+
+    fn api_version(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        DynamicObject::api_version(dt)
+    }
+
+    fn plural(dt: &ApiResource) -> std::borrow::Cow<'_, str> {
+        DynamicObject::plural(dt)
+    }
+
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.0.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.0.metadata
+    }
+}
+
+impl<'de> Deserialize<'de> for LeanObject {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(LeanObjectVisitor)
+    }
+}
+
+struct LeanObjectVisitor;
+
+impl<'de> serde::de::Visitor<'de> for LeanObjectVisitor {
+    type Value = LeanObject;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<LeanObject, A::Error> {
+        let mut api_version: Option<String> = None;
+        let mut kind: Option<String> = None;
+        let mut metadata = None;
+        let mut data = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "apiVersion" => api_version = Some(map.next_value()?),
+                "kind" => kind = Some(map.next_value()?),
+                "metadata" => metadata = Some(map.next_value::<LeanMeta>()?.0),
+                _ => {
+                    let value = map.next_value()?;
+                    data.insert(key, value);
+                }
+            }
+        }
+        // As `DynamicObject` reads them: both type fields make its `types`; one alone is
+        // dropped.
+        let types = match (api_version, kind) {
+            (Some(api_version), Some(kind)) => Some(kube::core::TypeMeta { api_version, kind }),
+            _ => None,
+        };
+        Ok(LeanObject(DynamicObject {
+            types,
+            metadata: metadata.unwrap_or_default(),
+            data: serde_json::Value::Object(data),
+        }))
+    }
+}
+
+/// `ObjectMeta` without `managedFields`, whose entries are skipped unparsed.
+struct LeanMeta(k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta);
+
+impl<'de> Deserialize<'de> for LeanMeta {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = serde_json::Map<String, serde_json::Value>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("object metadata")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut fields = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "managedFields" {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    } else {
+                        let value = map.next_value()?;
+                        fields.insert(key, value);
+                    }
+                }
+                Ok(fields)
+            }
+        }
+        let fields = deserializer.deserialize_map(Fields)?;
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta::deserialize(
+            serde_json::Value::Object(fields),
+        )
+        .map(LeanMeta)
+        .map_err(serde::de::Error::custom)
     }
 }
 
@@ -405,6 +532,34 @@ mod tests {
         assert_eq!(got.reserved_pods.len(), 1);
         assert_eq!(from_parts.spec, whole.spec);
         assert_eq!(from_parts.status, whole.status);
+    }
+
+    /// The lean read gives what `DynamicObject`'s own does, less the managed fields: for the
+    /// served claim, for an object with one type field of two (dropped by both), and for metadata of the wrong
+    /// type (an error either way).
+    #[test]
+    fn the_lean_read_is_the_dynamic_object_without_managed_fields() {
+        let text = serde_json::to_string(&served()).unwrap();
+        let LeanObject(lean) = serde_json::from_str(&text).unwrap();
+        let mut whole: DynamicObject = serde_json::from_str(&text).unwrap();
+        assert!(whole.metadata.managed_fields.is_some());
+        whole.metadata.managed_fields = None;
+        assert_eq!(lean, whole);
+        assert_eq!(lean.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(
+            lean.data["status"]["aFieldFromANewerServer"],
+            serde_json::json!(true)
+        );
+
+        let half =
+            serde_json::json!({"kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {}});
+        let LeanObject(lean) = serde_json::from_value(half.clone()).unwrap();
+        let whole: DynamicObject = serde_json::from_value(half).unwrap();
+        assert_eq!(lean, whole);
+
+        let bad = serde_json::json!({"metadata": {"name": 7}});
+        assert!(serde_json::from_value::<LeanObject>(bad.clone()).is_err());
+        assert!(serde_json::from_value::<DynamicObject>(bad).is_err());
     }
 
     #[test]
