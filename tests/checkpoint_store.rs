@@ -328,6 +328,47 @@ fn a_failed_update_restores_what_the_last_write_made_or_the_empty_state_before_a
         assert!(before.claims.is_empty() && before.node_boot_id == BOOT);
     }
 }
+/// The same when the write itself fails (the file's name taken by a directory): the state
+/// of the last write comes back, for a store that wrote and for a fresh one.
+#[test]
+fn a_failed_write_restores_the_state_before_it() {
+    for written_before in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+        if written_before {
+            store
+                .update(|cp| cp.claims.insert(UID.into(), claim()))
+                .unwrap();
+            fs::remove_file(file(tmp.path())).unwrap();
+        }
+        let before = store.checkpoint().clone();
+        fs::create_dir(file(tmp.path())).unwrap();
+        let err = store
+            .update(|cp| {
+                cp.claims.clear();
+                cp.claims.insert(
+                    "other".into(),
+                    ClaimRecord {
+                        uid: "other".into(),
+                        ..claim()
+                    },
+                );
+            })
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Write { .. }), "got {err:?}");
+        assert_eq!(
+            store.checkpoint(),
+            &before,
+            "written before: {written_before}"
+        );
+        // And with the name free again, the store writes on from there.
+        fs::remove_dir(file(tmp.path())).unwrap();
+        store.update(|_| ()).unwrap();
+        let (reopened, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+        assert_eq!(reopened.checkpoint(), &before);
+    }
+}
+
 #[test]
 fn null_sharing_state_is_stored_as_absent_so_memory_matches_disk() {
     let tmp = tempfile::tempdir().unwrap();

@@ -120,6 +120,13 @@ pub enum StoreError {
         #[source]
         source: DecodeError,
     },
+    /// An earlier failed update could not restore the state it changed (the bytes it keeps
+    /// did not decode), so this store refuses further updates: the next call's check-out
+    /// reads the file, which the failed write left as it was.
+    #[error(
+        "checkpoint {path} in memory is not what is on disk after a failed write; it is read again at the next call"
+    )]
+    Poisoned { path: PathBuf },
     /// Writing the file failed; the store keeps the previous state.
     #[error("writing checkpoint")]
     Write {
@@ -142,7 +149,18 @@ pub struct CheckpointStore {
     spare: Option<PathBuf>,
     /// `current` as last read or written (verified bytes), from which a failed update
     /// restores it; `None` while `current` is the fresh checkpoint of its boot ID.
-    written: Option<Vec<u8>>,
+    written: Option<Written>,
+    /// A failed update could not restore `current`: every further update fails.
+    poisoned: bool,
+}
+
+/// The bytes of a checkpoint file, shown by length only.
+struct Written(Vec<u8>);
+
+impl std::fmt::Debug for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes", self.0.len())
+    }
 }
 
 impl Drop for CheckpointStore {
@@ -282,6 +300,7 @@ impl CheckpointStore {
                             seen: Seen::Absent,
                             spare: None,
                             written: None,
+                            poisoned: false,
                         },
                         LoadOutcome::Fresh,
                     ));
@@ -305,7 +324,8 @@ impl CheckpointStore {
                         current: loaded,
                         seen,
                         spare: None,
-                        written: Some(bytes),
+                        written: Some(Written(bytes)),
+                        poisoned: false,
                     },
                     LoadOutcome::Loaded { claims },
                 ));
@@ -339,6 +359,7 @@ impl CheckpointStore {
                 seen,
                 spare: None,
                 written: None,
+                poisoned: false,
             },
             outcome,
         ))
@@ -370,7 +391,10 @@ impl CheckpointStore {
     /// nor memory changed: the state is restored from the bytes last read or written.
     ///
     /// The change is made in place, not on a copy: the cost of an update is the records it
-    /// touches plus one encoding, not a copy of every claim the node holds.
+    /// touches plus one encoding, not a copy of every claim the node holds. A `change` that
+    /// panics leaves the state half changed; callers own the store for one call
+    /// ([`crate::claims`] checks it out by value), so unwinding drops it and the next call
+    /// reads the file.
     ///
     /// # Errors
     /// [`StoreError::Encode`] when the change breaks an invariant, [`StoreError::Write`] when
@@ -379,6 +403,11 @@ impl CheckpointStore {
         &mut self,
         change: impl FnOnce(&mut Checkpoint) -> R,
     ) -> Result<R, StoreError> {
+        if self.poisoned {
+            return Err(StoreError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
         let fresh_boot_id = self
             .written
             .is_none()
@@ -387,7 +416,7 @@ impl CheckpointStore {
         self.current.normalize();
         match self.write_current() {
             Ok(bytes) => {
-                self.written = Some(bytes);
+                self.written = Some(Written(bytes));
                 self.seen = version_of(&self.path);
                 Ok(result)
             }
@@ -422,17 +451,20 @@ impl CheckpointStore {
             self.current = Checkpoint::new(&boot_id);
             return;
         }
-        match self.written.as_deref().map(wire::decode) {
+        match self.written.as_ref().map(|w| wire::decode(&w.0)) {
             Some(Ok(checkpoint)) => self.current = checkpoint,
             failed => {
-                // Bytes this store verified or encoded always decode; should they not, the
-                // file (unchanged by the failed write) is read afresh at the next check-out.
+                // Bytes this store verified or encoded always decode. Should they not, this
+                // store takes no more updates (they would write the failed change), and the
+                // file, which the failed write left as it was, is read afresh at the next
+                // check-out.
                 tracing::error!(
                     error = failed.and_then(Result::err).map(|e| error_chain(&e)),
                     path = %self.path.display(),
                     "restoring the checkpoint after a failed update; it will be read again"
                 );
                 self.seen = Seen::Unknown;
+                self.poisoned = true;
             }
         }
     }

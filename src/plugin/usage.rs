@@ -51,10 +51,12 @@ pub const FLUSH_DELAY: Duration = Duration::from_secs(1);
 
 /// How long [`UsageTracker::persist`] waits when claims only started since the last write
 /// (an end meanwhile brings the write forward to [`FLUSH_DELAY`] after it). A start the file
-/// misses costs nothing after a crash (the restart adopts the claim from the checkpoint's
-/// completion time); only a power loss within this window loses the claim's hold so far,
-/// at most this long. Under steady prepares it makes one fsynced write per window instead
-/// of one per second.
+/// misses costs nothing after a crash while its claim is still prepared (the restart adopts
+/// it from the checkpoint's completion time). What can go unbilled, at most about this
+/// long per claim: a claim that started within this window before a power loss, or that
+/// started and ended within it with a crash in the second after its end (its record has
+/// left the checkpoint by then). Under steady prepares it makes one fsynced write per
+/// window instead of one per second.
 pub const START_FLUSH_DELAY: Duration = Duration::from_secs(10);
 
 /// The plugin's usage ledger and the facts that label it. Shared by the claim source, the
@@ -235,7 +237,9 @@ impl UsageTracker {
     /// aborted; the blocking write runs off the async threads.
     pub async fn persist(self: std::sync::Arc<Self>) {
         loop {
-            if !self.dirty.load(Ordering::Acquire) {
+            // A permit left by a change the last write already carried wakes this once
+            // with nothing to write: wait on, so the next change starts its own window.
+            while !self.dirty.load(Ordering::Acquire) {
                 self.changed.notified().await;
             }
             let first = tokio::time::Instant::now();
