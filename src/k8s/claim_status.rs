@@ -40,6 +40,7 @@ use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, Client};
 use serde_json::{Map, Value, json};
 
+use super::claims::LeanObject;
 use super::error::{ClaimRef, K8sError, Step};
 
 /// The field manager named in the writes (`managedFields`), as for the slices.
@@ -166,18 +167,22 @@ impl ClaimStatusWriter {
         known: Option<DynamicObject>,
     ) -> Result<(SyncOutcome, Option<DynamicObject>), K8sError> {
         let resource = ApiResource::erase::<ResourceClaim>(&());
-        let api =
+        let writes =
             Api::<DynamicObject>::namespaced_with(self.client.clone(), &claim.namespace, &resource);
         let known = known.filter(|o| o.metadata.uid.as_deref() == Some(claim.uid.as_str()));
         if let Some(object) = known {
-            match self.write(&api, claim, want, now, object).await {
+            match self.write(&writes, claim, want, now, object).await {
                 Err(kube::Error::Api(status)) if status.is_conflict() => {}
                 done => return self.outcome(claim, done),
             }
         }
         crate::cost::count(crate::cost::Cost::ApiRequest);
+        // Read as the prepare reads it: one pass, without the managed fields a write never
+        // sends.
+        let api =
+            Api::<LeanObject>::namespaced_with(self.client.clone(), &claim.namespace, &resource);
         let found = match api.get_opt(&claim.name).await {
-            Ok(found) => found,
+            Ok(found) => found.map(|LeanObject(object)| object),
             Err(e) => {
                 let step = Step::GetClaim {
                     claim: Box::new(claim.clone()),
@@ -191,7 +196,7 @@ impl ClaimStatusWriter {
         if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
             return Ok((SyncOutcome::ClaimGone, None));
         }
-        let written = self.write(&api, claim, want, now, object).await;
+        let written = self.write(&writes, claim, want, now, object).await;
         self.outcome(claim, written)
     }
 

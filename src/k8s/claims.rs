@@ -149,7 +149,8 @@ impl ClaimReader {
     }
 }
 
-/// An object as the server sent it, read in one pass and without its `managedFields`.
+/// An object as the server sent it, read in one pass and without its `managedFields`: the
+/// prepare's claim read and the claim-status writer's re-read both use it.
 ///
 /// What it holds is what deserialising a [`DynamicObject`] gives, with
 /// `metadata.managedFields` left out: nothing this plugin does reads them, and a status
@@ -535,8 +536,8 @@ mod tests {
     }
 
     /// The lean read gives what `DynamicObject`'s own does, less the managed fields: for the
-    /// served claim, for an object with one type field of two (dropped by both), and for metadata of the wrong
-    /// type (an error either way).
+    /// served claim, for an object with one type field of two (dropped by both), and for
+    /// metadata of the wrong type (an error either way).
     #[test]
     fn the_lean_read_is_the_dynamic_object_without_managed_fields() {
         let text = serde_json::to_string(&served()).unwrap();
