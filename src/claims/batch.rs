@@ -139,7 +139,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         };
         // This wave's records, planned so far: with the checkpoint, what it will be once the
         // wave's intent is recorded.
-        let mut next: std::collections::BTreeMap<String, crate::checkpoint::ClaimRecord> =
+        let mut wave_records: std::collections::BTreeMap<String, crate::checkpoint::ClaimRecord> =
             std::collections::BTreeMap::new();
         let mut wave: Vec<Planned> = Vec::with_capacity(pending.len());
         let mut later = Vec::new();
@@ -159,7 +159,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 &allocation,
                 &model,
                 &self.pool,
-                plan::Held::new(store.checkpoint(), &next),
+                plan::Held::new(store.checkpoint(), &wave_records),
             )
             .and_then(|mut planned| {
                 sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
@@ -172,7 +172,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                     wave_devices.extend(allocation.devices.iter().map(|d| d.device.clone()));
                     let mut record = intent(id, &devices);
                     record.fabric_partition = fabric_partition;
-                    next.insert(id.uid.clone(), record);
+                    wave_records.insert(id.uid.clone(), record);
                     let metadata = if self.metadata.is_some() {
                         let of: Vec<_> = devices
                             .iter()
@@ -213,7 +213,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             let recorded = self.update(store, &ids[wave[0].index].to_string(), |cp| {
                 for p in &wave {
                     let uid = &ids[p.index].uid;
-                    if let Some(rec) = next.remove(uid) {
+                    if let Some(rec) = wave_records.remove(uid) {
                         cp.claims.insert(uid.clone(), rec);
                     }
                 }
@@ -256,7 +256,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let completed = self.update(store, &ids[done[0].0].to_string(), |cp| {
             for (i, cdi_ids) in &done {
                 let uid = &ids[*i].uid;
-                if !intent_needed && let Some(rec) = next.remove(uid) {
+                if !intent_needed && let Some(rec) = wave_records.remove(uid) {
                     cp.claims.insert(uid.clone(), rec);
                 }
                 if let Some(c) = cp.claims.get_mut(uid) {
