@@ -160,3 +160,34 @@ fn slices_of_other_nodes_are_not_used() {
         got.requests[0].rejected.len() + got.requests[0].usable.len()
     );
 }
+
+#[test]
+fn a_pools_slices_are_walked_in_name_order_not_in_the_order_listed() {
+    // kube-scheduler ≥ 1.36 sorts a pool's slices by name before its first-fit walk
+    // (`sortSlicesByName`), so the slice named first offers its devices first, wherever
+    // the list puts it.
+    let mut slices = h100_node("node-a", 2);
+    let devices = slices[0].spec.devices.take().expect("device slice");
+    let (gpu0, gpu1): (Vec<_>, Vec<_>) = devices
+        .into_iter()
+        .partition(|d| d.name == "gpu-0" || d.name.starts_with("gpu-0-"));
+    assert_eq!((26, 26), (gpu0.len(), gpu1.len()));
+    slices[0].spec.devices = Some(gpu0);
+    slices[0].metadata.name = Some("node-a-gpu.nvidia.com-b".into());
+    let mut second = slices[0].clone();
+    second.spec.devices = Some(gpu1);
+    second.metadata.name = Some("node-a-gpu.nvidia.com-a".into());
+    slices.push(second);
+    for slice in &mut slices {
+        slice.spec.pool.resource_slice_count = 3;
+    }
+    let got = run(&slices, &gpu_claim(""));
+    assert_eq!(vec![vec!["gpu=gpu-1"]], device_names(&got));
+    slices.reverse();
+    let got = run(&slices, &gpu_claim(""));
+    assert_eq!(
+        vec![vec!["gpu=gpu-1"]],
+        device_names(&got),
+        "listed the other way round"
+    );
+}

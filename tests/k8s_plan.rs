@@ -154,7 +154,12 @@ fn an_interrupted_change_is_finished_in_the_generation_it_started() {
     assert_eq!(6, got.generation);
     let written: Vec<String> = names(&got.writes).into_iter().map(|(_, n)| n).collect();
     assert!(
-        !written.contains(&slices::slice_name(&c.node, DRIVER, 0)),
+        !written.contains(&slices::slice_name(
+            &c.node,
+            DRIVER,
+            0,
+            build(&c.big, &c.node, 0).len()
+        )),
         "{written:?}"
     );
     assert_eq!(build(&c.big, &c.node, 0).len() - 1, written.len());
@@ -186,7 +191,10 @@ fn a_missing_owner_is_repaired_without_a_new_generation() {
     let got = plan(&build(&c.big, &c.node, 0), &existing, &c.node, &c.owner);
 
     assert_eq!(5, got.generation);
-    let want = vec![("update", slices::slice_name(&c.node, DRIVER, 1))];
+    let want = vec![(
+        "update",
+        slices::slice_name(&c.node, DRIVER, 1, build(&c.big, &c.node, 0).len()),
+    )];
     assert_eq!(want, names(&got.writes));
 }
 

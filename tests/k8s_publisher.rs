@@ -215,7 +215,7 @@ async fn a_503_in_the_middle_of_a_change_is_retried_within_the_same_generation()
     let (_, big) = fixtures::model("dgx-h100", None);
     let small = fixtures::first_gpus(&big, 4);
     publisher.publish(&small).await.unwrap();
-    let second = slices::slice_name(&node, DRIVER, 1);
+    let second = slices::slice_name(&node, DRIVER, 1, built(&big, &node, 2).len());
     fake.fail(Fault::new(
         "PUT",
         &second,
@@ -230,7 +230,10 @@ async fn a_503_in_the_middle_of_a_change_is_retried_within_the_same_generation()
     let requests = lines(&fake.take_requests());
     let want_start = vec![
         format!("GET {SLICES}"),
-        format!("PUT {SLICES}/{}", slices::slice_name(&node, DRIVER, 0)),
+        format!(
+            "PUT {SLICES}/{}",
+            slices::slice_name(&node, DRIVER, 0, built(&big, &node, 2).len())
+        ),
         format!("PUT {SLICES}/{second}"),
         format!("GET {SLICES}"),
     ];
@@ -288,7 +291,7 @@ async fn an_api_server_that_stays_down_fails_after_the_last_try() {
 async fn an_invalid_slice_is_reported_with_its_name_and_the_servers_message_at_once() {
     let (fake, publisher, node) = setup("dgx-h100");
     let (_, model) = fixtures::model("dgx-h100", None);
-    let third = slices::slice_name(&node, DRIVER, 2);
+    let third = slices::slice_name(&node, DRIVER, 2, built(&model, &node, 1).len());
     let message = format!(
         "ResourceSlice.resource.k8s.io \"{third}\" is invalid: spec.devices[0].attributes: \
          Too many: 33: must have at most 32 items"

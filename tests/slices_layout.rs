@@ -147,6 +147,45 @@ fn more_than_8_gpus_spread_counter_sets_over_several_slices() {
 }
 
 #[test]
+fn slice_names_sort_in_slice_order_past_ten_slices() {
+    // kube-scheduler ≥ 1.36 walks a pool's slices sorted by name, so the names must sort as
+    // the slices are published: `-10` must not come before `-2`.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hgx-h100-24.yaml");
+    std::fs::write(
+        &file,
+        "nodeName: hgx-h100-24\nnumaNodes: 4\ngpus:\n  - model: H100-SXM5-80GB\n    count: 24\n    mig: dynamic\n",
+    )
+    .unwrap();
+    let (_, _, slices) = model_and_slices(file.to_str().unwrap());
+    assert_eq!(
+        slices.len(),
+        3 + 12,
+        "three counter slices, twelve of two GPUs"
+    );
+    let names: Vec<&str> = slices
+        .iter()
+        .map(|s| s.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(names[0], "hgx-h100-24-gpu.nvidia.com-00");
+    assert_eq!(names[14], "hgx-h100-24-gpu.nvidia.com-14");
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, names);
+
+    // Ten slices or fewer keep the bare index, as before: no rename on upgrade.
+    let (_, _, ten) = model_and_slices("hgx-h100-16");
+    assert_eq!(
+        ten[9].metadata.name.as_deref(),
+        Some("hgx-h100-16-gpu.nvidia.com-9")
+    );
+    assert_eq!(
+        slices::slice_name("n", "gpu.nvidia.com", 7, 101),
+        "n-gpu.nvidia.com-007"
+    );
+}
+
+#[test]
 fn output_is_byte_identical_for_the_same_input() {
     let (_, _, a) = model_and_slices("hgx-h100-16");
     let (_, _, b) = model_and_slices("hgx-h100-16");

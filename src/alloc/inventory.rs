@@ -8,7 +8,8 @@ use super::node::{Node, reachable_from};
 
 /// All pools of the input, current generation only.
 pub(crate) struct Inventory<'a> {
-    /// Sorted by driver, then pool name: the order in which devices are tried.
+    /// Sorted by driver, then pool name: the order in which devices are tried (as
+    /// kube-scheduler's `sortPoolsByID`).
     pub(crate) pools: Vec<Pool<'a>>,
     /// Number of devices over all pools; [`PoolDevice::global`] indexes into it.
     pub(crate) device_count: usize,
@@ -24,7 +25,7 @@ pub(crate) struct Pool<'a> {
     pub(crate) name: &'a str,
     /// `resourceSliceCount` of the current generation.
     pub(crate) expected_slices: i64,
-    /// Slices seen at the current generation (device-less ones included).
+    /// Slices seen at the current generation (device-less ones included), sorted by name.
     pub(crate) slices: Vec<&'a ResourceSlice>,
     /// Devices of all slices, in slice order; `slice_start[i]` is where slice `i` begins.
     pub(crate) devices: Vec<PoolDevice<'a>>,
@@ -55,6 +56,11 @@ pub(crate) struct NodeDevices {
     pub(crate) devices: Vec<Located>,
     /// Pools reachable from the node but skipped: incomplete or invalid.
     pub(crate) ignored_pools: Vec<usize>,
+}
+
+/// A slice's `metadata.name`, empty when it has none (as the upstream allocator compares it).
+fn slice_name_of(slice: &ResourceSlice) -> &str {
+    slice.metadata.name.as_deref().unwrap_or_default()
 }
 
 impl<'a> Pool<'a> {
@@ -92,10 +98,14 @@ impl<'a> Inventory<'a> {
                 .map(|s| s.spec.pool.generation)
                 .max()
                 .unwrap_or_default();
-            let current: Vec<&ResourceSlice> = group
+            let mut current: Vec<&ResourceSlice> = group
                 .into_iter()
                 .filter(|s| s.spec.pool.generation == generation)
                 .collect();
+            // kube-scheduler ≥ 1.36 walks a pool's slices sorted by name (`sortSlicesByName`
+            // in the structured allocator's `buildPool`), whatever order its cache lists them
+            // in; a stable sort keeps the given order of slices without a name.
+            current.sort_by(|a, b| slice_name_of(a).cmp(slice_name_of(b)));
             let pool_index = inventory.pools.len();
             let pool = inventory.build_pool(driver, name, current, pool_index);
             inventory.pools.push(pool);

@@ -6,7 +6,9 @@
 //! grouped as the model's [`SliceLayout`] says — by GPU (default: a GPU's devices never split
 //! across slices) or by profile (whole GPUs, then each MIG profile of every GPU; a group split
 //! only when it alone exceeds a slice) — and groups fill slices in order. Counter-set slices
-//! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`. Every slice
+//! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`, `i` zero-padded
+//! when the pool has more than 10 slices so that names sort in slice order (the order
+//! kube-scheduler ≥ 1.36 walks them in). Every slice
 //! carries the pool's generation and the total slice count. Output is deterministic: the same model gives byte-identical
 //! YAML.
 
@@ -68,13 +70,18 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
     for group in pack_devices(model) {
         specs.push((None, Some(group)));
     }
-    let count = specs.len() as i64;
+    let count = specs.len();
     Ok(specs
         .into_iter()
         .enumerate()
         .map(|(i, (shared_counters, devices))| ResourceSlice {
             metadata: ObjectMeta {
-                name: Some(slice_name(&options.node_name, &options.driver_name, i)),
+                name: Some(slice_name(
+                    &options.node_name,
+                    &options.driver_name,
+                    i,
+                    count,
+                )),
                 ..Default::default()
             },
             spec: ResourceSliceSpec {
@@ -83,7 +90,7 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
                 pool: ResourcePool {
                     name: options.node_name.clone(),
                     generation: options.generation,
-                    resource_slice_count: count,
+                    resource_slice_count: count as i64,
                 },
                 shared_counters,
                 devices,
@@ -165,10 +172,16 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
     slices
 }
 
-/// `<node>-<driver>-<i>`; with a node name so long that this would pass the 253-character
-/// object-name limit, the node part is cut (at a label boundary character) to fit.
-pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
-    let suffix = format!("-{driver}-{index}");
+/// `<node>-<driver>-<i>` for slice `index` of `count`; with a node name so long that this
+/// would pass the 253-character object-name limit, the node part is cut (at a label boundary
+/// character) to fit.
+///
+/// The index is zero-padded to the width of the pool's last index (`-07` of 12 slices), so
+/// the names sort in publish order: kube-scheduler ≥ 1.36 walks a pool's slices sorted by
+/// name, and `-10` would sort before `-2`. Pools of at most 10 slices keep the bare index.
+pub fn slice_name(node: &str, driver: &str, index: usize, count: usize) -> String {
+    let width = count.saturating_sub(1).max(1).to_string().len();
+    let suffix = format!("-{driver}-{index:0width$}");
     let room = 253usize.saturating_sub(suffix.len());
     let mut node_part = &node[..node.len().min(room)];
     node_part = node_part.trim_end_matches(['-', '.']);
