@@ -28,11 +28,12 @@
 //! by starting idle GPUs early, which is what the packing order refuses to do; its row shows
 //! what that buys for 4g.40gb and costs for 7g.80gb arrivals.
 //!
-//! Slice order: our allocator walks a pool's slices in the order given; kube-scheduler walks
-//! them in the order its ResourceSlice cache lists them, which is a Go map's (unordered, new
-//! each call). The `random` rows shuffle the device slices before every allocation (seeded)
-//! to measure what the scheduler does with the published layout; `by profile` is
-//! `--slice-layout by-profile`, whose slices each hold whole profiles, so a one-profile
+//! Slice order: kube-scheduler since 1.36 sorts a pool's slices by name before its first-fit
+//! walk (`sortSlicesByName`), and our allocator does the same, so the published order holds
+//! across the node: the `in order` rows. Up to 1.35 it walked them in the order its
+//! ResourceSlice cache listed them, a Go map's (unordered, new each call): the `random` rows
+//! shuffle the device slices before every allocation (seeded) to measure that; `by profile`
+//! is `--slice-layout by-profile`, whose slices each hold whole profiles, so a one-profile
 //! request finds all its candidates in one slice and the order inside it decides, whatever the
 //! slice order.
 //! Run: `cargo bench --bench churn`.
@@ -154,9 +155,11 @@ fn spread_order(slices: &[ResourceSlice]) -> Vec<ResourceSlice> {
 /// How the allocator walks a pool's slices.
 #[derive(Clone, Copy)]
 enum Walk {
-    /// In the published order (our allocator's).
+    /// In the published order, which is name order: kube-scheduler's since 1.36 (it sorts a
+    /// pool's slices by name) and our allocator's.
     InOrder,
-    /// In a fresh random order for every allocation (kube-scheduler's: its cache is a map).
+    /// In a fresh random order for every allocation: kube-scheduler ≤ 1.35's (its cache is a
+    /// map, and those versions walked it unsorted).
     Random,
 }
 
@@ -397,7 +400,16 @@ fn main() {
     let engine = CelEngine;
     let classes = builtin_classes().expect("classes");
     let profiles = catalog::model("h100").expect("h100").profiles.clone();
-    let new = sim_slices(NODE, "gpu.nvidia.com", Default::default()).expect("slices");
+    let new = sim_slices(
+        NODE,
+        "gpu.nvidia.com",
+        SimSliceOptions {
+            slice_layout: SliceLayout::ByGpu,
+            ..Default::default()
+        },
+    )
+    .expect("slices");
+    let gpus_first = sim_slices(NODE, "gpu.nvidia.com", Default::default()).expect("slices");
     let old = old_order(&new, &profiles);
     let grouped = sim_slices(
         NODE,
@@ -436,8 +448,9 @@ fn main() {
         );
         for (label, slices, walk) in [
             ("old, in order", &old, Walk::InOrder),
-            ("new, in order", &new, Walk::InOrder),
-            ("new, random", &new, Walk::Random),
+            ("by-gpu, in order", &new, Walk::InOrder),
+            ("gpus-first, in order", &gpus_first, Walk::InOrder),
+            ("by-gpu, ≤1.35 random", &new, Walk::Random),
             ("by profile, random", &grouped, Walk::Random),
             ("spread, in order", &spread, Walk::InOrder),
         ] {

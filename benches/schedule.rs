@@ -11,9 +11,12 @@
 //! dgx-h100 nodes for a claim that fits nowhere. docs/configuration.md has the figures and
 //! docs/architecture.md ("Scheduling cost") how they relate to the real scheduler.
 //!
-//! Our allocator walks a pool's slices in the order given; kube-scheduler in its cache's (a
-//! map's) order. The `random walk` rows shuffle each node's device slices before every pod,
-//! for the default layout and for `--slice-layout by-profile`, to show what that costs.
+//! Our allocator walks a pool's slices in name order, as kube-scheduler does since 1.36
+//! (`sortSlicesByName`); up to 1.35 it walked them in its cache's (a map's) order. The
+//! `random walk` rows shuffle each node's device slices before every pod, for the default
+//! layout and for `--slice-layout by-profile`, to show what that cost on those versions. The
+//! `busy nodes` section (`GPU_DRA_SCHEDULE_BUSY` pods a node, default 4; 0 skips it) places
+//! pods until the nodes hold claims, where the walk order decides how far first fit goes.
 //!
 //! Run: `cargo bench --bench schedule` (about 5 minutes on 2 cores). `GPU_DRA_SCHEDULE_PODS`
 //! sets the pods per run (default 200 over 100 nodes, 100 over more), `GPU_DRA_SCHEDULE_NODES`
@@ -273,11 +276,12 @@ fn feasible_to_find(nodes: usize) -> usize {
     (nodes * percent / 100).max(100)
 }
 
-/// Places `pods` pods, each with one claim like `template`, one after another.
+/// Places `pods` pods one after another, each with one claim like one of `templates`, taken in
+/// turn.
 fn schedule(
     all: &[ResourceSlice],
     nodes: usize,
-    template: &ResourceClaim,
+    templates: &[&ResourceClaim],
     pods: usize,
     carvable_now: bool,
     random_walk: bool,
@@ -305,7 +309,7 @@ fn schedule(
     };
     let want = feasible_to_find(nodes);
     for pod in 0..pods {
-        let mut pending = template.clone();
+        let mut pending = templates[pod % templates.len()].clone();
         let name = format!("pod-{pod}");
         pending.metadata.name = Some(name.clone());
         pending.metadata.uid = Some(format!("uid-{name}"));
@@ -484,7 +488,7 @@ fn main() {
         one_g,
         full,
         carvable_now,
-        slice_layout: SliceLayout::ByGpu,
+        slice_layout: SliceLayout::default(),
         random_walk: false,
         detail: Carries::Compact,
     };
@@ -494,6 +498,7 @@ fn main() {
         layout("8×H100 MIG disabled", &base, "all", None, true, false),
         Layout {
             detail: Carries::Before,
+            slice_layout: SliceLayout::ByGpu,
             ..layout(
                 "dgx-h100 all, before (issue 34)",
                 "dgx-h100",
@@ -515,6 +520,10 @@ fn main() {
             )
         },
         layout("dgx-h100 all (default)", "dgx-h100", "all", g1, true, false),
+        Layout {
+            slice_layout: SliceLayout::ByGpu,
+            ..layout("dgx-h100 all, by-gpu", "dgx-h100", "all", g1, true, false)
+        },
         layout(
             "dgx-h100 no +me, no 1g.20gb",
             "dgx-h100",
@@ -558,10 +567,22 @@ fn main() {
             false,
         ),
     ];
-    // The two slice layouts walked as kube-scheduler walks them.
+    // The two slice layouts walked as kube-scheduler ≤ 1.35 walked them, and by-profile in
+    // name order (1.36 and later).
+    layouts.push(Layout {
+        slice_layout: SliceLayout::ByProfile,
+        ..layout(
+            "dgx-h100 all by-profile",
+            "dgx-h100",
+            "all",
+            g1,
+            true,
+            false,
+        )
+    });
     for (name, slice_layout) in [
-        ("dgx-h100 all, random walk", SliceLayout::ByGpu),
-        ("dgx-h100 all by-profile, rnd", SliceLayout::ByProfile),
+        ("dgx-h100 all, ≤1.35 random walk", SliceLayout::ByGpu),
+        ("dgx-h100 by-profile, ≤1.35 rnd", SliceLayout::ByProfile),
     ] {
         layouts.push(Layout {
             slice_layout,
@@ -611,7 +632,7 @@ fn main() {
                 let run = schedule(
                     &slices,
                     nodes,
-                    c,
+                    &[c],
                     pods,
                     layout.carvable_now,
                     layout.random_walk,
@@ -649,8 +670,96 @@ fn main() {
             }
         }
     }
+    busy_nodes(
+        &base,
+        env_list("GPU_DRA_SCHEDULE_BUSY", &[4]).first().copied(),
+    );
     let _ = std::fs::remove_file(&baseline);
     explain_nowhere();
+}
+
+/// Walks on nodes that already hold claims: `per_node` pods per node over 100 nodes
+/// (`GPU_DRA_SCHEDULE_BUSY_NODES` and `GPU_DRA_SCHEDULE_BUSY_PODS` change both), so that the
+/// first-fit walk passes devices taken (cheap: an in-use check) and devices the request does
+/// not select (a selector evaluation each) before it finds a free one. Claims: all full GPUs,
+/// all `1g.10gb`, or both in turn (`mixed`). kube-scheduler ≥ 1.36 walks the slices in name
+/// order, which is the published order; the `≤ 1.35` row walks them in a random order per
+/// pod, as those versions did.
+fn busy_nodes(base: &str, per_node: Option<usize>) {
+    let Some(per_node) = per_node.filter(|&n| n > 0) else {
+        return;
+    };
+    let nodes = env_list("GPU_DRA_SCHEDULE_BUSY_NODES", &[100])[0];
+    let pods = env_list("GPU_DRA_SCHEDULE_BUSY_PODS", &[per_node * nodes])[0];
+    println!(
+        "\nbusy nodes: {pods} pods over {nodes} nodes ({per_node} a node at the end), one claim each"
+    );
+    println!(
+        "{:<34} {:<6} {:>6} {:>10} {:>10} {:>8}",
+        "layout (walk order)", "claim", "placed", "per node", "per pod", "vs base"
+    );
+    let row = |name, node: &str, slice_layout, random_walk, one_g| Layout {
+        name,
+        node: node.to_string(),
+        profiles: "all",
+        one_g,
+        full: true,
+        carvable_now: false,
+        slice_layout,
+        random_walk,
+        detail: Carries::Compact,
+    };
+    let g1 = Some("1g.10gb");
+    let layouts = [
+        row("8×H100 MIG disabled", base, SliceLayout::ByGpu, false, None),
+        row(
+            "dgx-h100 gpus-first (default)",
+            "dgx-h100",
+            SliceLayout::GpusFirst,
+            false,
+            g1,
+        ),
+        row("dgx-h100 by-gpu", "dgx-h100", SliceLayout::ByGpu, false, g1),
+        row(
+            "dgx-h100 by-profile",
+            "dgx-h100",
+            SliceLayout::ByProfile,
+            false,
+            g1,
+        ),
+        row(
+            "dgx-h100 by-gpu, ≤ 1.35 random",
+            "dgx-h100",
+            SliceLayout::ByGpu,
+            true,
+            g1,
+        ),
+    ];
+    let mut base_pod = None;
+    for layout in &layouts {
+        let template = slices_of(layout);
+        let slices = cluster(&template, nodes);
+        let full = claim("c", "gpu.nvidia.com", None);
+        let mut claims = vec![("gpu", vec![&full])];
+        let one_g = layout.one_g.map(|p| claim("c", "mig.nvidia.com", Some(p)));
+        if let Some(one_g) = &one_g {
+            claims.push(("1g", vec![one_g]));
+            claims.push(("mixed", vec![&full, one_g]));
+        }
+        for (label, c) in &claims {
+            let run = schedule(&slices, nodes, c, pods, false, layout.random_walk);
+            let base: Duration = *base_pod.get_or_insert(run.per_pod());
+            println!(
+                "{:<34} {:<6} {:>6} {:>10.1?} {:>10.1?} {:>7.2}×",
+                layout.name,
+                label,
+                run.placed,
+                run.per_eval(),
+                run.per_pod(),
+                base.as_secs_f64() / run.per_pod().as_secs_f64()
+            );
+        }
+    }
 }
 
 /// `explain` over 1,000 dgx-h100 nodes for a claim that fits nowhere (A100 profile names on

@@ -163,10 +163,11 @@ fn a_dgx_h100_shows_each_holder_its_placement_and_the_layout_it_leaves() {
         held.push(allocate(&slices, &held, claim, "dgx-h100", pod).unwrap());
     }
     let report = report(&slices, &held);
-    let gpu0 = &report.nodes[0].gpus[0];
-    assert_eq!(gpu0.mig, MigMode::Dynamic);
-    assert_eq!(gpu0.model, "NVIDIA H100 80GB HBM3");
-    let got: Vec<(String, String, String, Vec<String>)> = gpu0
+    // MIG claims fill the node from its last GPU (`--slice-layout gpus-first`).
+    let gpu7 = &report.nodes[0].gpus[7];
+    assert_eq!(gpu7.mig, MigMode::Dynamic);
+    assert_eq!(gpu7.model, "NVIDIA H100 80GB HBM3");
+    let got: Vec<(String, String, String, Vec<String>)> = gpu7
         .allocated
         .iter()
         .map(|a| {
@@ -185,27 +186,27 @@ fn a_dgx_h100_shows_each_holder_its_placement_and_the_layout_it_leaves() {
         got,
         [
             (
-                "gpu-0-mig-1g10gb-1".to_string(),
+                "gpu-7-mig-1g10gb-1".to_string(),
                 "team-b".to_string(),
                 "notebook".to_string(),
                 vec!["jupyter-0".to_string()]
             ),
             (
-                "gpu-0-mig-2g20gb-2".into(),
+                "gpu-7-mig-2g20gb-2".into(),
                 "team-b".into(),
                 "infer".into(),
                 vec!["server-0".into()]
             ),
             (
-                "gpu-0-mig-3g40gb-4".into(),
+                "gpu-7-mig-3g40gb-4".into(),
                 "team-a".into(),
                 "train".into(),
                 vec!["trainer-0".into()]
             ),
         ]
     );
-    assert_eq!(gpu0.layout.as_deref(), Some(".ABBCCCC"));
-    let free: Vec<(&str, usize)> = gpu0
+    assert_eq!(gpu7.layout.as_deref(), Some(".ABBCCCC"));
+    let free: Vec<(&str, usize)> = gpu7
         .free
         .iter()
         .map(|f| (f.profile.as_str(), f.count))

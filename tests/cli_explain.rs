@@ -76,7 +76,8 @@ fn every_example_gets_the_schedulers_decision_on_every_preset() {
             ],
         ),
         ("mig-profiles", "dgx-h100", false, &[]),
-        ("mig-h100", "dgx-h100", true, &["mig=gpu-0-mig-3g40gb-4"]),
+        // MIG claims fill a node from its last GPU (`--slice-layout gpus-first`).
+        ("mig-h100", "dgx-h100", true, &["mig=gpu-7-mig-3g40gb-4"]),
         ("mig-h100", "mixed", true, &["mig=gpu-1-mig-3g40gb-4"]),
         ("mig-h100", "dgx-a100", false, &[]),
         ("first-available", "dgx-h100", true, &["gpu/h100=gpu-0"]),
@@ -201,7 +202,7 @@ fn slices_printed_by_inventory_explain_the_same_as_the_preset() {
         "json",
     ]);
     assert_eq!(code, 0, "{err}");
-    assert_eq!(allocated(&out), ["mig=gpu-0-mig-3g40gb-4"]);
+    assert_eq!(allocated(&out), ["mig=gpu-7-mig-3g40gb-4"]);
 }
 
 #[test]

@@ -52,7 +52,9 @@ fn inventory_json_is_a_list_object() {
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(list["kind"], "List");
     let items = list["items"].as_array().unwrap();
-    assert_eq!(items.len(), 10);
+    // Two counter slices; the 16 whole GPUs with GPU 15's MIG devices, then two GPUs' MIG
+    // devices a slice, GPU 0's alone.
+    assert_eq!(items.len(), 11);
     assert!(items.iter().all(
         |i| i["spec"]["nodeName"] == "gpu-node-7" && i["spec"]["pool"]["name"] == "gpu-node-7"
     ));
@@ -317,7 +319,7 @@ fn slice_layout_by_profile_groups_each_profile_in_one_slice_and_a_bad_layout_nam
     assert!(
         err.contains("--slice-layout")
             && err.contains("by-node")
-            && err.contains("by-gpu, by-profile"),
+            && err.contains("gpus-first, by-gpu, by-profile"),
         "{err}"
     );
 }

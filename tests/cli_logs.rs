@@ -125,10 +125,20 @@ async fn the_kubelet_plugin_logs_claim_spans_as_plain_text_to_a_pipe() {
         let _ = stderr.read_to_end(&mut bytes);
         bytes
     });
-    plugin_support::eventually("the registration socket", || {
-        node.registration_socket().exists().then_some(())
-    })
-    .await;
+    // The socket file exists from the plugin's bind(), a moment before its listen(): wait
+    // until it answers (a connect in between is refused).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !(node.registration_socket().exists()
+        && gpu_dra::kubelet::client::KubeletClient::connect(&node.registration_socket())
+            .await
+            .is_ok())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting for the registration socket"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let mut kubelet = gpu_dra::kubelet::client::KubeletClient::register(
         &node.registration_socket(),
         &gpu_dra::kubelet::client::KubeletVersions {

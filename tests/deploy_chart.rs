@@ -122,6 +122,7 @@ fn schema_accepts_every_documented_choice() {
         json!({"migProfiles": "all"}),
         json!({"sliceLayout": "by-profile"}),
         json!({"sliceLayout": "by-gpu"}),
+        json!({"sliceLayout": "gpus-first"}),
         json!({"migAttributes": "compact"}),
         json!({"migAttributes": "full"}),
         json!({"sharing": {"sharedGpus": "memory"}}),

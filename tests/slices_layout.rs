@@ -143,7 +143,9 @@ fn more_than_8_gpus_spread_counter_sets_over_several_slices() {
         .map(|s| s.spec.shared_counters.as_ref().map_or(0, Vec::len))
         .collect();
     assert_eq!(per_slice[..2], [8, 8]);
-    assert_eq!(slices.len(), 10);
+    // Two counter slices; the 16 whole GPUs with GPU 15's MIG devices (41), then two GPUs'
+    // MIG devices a slice (50), GPU 0's alone.
+    assert_eq!(slices.len(), 11);
 }
 
 #[test]
@@ -160,29 +162,85 @@ fn slice_names_sort_in_slice_order_past_ten_slices() {
     let (_, _, slices) = model_and_slices(file.to_str().unwrap());
     assert_eq!(
         slices.len(),
-        3 + 12,
-        "three counter slices, twelve of two GPUs"
+        3 + 13,
+        "three counter slices; the whole GPUs with GPU 23's MIG devices, then two GPUs' a slice"
     );
     let names: Vec<&str> = slices
         .iter()
         .map(|s| s.metadata.name.as_deref().unwrap())
         .collect();
     assert_eq!(names[0], "hgx-h100-24-gpu.nvidia.com-00");
-    assert_eq!(names[14], "hgx-h100-24-gpu.nvidia.com-14");
+    assert_eq!(names[15], "hgx-h100-24-gpu.nvidia.com-15");
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(sorted, names);
 
     // Ten slices or fewer keep the bare index, as before: no rename on upgrade.
-    let (_, _, ten) = model_and_slices("hgx-h100-16");
+    let (_, _, five) = model_and_slices("dgx-h100");
     assert_eq!(
-        ten[9].metadata.name.as_deref(),
-        Some("hgx-h100-16-gpu.nvidia.com-9")
+        five[4].metadata.name.as_deref(),
+        Some("dgx-h100-gpu.nvidia.com-4")
     );
     assert_eq!(
         slices::slice_name("n", "gpu.nvidia.com", 7, 101),
         "n-gpu.nvidia.com-007"
     );
+}
+
+#[test]
+fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down() {
+    // The walk order kube-scheduler (≥ 1.36) takes: every slice in name order, each slice's
+    // devices in order.
+    let walk = |slices: &[ResourceSlice]| -> Vec<String> {
+        slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    let (_, model, slices) = model_and_slices("dgx-h100");
+    assert_eq!(model.slice_layout, SliceLayout::GpusFirst);
+    let order = walk(&slices);
+    let wholes: Vec<String> = (0..8).map(|g| format!("gpu-{g}")).collect();
+    assert_eq!(order[..8], wholes[..]);
+    // Then each GPU's MIG devices together, GPU 7 first, in the GPU's packing order.
+    let gpu_of = |name: &str| name.split('-').nth(1).unwrap().parse::<u32>().unwrap();
+    let mig_gpus: Vec<u32> = order[8..].iter().map(|n| gpu_of(n)).collect();
+    let mut want: Vec<u32> = (0..8).rev().flat_map(|g| [g; 25]).collect();
+    assert_eq!(mig_gpus, want);
+    let by_gpu = {
+        let mut m = model.clone();
+        m.slice_layout = SliceLayout::ByGpu;
+        walk(&slices::build(&m, &pool_of(&slices)).unwrap())
+    };
+    let gpu7_by_gpu: Vec<&String> = by_gpu.iter().filter(|n| n.starts_with("gpu-7-")).collect();
+    let gpu7_first: Vec<&String> = order.iter().filter(|n| n.starts_with("gpu-7-")).collect();
+    assert_eq!(
+        gpu7_first, gpu7_by_gpu,
+        "packing order within a GPU unchanged"
+    );
+    assert_eq!(slices.len(), 5, "one counter slice and four device slices");
+
+    // Existing (static) MIG devices come before dynamic ones: the mixed preset's A100 (GPU 0,
+    // static) before its H100 (GPU 1, dynamic); whole GPUs (H100, L4) first.
+    let (_, _, mixed) = model_and_slices("mixed");
+    let order = walk(&mixed);
+    assert_eq!(order[..2], ["gpu-1".to_string(), "gpu-2".to_string()]);
+    let first_dynamic = order.iter().position(|n| n.starts_with("gpu-1-")).unwrap();
+    assert!(
+        order[2..first_dynamic]
+            .iter()
+            .all(|n| n.starts_with("gpu-0-"))
+    );
+    want.clear();
+}
+
+fn pool_of(slices: &[ResourceSlice]) -> PoolOptions {
+    PoolOptions {
+        driver_name: slices[0].spec.driver.clone(),
+        node_name: slices[0].spec.pool.name.clone(),
+        generation: slices[0].spec.pool.generation,
+    }
 }
 
 #[test]
@@ -588,11 +646,15 @@ fn slice_layout_names_parse_and_an_unknown_one_names_the_valid_ones() {
         "by-profile".parse::<SliceLayout>(),
         Ok(SliceLayout::ByProfile)
     );
-    assert_eq!(SliceLayout::default(), SliceLayout::ByGpu);
+    assert_eq!(
+        "gpus-first".parse::<SliceLayout>(),
+        Ok(SliceLayout::GpusFirst)
+    );
+    assert_eq!(SliceLayout::default(), SliceLayout::GpusFirst);
     let err = "by-node".parse::<SliceLayout>().unwrap_err();
     assert_eq!(
         err,
-        "slice layout \"by-node\" is not one of by-gpu, by-profile"
+        "slice layout \"by-node\" is not one of gpus-first, by-gpu, by-profile"
     );
 }
 

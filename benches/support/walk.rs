@@ -1,6 +1,6 @@
-//! What two benches share to walk slices as kube-scheduler does: a small seeded generator and
-//! a shuffle of a node's device slices (the scheduler lists slices from a map, in an order
-//! that changes from call to call).
+//! What two benches share to walk slices as kube-scheduler ≤ 1.35 did: a small seeded
+//! generator and a shuffle of a node's device slices (those versions listed slices from a map,
+//! in an order that changed from call to call; 1.36 and later sort them by name).
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
@@ -21,15 +21,25 @@ impl Rng {
     }
 }
 
-/// Shuffles one node's device slices in place (Fisher–Yates); its counter slices, which come
-/// first, stay where they are (their place does not matter to the walk).
+/// Shuffles one node's device slices in place (Fisher–Yates) and hands their names out again
+/// in the new order, so that a walk in name order (our allocator's, and kube-scheduler's since
+/// 1.36) follows the shuffle, as kube-scheduler ≤ 1.35 walked its cache's order; its counter
+/// slices, which come first, stay where they are (their place does not matter to the walk).
 pub fn shuffle_device_slices(node: &mut [ResourceSlice], rng: &mut Rng) {
     let first = node
         .iter()
         .position(|s| s.spec.devices.is_some())
         .unwrap_or(node.len());
+    let mut names: Vec<Option<String>> = node[first..]
+        .iter()
+        .map(|s| s.metadata.name.clone())
+        .collect();
+    names.sort();
     for i in (first + 1..node.len()).rev() {
         let j = first + rng.below((i - first + 1) as u64) as usize;
         node.swap(i, j);
+    }
+    for (slice, name) in node[first..].iter_mut().zip(names) {
+        slice.metadata.name = name;
     }
 }

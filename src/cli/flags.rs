@@ -168,15 +168,18 @@ pub(crate) struct MigProfilesFlag {
 /// `--slice-layout`, on every verb that builds the device model.
 #[derive(clap::Args, Debug)]
 pub(crate) struct SliceLayoutFlag {
-    /// How devices are grouped into ResourceSlices: by-gpu (default: short scheduler walks;
-    /// the packing order holds within each slice of two GPUs) or by-profile (each MIG profile
-    /// of every GPU in one slice: one GPU filled before the next across the node, for longer
-    /// walks). docs/device-model.md, "Packing order", has the measured trade.
+    /// How devices are ordered into ResourceSlices, which kube-scheduler walks first fit in
+    /// name order: gpus-first (default: whole GPUs first from GPU 0 up, then each GPU's MIG
+    /// devices from the last GPU down, so full-GPU and MIG claims fill the node from opposite
+    /// ends), by-gpu (each GPU's devices together, GPU after GPU: a full-GPU request walks every
+    /// MIG device of each busy GPU) or by-profile (whole GPUs, then each MIG profile of every
+    /// GPU together: larger profiles walk every smaller one). docs/device-model.md, "Packing
+    /// order", has the measured trade.
     #[arg(
         long,
         env = "GPU_DRA_SLICE_LAYOUT",
-        default_value = "by-gpu",
-        value_name = "by-gpu|by-profile"
+        default_value = "gpus-first",
+        value_name = "gpus-first|by-gpu|by-profile"
     )]
     pub(crate) slice_layout: gpu_dra::devices::SliceLayout,
     /// What each MIG device carries: compact (default: type, uuid, profile, parentUUID,

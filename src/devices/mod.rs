@@ -123,36 +123,48 @@ pub struct DeviceModel {
     pub counter_sets: Vec<CounterSet>,
     /// Things a person should know (e.g. a GPU left out and why).
     pub warnings: Vec<String>,
-    /// How the devices are grouped into slices ([`SliceLayout::ByGpu`] by default).
+    /// How the devices are ordered and grouped into slices ([`SliceLayout::GpusFirst`] by default).
     pub slice_layout: SliceLayout,
 }
 
-/// How a node's devices are grouped into ResourceSlices (`--slice-layout`).
+/// How a node's devices are ordered and grouped into ResourceSlices (`--slice-layout`).
 ///
-/// kube-scheduler walks a pool's slices in no fixed order (its slice cache is a map), and the
-/// devices of each slice in published order: the packing order holds within a slice only
-/// (docs/device-model.md, "Packing order").
+/// kube-scheduler (1.36 and later) walks a pool's slices in name order, which is the order
+/// they are published in, and each slice's devices in published order, taking the first
+/// device that fits: this order is the packing policy, and the devices before the first free
+/// match are the walk every node evaluation pays for (docs/device-model.md, "Packing order").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SliceLayout {
-    /// Each GPU's devices together, two H100s to a slice: a request usually finds a match in
-    /// the first slice walked (short walks), and first fit fills one GPU before the next
-    /// within each slice.
+    /// Whole GPUs first, from the lowest index up; then the MIG devices that exist (static
+    /// MIG), GPU by GPU; then each dynamic-MIG GPU's devices together, from the highest GPU
+    /// index down: full-GPU and MIG claims fill the node from opposite ends, so neither walks
+    /// past the other's busy GPUs, and a full-GPU request meets at most the node's whole GPUs
+    /// before a free one. A MIG request first passes the whole GPUs that are not allocated
+    /// (one selector evaluation each), and takes an existing instance before carving one.
     #[default]
+    GpusFirst,
+    /// Each GPU's devices together (the whole GPU, then its MIG devices), GPU after GPU, two
+    /// H100s to a slice: short walks for MIG requests on idle nodes, but a full-GPU request
+    /// walks every MIG device of each busy GPU before a free one.
     ByGpu,
     /// Whole GPUs together, then each MIG profile's devices of every GPU together (GPU order,
-    /// then packing order): a one-profile request finds every candidate in one slice, so
-    /// first fit fills one GPU before the next across the node, whatever the slice order;
-    /// a request walks the devices of the other slices that come up first (longer walks).
+    /// then packing order): a one-profile request finds every candidate in one slice; a
+    /// request for a larger profile walks every device of the smaller profiles first.
     ByProfile,
 }
 
 impl SliceLayout {
     /// Every layout, in the order `--help` and errors list them.
-    pub const ALL: [SliceLayout; 2] = [SliceLayout::ByGpu, SliceLayout::ByProfile];
+    pub const ALL: [SliceLayout; 3] = [
+        SliceLayout::GpusFirst,
+        SliceLayout::ByGpu,
+        SliceLayout::ByProfile,
+    ];
 
     /// The flag value.
     pub fn name(self) -> &'static str {
         match self {
+            SliceLayout::GpusFirst => "gpus-first",
             SliceLayout::ByGpu => "by-gpu",
             SliceLayout::ByProfile => "by-profile",
         }
@@ -270,7 +282,7 @@ impl Default for ModelOptions {
             default_policy: None,
             shared_gpus: SharedGpus::Off,
             mig_profiles: MigProfileSet::All,
-            slice_layout: SliceLayout::ByGpu,
+            slice_layout: SliceLayout::default(),
             mig_attributes: MigAttributes::Compact,
             passthrough: false,
             fabric_partitions: None,

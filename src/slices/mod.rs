@@ -3,9 +3,10 @@
 //!
 //! Layout (Kubernetes ≥ 1.35): counter sets go in device-less slices, at most 8 per slice;
 //! devices go in slices of at most 128 (64 when any of them consumes counters). Devices are
-//! grouped as the model's [`SliceLayout`] says — by GPU (default: a GPU's devices never split
-//! across slices) or by profile (whole GPUs, then each MIG profile of every GPU; a group split
-//! only when it alone exceeds a slice) — and groups fill slices in order. Counter-set slices
+//! ordered and grouped as the model's [`SliceLayout`] says — GPUs first (default: every whole
+//! GPU, then each GPU's MIG devices from the last GPU down), by GPU, or by profile (whole GPUs,
+//! then each MIG profile of every GPU) — and groups fill slices in order, a group split only
+//! when it alone exceeds a slice. Counter-set slices
 //! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`, `i` zero-padded
 //! when the pool has more than 10 slices so that names sort in slice order (the order
 //! kube-scheduler ≥ 1.36 walks them in). Every slice
@@ -100,13 +101,21 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
         .collect())
 }
 
-/// The group a device belongs to under `layout`: its GPU, or (by profile) whole GPUs first,
-/// then MIG profiles from the smallest placement up, by name within a size (`1g.10gb` before
-/// `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
+/// The group a device belongs to under `layout`, and the order of the groups:
+/// - `gpus-first`: every whole GPU (and VFIO device) in one group first, then one group per
+///   GPU's MIG instances that exist (static MIG: nothing to carve) in GPU order, then one
+///   group per dynamic-MIG GPU's MIG devices, from the highest GPU index down;
+/// - `by-gpu`: one group per GPU, in index order;
+/// - `by-profile`: whole GPUs first, then MIG profiles from the smallest placement up, by
+///   name within a size (`1g.10gb` before `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
 fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
+    let whole = matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. });
     match (layout, &d.kind) {
+        (SliceLayout::GpusFirst, _) if whole => (0, 0, ""),
+        (SliceLayout::GpusFirst, DeviceKind::MigStatic { .. }) => (1, d.gpu_index, ""),
+        (SliceLayout::GpusFirst, _) => (2, u32::MAX - d.gpu_index, ""),
         (SliceLayout::ByGpu, _) => (d.gpu_index, 0, ""),
-        (SliceLayout::ByProfile, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
+        (SliceLayout::ByProfile, _) if whole => (0, 0, ""),
         (
             SliceLayout::ByProfile,
             DeviceKind::MigStatic {
@@ -116,17 +125,17 @@ fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
                 profile, placement, ..
             },
         ) => (1, placement.size, profile.as_str()),
+        (SliceLayout::ByProfile, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
     }
 }
 
-/// Devices in groups (see [`group_of`]; by GPU, the model's order, whose GPUs are already
-/// together; by profile, a stable sort keeps GPU order and packing order within a group),
-/// groups packed into slices in order without splitting one unless it alone exceeds
-/// a slice.
+/// Devices in groups (see [`group_of`]; the model's order is by GPU, so by GPU it is kept,
+/// and otherwise a stable sort keeps GPU order and packing order within a group), groups
+/// packed into slices in order without splitting one unless it alone exceeds a slice.
 fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
     let layout = model.slice_layout;
     let mut ordered: Vec<&PublishedDevice> = model.devices.iter().collect();
-    if layout == SliceLayout::ByProfile {
+    if layout != SliceLayout::ByGpu {
         ordered.sort_by_key(|d| group_of(layout, d));
     }
     let mut groups: Vec<Vec<&Device>> = Vec::new();
