@@ -400,26 +400,21 @@ fn main() {
     let engine = CelEngine;
     let classes = builtin_classes().expect("classes");
     let profiles = catalog::model("h100").expect("h100").profiles.clone();
-    let new = sim_slices(
-        NODE,
-        "gpu.nvidia.com",
-        SimSliceOptions {
-            slice_layout: SliceLayout::ByGpu,
-            ..Default::default()
-        },
-    )
-    .expect("slices");
-    let gpus_first = sim_slices(NODE, "gpu.nvidia.com", Default::default()).expect("slices");
+    let slices_in = |slice_layout| {
+        sim_slices(
+            NODE,
+            "gpu.nvidia.com",
+            SimSliceOptions {
+                slice_layout,
+                ..Default::default()
+            },
+        )
+        .expect("slices")
+    };
+    let new = slices_in(SliceLayout::ByGpu);
+    let gpus_first = slices_in(SliceLayout::GpusFirst);
     let old = old_order(&new, &profiles);
-    let grouped = sim_slices(
-        NODE,
-        "gpu.nvidia.com",
-        SimSliceOptions {
-            slice_layout: SliceLayout::ByProfile,
-            ..Default::default()
-        },
-    )
-    .expect("slices by profile");
+    let grouped = slices_in(SliceLayout::ByProfile);
     assert_ne!(
         old.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),
         new.iter().map(|s| &s.spec.devices).collect::<Vec<_>>(),

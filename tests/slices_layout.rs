@@ -206,7 +206,7 @@ fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down()
     // Then each GPU's MIG devices together, GPU 7 first, in the GPU's packing order.
     let gpu_of = |name: &str| name.split('-').nth(1).unwrap().parse::<u32>().unwrap();
     let mig_gpus: Vec<u32> = order[8..].iter().map(|n| gpu_of(n)).collect();
-    let mut want: Vec<u32> = (0..8).rev().flat_map(|g| [g; 25]).collect();
+    let want: Vec<u32> = (0..8).rev().flat_map(|g| [g; 25]).collect();
     assert_eq!(mig_gpus, want);
     let by_gpu = {
         let mut m = model.clone();
@@ -232,7 +232,6 @@ fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down()
             .iter()
             .all(|n| n.starts_with("gpu-0-"))
     );
-    want.clear();
 }
 
 fn pool_of(slices: &[ResourceSlice]) -> PoolOptions {
