@@ -13,8 +13,8 @@
 //!
 //! Our allocator walks a pool's slices in name order, as kube-scheduler does since 1.36
 //! (`sortSlicesByName`); up to 1.35 it walked them in its cache's (a map's) order. The
-//! `random walk` rows shuffle each node's device slices before every pod, for the default
-//! layout and for `--slice-layout by-profile`, to show what that cost on those versions. The
+//! `random walk` rows shuffle each node's device slices before every pod, for `by-gpu` and for
+//! `--slice-layout by-profile`, to show what that cost on those versions. The
 //! `busy nodes` section (`GPU_DRA_SCHEDULE_BUSY` pods a node, default 4; 0 skips it) places
 //! pods until the nodes hold claims, where the walk order decides how far first fit goes.
 //!
@@ -55,8 +55,8 @@ struct Layout {
     carvable_now: bool,
     /// How the node's devices are grouped into slices (`--slice-layout`).
     slice_layout: SliceLayout,
-    /// Walk each node's slices in a fresh random order per pod, as kube-scheduler does (its
-    /// slice cache is a map), instead of in the published order.
+    /// Walk each node's slices in a fresh random order per pod, as kube-scheduler ≤ 1.35 did
+    /// (its slice cache is a map), instead of in name order.
     random_walk: bool,
     /// What the MIG devices carry.
     detail: Carries,
@@ -252,7 +252,7 @@ const MEASURED_BEFORE_PODS_PER_S: f64 = 3.7;
 /// the held-out run. The model's extra time per node evaluation over the baseline has two
 /// parts, which the real scheduler does not scale alike:
 /// - `fixed`: what a node evaluation costs whatever is requested, measured as the full-GPU
-///   claim's time on idle nodes (its walk is one device). It grows with the devices published,
+///   claim's time on idle nodes (`idle_eval`: nothing allocated, so its walk is one device). It grows with the devices published,
 ///   and the real scheduler does more of it per device (it converts and validates every
 ///   slice per evaluation; ours indexes them once per pod), so it is scaled by the factor that
 ///   maps the model's `fixed` of the layout the held-out run measured (`before`) onto the
@@ -290,6 +290,34 @@ fn feasible_to_find(nodes: usize) -> usize {
     }
     let percent = 50usize.saturating_sub(nodes / 125).max(5);
     (nodes * percent / 100).max(100)
+}
+
+/// The time one node evaluation of `claim` takes on idle nodes (nothing allocated): one
+/// allocator, every node evaluated once, fifteen rounds, the fastest kept (this part is
+/// scaled many times over in `calibrated_ratio`, so a round slowed by other work must not
+/// count). With nothing
+/// allocated the walk of a claim whose first device fits is one device, so for a full-GPU
+/// claim this is the layout's fixed cost per node evaluation.
+fn idle_eval(all: &[ResourceSlice], nodes: usize, claim: &ResourceClaim) -> Duration {
+    let classes = builtin_classes().expect("classes");
+    let names: Vec<Node> = (0..nodes)
+        .map(|n| Node::named(format!("node-{n:04}")))
+        .collect();
+    let allocator = Allocator::new(&CelEngine, &classes, all, &[]).expect("allocator");
+    let prepared = allocator
+        .prepare(std::slice::from_ref(claim))
+        .expect("claim");
+    (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            for node in &names {
+                let outcome = allocator.allocate(&prepared, node, Detail::Brief);
+                assert!(outcome.allocations.is_some(), "fits on an idle node");
+            }
+            t.elapsed() / nodes as u32
+        })
+        .min()
+        .expect("fifteen rounds")
 }
 
 /// Places `pods` pods one after another, each with one claim like one of `templates`, taken in
@@ -644,8 +672,9 @@ fn main() {
             if let Some(p) = layout.one_g {
                 claims.push(("1g", claim("c", "mig.nvidia.com", Some(p))));
             }
-            // The full-GPU claim's time per node evaluation: the layout's fixed cost.
-            let mut fixed: Option<Duration> = None;
+            // The layout's fixed cost per node evaluation: its first claim (the full GPU where
+            // there is one) on idle nodes.
+            let fixed = idle_eval(&slices, nodes, &claims[0].1);
             for (label, c) in &claims {
                 let run = schedule(
                     &slices,
@@ -657,14 +686,13 @@ fn main() {
                 );
                 if base_pod.is_none() {
                     base_pod = Some(run.per_pod());
-                    base_eval = Some(run.per_eval());
+                    base_eval = Some(fixed);
                 }
                 let base = base_pod.expect("baseline measured first");
                 let ratio = base.as_secs_f64() / run.per_pod().as_secs_f64();
                 let base_eval = base_eval.expect("baseline measured first");
-                let layout_fixed = *fixed.get_or_insert(run.per_eval());
-                let fixed_extra = layout_fixed.saturating_sub(base_eval);
-                let walk = run.per_eval().saturating_sub(layout_fixed);
+                let fixed_extra = fixed.saturating_sub(base_eval);
+                let walk = run.per_eval().saturating_sub(fixed);
                 if layout.detail == Carries::Before && before_fixed.is_none() {
                     before_fixed = Some(fixed_extra);
                 }

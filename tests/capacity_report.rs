@@ -376,7 +376,7 @@ fn an_unparsable_counter_names_the_slice_the_field_and_the_value() {
     let text = err.to_string();
     assert!(
         text.starts_with(
-            "ResourceSlice dgx-h100-gpu.nvidia.com-0: spec.sharedCounters[gpu-0-counter-set].counters.memory-slice-0.value is \"lots\""
+            "ResourceSlice dgx-h100-gpu.nvidia.com-00: spec.sharedCounters[gpu-0-counter-set].counters.memory-slice-0.value is \"lots\""
         ),
         "{text}"
     );

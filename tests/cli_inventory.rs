@@ -70,7 +70,7 @@ fn inventory_table_lists_gpus_devices_and_slices() {
     );
     assert!(out.contains("gpu-1-mig-3g40gb-4"), "{out}");
     assert!(out.contains("(carved on demand)"), "{out}");
-    assert!(out.contains("mixed-gpu.nvidia.com-0"), "{out}");
+    assert!(out.contains("mixed-gpu.nvidia.com-00"), "{out}");
 }
 
 #[test]

@@ -236,3 +236,36 @@ fn slices_of_another_pool_are_deleted_and_do_not_set_the_generation() {
     }];
     assert_eq!(want, got.deletes);
 }
+
+#[test]
+fn slices_under_an_older_releases_names_are_replaced_at_a_new_generation() {
+    // Releases before zero-padded slice indices named slice i `<node>-<driver>-<i>`: the
+    // upgrade writes every slice under its new name at a new generation, then deletes the
+    // old ones, which are all left over.
+    let c = case();
+    let mut old = in_cluster(build(&c.big, &c.node, 5), &c.owner);
+    for (i, s) in old.iter_mut().enumerate() {
+        s.metadata.name = Some(format!("{}-{DRIVER}-{i}", c.node));
+    }
+    let desired = build(&c.big, &c.node, 0);
+
+    let got = plan(&desired, &old, &c.node, &c.owner);
+
+    assert_eq!(6, got.generation);
+    let want: Vec<_> = desired
+        .iter()
+        .map(|s| ("create", s.metadata.name.clone().unwrap()))
+        .collect();
+    assert_eq!(want, names(&got.writes));
+    assert!(
+        got.writes
+            .iter()
+            .all(|w| w.slice().spec.pool.generation == 6)
+    );
+    let deleted: Vec<String> = got.deletes.iter().map(|d| d.name.clone()).collect();
+    let old_names: Vec<String> = old
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(old_names, deleted);
+}

@@ -175,16 +175,24 @@ fn slice_names_sort_in_slice_order_past_ten_slices() {
     sorted.sort();
     assert_eq!(sorted, names);
 
-    // Ten slices or fewer keep the bare index, as before: no rename on upgrade.
+    // Two digits at least, so that a count crossing ten renames nothing.
     let (_, _, five) = model_and_slices("dgx-h100");
     assert_eq!(
         five[4].metadata.name.as_deref(),
-        Some("dgx-h100-gpu.nvidia.com-4")
+        Some("dgx-h100-gpu.nvidia.com-04")
     );
-    assert_eq!(
-        slices::slice_name("n", "gpu.nvidia.com", 7, 101),
-        "n-gpu.nvidia.com-007"
-    );
+    for (count, index, want) in [
+        (1, 0, "n-gpu.nvidia.com-00"),
+        (10, 9, "n-gpu.nvidia.com-09"),
+        (11, 9, "n-gpu.nvidia.com-09"),
+        (100, 99, "n-gpu.nvidia.com-99"),
+        (101, 7, "n-gpu.nvidia.com-007"),
+    ] {
+        assert_eq!(
+            slices::slice_name("n", "gpu.nvidia.com", index, count),
+            want
+        );
+    }
 }
 
 #[test]

@@ -104,7 +104,8 @@ impl<'a> Inventory<'a> {
                 .collect();
             // kube-scheduler ≥ 1.36 walks a pool's slices sorted by name (`sortSlicesByName`
             // in the structured allocator's `buildPool`), whatever order its cache lists them
-            // in; a stable sort keeps the given order of slices without a name.
+            // in. Slices with equal names (none, or the same name twice) keep the given order
+            // here; upstream's sort is not stable, so for those its order is undefined.
             current.sort_by(|a, b| slice_name_of(a).cmp(slice_name_of(b)));
             let pool_index = inventory.pools.len();
             let pool = inventory.build_pool(driver, name, current, pool_index);

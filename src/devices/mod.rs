@@ -129,9 +129,9 @@ pub struct DeviceModel {
 
 /// How a node's devices are ordered and grouped into ResourceSlices (`--slice-layout`).
 ///
-/// kube-scheduler (1.36 and later) walks a pool's slices in name order, which is the order
-/// they are published in, and each slice's devices in published order, taking the first
-/// device that fits: this order is the packing policy, and the devices before the first free
+/// kube-scheduler (1.36 and later, with its default feature gates) walks a pool's slices in
+/// name order, which is the order they are published in, and each slice's devices in
+/// published order, taking the first device that fits: this order is the packing policy, and the devices before the first free
 /// match are the walk every node evaluation pays for (docs/device-model.md, "Packing order").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SliceLayout {

@@ -18,10 +18,12 @@
 //! Only the order within a profile changes: profiles stay in table order (smallest first),
 //! names and attributes stay exactly as they are.
 //!
-//! The order holds within a slice. kube-scheduler walks a pool's slices in its cache's order,
-//! which is arbitrary and changes from call to call, so across slices (two GPUs each on an
-//! 8-GPU node) the first GPU pair tried is a matter of chance: `cargo bench --bench churn`
-//! measures both walks (docs/device-model.md, "Packing order (dynamic MIG)").
+//! kube-scheduler (1.36 and later, with its default feature gates) walks a pool's slices in
+//! name order, so the order holds across the node; the `stable` allocator, which it runs when
+//! the binding-conditions and consumable-capacity gates are off, and 1.35 and before walk the
+//! slices in the cache's order, arbitrary and new each call, where the order holds within a
+//! slice only: `cargo bench --bench churn` measures both walks (docs/device-model.md,
+//! "Packing order (dynamic MIG)").
 
 use std::cmp::Reverse;
 

@@ -8,7 +8,7 @@
 //! then each MIG profile of every GPU) — and groups fill slices in order, a group split only
 //! when it alone exceeds a slice. Counter-set slices
 //! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`, `i` zero-padded
-//! when the pool has more than 10 slices so that names sort in slice order (the order
+//! to two digits (more past 100 slices) so that names sort in slice order (the order
 //! kube-scheduler ≥ 1.36 walks them in). Every slice
 //! carries the pool's generation and the total slice count. Output is deterministic: the same model gives byte-identical
 //! YAML.
@@ -111,9 +111,9 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
 fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
     let whole = matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. });
     match (layout, &d.kind) {
-        (SliceLayout::GpusFirst, _) if whole => (0, 0, ""),
         (SliceLayout::GpusFirst, DeviceKind::MigStatic { .. }) => (1, d.gpu_index, ""),
-        (SliceLayout::GpusFirst, _) => (2, u32::MAX - d.gpu_index, ""),
+        (SliceLayout::GpusFirst, DeviceKind::MigDynamic { .. }) => (2, u32::MAX - d.gpu_index, ""),
+        (SliceLayout::GpusFirst, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
         (SliceLayout::ByGpu, _) => (d.gpu_index, 0, ""),
         (SliceLayout::ByProfile, _) if whole => (0, 0, ""),
         (
@@ -185,11 +185,13 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
 /// would pass the 253-character object-name limit, the node part is cut (at a label boundary
 /// character) to fit.
 ///
-/// The index is zero-padded to the width of the pool's last index (`-07` of 12 slices), so
-/// the names sort in publish order: kube-scheduler ≥ 1.36 walks a pool's slices sorted by
-/// name, and `-10` would sort before `-2`. Pools of at most 10 slices keep the bare index.
+/// The index is zero-padded to two digits, or to the width of the pool's last index past 100
+/// slices, so the names sort in publish order: kube-scheduler ≥ 1.36 walks a pool's slices
+/// sorted by name, and `-10` would sort before `-2`. Two digits at least, whatever the count,
+/// so that a pool whose slice count crosses ten (a GPU going to VFIO and back) keeps its
+/// names instead of renaming every slice each time.
 pub fn slice_name(node: &str, driver: &str, index: usize, count: usize) -> String {
-    let width = count.saturating_sub(1).max(1).to_string().len();
+    let width = count.saturating_sub(1).to_string().len().max(2);
     let suffix = format!("-{driver}-{index:0width$}");
     let room = 253usize.saturating_sub(suffix.len());
     let mut node_part = &node[..node.len().min(room)];

@@ -121,7 +121,8 @@ pub fn model(max_domains: u32, binding_conditions: bool) -> DeviceModel {
         devices,
         counter_sets: Vec::new(),
         warnings: Vec::new(),
-        slice_layout: Default::default(),
+        // Channel and daemon devices only, no GPUs or MIG: one group per "GPU" in order.
+        slice_layout: crate::devices::SliceLayout::ByGpu,
     }
 }
 
