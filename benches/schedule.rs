@@ -34,6 +34,7 @@ use gpu_dra::devices::{MigAttributes, MigProfileSet, SliceLayout};
 use gpu_dra::explain::{ExplainInput, explain, load_claims};
 use gpu_dra::explain_inputs::{SimSliceOptions, builtin_classes, sim_slices};
 use gpu_dra::selectors::CelEngine;
+use gpu_dra::slices::slice_name;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, CELDeviceSelector, Device, DeviceClaim, DeviceRequest, DeviceSelector,
     ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
@@ -181,7 +182,7 @@ fn cluster(template: &[ResourceSlice], nodes: usize) -> Vec<ResourceSlice> {
         let node = format!("node-{n:04}");
         for (i, s) in template.iter().enumerate() {
             let mut s = s.clone();
-            s.metadata.name = Some(format!("{node}-gpu.nvidia.com-{i}"));
+            s.metadata.name = Some(slice_name(&node, "gpu.nvidia.com", i, template.len()));
             s.spec.node_name = Some(node.clone());
             s.spec.pool.name = node.clone();
             all.push(s);
@@ -252,11 +253,11 @@ const MEASURED_BEFORE_PODS_PER_S: f64 = 3.7;
 /// the held-out run. The model's extra time per node evaluation over the baseline has two
 /// parts, which the real scheduler does not scale alike:
 /// - `fixed`: what a node evaluation costs whatever is requested, measured as the full-GPU
-///   claim's time on idle nodes (`idle_eval`: nothing allocated, so its walk is one device). It grows with the devices published,
-///   and the real scheduler does more of it per device (it converts and validates every
-///   slice per evaluation; ours indexes them once per pod), so it is scaled by the factor that
-///   maps the model's `fixed` of the layout the held-out run measured (`before`) onto the
-///   measured extra time per node evaluation;
+///   claim's time on idle nodes (`idle_eval`: nothing allocated, so its walk is one device).
+///   It grows with the devices published, and the real scheduler does more of it per device
+///   (it converts and validates every slice per evaluation; ours indexes them once per pod),
+///   so it is scaled by the factor that maps the model's `fixed` of the layout the held-out
+///   run measured (`before`) onto the measured extra time per node evaluation;
 /// - `walk`: the claim's time beyond that, the selector evaluations of the devices first fit
 ///   passes. Taken at the model's cost: both evaluate a device's selectors over maps of its
 ///   attributes (the real one rebuilds them per evaluation, ours once per pod, so if anything
@@ -295,9 +296,8 @@ fn feasible_to_find(nodes: usize) -> usize {
 /// The time one node evaluation of `claim` takes on idle nodes (nothing allocated): one
 /// allocator, every node evaluated once, fifteen rounds, the fastest kept (this part is
 /// scaled many times over in `calibrated_ratio`, so a round slowed by other work must not
-/// count). With nothing
-/// allocated the walk of a claim whose first device fits is one device, so for a full-GPU
-/// claim this is the layout's fixed cost per node evaluation.
+/// count). With nothing allocated the walk of a claim whose first device fits is one device,
+/// so for a full-GPU claim this is the layout's fixed cost per node evaluation.
 fn idle_eval(all: &[ResourceSlice], nodes: usize, claim: &ResourceClaim) -> Duration {
     let classes = builtin_classes().expect("classes");
     let names: Vec<Node> = (0..nodes)

@@ -123,7 +123,8 @@ pub struct DeviceModel {
     pub counter_sets: Vec<CounterSet>,
     /// Things a person should know (e.g. a GPU left out and why).
     pub warnings: Vec<String>,
-    /// How the devices are ordered and grouped into slices ([`SliceLayout::GpusFirst`] by default).
+    /// How the devices are ordered and grouped into slices ([`SliceLayout::GpusFirst`] by
+    /// default).
     pub slice_layout: SliceLayout,
 }
 
@@ -131,8 +132,9 @@ pub struct DeviceModel {
 ///
 /// kube-scheduler (1.36 and later, with its default feature gates) walks a pool's slices in
 /// name order, which is the order they are published in, and each slice's devices in
-/// published order, taking the first device that fits: this order is the packing policy, and the devices before the first free
-/// match are the walk every node evaluation pays for (docs/device-model.md, "Packing order").
+/// published order, taking the first device that fits: this order is the packing policy, and
+/// the devices before the first free match are the walk every node evaluation pays for
+/// (docs/device-model.md, "Packing order").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SliceLayout {
     /// Whole GPUs first, from the lowest index up; then the MIG devices that exist (static

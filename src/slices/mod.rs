@@ -6,12 +6,11 @@
 //! ordered and grouped as the model's [`SliceLayout`] says — GPUs first (default: every whole
 //! GPU, then each GPU's MIG devices from the last GPU down), by GPU, or by profile (whole GPUs,
 //! then each MIG profile of every GPU) — and groups fill slices in order, a group split only
-//! when it alone exceeds a slice. Counter-set slices
-//! come first, then device slices; slice `i` is named `<node>-<driver>-<i>`, `i` zero-padded
-//! to two digits (more past 100 slices) so that names sort in slice order (the order
-//! kube-scheduler ≥ 1.36 walks them in). Every slice
-//! carries the pool's generation and the total slice count. Output is deterministic: the same model gives byte-identical
-//! YAML.
+//! when it alone exceeds a slice. Counter-set slices come first, then device slices; slice `i`
+//! is named `<node>-<driver>-<i>`, `i` zero-padded to two digits (more past 100 slices) so that
+//! names sort in slice order (the order kube-scheduler ≥ 1.36 walks them in). Every slice
+//! carries the pool's generation and the total slice count. Output is deterministic: the same
+//! model gives byte-identical YAML.
 
 mod limits;
 mod policy;
@@ -109,13 +108,12 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
 /// - `by-profile`: whole GPUs first, then MIG profiles from the smallest placement up, by
 ///   name within a size (`1g.10gb` before `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
 fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
-    let whole = matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. });
     match (layout, &d.kind) {
+        (SliceLayout::GpusFirst, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
         (SliceLayout::GpusFirst, DeviceKind::MigStatic { .. }) => (1, d.gpu_index, ""),
         (SliceLayout::GpusFirst, DeviceKind::MigDynamic { .. }) => (2, u32::MAX - d.gpu_index, ""),
-        (SliceLayout::GpusFirst, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
         (SliceLayout::ByGpu, _) => (d.gpu_index, 0, ""),
-        (SliceLayout::ByProfile, _) if whole => (0, 0, ""),
+        (SliceLayout::ByProfile, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
         (
             SliceLayout::ByProfile,
             DeviceKind::MigStatic {
@@ -125,7 +123,6 @@ fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
                 profile, placement, ..
             },
         ) => (1, placement.size, profile.as_str()),
-        (SliceLayout::ByProfile, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
     }
 }
 
