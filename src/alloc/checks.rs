@@ -102,6 +102,21 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
         status
     }
 
+    /// Whether an earlier allocation holds the device at `pos` exclusively, so that `slot`
+    /// (unless it asks for admin access) cannot have it whatever its selectors say: the
+    /// cheap check Kubernetes makes before evaluating any selector on a device.
+    pub(crate) fn held_elsewhere(&self, slot: usize, pos: usize) -> bool {
+        let at = self.node.devices[pos];
+        let pool = &self.alloc.inventory.pools[at.pool];
+        let device = pool.devices[at.index].device;
+        !self.prep.slots[slot].admin
+            && self.alloc.state.exclusive.contains_key(&(
+                pool.driver,
+                pool.name,
+                device.name.as_str(),
+            ))
+    }
+
     /// Selectors (class first, then request), earlier allocations, taints. Reasons are only
     /// built in Full mode, except for selector errors, which abort the search.
     fn evaluate_static(&self, slot: usize, pos: usize) -> (Status, Option<Rejection>) {

@@ -5,6 +5,7 @@
 //! [`Prepared`](super::Prepared) claim set and each device's view is built once per
 //! [`Allocator`](super::Allocator), however many nodes, requests and search steps look at it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use k8s_openapi::api::resource::v1::Device;
@@ -31,6 +32,54 @@ pub trait SelectorEngine {
     /// Evaluates a compiled selector against one device view. `Ok(false)` means the device
     /// does not match; an error aborts allocation on the node, as in Kubernetes.
     fn evaluate(&self, program: &Self::Program, view: &Self::View<'_>) -> Result<bool, String>;
+}
+
+/// Another engine, counting the selector evaluations the allocator asks of it: the length of
+/// the first-fit walk in the unit kube-scheduler pays for (it evaluates a device's class
+/// selectors, then the request's, stopping at the first that fails), independent of how fast
+/// this machine is. Benches report it per node evaluation and tests guard it.
+#[derive(Debug, Default)]
+pub struct Counting<E> {
+    inner: E,
+    evaluations: Cell<u64>,
+}
+
+impl<E> Counting<E> {
+    /// Wraps `inner`, starting the count at zero.
+    pub fn new(inner: E) -> Self {
+        Self {
+            inner,
+            evaluations: Cell::new(0),
+        }
+    }
+
+    /// Selector evaluations so far (errors included).
+    pub fn evaluations(&self) -> u64 {
+        self.evaluations.get()
+    }
+
+    /// Returns the count and starts again from zero.
+    pub fn take(&self) -> u64 {
+        self.evaluations.replace(0)
+    }
+}
+
+impl<E: SelectorEngine> SelectorEngine for Counting<E> {
+    type Program = E::Program;
+    type View<'d> = E::View<'d>;
+
+    fn view<'d>(&self, driver: &'d str, device: &'d Device) -> Result<Self::View<'d>, String> {
+        self.inner.view(driver, device)
+    }
+
+    fn compile(&self, expression: &str) -> Result<Self::Program, String> {
+        self.inner.compile(expression)
+    }
+
+    fn evaluate(&self, program: &Self::Program, view: &Self::View<'_>) -> Result<bool, String> {
+        self.evaluations.set(self.evaluations.get() + 1);
+        self.inner.evaluate(program, view)
+    }
 }
 
 /// Compiles each distinct expression once and hands out stable indices into `programs`.

@@ -36,7 +36,7 @@ use std::sync::OnceLock;
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
 
 pub use claim::Prepared;
-pub use engine::SelectorEngine;
+pub use engine::{Counting, SelectorEngine};
 pub use node::Node;
 pub use reason::{
     Abort, CapacityProblem, ConstraintKind, Consumer, DeviceRef, Holder, IgnoredPool, Outcome,

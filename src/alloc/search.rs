@@ -188,6 +188,12 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 return Ok(None);
             }
             self.scanned[slot] += 1;
+            // As in Kubernetes, a device another claim holds is passed over before any
+            // selector is evaluated on it ("in use" is cheap); with full detail every device
+            // is classified for its reason.
+            if !self.full && self.held_elsewhere(slot, pos) {
+                continue;
+            }
             if self.eligible(slot, pos)? == Status::Eligible {
                 self.candidates[slot].push(pos);
             }
