@@ -413,6 +413,7 @@ fn main() {
     };
     let new = slices_in(SliceLayout::ByGpu);
     let gpus_first = slices_in(SliceLayout::GpusFirst);
+    let interleaved = slices_in(SliceLayout::Interleaved);
     let old = old_order(&new, &profiles);
     let grouped = slices_in(SliceLayout::ByProfile);
     assert_ne!(
@@ -432,7 +433,7 @@ fn main() {
     for (load, arrivals) in LOADS {
         println!("\nload {load}: {arrivals}% of events are arrivals");
         println!(
-            "{:<20} {:>6} {:>19} {:>19} {:>19} {:>19} {:>22}",
+            "{:<21} {:>6} {:>19} {:>19} {:>19} {:>19} {:>22}",
             "order, slice walk",
             "held",
             "7g fits/same GPU",
@@ -445,6 +446,7 @@ fn main() {
             ("old, in order", &old, Walk::InOrder),
             ("by-gpu, in order", &new, Walk::InOrder),
             ("gpus-first, in order", &gpus_first, Walk::InOrder),
+            ("interleaved, in order", &interleaved, Walk::InOrder),
             ("by-gpu, ≤1.35 random", &new, Walk::Random),
             ("by profile, random", &grouped, Walk::Random),
             ("spread, in order", &spread, Walk::InOrder),
@@ -468,7 +470,7 @@ fn main() {
                 })
                 .collect();
             println!(
-                "{label:<20} {:>5.1}% {:>19} {:>19} {:>19} {:>19} {:>22}",
+                "{label:<21} {:>5.1}% {:>19} {:>19} {:>19} {:>19} {:>22}",
                 100.0 * tally.held_slices as f64
                     / (tally.events * (GPUS * MEMORY_SLICES) as usize) as f64,
                 share(&tally.fits, "7g.80gb"),

@@ -29,7 +29,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpu_dra::alloc::{Allocator, Detail, Node};
+use gpu_dra::alloc::{Allocator, Counting, Detail, Node};
 use gpu_dra::devices::{MigAttributes, MigProfileSet, SliceLayout};
 use gpu_dra::explain::{ExplainInput, explain, load_claims};
 use gpu_dra::explain_inputs::{SimSliceOptions, builtin_classes, sim_slices};
@@ -230,6 +230,9 @@ struct Run {
     placed: usize,
     pods: usize,
     evaluations: u64,
+    /// Selector evaluations over all node evaluations (the walk, in the unit the real
+    /// scheduler pays for; see `Counting`).
+    selectors: u64,
     prefilter: Duration,
     filter: Duration,
 }
@@ -240,6 +243,9 @@ impl Run {
     }
     fn per_pod(&self) -> Duration {
         (self.prefilter + self.filter) / self.pods.max(1) as u32
+    }
+    fn selectors_per_eval(&self) -> f64 {
+        self.selectors as f64 / self.evaluations.max(1) as f64
     }
 }
 
@@ -344,6 +350,7 @@ fn schedule(
     let names: Vec<Node> = (0..nodes)
         .map(|n| Node::named(format!("node-{n:04}")))
         .collect();
+    let engine = Counting::new(CelEngine);
     let mut load = vec![0usize; nodes];
     let mut allocated: Vec<ResourceClaim> = Vec::new();
     let mut start = 0usize;
@@ -363,7 +370,7 @@ fn schedule(
         let t0 = Instant::now();
         let chosen: Option<(usize, AllocationResult)> = {
             let allocator =
-                Allocator::new(&CelEngine, &classes, &slices, &allocated).expect("allocator");
+                Allocator::new(&engine, &classes, &slices, &allocated).expect("allocator");
             let prepared = allocator
                 .prepare(std::slice::from_ref(&pending))
                 .expect("claim");
@@ -380,6 +387,7 @@ fn schedule(
                 }
             }
             run.evaluations += evaluated as u64;
+            run.selectors += engine.take();
             start = (start + evaluated) % nodes;
             run.filter += t1.elapsed();
             feasible.into_iter().min_by_key(|(n, _)| load[*n])
@@ -565,6 +573,17 @@ fn main() {
         },
         layout("dgx-h100 all (default)", "dgx-h100", "all", g1, true, false),
         Layout {
+            slice_layout: SliceLayout::GpusFirst,
+            ..layout(
+                "dgx-h100 all, gpus-first",
+                "dgx-h100",
+                "all",
+                g1,
+                true,
+                false,
+            )
+        },
+        Layout {
             slice_layout: SliceLayout::ByGpu,
             ..layout("dgx-h100 all, by-gpu", "dgx-h100", "all", g1, true, false)
         },
@@ -640,13 +659,14 @@ fn main() {
             "\n{pods} pods over {nodes} nodes, one claim each; times per node evaluation and per pod"
         );
         println!(
-            "{:<30} {:>5} {:>7} {:>8} {:<6} {:>6} {:>10} {:>10} {:>8} {:>11}",
+            "{:<30} {:>5} {:>7} {:>8} {:<6} {:>6} {:>8} {:>10} {:>10} {:>8} {:>11}",
             "layout",
             "nodes",
             "dev/node",
             "KB/node",
             "claim",
             "placed",
+            "sel/node",
             "per node",
             "per pod",
             "vs base",
@@ -700,13 +720,14 @@ fn main() {
                     .and_then(|b| calibrated_ratio(nodes, fixed_extra, walk, b))
                     .map_or_else(|| "-".to_string(), |r| format!("{r:.2}×"));
                 println!(
-                    "{:<30} {:>5} {:>7} {:>8.1} {:<6} {:>6} {:>10.1?} {:>10.1?} {:>7.2}× {:>11}",
+                    "{:<30} {:>5} {:>7} {:>8.1} {:<6} {:>6} {:>8.2} {:>10.1?} {:>10.1?} {:>7.2}× {:>11}",
                     layout.name,
                     nodes,
                     per_node,
                     json_bytes(&template) as f64 / 1000.0,
                     label,
                     run.placed,
+                    run.selectors_per_eval(),
                     run.per_eval(),
                     run.per_pod(),
                     ratio,
@@ -740,8 +761,8 @@ fn busy_nodes(base: &str, per_node: Option<usize>) {
         "\nbusy nodes: {pods} pods over {nodes} nodes ({per_node} a node at the end), one claim each"
     );
     println!(
-        "{:<34} {:<6} {:>6} {:>10} {:>10} {:>8}",
-        "layout (walk order)", "claim", "placed", "per node", "per pod", "vs base"
+        "{:<34} {:<6} {:>6} {:>8} {:>10} {:>10} {:>8}",
+        "layout (walk order)", "claim", "placed", "sel/node", "per node", "per pod", "vs base"
     );
     let row = |name, node: &str, slice_layout, random_walk, one_g| Layout {
         name,
@@ -758,7 +779,14 @@ fn busy_nodes(base: &str, per_node: Option<usize>) {
     let layouts = [
         row("8×H100 MIG disabled", base, SliceLayout::ByGpu, false, None),
         row(
-            "dgx-h100 gpus-first (default)",
+            "dgx-h100 interleaved (default)",
+            "dgx-h100",
+            SliceLayout::Interleaved,
+            false,
+            g1,
+        ),
+        row(
+            "dgx-h100 gpus-first",
             "dgx-h100",
             SliceLayout::GpusFirst,
             false,
@@ -795,10 +823,11 @@ fn busy_nodes(base: &str, per_node: Option<usize>) {
             let run = schedule(&slices, nodes, c, pods, false, layout.random_walk);
             let base: Duration = *base_pod.get_or_insert(run.per_pod());
             println!(
-                "{:<34} {:<6} {:>6} {:>10.1?} {:>10.1?} {:>7.2}×",
+                "{:<34} {:<6} {:>6} {:>8.2} {:>10.1?} {:>10.1?} {:>7.2}×",
                 layout.name,
                 label,
                 run.placed,
+                run.selectors_per_eval(),
                 run.per_eval(),
                 run.per_pod(),
                 base.as_secs_f64() / run.per_pod().as_secs_f64()

@@ -123,6 +123,7 @@ fn schema_accepts_every_documented_choice() {
         json!({"sliceLayout": "by-profile"}),
         json!({"sliceLayout": "by-gpu"}),
         json!({"sliceLayout": "gpus-first"}),
+        json!({"sliceLayout": "interleaved"}),
         json!({"migAttributes": "compact"}),
         json!({"migAttributes": "full"}),
         json!({"sharing": {"sharedGpus": "memory"}}),

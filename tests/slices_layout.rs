@@ -206,8 +206,7 @@ fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down()
             .map(|d| d.name.clone())
             .collect()
     };
-    let (_, model, slices) = model_and_slices("dgx-h100");
-    assert_eq!(model.slice_layout, SliceLayout::GpusFirst);
+    let (model, slices) = slices_with("dgx-h100", SliceLayout::GpusFirst);
     let order = walk(&slices);
     let wholes: Vec<String> = (0..8).map(|g| format!("gpu-{g}")).collect();
     assert_eq!(order[..8], wholes[..]);
@@ -231,7 +230,7 @@ fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down()
 
     // Existing (static) MIG devices come before dynamic ones: the mixed preset's A100 (GPU 0,
     // static) before its H100 (GPU 1, dynamic); whole GPUs (H100, L4) first.
-    let (_, _, mixed) = model_and_slices("mixed");
+    let (_, mixed) = slices_with("mixed", SliceLayout::GpusFirst);
     let order = walk(&mixed);
     assert_eq!(order[..2], ["gpu-1".to_string(), "gpu-2".to_string()]);
     let first_dynamic = order.iter().position(|n| n.starts_with("gpu-1-")).unwrap();
@@ -240,6 +239,84 @@ fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down()
             .iter()
             .all(|n| n.starts_with("gpu-0-"))
     );
+}
+
+/// The walk order kube-scheduler (≥ 1.36) takes: every slice in name order, each slice's
+/// devices in order.
+fn walk_order(slices: &[ResourceSlice]) -> Vec<String> {
+    let mut sorted: Vec<&ResourceSlice> = slices.iter().collect();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    sorted
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+#[test]
+fn interleaved_alternates_whole_gpus_and_mig_devices_and_keeps_each_kinds_gpus_first_order() {
+    let (_, model, slices) = model_and_slices("dgx-h100");
+    assert_eq!(model.slice_layout, SliceLayout::Interleaved, "the default");
+    let order = walk_order(&slices);
+    let (_, gpus_first) = slices_with("dgx-h100", SliceLayout::GpusFirst);
+    let reference = walk_order(&gpus_first);
+    let whole = |n: &&String| !n.contains("-mig-");
+    // The head alternates: gpu-0, GPU 7's first MIG device, gpu-1, its second, …
+    let head: Vec<&str> = order[..16].iter().map(String::as_str).collect();
+    assert_eq!(
+        head,
+        [
+            "gpu-0",
+            "gpu-7-mig-1g10gb-6",
+            "gpu-1",
+            "gpu-7-mig-1g10gb-5",
+            "gpu-2",
+            "gpu-7-mig-1g10gb-4",
+            "gpu-3",
+            "gpu-7-mig-1g10gb-3",
+            "gpu-4",
+            "gpu-7-mig-1g10gb-2",
+            "gpu-5",
+            "gpu-7-mig-1g10gb-1",
+            "gpu-6",
+            "gpu-7-mig-1g10gb-0",
+            "gpu-7",
+            "gpu-7-mig-1g10gb-me-6",
+        ]
+    );
+    // Each kind in its gpus-first order, so a one-kind request takes the same device.
+    let kind = |o: &[String], keep: bool| -> Vec<String> {
+        o.iter().filter(|n| whole(n) == keep).cloned().collect()
+    };
+    assert_eq!(kind(&order, true), kind(&reference, true));
+    assert_eq!(kind(&order, false), kind(&reference, false));
+    // Same devices, same bytes within the order, same slice count.
+    assert_eq!(slices.len(), gpus_first.len());
+    let mut a = order.clone();
+    let mut b = reference.clone();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    for s in &slices {
+        let n = s.spec.devices.as_ref().map_or(0, Vec::len);
+        assert!(
+            n <= slices::MAX_DEVICES_PER_SLICE_WITH_COUNTERS,
+            "{n} devices"
+        );
+    }
+
+    // A node without MIG devices: the whole GPUs alone, in order.
+    let (_, l4) = slices_with("l4-x4", SliceLayout::Interleaved);
+    assert_eq!(walk_order(&l4), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+    // Static MIG instances interleave before dynamic ones, as in gpus-first.
+    let (_, mixed) = slices_with("mixed", SliceLayout::Interleaved);
+    let (_, mixed_reference) = slices_with("mixed", SliceLayout::GpusFirst);
+    let order = walk_order(&mixed);
+    let reference = walk_order(&mixed_reference);
+    assert_eq!(order[0], "gpu-1");
+    assert!(order[1].starts_with("gpu-0-mig-"), "{order:?}");
+    assert_eq!(kind(&order, true), kind(&reference, true));
+    assert_eq!(kind(&order, false), kind(&reference, false));
 }
 
 fn pool_of(slices: &[ResourceSlice]) -> PoolOptions {
@@ -657,11 +734,15 @@ fn slice_layout_names_parse_and_an_unknown_one_names_the_valid_ones() {
         "gpus-first".parse::<SliceLayout>(),
         Ok(SliceLayout::GpusFirst)
     );
-    assert_eq!(SliceLayout::default(), SliceLayout::GpusFirst);
+    assert_eq!(
+        "interleaved".parse::<SliceLayout>(),
+        Ok(SliceLayout::Interleaved)
+    );
+    assert_eq!(SliceLayout::default(), SliceLayout::Interleaved);
     let err = "by-node".parse::<SliceLayout>().unwrap_err();
     assert_eq!(
         err,
-        "slice layout \"by-node\" is not one of gpus-first, by-gpu, by-profile"
+        "slice layout \"by-node\" is not one of interleaved, gpus-first, by-gpu, by-profile"
     );
 }
 

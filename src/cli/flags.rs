@@ -169,17 +169,19 @@ pub(crate) struct MigProfilesFlag {
 #[derive(clap::Args, Debug)]
 pub(crate) struct SliceLayoutFlag {
     /// How devices are ordered into ResourceSlices, which kube-scheduler walks first fit in
-    /// name order: gpus-first (default: whole GPUs first from GPU 0 up, then each GPU's MIG
-    /// devices from the last GPU down, so full-GPU and MIG claims fill the node from opposite
-    /// ends), by-gpu (each GPU's devices together, GPU after GPU: a full-GPU request walks every
-    /// MIG device of each busy GPU) or by-profile (whole GPUs, then each MIG profile of every
-    /// GPU together: larger profiles walk every smaller one). docs/device-model.md, "Packing
-    /// order", has the measured trade.
+    /// name order: interleaved (default: the order of gpus-first, with whole GPUs and MIG
+    /// devices alternating at the head, so neither kind walks every device of the other),
+    /// gpus-first (whole GPUs first from GPU 0 up, then each GPU's MIG devices from the last
+    /// GPU down, so full-GPU and MIG claims fill the node from opposite ends), by-gpu (each
+    /// GPU's devices together, GPU after GPU: a full-GPU request walks every MIG device of
+    /// each busy GPU) or by-profile (whole GPUs, then each MIG profile of every GPU together:
+    /// larger profiles walk every smaller one). docs/device-model.md, "Packing order", has the
+    /// measured trade.
     #[arg(
         long,
         env = "GPU_DRA_SLICE_LAYOUT",
-        default_value = "gpus-first",
-        value_name = "gpus-first|by-gpu|by-profile"
+        default_value = "interleaved",
+        value_name = "interleaved|gpus-first|by-gpu|by-profile"
     )]
     pub(crate) slice_layout: gpu_dra::devices::SliceLayout,
     /// What each MIG device carries: compact (default: type, uuid, profile, parentUUID,

@@ -123,7 +123,7 @@ pub struct DeviceModel {
     pub counter_sets: Vec<CounterSet>,
     /// Things a person should know (e.g. a GPU left out and why).
     pub warnings: Vec<String>,
-    /// How the devices are ordered and grouped into slices ([`SliceLayout::GpusFirst`] by
+    /// How the devices are ordered and grouped into slices ([`SliceLayout::Interleaved`] by
     /// default).
     pub slice_layout: SliceLayout,
 }
@@ -143,8 +143,17 @@ pub enum SliceLayout {
     /// past the other's busy GPUs, and a full-GPU request meets at most the node's whole GPUs
     /// before a free one. A MIG request first passes the whole GPUs that are not allocated
     /// (one selector evaluation each), and takes an existing instance before carving one.
-    #[default]
     GpusFirst,
+    /// The order of `gpus-first`, with whole GPUs and MIG devices alternating at the head:
+    /// the first whole GPU, the first MIG device, the second whole GPU, the second MIG
+    /// device, and so on until the whole GPUs run out, then the rest of the MIG devices.
+    /// Each kind keeps its `gpus-first` order, so a request of one kind takes the same device
+    /// as there, but neither passes every device of the other kind first: on an idle node a
+    /// full-GPU request evaluates one device and a MIG request two, and on a node holding
+    /// `k` claims either evaluates about `k` devices of the other kind (at most the node's
+    /// whole GPUs) before a free one.
+    #[default]
+    Interleaved,
     /// Each GPU's devices together (the whole GPU, then its MIG devices), GPU after GPU, two
     /// H100s to a slice: short walks for MIG requests on idle nodes, but a full-GPU request
     /// walks every MIG device of each busy GPU before a free one.
@@ -157,7 +166,8 @@ pub enum SliceLayout {
 
 impl SliceLayout {
     /// Every layout, in the order `--help` and errors list them.
-    pub const ALL: [SliceLayout; 3] = [
+    pub const ALL: [SliceLayout; 4] = [
+        SliceLayout::Interleaved,
         SliceLayout::GpusFirst,
         SliceLayout::ByGpu,
         SliceLayout::ByProfile,
@@ -166,6 +176,7 @@ impl SliceLayout {
     /// The flag value.
     pub fn name(self) -> &'static str {
         match self {
+            SliceLayout::Interleaved => "interleaved",
             SliceLayout::GpusFirst => "gpus-first",
             SliceLayout::ByGpu => "by-gpu",
             SliceLayout::ByProfile => "by-profile",

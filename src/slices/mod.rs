@@ -3,7 +3,8 @@
 //!
 //! Layout (Kubernetes ≥ 1.35): counter sets go in device-less slices, at most 8 per slice;
 //! devices go in slices of at most 128 (64 when any of them consumes counters). Devices are
-//! ordered and grouped as the model's [`SliceLayout`] says — GPUs first (default: every whole
+//! ordered and grouped as the model's [`SliceLayout`] says — interleaved (default: the order of
+//! GPUs first with whole GPUs and MIG devices alternating at its head), GPUs first (every whole
 //! GPU, then each GPU's MIG devices from the last GPU down), by GPU, or by profile (whole GPUs,
 //! then each MIG profile of every GPU) — and groups fill slices in order, a group split only
 //! when it alone exceeds a slice. Counter-set slices come first, then device slices; slice `i`
@@ -101,17 +102,25 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
 }
 
 /// The group a device belongs to under `layout`, and the order of the groups:
-/// - `gpus-first`: every whole GPU (and VFIO device) in one group first, then one group per
-///   GPU's MIG instances that exist (static MIG: nothing to carve) in GPU order, then one
-///   group per dynamic-MIG GPU's MIG devices, from the highest GPU index down;
+/// - `gpus-first` (and `interleaved` before its head is merged, see [`interleave`]): every
+///   whole GPU (and VFIO device) in one group first, then one group per GPU's MIG instances
+///   that exist (static MIG: nothing to carve) in GPU order, then one group per dynamic-MIG
+///   GPU's MIG devices, from the highest GPU index down;
 /// - `by-gpu`: one group per GPU, in index order;
 /// - `by-profile`: whole GPUs first, then MIG profiles from the smallest placement up, by
 ///   name within a size (`1g.10gb` before `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
 fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
     match (layout, &d.kind) {
-        (SliceLayout::GpusFirst, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
-        (SliceLayout::GpusFirst, DeviceKind::MigStatic { .. }) => (1, d.gpu_index, ""),
-        (SliceLayout::GpusFirst, DeviceKind::MigDynamic { .. }) => (2, u32::MAX - d.gpu_index, ""),
+        (
+            SliceLayout::GpusFirst | SliceLayout::Interleaved,
+            DeviceKind::Gpu | DeviceKind::Vfio { .. },
+        ) => (0, 0, ""),
+        (SliceLayout::GpusFirst | SliceLayout::Interleaved, DeviceKind::MigStatic { .. }) => {
+            (1, d.gpu_index, "")
+        }
+        (SliceLayout::GpusFirst | SliceLayout::Interleaved, DeviceKind::MigDynamic { .. }) => {
+            (2, u32::MAX - d.gpu_index, "")
+        }
         (SliceLayout::ByGpu, _) => (d.gpu_index, 0, ""),
         (SliceLayout::ByProfile, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
         (
@@ -137,8 +146,12 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
     }
     let mut groups: Vec<Vec<&Device>> = Vec::new();
     let mut last_group = None;
+    let mut whole_first = false;
     for d in ordered {
         let group = group_of(layout, d);
+        if last_group.is_none() {
+            whole_first = matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. });
+        }
         if last_group != Some(group) {
             groups.push(Vec::new());
             last_group = Some(group);
@@ -146,6 +159,9 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
         if let Some(g) = groups.last_mut() {
             g.push(&d.device);
         }
+    }
+    if layout == SliceLayout::Interleaved && whole_first {
+        groups = interleave(groups);
     }
     let limit = |counts: bool| {
         if counts {
@@ -176,6 +192,41 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
         slices.push(current);
     }
     slices
+}
+
+/// `interleaved`: the `gpus-first` groups, whose first is the whole GPUs (and VFIO devices),
+/// with that group merged one for one with the MIG devices that follow it, in their order:
+/// `W0 M0 W1 M1 …` until either runs out. That head is one group; what is left of the MIG
+/// groups keeps its grouping. Each kind's own order is unchanged.
+fn interleave(groups: Vec<Vec<&Device>>) -> Vec<Vec<&Device>> {
+    if groups.len() < 2 {
+        return groups;
+    }
+    let mut rest = groups.into_iter();
+    let whole = rest.next().unwrap_or_default();
+    let mut others: Vec<Vec<&Device>> = rest.collect();
+    let mut head = Vec::with_capacity(whole.len() * 2);
+    let mut taken = 0usize;
+    let mut group = 0usize;
+    for w in whole {
+        head.push(w);
+        while group < others.len() && taken == others[group].len() {
+            group += 1;
+            taken = 0;
+        }
+        if let Some(m) = others.get(group).and_then(|g| g.get(taken)) {
+            head.push(*m);
+            taken += 1;
+        }
+    }
+    let mut out = vec![head];
+    for (i, g) in others.iter_mut().enumerate().skip(group) {
+        let skip = if i == group { taken } else { 0 };
+        if g.len() > skip {
+            out.push(g.split_off(skip));
+        }
+    }
+    out
 }
 
 /// `<node>-<driver>-<i>` for slice `index` of `count`; with a node name so long that this
