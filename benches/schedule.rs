@@ -546,6 +546,11 @@ fn main() {
     };
     let base = baseline.display().to_string();
     let g1 = Some("1g.10gb");
+    // Every profile of a dgx-h100 in another slice layout.
+    let ordered = |name, slice_layout| Layout {
+        slice_layout,
+        ..layout(name, "dgx-h100", "all", g1, true, false)
+    };
     let mut layouts = vec![
         layout("8×H100 MIG disabled", &base, "all", None, true, false),
         Layout {
@@ -572,21 +577,8 @@ fn main() {
             )
         },
         layout("dgx-h100 all (default)", "dgx-h100", "all", g1, true, false),
-        Layout {
-            slice_layout: SliceLayout::GpusFirst,
-            ..layout(
-                "dgx-h100 all, gpus-first",
-                "dgx-h100",
-                "all",
-                g1,
-                true,
-                false,
-            )
-        },
-        Layout {
-            slice_layout: SliceLayout::ByGpu,
-            ..layout("dgx-h100 all, by-gpu", "dgx-h100", "all", g1, true, false)
-        },
+        ordered("dgx-h100 all, gpus-first", SliceLayout::GpusFirst),
+        ordered("dgx-h100 all, by-gpu", SliceLayout::ByGpu),
         layout(
             "dgx-h100 no +me, no 1g.20gb",
             "dgx-h100",
@@ -632,25 +624,14 @@ fn main() {
     ];
     // The two slice layouts walked as kube-scheduler ≤ 1.35 walked them, and by-profile in
     // name order (1.36 and later).
-    layouts.push(Layout {
-        slice_layout: SliceLayout::ByProfile,
-        ..layout(
-            "dgx-h100 all by-profile",
-            "dgx-h100",
-            "all",
-            g1,
-            true,
-            false,
-        )
-    });
+    layouts.push(ordered("dgx-h100 all by-profile", SliceLayout::ByProfile));
     for (name, slice_layout) in [
         ("dgx-h100 all, ≤1.35 random walk", SliceLayout::ByGpu),
         ("dgx-h100 by-profile, ≤1.35 rnd", SliceLayout::ByProfile),
     ] {
         layouts.push(Layout {
-            slice_layout,
             random_walk: true,
-            ..layout(name, "dgx-h100", "all", g1, true, false)
+            ..ordered(name, slice_layout)
         });
     }
     for &nodes in &node_counts {

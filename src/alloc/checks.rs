@@ -102,19 +102,21 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
         status
     }
 
-    /// Whether an earlier allocation holds the device at `pos` exclusively, so that `slot`
-    /// (unless it asks for admin access) cannot have it whatever its selectors say: the
-    /// cheap check Kubernetes makes before evaluating any selector on a device.
-    pub(crate) fn held_elsewhere(&self, slot: usize, pos: usize) -> bool {
+    /// The claim an earlier allocation gave the device at `pos` to exclusively, unless `slot`
+    /// asks for admin access: such a device is not `slot`'s whatever its selectors say. The
+    /// walk checks this before evaluating any selector on the device, as Kubernetes does
+    /// ("in use" is cheap).
+    pub(crate) fn exclusive_holder(&self, slot: usize, pos: usize) -> Option<&'s String> {
+        if self.prep.slots[slot].admin {
+            return None;
+        }
         let at = self.node.devices[pos];
         let pool = &self.alloc.inventory.pools[at.pool];
         let device = pool.devices[at.index].device;
-        !self.prep.slots[slot].admin
-            && self.alloc.state.exclusive.contains_key(&(
-                pool.driver,
-                pool.name,
-                device.name.as_str(),
-            ))
+        self.alloc
+            .state
+            .exclusive
+            .get(&(pool.driver, pool.name, device.name.as_str()))
     }
 
     /// Selectors (class first, then request), earlier allocations, taints. Reasons are only
@@ -160,13 +162,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 }
             }
         }
-        if !spec.admin
-            && let Some(claim) =
-                self.alloc
-                    .state
-                    .exclusive
-                    .get(&(pool.driver, pool.name, device.name.as_str()))
-        {
+        if let Some(claim) = self.exclusive_holder(slot, pos) {
             let reason = self.full.then(|| Rejection::AlreadyAllocated {
                 claim: claim.clone(),
             });

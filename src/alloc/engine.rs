@@ -53,12 +53,7 @@ impl<E> Counting<E> {
         }
     }
 
-    /// Selector evaluations so far (errors included).
-    pub fn evaluations(&self) -> u64 {
-        self.evaluations.get()
-    }
-
-    /// Returns the count and starts again from zero.
+    /// Returns the selector evaluations so far (errors included) and starts again from zero.
     pub fn take(&self) -> u64 {
         self.evaluations.replace(0)
     }

@@ -191,7 +191,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             // As in Kubernetes, a device another claim holds is passed over before any
             // selector is evaluated on it ("in use" is cheap); with full detail every device
             // is classified for its reason.
-            if !self.full && self.held_elsewhere(slot, pos) {
+            if !self.full && self.exclusive_holder(slot, pos).is_some() {
                 continue;
             }
             if self.eligible(slot, pos)? == Status::Eligible {

@@ -101,6 +101,9 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
         .collect())
 }
 
+/// Which group a device belongs to; groups are ordered by it.
+type GroupKey<'d> = (u32, u32, &'d str);
+
 /// The group a device belongs to under `layout`, and the order of the groups:
 /// - `gpus-first` (and `interleaved` before its head is merged, see [`interleave`]): every
 ///   whole GPU (and VFIO device) in one group first, then one group per GPU's MIG instances
@@ -109,7 +112,7 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
 /// - `by-gpu`: one group per GPU, in index order;
 /// - `by-profile`: whole GPUs first, then MIG profiles from the smallest placement up, by
 ///   name within a size (`1g.10gb` before `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
-fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
+fn group_of(layout: SliceLayout, d: &PublishedDevice) -> GroupKey<'_> {
     match (layout, &d.kind) {
         (
             SliceLayout::GpusFirst | SliceLayout::Interleaved,
@@ -140,18 +143,20 @@ fn group_of(layout: SliceLayout, d: &PublishedDevice) -> (u32, u32, &str) {
 /// packed into slices in order without splitting one unless it alone exceeds a slice.
 fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
     let layout = model.slice_layout;
-    let mut ordered: Vec<&PublishedDevice> = model.devices.iter().collect();
+    let mut keyed: Vec<(GroupKey, &PublishedDevice)> = model
+        .devices
+        .iter()
+        .map(|d| (group_of(layout, d), d))
+        .collect();
     if layout != SliceLayout::ByGpu {
-        ordered.sort_by_key(|d| group_of(layout, d));
+        keyed.sort_by_key(|(key, _)| *key);
+    }
+    if layout == SliceLayout::Interleaved {
+        keyed = interleave(keyed);
     }
     let mut groups: Vec<Vec<&Device>> = Vec::new();
     let mut last_group = None;
-    let mut whole_first = false;
-    for d in ordered {
-        let group = group_of(layout, d);
-        if last_group.is_none() {
-            whole_first = matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. });
-        }
+    for (group, d) in keyed {
         if last_group != Some(group) {
             groups.push(Vec::new());
             last_group = Some(group);
@@ -159,9 +164,6 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
         if let Some(g) = groups.last_mut() {
             g.push(&d.device);
         }
-    }
-    if layout == SliceLayout::Interleaved && whole_first {
-        groups = interleave(groups);
     }
     let limit = |counts: bool| {
         if counts {
@@ -194,39 +196,29 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
     slices
 }
 
-/// `interleaved`: the `gpus-first` groups, whose first is the whole GPUs (and VFIO devices),
-/// with that group merged one for one with the MIG devices that follow it, in their order:
-/// `W0 M0 W1 M1 …` until either runs out. That head is one group; what is left of the MIG
-/// groups keeps its grouping. Each kind's own order is unchanged.
-fn interleave(groups: Vec<Vec<&Device>>) -> Vec<Vec<&Device>> {
-    if groups.len() < 2 {
-        return groups;
+/// `interleaved`: the `gpus-first` order, whose whole GPUs (and VFIO devices) come first,
+/// with those merged one for one with the MIG devices that follow them, in their order:
+/// `W0 M0 W1 M1 …` until either runs out, then the rest. The merged head keeps the whole
+/// GPUs' group key, so it is one group; what is left of each MIG group keeps its own. Each
+/// kind's own order is unchanged. A node without whole GPUs keeps the `gpus-first` order.
+fn interleave<'d>(
+    mut keyed: Vec<(GroupKey<'d>, &'d PublishedDevice)>,
+) -> Vec<(GroupKey<'d>, &'d PublishedDevice)> {
+    let whole = keyed
+        .iter()
+        .take_while(|(_, d)| matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. }))
+        .count();
+    let Some(&(head, _)) = keyed.first().filter(|_| whole > 0) else {
+        return keyed;
+    };
+    let mut mig = keyed.split_off(whole).into_iter();
+    let mut merged = Vec::with_capacity(whole + mig.len());
+    for w in keyed {
+        merged.push(w);
+        merged.extend(mig.next().map(|(_, m)| (head, m)));
     }
-    let mut rest = groups.into_iter();
-    let whole = rest.next().unwrap_or_default();
-    let mut others: Vec<Vec<&Device>> = rest.collect();
-    let mut head = Vec::with_capacity(whole.len() * 2);
-    let mut taken = 0usize;
-    let mut group = 0usize;
-    for w in whole {
-        head.push(w);
-        while group < others.len() && taken == others[group].len() {
-            group += 1;
-            taken = 0;
-        }
-        if let Some(m) = others.get(group).and_then(|g| g.get(taken)) {
-            head.push(*m);
-            taken += 1;
-        }
-    }
-    let mut out = vec![head];
-    for (i, g) in others.iter_mut().enumerate().skip(group) {
-        let skip = if i == group { taken } else { 0 };
-        if g.len() > skip {
-            out.push(g.split_off(skip));
-        }
-    }
-    out
+    merged.extend(mig);
+    merged
 }
 
 /// `<node>-<driver>-<i>` for slice `index` of `count`; with a node name so long that this
