@@ -844,6 +844,27 @@ fn a_dgx_h100_with_every_profile_publishes_at_most_120_kb_and_every_preset_under
     }
 }
 
+/// House rule 15: kube-scheduler looks up every counter entry a node's devices consume on
+/// every node evaluation (`validateDeviceCounterConsumption`), and `cargo bench --bench
+/// schedule` prices them (column `ctr/node`). A DGX H100 consumes 65 entries per GPU (the
+/// full GPU 9, each 1g placement its slice, each `+me` its slice and the media engine, …);
+/// before issue 34 it was 195. A change that adds a counter to every device fails here.
+#[test]
+fn a_dgx_h100_consumes_65_counter_entries_per_gpu() {
+    let (_, _, slices) = model_and_slices("dgx-h100");
+    let entries: usize = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .flat_map(|d| d.consumes_counters.iter().flatten())
+        .map(|c| c.counters.len())
+        .sum();
+    assert_eq!(
+        entries,
+        8 * 65,
+        "dgx-h100 devices consume {entries} counter entries"
+    );
+}
+
 /// What a MIG device carries in each `--mig-attributes` choice: compact keeps exactly the
 /// documented names (NVIDIA's class, profile, parent and model names among them); full adds
 /// the parent GPU's attributes and the engine capacities; full GPUs are the same either way.
