@@ -258,6 +258,37 @@ impl Run {
 const MEASURED_BASE_PODS_PER_S: f64 = 13.4;
 const MEASURED_BEFORE_PODS_PER_S: f64 = 3.7;
 
+/// Issue 34's held-out run at 1,000 nodes, in the terms both estimates below use: the
+/// baseline's time per pod, the nodes evaluated per pod, and the `before` layout's extra time
+/// per node evaluation over the baseline's. `None` at any other node count: the figures were
+/// measured at 1,000 nodes only (docs/architecture.md, "Scheduling cost").
+struct HeldOut {
+    base_pod: f64,
+    evaluations: f64,
+    before_extra: f64,
+}
+
+impl HeldOut {
+    fn at(nodes: usize) -> Option<HeldOut> {
+        if nodes != 1000 {
+            return None;
+        }
+        let base_pod = 1.0 / MEASURED_BASE_PODS_PER_S;
+        let evaluations = feasible_to_find(nodes) as f64;
+        Some(HeldOut {
+            base_pod,
+            evaluations,
+            before_extra: (1.0 / MEASURED_BEFORE_PODS_PER_S - base_pod) / evaluations,
+        })
+    }
+
+    /// The rate relative to MIG-disabled nodes of a layout whose node evaluations each cost
+    /// `extra` seconds more than the baseline's.
+    fn ratio(&self, extra: f64) -> f64 {
+        self.base_pod / (self.base_pod + self.evaluations * extra)
+    }
+}
+
 /// The rate relative to MIG-disabled nodes that the real scheduler would reach, calibrated on
 /// the held-out run. The model's extra time per node evaluation over the baseline has two
 /// parts, which the real scheduler does not scale alike:
@@ -271,25 +302,15 @@ const MEASURED_BEFORE_PODS_PER_S: f64 = 3.7;
 ///   passes. Taken at the model's cost: both evaluate a device's selectors over maps of its
 ///   attributes (the real one rebuilds them per evaluation, ours once per pod, so if anything
 ///   this part is higher there).
-///
-/// Only meaningful at 1,000 nodes, the scale it was measured at (docs/architecture.md,
-/// "Scheduling cost").
 fn calibrated_ratio(
     nodes: usize,
     fixed: Duration,
     walk: Duration,
     before_fixed: Duration,
 ) -> Option<f64> {
-    if nodes != 1000 || before_fixed.is_zero() {
-        return None;
-    }
-    let base_pod = 1.0 / MEASURED_BASE_PODS_PER_S;
-    let before_pod = 1.0 / MEASURED_BEFORE_PODS_PER_S;
-    let evaluations = feasible_to_find(nodes) as f64;
-    let measured_extra = (before_pod - base_pod) / evaluations;
-    let scale = measured_extra / before_fixed.as_secs_f64();
-    let extra = scale * fixed.as_secs_f64() + walk.as_secs_f64();
-    Some(base_pod / (base_pod + evaluations * extra))
+    let held_out = HeldOut::at(nodes).filter(|_| !before_fixed.is_zero())?;
+    let scale = held_out.before_extra / before_fixed.as_secs_f64();
+    Some(held_out.ratio(scale * fixed.as_secs_f64() + walk.as_secs_f64()))
 }
 
 /// What the real scheduler's per-node work can be counted in, read from its source
@@ -334,19 +355,14 @@ fn counted_ratios(
     before: NodeWork,
     walk: Duration,
 ) -> Option<(f64, f64)> {
-    if nodes != 1000 || before.devices <= base.devices || before.entries <= base.entries {
-        return None;
-    }
-    let base_pod = 1.0 / MEASURED_BASE_PODS_PER_S;
-    let before_pod = 1.0 / MEASURED_BEFORE_PODS_PER_S;
-    let evaluations = feasible_to_find(nodes) as f64;
-    let measured_extra = (before_pod - base_pod) / evaluations;
-    let per_device = measured_extra / (before.devices - base.devices) as f64;
-    let per_entry = measured_extra / (before.entries - base.entries) as f64;
-    let ratio = |extra: f64| base_pod / (base_pod + evaluations * (extra + walk.as_secs_f64()));
+    let held_out = HeldOut::at(nodes)
+        .filter(|_| before.devices > base.devices && before.entries > base.entries)?;
+    let per_device = held_out.before_extra / (before.devices - base.devices) as f64;
+    let per_entry = held_out.before_extra / (before.entries - base.entries) as f64;
+    let walk = walk.as_secs_f64();
     Some((
-        ratio(per_device * work.devices.saturating_sub(base.devices) as f64),
-        ratio(per_entry * work.entries.saturating_sub(base.entries) as f64),
+        held_out.ratio(per_device * work.devices.saturating_sub(base.devices) as f64 + walk),
+        held_out.ratio(per_entry * work.entries.saturating_sub(base.entries) as f64 + walk),
     ))
 }
 

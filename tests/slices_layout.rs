@@ -197,17 +197,8 @@ fn slice_names_sort_in_slice_order_past_ten_slices() {
 
 #[test]
 fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down() {
-    // The walk order kube-scheduler (≥ 1.36) takes: every slice in name order, each slice's
-    // devices in order.
-    let walk = |slices: &[ResourceSlice]| -> Vec<String> {
-        slices
-            .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            .map(|d| d.name.clone())
-            .collect()
-    };
     let (model, slices) = slices_with("dgx-h100", SliceLayout::GpusFirst);
-    let order = walk(&slices);
+    let order = walk_order(&slices);
     let wholes: Vec<String> = (0..8).map(|g| format!("gpu-{g}")).collect();
     assert_eq!(order[..8], wholes[..]);
     // Then each GPU's MIG devices together, GPU 7 first, in the GPU's packing order.
@@ -218,7 +209,7 @@ fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down()
     let by_gpu = {
         let mut m = model.clone();
         m.slice_layout = SliceLayout::ByGpu;
-        walk(&slices::build(&m, &pool_of(&slices)).unwrap())
+        walk_order(&slices::build(&m, &pool_of(&slices)).unwrap())
     };
     let gpu7_by_gpu: Vec<&String> = by_gpu.iter().filter(|n| n.starts_with("gpu-7-")).collect();
     let gpu7_first: Vec<&String> = order.iter().filter(|n| n.starts_with("gpu-7-")).collect();
@@ -231,7 +222,7 @@ fn gpus_first_walks_whole_gpus_up_then_existing_mig_then_dynamic_mig_gpus_down()
     // Existing (static) MIG devices come before dynamic ones: the mixed preset's A100 (GPU 0,
     // static) before its H100 (GPU 1, dynamic); whole GPUs (H100, L4) first.
     let (_, mixed) = slices_with("mixed", SliceLayout::GpusFirst);
-    let order = walk(&mixed);
+    let order = walk_order(&mixed);
     assert_eq!(order[..2], ["gpu-1".to_string(), "gpu-2".to_string()]);
     let first_dynamic = order.iter().position(|n| n.starts_with("gpu-1-")).unwrap();
     assert!(
