@@ -129,6 +129,7 @@ mod tests {
             cuda_driver_version: "13.0".into(),
             gpus: vec![],
             passthrough: None,
+            vgpu_host: None,
         };
         assert_eq!(check_gpus(&inv)[0].status, Status::Warn);
     }

@@ -227,6 +227,33 @@ fn build_models() -> Result<Vec<GpuModel>, CatalogError> {
         compute_slices: 0,
         profiles: Vec::new(),
     });
+    // vGPU hosts without MIG: an SR-IOV (vdev) Ada GPU and an mdev Turing GPU.
+    models.push(GpuModel {
+        key: "L40S".to_string(),
+        product_name: "NVIDIA L40S".to_string(),
+        pci_device_id: "0x26B910DE".to_string(),
+        brand: "Nvidia".to_string(),
+        architecture: Architecture::AdaLovelace,
+        compute_capability: (8, 9),
+        memory_mib: 46068,
+        multiprocessors: 142,
+        memory_slices: 0,
+        compute_slices: 0,
+        profiles: Vec::new(),
+    });
+    models.push(GpuModel {
+        key: "T4".to_string(),
+        product_name: "Tesla T4".to_string(),
+        pci_device_id: "0x1EB810DE".to_string(),
+        brand: "Tesla".to_string(),
+        architecture: Architecture::Turing,
+        compute_capability: (7, 5),
+        memory_mib: 15360,
+        multiprocessors: 40,
+        memory_slices: 0,
+        compute_slices: 0,
+        profiles: Vec::new(),
+    });
     // A pre-Volta GPU (compute capability 6.0), for what needs Volta or newer (multi-user MPS).
     models.push(GpuModel {
         key: "P100-PCIE-16GB".to_string(),

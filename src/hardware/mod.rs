@@ -20,6 +20,7 @@ pub mod passthrough;
 pub mod policy_flag;
 pub mod sim;
 pub mod telemetry;
+pub mod vgpu;
 
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +37,10 @@ pub struct NodeInventory {
     /// driver has it); `None` unless passthrough is on ([`passthrough::PassthroughBackend`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passthrough: Option<passthrough::PciHostFacts>,
+    /// The host's vGPU view from sysfs (virtual functions, mdev types, the vGPUs that exist);
+    /// `None` unless vGPU is on (`--vgpu-types`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpu_host: Option<vgpu::VgpuHostFacts>,
 }
 
 /// One physical GPU.
@@ -93,6 +98,10 @@ pub struct GpuInfo {
     /// (1–8 on HGX), which Fabric Manager calls `physicalId`; 0 when NVML cannot say.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub module_id: u32,
+    /// vGPU support as NVML reports it (types, homogeneity, host mode); `None` when the GPU
+    /// or its driver (no vGPU manager) supports none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpu: Option<vgpu::GpuVgpu>,
 }
 
 fn is_zero_u32(v: &u32) -> bool {

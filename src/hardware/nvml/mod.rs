@@ -235,6 +235,7 @@ impl NvmlBackend {
             empty_gpu_instances,
             fabric,
             module_id,
+            vgpu: None,
         })
     }
 }
@@ -269,6 +270,7 @@ impl GpuBackend for NvmlBackend {
             ),
             gpus,
             passthrough: None,
+            vgpu_host: None,
         })
     }
 

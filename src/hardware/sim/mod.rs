@@ -498,6 +498,7 @@ impl GpuBackend for SimBackend {
                 cuda_driver_version: self.plan.cuda_driver_version.clone(),
                 gpus,
                 passthrough: None,
+                vgpu_host: None,
             })
         })
     }

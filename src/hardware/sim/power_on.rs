@@ -200,5 +200,6 @@ pub(super) fn gpu_info(
         faults: gs.faults.clone(),
         fabric: st.fabric.clone(),
         module_id: st.module_id,
+        vgpu: None,
     }
 }
