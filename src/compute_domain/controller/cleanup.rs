@@ -14,7 +14,7 @@
 //! order the kubelet stops things in, nothing of the domain remains.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Node;
@@ -23,6 +23,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::ResourceExt;
 use serde_json::json;
 
+use super::deleting::Deleting;
 use super::desired;
 use super::error::ControllerError;
 use super::reconcile::{Reconciler, lock};
@@ -33,19 +34,6 @@ use crate::compute_domain::api::{self, ComputeDomain, ComputeDomainNode};
 pub const FIRST_STOP_POLL: Duration = Duration::from_millis(100);
 /// The longest wait between two looks.
 pub const MAX_STOP_POLL: Duration = Duration::from_secs(2);
-
-/// How far the clean-up of one deleted domain got.
-#[derive(Debug, Clone)]
-pub struct Deleting {
-    /// When this controller first saw the domain deleted.
-    since: Instant,
-    /// The DaemonSet's deletion was asked for; from then on it is only read.
-    daemon_set_deleted: bool,
-    /// The two templates were deleted.
-    templates_deleted: bool,
-    /// Looks at the DaemonSet so far.
-    looks: u32,
-}
 
 fn gone(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
     match r {
@@ -69,12 +57,7 @@ impl Reconciler {
         let uid = domain.uid().unwrap_or_default();
         let progress = lock(&self.deleting)
             .entry(uid.clone())
-            .or_insert_with(|| Deleting {
-                since: Instant::now(),
-                daemon_set_deleted: false,
-                templates_deleted: false,
-                looks: 0,
-            })
+            .or_insert_with(Deleting::start)
             .clone();
         let first = !progress.daemon_set_deleted;
         let daemons_stopped = self.delete_daemon_set(domain, &progress).await?;

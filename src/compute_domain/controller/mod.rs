@@ -27,6 +27,7 @@
 
 pub mod binding;
 pub mod cleanup;
+pub mod deleting;
 pub mod desired;
 pub mod error;
 pub mod finalizer;

@@ -18,7 +18,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::ResourceExt;
 use serde_json::json;
 
-use super::cleanup::Deleting;
+use super::deleting::Deleting;
 use super::desired::{self, Settings};
 use super::error::ControllerError;
 use super::finalizer;
