@@ -34,6 +34,7 @@ mod signatures;
 mod stubs;
 mod system;
 mod telemetry;
+mod vgpu;
 
 pub use compute_instances::*;
 pub use device::*;
@@ -46,6 +47,7 @@ pub use mig::*;
 pub use stubs::*;
 pub use system::*;
 pub use telemetry::*;
+pub use vgpu::*;
 
 /// The file name Cargo gives the built library.
 pub const LIBRARY_FILE: &str = "libgpu_dra_nvml_sim.so";

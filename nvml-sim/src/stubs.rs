@@ -1847,27 +1847,9 @@ pub extern "C" fn nvmlDeviceGetVirtualizationMode(
 
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetHostVgpuMode(
-    device: nvmlDevice_t,
-    pHostVgpuMode: *mut nvmlHostVgpuMode_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
 pub extern "C" fn nvmlDeviceSetVirtualizationMode(
     device: nvmlDevice_t,
     virtualMode: nvmlGpuVirtualizationMode_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetVgpuHeterogeneousMode(
-    device: nvmlDevice_t,
-    pHeterogeneousMode: *mut nvmlVgpuHeterogeneousMode_t,
 ) -> nvmlReturn_t {
     NOT_SUPPORTED
 }
@@ -1967,36 +1949,6 @@ pub extern "C" fn nvmlGetVgpuDriverCapabilities(
 
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetVgpuCapabilities(
-    device: nvmlDevice_t,
-    capability: nvmlDeviceVgpuCapability_t,
-    capResult: *mut raw::c_uint,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetSupportedVgpus(
-    device: nvmlDevice_t,
-    vgpuCount: *mut raw::c_uint,
-    vgpuTypeIds: *mut nvmlVgpuTypeId_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlDeviceGetCreatableVgpus(
-    device: nvmlDevice_t,
-    vgpuCount: *mut raw::c_uint,
-    vgpuTypeIds: *mut nvmlVgpuTypeId_t,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
 pub extern "C" fn nvmlVgpuTypeGetClass(
     vgpuTypeId: nvmlVgpuTypeId_t,
     vgpuTypeClass: *mut raw::c_char,
@@ -2007,38 +1959,10 @@ pub extern "C" fn nvmlVgpuTypeGetClass(
 
 /// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlVgpuTypeGetName(
-    vgpuTypeId: nvmlVgpuTypeId_t,
-    vgpuTypeName: *mut raw::c_char,
-    size: *mut raw::c_uint,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlVgpuTypeGetGpuInstanceProfileId(
-    vgpuTypeId: nvmlVgpuTypeId_t,
-    gpuInstanceProfileId: *mut raw::c_uint,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
 pub extern "C" fn nvmlVgpuTypeGetDeviceID(
     vgpuTypeId: nvmlVgpuTypeId_t,
     deviceID: *mut raw::c_ulonglong,
     subsystemID: *mut raw::c_ulonglong,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlVgpuTypeGetFramebufferSize(
-    vgpuTypeId: nvmlVgpuTypeId_t,
-    fbSize: *mut raw::c_ulonglong,
 ) -> nvmlReturn_t {
     NOT_SUPPORTED
 }
@@ -2078,16 +2002,6 @@ pub extern "C" fn nvmlVgpuTypeGetLicense(
 pub extern "C" fn nvmlVgpuTypeGetFrameRateLimit(
     vgpuTypeId: nvmlVgpuTypeId_t,
     frameRateLimit: *mut raw::c_uint,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlVgpuTypeGetMaxInstances(
-    device: nvmlDevice_t,
-    vgpuTypeId: nvmlVgpuTypeId_t,
-    vgpuInstanceCount: *mut raw::c_uint,
 ) -> nvmlReturn_t {
     NOT_SUPPORTED
 }
@@ -2269,16 +2183,6 @@ pub extern "C" fn nvmlVgpuInstanceGetGpuPciId(
     vgpuInstance: nvmlVgpuInstance_t,
     vgpuPciId: *mut raw::c_char,
     length: *mut raw::c_uint,
-) -> nvmlReturn_t {
-    NOT_SUPPORTED
-}
-
-/// Not simulated: `NVML_ERROR_NOT_SUPPORTED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlVgpuTypeGetCapabilities(
-    vgpuTypeId: nvmlVgpuTypeId_t,
-    capability: nvmlVgpuCapability_t,
-    capResult: *mut raw::c_uint,
 ) -> nvmlReturn_t {
     NOT_SUPPORTED
 }

@@ -39,6 +39,7 @@ fn the_library_speaks_nvml_abi_as_nvml_wrapper_loads_it() {
     assert_eq!(size_of::<nvmlComputeInstanceInfo_t>(), 32);
     assert_eq!(size_of::<nvmlGpuInstanceProfileInfo_v2_t>(), 152);
     assert_eq!(size_of::<nvmlDeviceAttributes_t>(), 40);
+    assert_eq!(size_of::<nvmlVgpuHeterogeneousMode_v1_t>(), 8);
 
     // nvml-wrapper's own path: dlopen, nvmlInit_v2, safe queries.
     let nvml = Nvml::builder().lib_path(path.as_os_str()).init().unwrap();
@@ -91,6 +92,48 @@ fn the_library_speaks_nvml_abi_as_nvml_wrapper_loads_it() {
         "nvmlGetVgpuVersion (a stub)",
         lib.nvmlGetVgpuVersion.is_ok(),
     );
+    // The vGPU calls the NVML backend reads (nvml-sim/tests/vgpu.rs checks their answers).
+    for (name, ok) in [
+        (
+            "nvmlDeviceGetSupportedVgpus",
+            lib.nvmlDeviceGetSupportedVgpus.is_ok(),
+        ),
+        (
+            "nvmlDeviceGetCreatableVgpus",
+            lib.nvmlDeviceGetCreatableVgpus.is_ok(),
+        ),
+        ("nvmlVgpuTypeGetName", lib.nvmlVgpuTypeGetName.is_ok()),
+        (
+            "nvmlVgpuTypeGetFramebufferSize",
+            lib.nvmlVgpuTypeGetFramebufferSize.is_ok(),
+        ),
+        (
+            "nvmlVgpuTypeGetMaxInstances",
+            lib.nvmlVgpuTypeGetMaxInstances.is_ok(),
+        ),
+        (
+            "nvmlVgpuTypeGetCapabilities",
+            lib.nvmlVgpuTypeGetCapabilities.is_ok(),
+        ),
+        (
+            "nvmlVgpuTypeGetGpuInstanceProfileId",
+            lib.nvmlVgpuTypeGetGpuInstanceProfileId.is_ok(),
+        ),
+        (
+            "nvmlDeviceGetVgpuHeterogeneousMode",
+            lib.nvmlDeviceGetVgpuHeterogeneousMode.is_ok(),
+        ),
+        (
+            "nvmlDeviceGetHostVgpuMode",
+            lib.nvmlDeviceGetHostVgpuMode.is_ok(),
+        ),
+        (
+            "nvmlDeviceGetVgpuCapabilities",
+            lib.nvmlDeviceGetVgpuCapabilities.is_ok(),
+        ),
+    ] {
+        get(name, ok);
+    }
     // SAFETY (test): init/shutdown pairs are refcounted by the library.
     unsafe {
         assert_eq!(lib.nvmlInit_v2(), 0);
