@@ -19,7 +19,12 @@
 //!
 //! Facts and their sources: `shared/reference/vgpu-and-dra-next.md`.
 
+pub mod backend;
 pub mod catalog;
+pub mod sysfs;
+
+pub use backend::VgpuBackend;
+pub use sysfs::{VgpuHost, VgpuHostError};
 
 use serde::{Deserialize, Serialize};
 
@@ -198,6 +203,16 @@ impl VgpuHostFacts {
     pub fn gpu(&self, address: &str) -> Option<&GpuVgpuHost> {
         self.gpus.iter().find(|g| g.address == address)
     }
+}
+
+/// Whether `text` is a UUID as mdev takes it: `8-4-4-4-12` hex digits, either case.
+pub fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Whether a vGPU of type `a` and one of type `b` may run on one GPU at the same time, by the
