@@ -54,6 +54,27 @@ pub const MAX_DEVICES_PER_CLAIM: usize = 32;
 /// Search steps per node before the allocator gives up on it.
 pub const DEFAULT_STEP_LIMIT: u64 = 1_000_000;
 
+/// How the search undoes a candidate device that a claim constraint refuses after its shared
+/// counters were reserved.
+///
+/// kube-scheduler's `allocateDevice` (k8s.io/dynamic-resource-allocation,
+/// `structured/internal/{stable,incubating,experimental}/allocator_*.go`, v0.34.0 through
+/// v0.37.0-alpha.2) reserves a candidate's counters in `checkAvailableCounters`, then checks
+/// taints and the claim's constraints, and returns on a refusal without
+/// `deallocateCountersForDevice`: the counters stay taken for the rest of that node's
+/// search, so a device refused once (a GPU of another partition, say) cannot be picked later
+/// in the same search. kubernetes/kubernetes#140431 (backported to 1.36 as #140663) rolls
+/// them back. docs/fabric-manager.md shows what it does to partition claims.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CounterRollback {
+    /// Released, as Kubernetes does with #140431.
+    #[default]
+    Released,
+    /// Kept for the rest of the node's search, as kube-scheduler 1.34 to 1.36 without
+    /// #140663 does (constraint refusals only; our taint check runs before counters).
+    Leaked,
+}
+
 /// Input the allocator cannot work with. Each variant names the object, the field and the
 /// offending value.
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +142,7 @@ pub struct Allocator<'a, E: SelectorEngine> {
     state: AllocatedState<'a>,
     views: Vec<OnceLock<Result<E::View<'a>, String>>>,
     step_limit: u64,
+    counter_rollback: CounterRollback,
 }
 
 impl<'a, E: SelectorEngine> Allocator<'a, E> {
@@ -147,12 +169,20 @@ impl<'a, E: SelectorEngine> Allocator<'a, E> {
             state: AllocatedState::new(allocated)?,
             views,
             step_limit: DEFAULT_STEP_LIMIT,
+            counter_rollback: CounterRollback::default(),
         })
     }
 
     /// Replaces [`DEFAULT_STEP_LIMIT`].
     pub fn with_step_limit(mut self, steps: u64) -> Self {
         self.step_limit = steps;
+        self
+    }
+
+    /// Replaces [`CounterRollback::Released`], e.g. to reproduce what an older kube-scheduler
+    /// decides.
+    pub fn with_counter_rollback(mut self, rollback: CounterRollback) -> Self {
+        self.counter_rollback = rollback;
         self
     }
 

@@ -11,7 +11,7 @@ use super::constraint::Constraints;
 use super::counters::{Counters, Use};
 use super::inventory::NodeDevices;
 use super::reason::{Abort, Consumer, Rejection, Wants};
-use super::{Allocator, MAX_DEVICES_PER_CLAIM, Prepared, SelectorEngine};
+use super::{Allocator, CounterRollback, MAX_DEVICES_PER_CLAIM, Prepared, SelectorEngine};
 use crate::quantity::Quantity;
 
 /// What is known about a (slot, device) pair without looking at other choices.
@@ -63,6 +63,9 @@ pub(crate) struct NodeSearch<'s, 'a, E: SelectorEngine> {
     scanned: Vec<usize>,
     pub(crate) steps: u64,
     pub(crate) best: usize,
+    /// Counters kept by candidates a constraint refused ([`CounterRollback::Leaked`]): slot,
+    /// device and what it consumes.
+    leaked: Vec<(usize, usize, Rc<[Use]>)>,
 }
 
 impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
@@ -94,6 +97,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             scanned: vec![0; prep.slots.len()],
             steps: 0,
             best: 0,
+            leaked: Vec::new(),
         }
     }
 
@@ -311,17 +315,24 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                     &self.alloc.state,
                     &short,
                 );
-                for pick in &self.picks {
-                    if pick
-                        .uses
-                        .iter()
+                let touches = |uses: &[Use]| {
+                    uses.iter()
                         .any(|u| u.set == short.set && u.counter == short.counter)
-                    {
-                        consumers.push(Consumer {
-                            device: self.device_name(pick.pos).to_string(),
-                            by: format!("request {}", prep.slots[pick.slot].name),
-                        });
-                    }
+                };
+                for pick in self.picks.iter().filter(|p| touches(&p.uses)) {
+                    consumers.push(Consumer {
+                        device: self.device_name(pick.pos).to_string(),
+                        by: format!("request {}", prep.slots[pick.slot].name),
+                    });
+                }
+                for (slot, pos, _) in self.leaked.iter().filter(|(_, _, u)| touches(u)) {
+                    consumers.push(Consumer {
+                        device: self.device_name(*pos).to_string(),
+                        by: format!(
+                            "request {} (refused by a constraint, counters kept: kube-scheduler before kubernetes#140431)",
+                            prep.slots[*slot].name
+                        ),
+                    });
                 }
                 return Ok(Err(Rejection::CountersExhausted {
                     counter_set,
@@ -336,6 +347,10 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             self.constraints
                 .try_add(&prep.constraints, &prep.slots, slot, device, pool.driver)
         {
+            if self.alloc.counter_rollback == CounterRollback::Leaked && !uses.is_empty() {
+                self.counters.take(&uses);
+                self.leaked.push((slot, pos, uses));
+            }
             return Ok(Err(*reason));
         }
         Ok(Ok(Pick {
