@@ -52,6 +52,9 @@ pub enum InputError {
         /// What failed.
         detail: String,
     },
+    /// `--fabric-manager`: the simulated node's Fabric Manager lists no partitions.
+    #[error("--fabric-manager: the simulated Fabric Manager's partition list")]
+    FabricManager(#[source] crate::fabric_manager::FabricError),
     /// Listing from the API server failed.
     #[error("listing {what} from the API server")]
     Api {
@@ -100,11 +103,16 @@ pub struct SimSliceOptions {
     /// Also the VFIO devices (`--passthrough`), from the simulated node's host tree at power
     /// on (every GPU on `nvidia`); the node must describe one (`passthrough:`).
     pub passthrough: bool,
+    /// Fabric Manager partitions (`--fabric-manager`): full GPUs (and VFIO devices) carry
+    /// `gpuModuleID` and `partition1/2/4/8` from the simulated FM's list, as the plugin
+    /// publishes them; the node must be in shared NVSwitch mode (`nvswitch: true`,
+    /// `fabricMode: 1`).
+    pub fabric_manager: bool,
 }
 
 /// The slices a simulated node (preset or node file) publishes, as `inventory -o yaml` prints
-/// them. Fails when the node cannot be built or `options.mig_profiles` names a profile none of
-/// its GPUs has.
+/// them. Fails when the node cannot be built, `options.mig_profiles` names a profile none of
+/// its GPUs has, or `options.fabric_manager` is set on a node not in shared NVSwitch mode.
 pub fn sim_slices(
     sim_node: &str,
     driver: &str,
@@ -122,6 +130,13 @@ pub fn sim_slices(
         SimBackend::open(sim_node, scratch.as_ref().map(|d| d.path())).map_err(InputError::Sim)?;
     let policies = sim.mig_policies();
     let node_name = sim.node_name().to_string();
+    // The list the plugin reads from the simulated FM at start (`fmpm -l`), built in-process.
+    let fabric_partitions = match options.fabric_manager {
+        true => Some(std::sync::Arc::new(
+            crate::fabric_manager::sim::partitions(&sim).map_err(InputError::FabricManager)?,
+        )),
+        false => None,
+    };
     let backend: Box<dyn GpuBackend> = match (options.passthrough, sim.host_root()) {
         (false, _) => Box::new(sim),
         (true, None) => {
@@ -151,6 +166,7 @@ pub fn sim_slices(
         slice_layout: options.slice_layout,
         mig_attributes: options.mig_attributes,
         passthrough: options.passthrough,
+        fabric_partitions,
         ..ModelOptions::with_policies(driver, &policies)
     };
     let model = crate::devices::build(&inventory, &model_options);
@@ -216,11 +232,25 @@ pub fn explain_slices_file<E: crate::alloc::SelectorEngine>(
     claims: &[ResourceClaim],
     path: &Path,
 ) -> Option<crate::explain::ExplainReport> {
+    explain_slices_file_as(engine, classes, allocated, claims, path, Default::default())
+}
+
+/// [`explain_slices_file`] as a kube-scheduler whose allocator undoes a refused candidate
+/// this way ([`crate::alloc::CounterRollback`]).
+pub fn explain_slices_file_as<E: crate::alloc::SelectorEngine>(
+    engine: &E,
+    classes: &[DeviceClass],
+    allocated: &[ResourceClaim],
+    claims: &[ResourceClaim],
+    path: &Path,
+    counter_rollback: crate::alloc::CounterRollback,
+) -> Option<crate::explain::ExplainReport> {
     use crate::explain::load::RESOURCE_VERSIONS;
     if !crate::explain::stream::is_json_object(path) {
         return None;
     }
-    let mut scan = crate::explain::NodeScan::new(engine, classes, allocated, claims);
+    let mut scan = crate::explain::NodeScan::new(engine, classes, allocated, claims)
+        .with_counter_rollback(counter_rollback);
     loop {
         let mut unnamed = false;
         let mut count = 0usize;
@@ -395,12 +425,39 @@ pub async fn explain_cluster<E: crate::alloc::SelectorEngine>(
     allocated: &[ResourceClaim],
     claims: &[ResourceClaim],
 ) -> Result<crate::explain::ExplainReport, InputError> {
+    explain_cluster_as(
+        engine,
+        client,
+        node,
+        classes,
+        allocated,
+        claims,
+        Default::default(),
+    )
+    .await
+}
+
+/// [`explain_cluster`] as a kube-scheduler whose allocator undoes a refused candidate this
+/// way ([`crate::alloc::CounterRollback`]).
+///
+/// # Errors
+/// As [`explain_cluster`].
+pub async fn explain_cluster_as<E: crate::alloc::SelectorEngine>(
+    engine: &E,
+    client: &kube::Client,
+    node: Option<&str>,
+    classes: &[DeviceClass],
+    allocated: &[ResourceClaim],
+    claims: &[ResourceClaim],
+    counter_rollback: crate::alloc::CounterRollback,
+) -> Result<crate::explain::ExplainReport, InputError> {
     let what = "ResourceSlices";
     let mut params = ListParams::default();
     if let Some(node) = node {
         params = params.fields(&format!("spec.nodeName={node}"));
     }
-    let mut scan = crate::explain::NodeScan::new(engine, classes, allocated, claims);
+    let mut scan = crate::explain::NodeScan::new(engine, classes, allocated, claims)
+        .with_counter_rollback(counter_rollback);
     loop {
         crate::explain::stream::read_list(
             client,

@@ -24,6 +24,12 @@ pub(crate) struct ExplainArgs {
     /// does with --passthrough; the node must simulate a host tree (hgx-h100-passthrough).
     #[arg(long, conflicts_with_all = ["slices", "kubeconfig"])]
     passthrough: bool,
+    /// With --sim-node: publish Fabric Manager's partition attributes (gpuModuleID,
+    /// partition1/2/4/8) on full GPUs and VFIO devices, as the plugin does with
+    /// --fabric-manager; the node must be in shared NVSwitch mode (hgx-h100-fm,
+    /// hgx-h100-passthrough).
+    #[arg(long, conflicts_with_all = ["slices", "kubeconfig"])]
+    fabric_manager: bool,
     /// With --sim-node: publish its GPUs shareable (consumable capacity), as
     /// `kubelet-plugin --shared-gpus` would: off, memory or N shares.
     #[arg(long, default_value = "off", value_name = "off|memory|N")]
@@ -56,9 +62,33 @@ pub(crate) struct ExplainArgs {
     /// DRA driver name of simulated slices.
     #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
     driver_name: String,
+    /// How the allocator undoes a device a claim constraint refuses after reserving its
+    /// shared counters: released (Kubernetes with kubernetes#140431) or leaked (kube-scheduler
+    /// 1.34 to 1.36 without it: the device stays unusable for the rest of the node's search,
+    /// which refuses partition claims that fit; docs/fabric-manager.md).
+    #[arg(long, value_enum, default_value = "released")]
+    counter_rollback: CounterRollbackFlag,
     /// Output: reasons for people, or the allocation / reasons as JSON or YAML.
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
+}
+
+/// `--counter-rollback`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CounterRollbackFlag {
+    /// Released, as Kubernetes does with kubernetes#140431.
+    Released,
+    /// Kept for the rest of the node's search, as kube-scheduler 1.34 to 1.36 without it.
+    Leaked,
+}
+
+impl From<CounterRollbackFlag> for gpu_dra::alloc::CounterRollback {
+    fn from(flag: CounterRollbackFlag) -> Self {
+        match flag {
+            CounterRollbackFlag::Released => gpu_dra::alloc::CounterRollback::Released,
+            CounterRollbackFlag::Leaked => gpu_dra::alloc::CounterRollback::Leaked,
+        }
+    }
 }
 
 /// Prints the verdict; exit 0 when the claims fit, 1 when they do not, 2 on bad input
@@ -89,6 +119,7 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         None => Vec::new(),
     };
     let engine = gpu_dra::selectors::CelEngine;
+    let rollback = args.counter_rollback.into();
     let report = if args.kubeconfig.is_some() || args.in_cluster {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -104,13 +135,14 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                 Err(e) => return anyhow::Ok(Err(e)),
             };
             allocated.extend(explain_inputs::cluster_allocated(&client).await?);
-            let report = explain_inputs::explain_cluster(
+            let report = explain_inputs::explain_cluster_as(
                 &engine,
                 &client,
                 args.node.as_deref(),
                 &classes,
                 &allocated,
                 &claims,
+                rollback,
             )
             .await?;
             anyhow::Ok(Ok(report))
@@ -125,7 +157,9 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             Err(e) => return bad_input(e),
         };
         let streamed = args.slices.as_deref().and_then(|path| {
-            explain_inputs::explain_slices_file(&engine, &classes, &allocated, &claims, path)
+            explain_inputs::explain_slices_file_as(
+                &engine, &classes, &allocated, &claims, path, rollback,
+            )
         });
         match streamed {
             Some(report) => report,
@@ -143,6 +177,7 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                             slice_layout: args.slice_layout.slice_layout,
                             mig_attributes: args.slice_layout.mig_attributes,
                             passthrough: args.passthrough,
+                            fabric_manager: args.fabric_manager,
                         },
                     )
                     .map_err(|e| chain(&anyhow::Error::new(e))),
@@ -157,7 +192,7 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                     allocated,
                     claims,
                 };
-                explain::explain(&engine, &input)
+                explain::explain_as(&engine, &input, rollback)
             }
         }
     };

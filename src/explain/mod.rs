@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde::Serialize;
 
-use crate::alloc::{Allocator, Detail, Node, Outcome, SelectorEngine};
+use crate::alloc::{Allocator, CounterRollback, Detail, Node, Outcome, SelectorEngine};
 
 pub use load::{load_allocated, load_claims, load_classes, load_nodes, load_slices};
 pub use scan::NodeScan;
@@ -118,6 +118,10 @@ pub struct ExplainReport {
     pub chosen: Option<Outcome>,
     /// Full explanations for the closest nodes that do not fit.
     pub near_misses: Vec<Outcome>,
+    /// What else the reader should know: with [`CounterRollback::Leaked`], that the claims
+    /// would fit were refused devices' counters released.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl ExplainReport {
@@ -130,6 +134,7 @@ impl ExplainReport {
             fitting_nodes: Vec::new(),
             chosen: None,
             near_misses: Vec::new(),
+            note: None,
         }
     }
 
@@ -166,6 +171,16 @@ impl ExplainReport {
 /// [`NEAR_MISSES`] nodes that got furthest are explained in full. Bad input ends up in
 /// [`ExplainReport::error`] rather than failing the call.
 pub fn explain<E: SelectorEngine>(engine: &E, input: &ExplainInput) -> ExplainReport {
+    explain_as(engine, input, CounterRollback::default())
+}
+
+/// [`explain`] as a kube-scheduler whose allocator undoes a candidate refused after its
+/// counters were reserved this way ([`CounterRollback`]).
+pub fn explain_as<E: SelectorEngine>(
+    engine: &E,
+    input: &ExplainInput,
+    counter_rollback: CounterRollback,
+) -> ExplainReport {
     let names: Vec<String> = input
         .claims
         .iter()
@@ -175,7 +190,7 @@ pub fn explain<E: SelectorEngine>(engine: &E, input: &ExplainInput) -> ExplainRe
         return ExplainReport::failed(names, "no claims to explain".into());
     }
     let allocator = match Allocator::new(engine, &input.classes, &input.slices, &input.allocated) {
-        Ok(a) => a,
+        Ok(a) => a.with_counter_rollback(counter_rollback),
         Err(e) => return ExplainReport::failed(names, e.to_string()),
     };
     let prepared = match allocator.prepare(&input.claims) {
@@ -199,7 +214,17 @@ pub fn explain<E: SelectorEngine>(engine: &E, input: &ExplainInput) -> ExplainRe
         fitting_nodes: Vec::new(),
         chosen: None,
         near_misses: Vec::new(),
+        note: None,
     };
+    if counter_rollback == CounterRollback::Leaked {
+        let released = explain_as(engine, input, CounterRollback::Released);
+        if released.fits {
+            report.note = Some(format!(
+                "fits on {} when the counters of a device a constraint refused are released (kube-scheduler with kubernetes#140431, or its 1.36 backport #140663): this refusal is the older scheduler's counter leak; docs/fabric-manager.md",
+                released.fitting_nodes.join(", ")
+            ));
+        }
+    }
     if let [node] = nodes.as_slice() {
         let outcome = allocator.allocate(&prepared, node, Detail::Full);
         report.fits = outcome.fits();

@@ -78,6 +78,9 @@ pub(super) fn render(report: &ExplainReport) -> String {
     for miss in &report.near_misses {
         outcome(&mut out, miss);
     }
+    if let Some(note) = &report.note {
+        let _ = writeln!(out, "  note: {note}");
+    }
     out
 }
 
@@ -320,7 +323,19 @@ fn describe(reason: &Rejection) -> (String, String) {
         } => {
             let name = format!("constraint {index} ({} {attribute})", kind_name(*kind));
             match (value, chosen) {
-                (None, _) => (format!("{name}: device lacks the attribute"), String::new()),
+                (None, _) => {
+                    let hint =
+                        match crate::fabric_manager::partitions::is_fabric_attribute(attribute) {
+                            true => {
+                                " (Fabric Manager attributes: published only with --fabric-manager)"
+                            }
+                            false => "",
+                        };
+                    (
+                        format!("{name}: device lacks the attribute{hint}"),
+                        String::new(),
+                    )
+                }
                 (Some(v), Some(h)) => {
                     let relation = match kind {
                         ConstraintKind::MatchAttribute => "differs from",

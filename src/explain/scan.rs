@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 use super::{ExplainReport, NEAR_MISSES};
-use crate::alloc::{Allocator, Detail, Node, Outcome, Prepared, SelectorEngine};
+use crate::alloc::{Allocator, CounterRollback, Detail, Node, Outcome, Prepared, SelectorEngine};
 
 /// `(driver, pool name)`.
 type PoolKey = (String, String);
@@ -145,6 +145,7 @@ pub struct NodeScan<'a, E: SelectorEngine> {
     misses: BTreeSet<Rank>,
     /// Nodes judged in this pass.
     judged_this_pass: usize,
+    counter_rollback: CounterRollback,
 }
 
 impl<'a, E: SelectorEngine> NodeScan<'a, E> {
@@ -197,7 +198,15 @@ impl<'a, E: SelectorEngine> NodeScan<'a, E> {
             verdicts: BTreeMap::new(),
             misses: BTreeSet::new(),
             judged_this_pass: 0,
+            counter_rollback: CounterRollback::default(),
         }
+    }
+
+    /// Judges every node as a kube-scheduler whose allocator undoes a refused candidate this
+    /// way would ([`CounterRollback`]); call before the first [`NodeScan::add`].
+    pub fn with_counter_rollback(mut self, rollback: CounterRollback) -> Self {
+        self.counter_rollback = rollback;
+        self
     }
 
     /// Takes the next slice of the current pass.
@@ -434,7 +443,9 @@ impl<'a, E: SelectorEngine> NodeScan<'a, E> {
         let allocated: Vec<ResourceClaim> =
             wanted.iter().map(|&i| self.allocated[i].clone()).collect();
         match Allocator::new(self.engine, self.classes, slices, &allocated) {
-            Ok(allocator) => allocator.allocate(prepared, &Node::named(node), detail),
+            Ok(allocator) => allocator
+                .with_counter_rollback(self.counter_rollback)
+                .allocate(prepared, &Node::named(node), detail),
             Err(e) => unreachable!("every allocated claim was read in NodeScan::new: {e}"),
         }
     }
@@ -524,6 +535,7 @@ impl<'a, E: SelectorEngine> NodeScan<'a, E> {
             fitting_nodes: Vec::new(),
             chosen: None,
             near_misses: Vec::new(),
+            note: None,
         };
         // A full explanation missing after the last pass (the cluster changed between two
         // lists) is shown as far as it is known.

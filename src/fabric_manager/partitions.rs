@@ -225,6 +225,17 @@ pub fn attributes(module: u32, table: &PartitionTable) -> BTreeMap<String, Devic
 /// The attribute holding a GPU's module ID.
 pub const MODULE_ATTRIBUTE: &str = "gpuModuleID";
 
+/// Whether `name` (bare, or qualified as `<domain>/<name>`) is one of the attributes
+/// [`attributes`] publishes, which a node has only when its plugin runs with
+/// `--fabric-manager`: `gpuModuleID` or `partition<N>`.
+pub fn is_fabric_attribute(name: &str) -> bool {
+    let id = name.rsplit_once('/').map_or(name, |(_, id)| id);
+    id == MODULE_ATTRIBUTE
+        || id
+            .strip_prefix("partition")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The partition a claim of the GPUs `modules` must use: the one whose GPUs are exactly
 /// those (a single GPU: its size-1 partition).
 ///
@@ -350,6 +361,25 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn every_published_name_is_known_as_a_fabric_attribute_and_others_are_not() {
+        for name in attributes(3, &table()).keys() {
+            assert!(is_fabric_attribute(name), "{name}");
+            assert!(
+                is_fabric_attribute(&format!("gpu.nvidia.com/{name}")),
+                "{name}"
+            );
+        }
+        for name in [
+            "partition",
+            "partitionX",
+            "gpu.nvidia.com/uuid",
+            "parentUUID",
+        ] {
+            assert!(!is_fabric_attribute(name), "{name}");
+        }
     }
 
     #[test]

@@ -178,6 +178,36 @@ fn exit(code: i32) -> ExitCode {
 /// mode; else FM's "not supported".
 fn node_gpus(state: &Path) -> Result<Vec<(String, String)>, i32> {
     let sim = SimBackend::open_state_dir(state).map_err(|_| codes::CONNECTION_NOT_VALID)?;
+    gpus_of(&sim)
+}
+
+/// The partition list the simulated FM of `sim` answers `fmpm -l` with, none active (a node
+/// without a state directory has activated nothing), validated as the plugin validates FM's
+/// answer: what a plugin started with `--fabric-manager` on this node publishes from. For
+/// tools that build the node's slices in-process (`explain --fabric-manager`), with no FM
+/// process and no `fmpm`.
+///
+/// # Errors
+/// [`FabricError::Failed`] with FM's `FM_ST_NOT_SUPPORTED` when the node is not in shared
+/// NVSwitch mode (its node file lacks `nvswitch: true` / `fabricMode: 1`), or
+/// `FM_ST_CONNECTION_NOT_VALID` when its inventory cannot be read.
+pub fn partitions(sim: &SimBackend) -> Result<super::PartitionTable, super::FabricError> {
+    let gpus = gpus_of(sim).map_err(|code| super::FabricError::Failed {
+        args: "-l".into(),
+        code,
+        detail: match code {
+            codes::NOT_SUPPORTED => format!(
+                "the simulated node {} is not in shared NVSwitch mode: its node file needs `nvswitch: true` and `fabricMode: 1` (presets: hgx-h100-fm, hgx-h100-passthrough)",
+                sim.node_name()
+            ),
+            _ => format!("the simulated node {} has no readable inventory", sim.node_name()),
+        },
+    })?;
+    super::PartitionTable::new(hgx_8gpu_table(&gpus, &BTreeSet::new()))
+}
+
+/// [`node_gpus`] of an open node.
+fn gpus_of(sim: &SimBackend) -> Result<Vec<(String, String)>, i32> {
     if sim.plan().spec.fabric_mode != 1 {
         return Err(codes::NOT_SUPPORTED);
     }

@@ -1,0 +1,138 @@
+//! `gpu-dra explain --fabric-manager` on the simulated `hgx-h100-passthrough` node: the
+//! Fabric Manager partition claim of docs/fabric-manager.md (read from the doc itself), after
+//! a MIG claim holds GPU 0, as the real binary answers it.
+
+use std::process::Command;
+
+const NODE: &str = "hgx-h100-passthrough";
+
+fn explain(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .arg("explain")
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The docs' `partition4` ResourceClaimTemplate and a claim holding a MIG device of GPU 0,
+/// written to `dir`: (claim file, allocated file).
+fn inputs(dir: &std::path::Path) -> (String, String) {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fabric-manager.md"),
+    )
+    .unwrap();
+    let template = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("```").next())
+        .find(|block| block.contains("matchAttribute: gpu.nvidia.com/partition4"))
+        .expect("docs/fabric-manager.md shows the partition4 claim");
+    let claim = dir.join("partition4.yaml");
+    std::fs::write(&claim, template).unwrap();
+    let held = dir.join("mig-on-gpu-0.yaml");
+    std::fs::write(
+        &held,
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: mig, namespace: default, uid: u-mig}}\nspec:\n  devices:\n    requests:\n    - name: mig\n      exactly: {{deviceClassName: mig.nvidia.com}}\nstatus:\n  allocation:\n    devices:\n      results:\n      - {{request: mig, driver: gpu.nvidia.com, pool: {NODE}, device: gpu-0-mig-1g10gb-0}}\n"
+        ),
+    )
+    .unwrap();
+    (
+        claim.to_str().unwrap().to_string(),
+        held.to_str().unwrap().to_string(),
+    )
+}
+
+/// Devices the allocation picked, from the JSON report.
+fn allocated(json: &str) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    v["chosen"]["allocations"][0]["devices"]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| r["device"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn with_fabric_manager_the_docs_partition4_claim_gets_gpus_4_to_7_beside_a_mig_claim_on_gpu_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let (claim, held) = inputs(dir.path());
+    let (code, out, err) = explain(&[
+        "--sim-node",
+        NODE,
+        "--passthrough",
+        "--fabric-manager",
+        "--claim",
+        &claim,
+        "--allocated",
+        &held,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}{out}");
+    assert_eq!(allocated(&out), ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]);
+}
+
+#[test]
+fn without_fabric_manager_the_refusal_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let (claim, _) = inputs(dir.path());
+    let (code, out, _) = explain(&["--sim-node", NODE, "--passthrough", "--claim", &claim]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "8 x constraint 0 (matchAttribute gpu.nvidia.com/partition4): device lacks the attribute (Fabric Manager attributes: published only with --fabric-manager)"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn as_the_old_scheduler_it_is_refused_and_the_report_names_the_counter_leak() {
+    let dir = tempfile::tempdir().unwrap();
+    let (claim, held) = inputs(dir.path());
+    let (code, out, _) = explain(&[
+        "--sim-node",
+        NODE,
+        "--passthrough",
+        "--fabric-manager",
+        "--claim",
+        &claim,
+        "--allocated",
+        &held,
+        "--counter-rollback",
+        "leaked",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("placed 3 of 4 devices"), "{out}");
+    assert!(
+        out.contains("note: fits on hgx-h100-passthrough when the counters of a device a constraint refused are released (kube-scheduler with kubernetes#140431"),
+        "{out}"
+    );
+}
+
+#[test]
+fn fabric_manager_on_a_node_without_shared_nvswitch_mode_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (claim, _) = inputs(dir.path());
+    let (code, _, err) = explain(&[
+        "--sim-node",
+        "dgx-h100",
+        "--fabric-manager",
+        "--claim",
+        &claim,
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("the simulated node dgx-h100 is not in shared NVSwitch mode"),
+        "{err}"
+    );
+}
