@@ -472,6 +472,31 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
         }
     }
     packing::order(&mut model.devices, inventory);
+    // `by-gpu` keeps each GPU's devices together, so it cannot move whole GPUs alone.
+    if let Some(table) = &options.fabric_partitions
+        && options.slice_layout != SliceLayout::ByGpu
+        && std::env::var_os("XX_NO_FM_ORDER").is_none()
+    {
+        let free: std::collections::BTreeSet<u32> = inventory
+            .gpus
+            .iter()
+            .filter(|g| {
+                g.mig_devices.is_empty()
+                    && model
+                        .devices
+                        .iter()
+                        .any(|d| d.gpu_index == g.index && matches!(d.kind, DeviceKind::Gpu))
+            })
+            .map(|g| g.module_id)
+            .collect();
+        let busy = table
+            .partitions()
+            .iter()
+            .flat_map(|p| p.modules())
+            .filter(|m| !free.contains(m))
+            .collect();
+        packing::fabric_order(&mut model.devices, table, &busy);
+    }
     model
 }
 

@@ -130,6 +130,45 @@ pub fn order(devices: &mut [PublishedDevice], inventory: &NodeInventory) {
     }
 }
 
+/// On a Fabric Manager node, the whole GPUs, and apart from them the VFIO devices, reordered
+/// among the positions they hold by [`free_partitions_first`] over their `gpuModuleID`:
+/// GPUs of free partitions first, so kube-scheduler's first-fit walk reaches a free partition
+/// before a GPU of a busy one (see [`crate::fabric_manager::order`] for the upstream quirk
+/// that makes this necessary). Everything else stays where it is; with nothing `busy` the
+/// order does not change. Devices without a module ID keep their places.
+///
+/// [`free_partitions_first`]: crate::fabric_manager::order::free_partitions_first
+pub fn fabric_order(
+    devices: &mut [PublishedDevice],
+    table: &crate::fabric_manager::PartitionTable,
+    busy: &std::collections::BTreeSet<u32>,
+) {
+    let module = |d: &PublishedDevice| -> Option<u32> {
+        let attrs = d.device.attributes.as_ref()?;
+        let id = attrs
+            .get(crate::fabric_manager::partitions::MODULE_ATTRIBUTE)?
+            .int?;
+        u32::try_from(id).ok()
+    };
+    let whole = |d: &PublishedDevice| matches!(d.kind, DeviceKind::Gpu);
+    let vfio = |d: &PublishedDevice| matches!(d.kind, DeviceKind::Vfio { .. });
+    for kind in [&whole as &dyn Fn(&PublishedDevice) -> bool, &vfio] {
+        let at: Vec<usize> = (0..devices.len())
+            .filter(|&i| kind(&devices[i]) && module(&devices[i]).is_some())
+            .collect();
+        let modules: Vec<u32> = at.iter().filter_map(|&i| module(&devices[i])).collect();
+        let wanted = crate::fabric_manager::order::free_partitions_first(table, &modules, busy);
+        let moved: Vec<PublishedDevice> = wanted
+            .iter()
+            .filter_map(|m| at.iter().find(|&&i| module(&devices[i]) == Some(*m)))
+            .map(|&i| devices[i].clone())
+            .collect();
+        for (i, d) in at.into_iter().zip(moved) {
+            devices[i] = d;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,10 +12,13 @@
 //!
 //! * [`partitions`] (pure): the list, its validation, the published attributes and the
 //!   partition a claim must fill exactly.
+//! * [`order`] (pure): the order a node offers its whole GPUs in, free partitions first, so
+//!   kube-scheduler's first-fit walk finds them.
 //! * [`client`]: runs `fmpm -l / -a / -d` against FM's Unix socket or TCP address.
 //! * [`sim`]: the simulated `fmpm` and Fabric Manager.
 
 pub mod client;
+pub mod order;
 pub mod partitions;
 pub mod sim;
 
