@@ -13,6 +13,7 @@ mod events;
 mod fabric;
 mod mig;
 mod telemetry;
+mod vgpu;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -198,6 +199,7 @@ impl NvmlBackend {
         let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
         let fabric = self.fabric(handle, index)?;
         let module_id = self.module_id(handle, index)?;
+        let vgpu = self.vgpu(&dev, handle, index, &mig_profiles)?;
         Ok(GpuInfo {
             healthy: self.health.healthy(&uuid),
             faults: self.health.faults(&uuid),
@@ -235,7 +237,7 @@ impl NvmlBackend {
             empty_gpu_instances,
             fabric,
             module_id,
-            vgpu: None,
+            vgpu,
         })
     }
 }
