@@ -8,9 +8,11 @@
 //! ([`CounterRollback::Leaked`]), whose `allocateDevice` keeps the counters of a GPU a
 //! constraint refused, so a search that started on a GPU of a busy partition can no longer
 //! start one on a free partition's GPU. The node's slices are re-read after each MIG device is
-//! created, as the plugin's inventory watcher republishes them.
+//! created, as the plugin's inventory watcher republishes them; one test runs the real
+//! `kubelet-plugin` binary to see it republish them.
 
 mod alloc_fixtures;
+mod plugin_support;
 
 use std::sync::Arc;
 
@@ -134,12 +136,22 @@ fn allocate(
     claim: &ResourceClaim,
     rollback: CounterRollback,
 ) -> Outcome {
+    allocate_on(PRESET, slices, held, claim, rollback)
+}
+
+fn allocate_on(
+    node: &str,
+    slices: &[ResourceSlice],
+    held: &[ResourceClaim],
+    claim: &ResourceClaim,
+    rollback: CounterRollback,
+) -> Outcome {
     let classes = gpu_dra::explain_inputs::builtin_classes().unwrap();
     let allocator = Allocator::new(&CelEngine, &classes, slices, held)
         .unwrap()
         .with_counter_rollback(rollback);
     let prepared = allocator.prepare(std::slice::from_ref(claim)).unwrap();
-    allocator.allocate(&prepared, &Node::named(PRESET), Detail::Full)
+    allocator.allocate(&prepared, &Node::named(node), Detail::Full)
 }
 
 /// The devices of a one-claim outcome, `request=device`; empty when it does not fit.
@@ -306,5 +318,78 @@ fn a_mig_claim_placed_where_the_node_puts_it_leaves_the_first_partitions_to_the_
                 "{rollback:?}, partition{size}"
             );
         }
+    }
+}
+
+/// The held-out flow with the real binary: the plugin (`--passthrough --fabric-manager`, the
+/// chart's layout) prepares a MIG claim on GPU 0, republishes its GPUs free partitions first,
+/// and the docs' partition4 claim over the slices it published gets GPUs 4-7 even as the old
+/// scheduler decides.
+#[tokio::test]
+async fn the_plugin_republishes_free_partitions_first_after_preparing_a_mig_claim_on_gpu_0() {
+    use gpu_dra::kubelet::client::DraApi;
+    use plugin_support::claims;
+    let node = plugin_support::Node::new().with_sim_node(PRESET);
+    let mig_device = "gpu-0-mig-1g10gb-0";
+    node.api
+        .put_claim(claims::on_node("mig", "uid-mig", &[mig_device]));
+    let mut command = node.command();
+    command
+        .arg("--passthrough")
+        .arg("--host-root")
+        .arg(node.state_dir().join("sim/host-root"))
+        .arg("--fabric-manager");
+    let mut plugin = node.spawn_command(command, &[]);
+    plugin.wait_registrable().await;
+    let whole = |slices: &[serde_json::Value]| -> Vec<String> {
+        slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter(|d| d["attributes"]["type"]["string"] == "gpu")
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let idle = plugin_support::eventually("the pool published", || node.api.complete_pool()).await;
+    assert_eq!(
+        whole(&idle),
+        (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>()
+    );
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let mig = claims::claim_ref("mig", "uid-mig");
+    let prepared = kubelet.prepare(std::slice::from_ref(&mig)).await.unwrap();
+    assert!(prepared[&mig.uid].is_ok(), "{prepared:?}");
+    let want_order: Vec<String> = [4, 5, 6, 7, 1, 3, 2, 0]
+        .iter()
+        .map(|i| format!("gpu-{i}"))
+        .collect();
+    let published = plugin_support::eventually("GPUs of free partitions republished first", || {
+        // Every slice of the pool's new generation written, as the scheduler waits for.
+        node.api.complete_pool().filter(|slices| {
+            let generation = &slices[0]["spec"]["pool"]["generation"];
+            slices
+                .iter()
+                .all(|s| &s["spec"]["pool"]["generation"] == generation)
+                && whole(slices) == want_order
+        })
+    })
+    .await;
+    let slices: Vec<ResourceSlice> = published
+        .into_iter()
+        .map(|s| serde_json::from_value(s).unwrap())
+        .collect();
+    let held = allocated("mig", claims::NODE, &[("mig", mig_device)]);
+    for rollback in BOTH {
+        let p4 = allocate_on(
+            claims::NODE,
+            &slices,
+            std::slice::from_ref(&held),
+            &partition_claim(4, "gpu.nvidia.com"),
+            rollback,
+        );
+        assert_eq!(
+            got(&p4),
+            want("gpus", &["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),
+            "{rollback:?}"
+        );
     }
 }
