@@ -30,13 +30,19 @@ pub struct Node {
 }
 
 impl Node {
-    /// The state file's bytes, and the GPUs the simulated host has moved off `nvidia` (a
-    /// driver switch changes what NVML lists without touching the state file).
+    /// The state file's bytes, the GPUs the simulated host has moved off `nvidia` (a
+    /// driver switch changes what NVML lists without touching the state file), and the
+    /// host's vGPUs (creating one changes what NVML reports as creatable, likewise).
     fn state_file_bytes(&self) -> Option<Vec<u8>> {
         let dir = self.state_dir.as_ref()?;
         let mut bytes = std::fs::read(dir.join(gpu_dra::hardware::sim::STATE_FILE)).ok()?;
         for slot in self.backend.hidden_slots() {
             bytes.extend_from_slice(format!("\nhidden {slot}").as_bytes());
+        }
+        let vgpus = self.backend.vgpu_fingerprint();
+        if !vgpus.is_empty() {
+            bytes.extend_from_slice(b"\nvgpu ");
+            bytes.extend_from_slice(&vgpus);
         }
         Some(bytes)
     }

@@ -17,6 +17,7 @@ pub mod presets;
 mod state;
 pub mod sysfs;
 pub mod telemetry;
+pub mod vgpu;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -154,9 +155,21 @@ impl SimBackend {
     /// Builds the simulated host tree (once per state directory) when the node describes
     /// one and has a state directory.
     fn with_host_tree(self) -> Result<SimBackend, SimError> {
-        let (Some(root), Some(spec)) = (&self.host_root, &self.plan.spec.passthrough) else {
+        let Some(root) = &self.host_root else {
             return Ok(self);
         };
+        // A vGPU node without `passthrough:` still has its IOMMU on: its VFs and mdevs go
+        // to VMs through their groups.
+        let spec = self
+            .plan
+            .spec
+            .passthrough
+            .clone()
+            .unwrap_or(sysfs::PassthroughSpec {
+                iommu: true,
+                iommufd: false,
+                shared_group: Vec::new(),
+            });
         let gpus: Vec<sysfs::BusGpu<'_>> = self
             .statics
             .iter()
@@ -175,9 +188,10 @@ impl SimBackend {
                         .to_ascii_lowercase()
                 ),
                 numa: st.numa_node,
+                vgpu: planned.vgpu.as_ref(),
             })
             .collect();
-        sysfs::build(root, spec, &gpus)?;
+        sysfs::build(root, &spec, &gpus)?;
         Ok(self)
     }
 
@@ -201,6 +215,19 @@ impl SimBackend {
                     != Some(crate::hardware::passthrough::NVIDIA_DRIVER)
             })
             .collect()
+    }
+
+    /// The vGPUs of the host tree, as bytes that change whenever one is created or deleted
+    /// (the simulated kernel's record of them); empty on a node without vGPU or without a
+    /// host tree. One small read: the simulated NVML library keys its inventory cache on it,
+    /// since a vGPU changes what NVML reports as creatable without touching the state file.
+    pub fn vgpu_fingerprint(&self) -> Vec<u8> {
+        match &self.host_root {
+            Some(root) if self.plan.gpus.iter().any(|g| g.vgpu.is_some()) => {
+                vgpu::fingerprint(root)
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// Opens the node whose state is in `state_dir` (the description is stored with the
@@ -234,8 +261,9 @@ impl SimBackend {
             },
             None => Store::Memory(Mutex::new(initial)),
         };
-        let host_root = match (state_dir, &plan.spec.passthrough) {
-            (Some(dir), Some(_)) => Some(sysfs::host_root(dir)),
+        let has_vgpu = plan.gpus.iter().any(|g| g.vgpu.is_some());
+        let host_root = match state_dir {
+            Some(dir) if plan.spec.passthrough.is_some() || has_vgpu => Some(sysfs::host_root(dir)),
             _ => None,
         };
         SimBackend {
@@ -478,6 +506,11 @@ impl GpuBackend for SimBackend {
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
         let hidden = self.hidden_slots();
+        let has_vgpu = self.plan.gpus.iter().any(|g| g.vgpu.is_some());
+        let active = match &self.host_root {
+            Some(root) if has_vgpu => vgpu::active_by_gpu(root),
+            _ => Default::default(),
+        };
         // Built from the cached state in place, not from a copy of it: the claim lifecycle
         // reads the inventory once per wave.
         self.store.read(|state| {
@@ -491,7 +524,15 @@ impl GpuBackend for SimBackend {
                     None => hotplug::added_model(gs.added_model.as_deref(), i)?,
                 };
                 let index = gpus.len() as u32;
-                gpus.push(gpu_info(index, i as u32, model, &self.identity(i), gs));
+                let identity = self.identity(i);
+                let mut info = gpu_info(index, i as u32, model, &identity, gs);
+                if let Some(planned) = self.plan.gpus.get(i).and_then(|g| g.vgpu.as_ref()) {
+                    let running = active
+                        .get(&identity.pci_bus_id)
+                        .map_or(&[][..], Vec::as_slice);
+                    info.vgpu = Some(planned.info(running));
+                }
+                gpus.push(info);
             }
             Ok(NodeInventory {
                 driver_version: self.plan.driver_version.clone(),

@@ -17,6 +17,10 @@
 //!       clusterUuid: c2a0e7d4-1111-2222-3333-444455556666
 //!       cliqueId: 1
 //!       state: Completed        # NotSupported | NotStarted | InProgress | Completed
+//!     vgpu:                     # optional: NVIDIA vGPU on these GPUs (H100, A100, L40S, T4)
+//!       framework: vdev         # vdev (SR-IOV) | mdev; default: the model's
+//!       heterogeneous: false    # mixed sizes on one GPU (L40S only); default false
+//!       vfsEnabled: true        # vdev: VFs enabled (sriov-manage -e has run); default true
 //! passthrough:                  # optional: simulate the host's PCI tree for VFIO
 //!   iommu: true                 # false: the IOMMU is off
 //!   iommufd: false              # true: /dev/iommu and vfio-dev/vfioN exist
@@ -94,6 +98,10 @@ pub struct GpuGroupSpec {
     /// (NVML answers NOT_SUPPORTED for them, as for a PCIe GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<FabricSpec>,
+    /// NVIDIA vGPU on these GPUs' host ([`super::vgpu`]); absent: no vGPU manager, NVML
+    /// answers NOT_SUPPORTED to the vGPU calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vgpu: Option<super::vgpu::VgpuSpec>,
 }
 
 /// `fabric:` of a GPU group: what `nvmlDeviceGetGpuFabricInfoV` reports for its GPUs.
@@ -170,6 +178,8 @@ pub struct PlannedGpu {
     pub fabric: Option<FabricInfo>,
     /// NVML module ID (1–8 on an NVSwitch baseboard), 0 when none.
     pub module_id: u32,
+    /// Its vGPU host, when the group has a `vgpu:` section.
+    pub vgpu: Option<super::vgpu::PlannedVgpu>,
 }
 
 /// A validated node: every GPU resolved against the catalog and every pre-created MIG device
@@ -280,6 +290,12 @@ impl NodeSpec {
                 .map(FabricSpec::info)
                 .transpose()
                 .map_err(|detail| err(format!("gpus[{g}].fabric.clusterUuid"), detail))?;
+            let vgpu = group
+                .vgpu
+                .as_ref()
+                .map(|v| v.plan(model))
+                .transpose()
+                .map_err(|(field, detail)| err(format!("gpus[{g}].{field}"), detail))?;
             for _ in 0..group.count {
                 gpus.push(PlannedGpu {
                     model,
@@ -287,6 +303,7 @@ impl NodeSpec {
                     mig_enabled,
                     mig_devices: mig_devices.clone(),
                     fabric: fabric.clone(),
+                    vgpu: vgpu.clone(),
                     module_id: if self.nvswitch {
                         gpus.len() as u32 + 1
                     } else {

@@ -202,6 +202,52 @@ passthrough:
   iommu: false
 ",
     },
+    Preset {
+        name: "hgx-h100-vgpu",
+        summary: "8 × H100 80GB HBM3 on NVSwitch, dynamic MIG, IOMMU on, NVIDIA vGPU on SR-IOV (32 VFs per GPU enabled, one vGPU type per GPU): vGPUs for VMs",
+        yaml: "\
+nodeName: hgx-h100-vgpu
+gpus:
+  - model: H100-SXM5-80GB
+    count: 8
+    mig: dynamic
+    vgpu:
+      framework: vdev
+      heterogeneous: false
+nvswitch: true
+passthrough:
+  iommu: true
+",
+    },
+    Preset {
+        name: "l40s-vgpu",
+        summary: "4 × L40S, IOMMU on, NVIDIA vGPU on SR-IOV (32 VFs per GPU enabled) in heterogeneous mode: Q types of different sizes share a GPU, the B types run alone",
+        yaml: "\
+nodeName: l40s-vgpu
+gpus:
+  - model: L40S
+    count: 4
+    vgpu:
+      framework: vdev
+      heterogeneous: true
+passthrough:
+  iommu: true
+",
+    },
+    Preset {
+        name: "t4-vgpu-mdev",
+        summary: "4 × Tesla T4, IOMMU on, NVIDIA vGPU on mediated devices (mdev_supported_types, one vGPU type per GPU)",
+        yaml: "\
+nodeName: t4-vgpu-mdev
+gpus:
+  - model: T4
+    count: 4
+    vgpu:
+      framework: mdev
+passthrough:
+  iommu: true
+",
+    },
 ];
 
 /// The preset named `name`, if any.

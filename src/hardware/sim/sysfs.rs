@@ -17,6 +17,10 @@
 //! dev/vfio/devices/vfioN
 //! ```
 //!
+//! GPUs with a `vgpu:` section also get their SR-IOV virtual functions or mdev types
+//! ([`super::vgpu`], which also answers writes to them); the tree is then built even without
+//! a `passthrough:` section (the IOMMU on).
+//!
 //! GPU `i` sits in IOMMU group `i + 1` at its simulated PCI address; a GPU listed in
 //! `passthrough.sharedGroup` shares its group with a network card (`0x15b3`, class
 //! `0x020000`, on `mlx5_core`). The simulated NVML stops listing a GPU whose `driver` link
@@ -63,19 +67,19 @@ fn nic_address(gpu: u32) -> String {
     format!("0000:{:02x}:00.1", 0x80 + gpu)
 }
 
-fn fs_err(path: &Path, step: &'static str) -> impl FnOnce(std::io::Error) -> SimError {
+pub(super) fn fs_err(path: &Path, step: &'static str) -> impl FnOnce(std::io::Error) -> SimError {
     let path = path.to_path_buf();
     move |source| SimError::StateIo { path, step, source }
 }
 
-fn write(path: &Path, text: &str) -> Result<(), SimError> {
+pub(super) fn write(path: &Path, text: &str) -> Result<(), SimError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(fs_err(parent, "creating"))?;
     }
     std::fs::write(path, text).map_err(fs_err(path, "writing"))
 }
 
-fn link(target: &str, at: &Path) -> Result<(), SimError> {
+pub(super) fn link(target: &str, at: &Path) -> Result<(), SimError> {
     if let Some(parent) = at.parent() {
         std::fs::create_dir_all(parent).map_err(fs_err(parent, "creating"))?;
     }
@@ -86,18 +90,20 @@ fn link(target: &str, at: &Path) -> Result<(), SimError> {
 }
 
 /// One PCI function to lay out.
-struct Function<'a> {
-    address: String,
-    root: &'a str,
-    vendor: &'a str,
-    device: &'a str,
-    class: &'a str,
-    driver: &'a str,
-    numa: i64,
-    group: Option<u32>,
+pub(super) struct Function<'a> {
+    pub(super) address: String,
+    pub(super) root: &'a str,
+    pub(super) vendor: &'a str,
+    pub(super) device: &'a str,
+    pub(super) class: &'a str,
+    pub(super) driver: &'a str,
+    pub(super) numa: i64,
+    pub(super) group: Option<u32>,
+    /// For an SR-IOV virtual function, its physical function's address (`physfn`).
+    pub(super) physfn: Option<&'a str>,
 }
 
-fn lay_out(sys: &Path, f: &Function<'_>) -> Result<(), SimError> {
+pub(super) fn lay_out(sys: &Path, f: &Function<'_>) -> Result<(), SimError> {
     let dir = sys.join("devices").join(f.root).join(&f.address);
     write(&dir.join("vendor"), &format!("{}\n", f.vendor))?;
     write(&dir.join("device"), &format!("{}\n", f.device))?;
@@ -110,8 +116,12 @@ fn lay_out(sys: &Path, f: &Function<'_>) -> Result<(), SimError> {
         &dir.join("modalias"),
         &format!("pci:v0000{vendor}d0000{device}sv*sd*bc03sc02i00\n"),
     )?;
-    if f.vendor == crate::hardware::passthrough::NVIDIA_VENDOR {
-        write(&dir.join("sriov_numvfs"), "0\n")?;
+    match f.physfn {
+        Some(pf) => link(&format!("../{pf}"), &dir.join("physfn"))?,
+        None if f.vendor == crate::hardware::passthrough::NVIDIA_VENDOR => {
+            write(&dir.join("sriov_numvfs"), "0\n")?;
+        }
+        None => {}
     }
     link(
         &format!("../../../bus/pci/drivers/{}", f.driver),
@@ -144,6 +154,8 @@ pub(super) struct BusGpu<'a> {
     pub device_id: String,
     /// NUMA node.
     pub numa: i64,
+    /// Its vGPU host, when the node file gives it one ([`super::vgpu`]).
+    pub vgpu: Option<&'a super::vgpu::PlannedVgpu>,
 }
 
 /// Builds the host tree under `root` unless it was built before.
@@ -183,6 +195,7 @@ pub(super) fn build(
                 driver: NVIDIA_DRIVER,
                 numa: gpu.numa,
                 group,
+                physfn: None,
             },
         )?;
         if spec.shared_group.contains(&(i as u32)) {
@@ -197,10 +210,12 @@ pub(super) fn build(
                     driver: "mlx5_core",
                     numa: gpu.numa,
                     group,
+                    physfn: None,
                 },
             )?;
         }
     }
+    super::vgpu::build(root, spec.iommu, gpus)?;
     write(&root.join(BUILT), "")
 }
 
@@ -217,7 +232,8 @@ pub(super) fn driver_of(root: &Path, address: &str) -> Option<String> {
 }
 
 /// The simulator's kernel: acts on writes to the tree's `bind`, `unbind`,
-/// `driver_override` and `sriov_numvfs` files as Linux does, with its error codes.
+/// `driver_override` and `sriov_numvfs` files as Linux does, with its error codes, and on the
+/// vGPU files (`current_vgpu_type`, mdev `create` and `remove`) as NVIDIA's driver does.
 #[derive(Debug, Clone)]
 pub struct SimKernel {
     root: PathBuf,
@@ -329,6 +345,9 @@ impl SysfsKernel for SimKernel {
             .ok_or_else(|| std::io::Error::from(ErrorKind::NotFound))?
             .canonicalize()?;
         let value = value.trim();
+        if let Some(result) = super::vgpu::kernel_write(&self.root, &parent, &name, value) {
+            return result;
+        }
         match name.as_str() {
             "bind" | "unbind" => {
                 let driver = parent

@@ -349,7 +349,9 @@ impl VgpuHost {
     /// Before anything is written: [`VgpuHostError::NoSuchVf`], [`VgpuHostError::VfBusy`]
     /// (another type on the VF), [`VgpuHostError::TypeNotCreatable`] (not in the VF's
     /// creatable list, naming what the GPU runs). Then [`VgpuHostError::Write`] when the
-    /// kernel refuses, [`VgpuHostError::VdevDidNotTake`] when the read-back differs.
+    /// kernel refuses, [`VgpuHostError::VdevDidNotTake`] when the read-back differs. Types
+    /// are named as sysfs names them (`type <id>` for one no list prints); check first with
+    /// [`VgpuHost::vf_for`] to name them as NVML does.
     pub fn create_vdev(&self, vf: &str, type_id: u32) -> Result<VgpuInstance, VgpuHostError> {
         let (pf, dev) = self.require_vf(vf)?;
         let vf = normalize_address(vf);
