@@ -32,6 +32,7 @@ mod packing;
 pub mod profiles;
 mod share_limits;
 mod sharing;
+pub mod split;
 
 use std::collections::BTreeMap;
 
@@ -334,6 +335,16 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
         slice_layout: options.slice_layout,
         ..DeviceModel::default()
     };
+    let split_plan = (options.mig_profiles == MigProfileSet::Split).then(|| {
+        let hidden = inventory.passthrough.iter().flat_map(|f| &f.hidden_gpus);
+        let dynamic: Vec<&GpuInfo> = inventory
+            .gpus
+            .iter()
+            .chain(hidden)
+            .filter(|g| g.mig.capable && options.policy_for(g) == MigPolicy::Dynamic)
+            .collect();
+        split::plan(&dynamic)
+    });
     for gpu in &inventory.gpus {
         let policy = options.policy_for(gpu);
         let common = attributes::common(inventory, gpu);
@@ -421,9 +432,27 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                         .mig_profiles
                         .iter()
                         .filter(|p| options.mig_profiles.offers(&p.name));
+                    // Under `split` a GPU publishes its share of the placements, and every
+                    // MIG device that exists on it: a device a claim holds never vanishes.
+                    let address = crate::hardware::passthrough::normalize_address(&gpu.pci_bus_id);
+                    let share = split_plan
+                        .as_ref()
+                        .map(|plan| plan.get(&address).cloned().unwrap_or_default());
+                    let publishes = |profile: &MigProfile, start: u32| match &share {
+                        None => true,
+                        Some(share) => {
+                            share.iter().any(|(p, s)| *p == profile.name && *s == start)
+                                || gpu.mig_devices.iter().any(|m| {
+                                    m.profile_id == profile.id && m.placement.start == start
+                                })
+                        }
+                    };
                     let before = model.devices.len();
                     for profile in offered {
                         for &start in &profile.placement_starts {
+                            if !publishes(profile, start) {
+                                continue;
+                            }
                             model
                                 .devices
                                 .push(dynamic_mig(&common, gpu, profile, start, options));

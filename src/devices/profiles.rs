@@ -21,12 +21,18 @@ use crate::hardware::NodeInventory;
 /// The flag name, for messages.
 const FLAG: &str = "--mig-profiles";
 
-/// Which MIG profiles dynamic-MIG GPUs publish: all of them (the default) or a named few.
+/// Which MIG profiles dynamic-MIG GPUs publish: shared out among the node's GPUs (`split`,
+/// the plugin's default), all of them, or a named few.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum MigProfileSet {
-    /// Every profile of the GPU's model, at every placement.
+    /// Every profile of the GPU's model, at every placement (the library's default, and
+    /// `--mig-profiles all`).
     #[default]
     All,
+    /// The node's dynamic-MIG GPUs of one model share the profiles out: every GPU its full GPU
+    /// and whole-GPU profile, each GPU one family of the others at every placement
+    /// ([`super::split`]); every profile stays claimable on the node.
+    Split,
     /// Only these profiles (as NVIDIA names them, e.g. `1g.10gb`, `1g.10gb+me`), in the order
     /// given, without duplicates; never empty.
     Only(Vec<String>),
@@ -34,9 +40,11 @@ pub enum MigProfileSet {
 
 impl MigProfileSet {
     /// Whether a GPU publishes the placements of the profile named `profile`.
+    /// With [`MigProfileSet::Split`] the answer is per placement ([`super::split::plan`]):
+    /// this says whether some GPU may publish it, which is every profile.
     pub fn offers(&self, profile: &str) -> bool {
         match self {
-            MigProfileSet::All => true,
+            MigProfileSet::All | MigProfileSet::Split => true,
             MigProfileSet::Only(names) => names.iter().any(|n| n == profile),
         }
     }
@@ -46,6 +54,7 @@ impl fmt::Display for MigProfileSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MigProfileSet::All => f.write_str("all"),
+            MigProfileSet::Split => f.write_str("split"),
             MigProfileSet::Only(names) => f.write_str(&names.join(",")),
         }
     }
@@ -56,7 +65,7 @@ impl fmt::Display for MigProfileSet {
 pub enum MigProfilesError {
     /// The value is not a comma-separated list of names.
     #[error(
-        "{FLAG} {value:?}: {problem}; give profile names separated by commas (e.g. 1g.10gb,3g.40gb,7g.80gb), or \"all\""
+        "{FLAG} {value:?}: {problem}; give profile names separated by commas (e.g. 1g.10gb,3g.40gb,7g.80gb), \"split\" or \"all\""
     )]
     Syntax {
         /// The flag's value.
@@ -85,6 +94,9 @@ impl FromStr for MigProfileSet {
         if trimmed.is_empty() || trimmed.eq_ignore_ascii_case("all") {
             return Ok(MigProfileSet::All);
         }
+        if trimmed.eq_ignore_ascii_case("split") {
+            return Ok(MigProfileSet::Split);
+        }
         let mut names: Vec<String> = Vec::new();
         for (i, name) in trimmed.split(',').map(str::trim).enumerate() {
             if name.is_empty() {
@@ -93,10 +105,10 @@ impl FromStr for MigProfileSet {
                     problem: format!("name {} is empty", i + 1),
                 });
             }
-            if name.eq_ignore_ascii_case("all") {
+            if name.eq_ignore_ascii_case("all") || name.eq_ignore_ascii_case("split") {
                 return Err(MigProfilesError::Syntax {
                     value: value.to_string(),
-                    problem: "\"all\" cannot be combined with profile names".to_string(),
+                    problem: format!("{name:?} cannot be combined with profile names"),
                 });
             }
             if !names.iter().any(|n| n == name) {
@@ -187,7 +199,13 @@ mod tests {
 
     #[test]
     fn empty_names_and_all_inside_a_list_are_refused_naming_the_flag_and_value() {
-        for value in ["1g.10gb,", ",1g.10gb", "1g.10gb,,7g.80gb", "all,1g.10gb"] {
+        for value in [
+            "1g.10gb,",
+            ",1g.10gb",
+            "1g.10gb,,7g.80gb",
+            "all,1g.10gb",
+            "1g.10gb,split",
+        ] {
             let err = value.parse::<MigProfileSet>().unwrap_err();
             let text = err.to_string();
             assert!(text.contains("--mig-profiles"), "{text}");
@@ -197,7 +215,7 @@ mod tests {
 
     #[test]
     fn a_list_prints_back_as_it_parses() {
-        for value in ["all", "1g.10gb,3g.40gb,7g.80gb"] {
+        for value in ["all", "split", "1g.10gb,3g.40gb,7g.80gb"] {
             let set: MigProfileSet = value.parse().unwrap();
             assert_eq!(value, set.to_string());
         }
