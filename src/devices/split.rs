@@ -254,7 +254,9 @@ mod tests {
         for (address, placements) in &plan {
             let gpu = gpus
                 .iter()
-                .find(|g| &g.pci_bus_id.to_ascii_lowercase()[4..] == address)
+                .find(|g| {
+                    crate::hardware::passthrough::normalize_address(&g.pci_bus_id) == *address
+                })
                 .unwrap();
             let mut slices = BTreeSet::new();
             for (name, start) in placements {
