@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::ValueEnum;
 use gpu_dra::demo;
-use gpu_dra::devices::{DEFAULT_DRIVER_NAME, MigProfileSet};
+use gpu_dra::devices::{DEFAULT_DRIVER_NAME, MigProfileSet, VgpuTypes};
 use gpu_dra::hardware::MigPolicy;
 use gpu_dra::hardware::sim;
 use gpu_dra::logging;
@@ -153,14 +153,17 @@ pub(crate) struct GpuMigPoliciesFlag {
 /// `--mig-profiles`, on every verb that builds the device model.
 #[derive(clap::Args, Debug)]
 pub(crate) struct MigProfilesFlag {
-    /// MIG profiles a dynamic-MIG GPU publishes (with explain: those of --sim-node), e.g.
-    /// 1g.10gb,3g.40gb,7g.80gb; `all` (the default) publishes every profile at every
-    /// placement (docs/configuration.md has the scheduling cost of each choice).
+    /// MIG profiles dynamic-MIG GPUs publish (with explain: those of --sim-node): `split`
+    /// (the default) shares the profiles out among a node's GPUs, every GPU its full GPU and
+    /// whole-GPU profile and one family of the others at every placement, so every profile
+    /// stays claimable at a quarter of the devices; `all` publishes every profile at every
+    /// placement on every GPU; or a list, e.g. 1g.10gb,3g.40gb,7g.80gb, on every GPU
+    /// (docs/configuration.md has the scheduling cost and the capacity of each choice).
     #[arg(
         long,
         env = "GPU_DRA_MIG_PROFILES",
-        default_value = "all",
-        value_name = "all|PROFILE,..."
+        default_value = "split",
+        value_name = "split|all|PROFILE,..."
     )]
     pub(crate) mig_profiles: MigProfileSet,
 }
@@ -196,6 +199,35 @@ pub(crate) struct SliceLayoutFlag {
         value_name = "compact|full"
     )]
     pub(crate) mig_attributes: gpu_dra::devices::MigAttributes,
+}
+
+/// `--vgpu-types`, `--compatibility-groups` and `--partitionable-devices-type`, on every verb
+/// that builds the device model (docs/device-model.md, "vGPU").
+#[derive(clap::Args, Debug)]
+pub(crate) struct VgpuFlags {
+    /// NVIDIA vGPU types the GPUs offer as devices (class vgpu.gpu.nvidia.com; with explain:
+    /// those of --sim-node): TYPE,... for every GPU that supports them (e.g. H100-4C,H100-10C),
+    /// or INDEXES=TYPE,... pairs separated by ';' per GPU index (e.g.
+    /// '0-3=H100-4C;4-7=L40S-12Q,L40S-24Q'). Empty (the default): no vGPU devices. Types a
+    /// GPU cannot run side by side are refused unless --compatibility-groups is on.
+    #[arg(
+        long,
+        env = "GPU_DRA_VGPU_TYPES",
+        default_value = "",
+        value_name = "TYPE,...|INDEXES=TYPE,...;..."
+    )]
+    pub(crate) vgpu_types: VgpuTypes,
+    /// Put compatibility groups (Kubernetes 1.37 DRADeviceCompatibilityGroups, alpha) on the
+    /// counter consumptions of GPUs offering vGPU types, so such a GPU also offers MIG devices
+    /// and vGPU types that may not share it, and the scheduler never allocates them together.
+    /// The scheduler skips a pool with groups while its gate is off: turn the gate on first.
+    #[arg(long, env = "GPU_DRA_COMPATIBILITY_GROUPS", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false", num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) compatibility_groups: bool,
+    /// Set partitionTypeAttribute (Kubernetes 1.37 DRAPartitionableDevicesType, alpha) to the
+    /// MIG `profile` attribute on slices holding dynamic-MIG devices; read only by the
+    /// resource-pool status controller (docs/device-model.md says what it reports for them).
+    #[arg(long, env = "GPU_DRA_PARTITIONABLE_DEVICES_TYPE", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false", num_args = 0..=1, default_missing_value = "true")]
+    pub(crate) partitionable_devices_type: bool,
 }
 
 /// The node flags `kubelet-plugin` and `compute-domain-plugin` share.
