@@ -70,6 +70,7 @@ fn record(uid: &str) -> ClaimRecord {
             mig: None,
             sharing: None,
             vfio: None,
+            vgpu: None,
         }],
         updated_unix: 0,
         fabric_partition: None,

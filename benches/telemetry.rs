@@ -55,6 +55,7 @@ fn node() -> (SimBackend, Checkpoint, ClaimPods) {
                         mig: None,
                         sharing: None,
                         vfio: None,
+                        vgpu: None,
                     }],
                     updated_unix: 0,
                     fabric_partition: None,

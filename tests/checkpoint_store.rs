@@ -41,6 +41,7 @@ fn claim() -> ClaimRecord {
             }),
             sharing: Some(json!({"strategy": "MPS", "daemon": {"id": "x", "limits": [50, 1.5]}})),
             vfio: None,
+            vgpu: None,
         }],
         updated_unix: 1_760_000_000,
         fabric_partition: None,

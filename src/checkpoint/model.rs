@@ -61,6 +61,24 @@ pub struct DeviceRecord {
     /// Set for a GPU moved (or being moved) to `vfio-pci` for this claim: recorded before
     /// the switch, so a crash at any step is undone on restart.
     pub vfio: Option<VfioRecord>,
+    /// Set for a vGPU created (or being created) for this claim: recorded before the sysfs
+    /// write, so a crash at any step is undone on restart.
+    pub vgpu: Option<VgpuRecord>,
+}
+
+/// A vGPU a claim hands to a VM: where it is, so undoing it deletes exactly that one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VgpuRecord {
+    /// Its type ID (`current_vgpu_type`, `nvidia-<id>`).
+    pub type_id: u32,
+    /// How it is created: a VF's `current_vgpu_type` (vdev) or an mdev.
+    pub framework: crate::hardware::vgpu::VgpuFramework,
+    /// The parent GPU's PCI address (the physical function), `0000:18:00.0`.
+    pub parent: String,
+    /// vdev: the virtual function picked for it, `0000:18:00.4`.
+    pub vf: Option<String>,
+    /// mdev: the UUID picked for it (lower case).
+    pub mdev_uuid: Option<String>,
 }
 
 /// A GPU a claim hands to a VM: what undoing it takes.
@@ -148,6 +166,9 @@ impl Checkpoint {
                         ));
                     }
                 }
+                if let Some(vgpu) = &device.vgpu {
+                    validate_vgpu(&location, vgpu)?;
+                }
                 if let Some(mig) = &device.mig {
                     non_empty(&location, "mig.profile", &mig.profile)?;
                     if mig.placement_size == 0 {
@@ -174,6 +195,42 @@ impl Checkpoint {
             }
         }
     }
+}
+
+/// A vGPU record names the PCI addresses and the instance its framework needs: undo would
+/// otherwise not know what to delete.
+fn validate_vgpu(
+    location: &dyn Fn() -> String,
+    vgpu: &VgpuRecord,
+) -> Result<(), InvalidCheckpoint> {
+    use crate::hardware::vgpu::VgpuFramework;
+    non_empty(location, "vgpu.parent", &vgpu.parent)?;
+    if vgpu.type_id == 0 {
+        return Err(invalid(
+            location,
+            "vgpu.typeId",
+            "0",
+            "a vGPU type ID (0 means none)",
+        ));
+    }
+    match vgpu.framework {
+        VgpuFramework::Vdev => {
+            let vf = vgpu.vf.as_deref().unwrap_or_default();
+            non_empty(location, "vgpu.vf", vf)?;
+        }
+        VgpuFramework::Mdev => {
+            let uuid = vgpu.mdev_uuid.as_deref().unwrap_or_default();
+            if !crate::hardware::vgpu::is_uuid(uuid) {
+                return Err(invalid(
+                    location,
+                    "vgpu.mdevUuid",
+                    uuid,
+                    "an mdev UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn invalid(

@@ -16,7 +16,9 @@ use sha2::{Digest, Sha256};
 
 use super::model::{
     Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord, VfioRecord,
+    VgpuRecord,
 };
+use crate::hardware::vgpu::VgpuFramework;
 
 /// The format version this code writes.
 pub const CURRENT_VERSION: &str = "v1";
@@ -112,6 +114,29 @@ struct DeviceV1<'a> {
     sharing: Option<Cow<'a, Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     vfio: Option<VfioV1<'a>>,
+    /// Absent unless the device is a vGPU, so files of nodes without vGPUs stay readable by
+    /// releases that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vgpu: Option<VgpuV1<'a>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct VgpuV1<'a> {
+    framework: FrameworkV1,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mdev_uuid: Option<Cow<'a, str>>,
+    parent: Cow<'a, str>,
+    type_id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vf: Option<Cow<'a, str>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum FrameworkV1 {
+    Mdev,
+    Vdev,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -351,6 +376,16 @@ fn device_to_wire(d: &DeviceRecord) -> DeviceV1<'_> {
             address: Cow::Borrowed(&v.address),
             restore_persistence: v.restore_persistence,
         }),
+        vgpu: d.vgpu.as_ref().map(|v| VgpuV1 {
+            framework: match v.framework {
+                VgpuFramework::Mdev => FrameworkV1::Mdev,
+                VgpuFramework::Vdev => FrameworkV1::Vdev,
+            },
+            mdev_uuid: v.mdev_uuid.as_deref().map(Cow::Borrowed),
+            parent: Cow::Borrowed(&v.parent),
+            type_id: v.type_id,
+            vf: v.vf.as_deref().map(Cow::Borrowed),
+        }),
     }
 }
 
@@ -404,6 +439,16 @@ fn device_from_wire(d: DeviceV1<'_>) -> DeviceRecord {
             address: v.address.into_owned(),
             restore_persistence: v.restore_persistence,
         }),
+        vgpu: d.vgpu.map(|v| VgpuRecord {
+            type_id: v.type_id,
+            framework: match v.framework {
+                FrameworkV1::Mdev => VgpuFramework::Mdev,
+                FrameworkV1::Vdev => VgpuFramework::Vdev,
+            },
+            parent: v.parent.into_owned(),
+            vf: v.vf.map(Cow::into_owned),
+            mdev_uuid: v.mdev_uuid.map(Cow::into_owned),
+        }),
     }
 }
 
@@ -430,6 +475,7 @@ mod tests {
             mig: None,
             sharing: None,
             vfio: None,
+            vgpu: None,
         };
         let mig = DeviceRecord {
             mig: Some(MigRecord {
@@ -452,6 +498,26 @@ mod tests {
             }),
             ..device("gpu-vfio-1")
         };
+        let vdev = DeviceRecord {
+            vgpu: Some(VgpuRecord {
+                type_id: 1056,
+                framework: VgpuFramework::Vdev,
+                parent: "0000:18:00.0".into(),
+                vf: Some("0000:18:00.4".into()),
+                mdev_uuid: None,
+            }),
+            ..device("vgpu-0-4c-0")
+        };
+        let mdev = DeviceRecord {
+            vgpu: Some(VgpuRecord {
+                type_id: 232,
+                framework: VgpuFramework::Mdev,
+                parent: "0000:2a:00.0".into(),
+                vf: None,
+                mdev_uuid: Some("3b1a5e2c-0000-4000-8000-000000000001".into()),
+            }),
+            ..device("vgpu-1-4q-0")
+        };
         let claim = |uid: &str, phase, devices| ClaimRecord {
             uid: uid.into(),
             namespace: "ns".into(),
@@ -471,6 +537,10 @@ mod tests {
                 (
                     "a".into(),
                     claim("a", ClaimPhase::UnprepareStarted, vec![vfio]),
+                ),
+                (
+                    "c".into(),
+                    claim("c", ClaimPhase::PrepareStarted, vec![vdev, mdev]),
                 ),
             ]
             .into_iter()
@@ -518,6 +588,58 @@ mod tests {
         let mut indented = serde_json::to_vec_pretty(&envelope(&encode(&cp).unwrap())).unwrap();
         indented.push(b'\n');
         assert_eq!(decode(&indented).expect("decodes"), cp);
+    }
+
+    #[test]
+    fn a_vgpu_record_must_name_what_undo_deletes() {
+        let mut cp = everything();
+        let vgpu = |cp: &mut Checkpoint| {
+            cp.claims.get_mut("c").unwrap().devices[0]
+                .vgpu
+                .as_mut()
+                .unwrap()
+                .clone()
+        };
+        let set = |cp: &mut Checkpoint, record: VgpuRecord| {
+            cp.claims.get_mut("c").unwrap().devices[0].vgpu = Some(record);
+        };
+        let good = vgpu(&mut cp);
+        set(
+            &mut cp,
+            VgpuRecord {
+                vf: None,
+                ..good.clone()
+            },
+        );
+        let Err(DecodeError::Invalid { source }) = encode(&cp) else {
+            panic!("a vdev record without its VF is invalid");
+        };
+        assert_eq!("vgpu.vf", source.field);
+        set(
+            &mut cp,
+            VgpuRecord {
+                framework: VgpuFramework::Mdev,
+                mdev_uuid: Some("not-a-uuid".into()),
+                ..good.clone()
+            },
+        );
+        let Err(DecodeError::Invalid { source }) = encode(&cp) else {
+            panic!("an mdev record without a UUID is invalid");
+        };
+        assert_eq!("vgpu.mdevUuid", source.field);
+        set(&mut cp, VgpuRecord { type_id: 0, ..good });
+        assert!(encode(&cp).is_err());
+    }
+
+    #[test]
+    fn a_checkpoint_without_vgpus_is_written_as_releases_before_them_read_it() {
+        let mut cp = everything();
+        cp.claims.remove("c");
+        let bytes = encode(&cp).unwrap();
+        assert!(
+            !String::from_utf8(bytes).unwrap().contains("vgpu"),
+            "no vgpu key unless a device is a vGPU"
+        );
     }
 
     #[test]

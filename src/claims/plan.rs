@@ -227,6 +227,7 @@ pub fn plan(
                 mig,
                 sharing: None,
                 vfio,
+                vgpu: None,
             },
             vfio_settings: None,
         });

@@ -355,6 +355,9 @@ pub enum HardwareError {
     /// The host's PCI bus (sysfs) could not be read for passthrough.
     #[error("reading the PCI bus for passthrough")]
     Passthrough(#[source] passthrough::PassthroughError),
+    /// The host's vGPU files (VFs, mdev types, mdevs) could not be read.
+    #[error("reading the host's vGPU files")]
+    Vgpu(#[source] vgpu::VgpuHostError),
 }
 
 /// NVML return codes the hardware layer distinguishes (values from `nvml.h`).

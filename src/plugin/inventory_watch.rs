@@ -399,6 +399,7 @@ mod tests {
                     mig: None,
                     sharing: None,
                     vfio: None,
+                    vgpu: None,
                 }],
                 updated_unix: 1_760_000_000,
                 fabric_partition: None,

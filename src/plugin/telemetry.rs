@@ -320,6 +320,7 @@ mod tests {
                 }),
                 sharing: None,
                 vfio: None,
+                vgpu: None,
             }],
             updated_unix: 0,
             fabric_partition: None,

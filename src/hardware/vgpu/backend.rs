@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use super::sysfs::{VgpuHost, VgpuHostError};
-use crate::hardware::passthrough::PassthroughError;
+use super::sysfs::VgpuHost;
 use crate::hardware::{
     GpuBackend, HardwareError, MigDevice, MigModeChange, NodeInventory, telemetry,
 };
@@ -38,20 +37,6 @@ impl std::fmt::Debug for VgpuBackend {
     }
 }
 
-/// `HardwareError` has no vGPU variant yet: a scan fails only on a directory it cannot
-/// list, which is the same failure as the PCI bus's, so it is reported as one.
-fn scan_error(e: VgpuHostError) -> HardwareError {
-    let (path, step, source) = match e {
-        VgpuHostError::Io { path, step, source } => (path, step, source),
-        other => (
-            std::path::PathBuf::new(),
-            "reading vGPU files",
-            std::io::Error::other(other.to_string()),
-        ),
-    };
-    HardwareError::Passthrough(PassthroughError::Io { path, step, source })
-}
-
 impl GpuBackend for VgpuBackend {
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -60,10 +45,10 @@ impl GpuBackend for VgpuBackend {
     /// The inner inventory with `vgpu_host` filled in.
     ///
     /// # Errors
-    /// The inner backend's, or [`HardwareError::Passthrough`] when sysfs cannot be listed.
+    /// The inner backend's, or [`HardwareError::Vgpu`] when sysfs cannot be listed.
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
         let mut inventory = self.inner.inventory()?;
-        inventory.vgpu_host = Some(self.host.scan().map_err(scan_error)?);
+        inventory.vgpu_host = Some(self.host.scan().map_err(HardwareError::Vgpu)?);
         Ok(inventory)
     }
 

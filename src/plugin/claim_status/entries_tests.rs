@@ -12,6 +12,7 @@ fn device(name: &str, mig: Option<MigRecord>, sharing: Option<Value>) -> DeviceR
         mig,
         sharing,
         vfio: None,
+        vgpu: None,
     }
 }
 
