@@ -25,6 +25,8 @@
 //! sets the pods per run (default 200 over 100 nodes, 100 over more), `GPU_DRA_SCHEDULE_NODES`
 //! the node counts (default `100,1000`).
 
+#[path = "support/upstream_model.rs"]
+mod upstream_model;
 #[path = "support/walk.rs"]
 mod walk;
 
@@ -43,6 +45,7 @@ use k8s_openapi::api::resource::v1::{
     ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use upstream_model::{Counts, Fit, Row};
 use walk::{Rng, shuffle_device_slices};
 
 /// A node layout: a simulated node and the MIG profiles its GPUs publish.
@@ -606,6 +609,161 @@ fn device_count(slices: &[ResourceSlice]) -> usize {
         .sum()
 }
 
+/// What one node of `template` (one node's slices) publishes and one node evaluation of
+/// `claim` walks on it while idle, in the units of [`upstream_model::PRICES`].
+fn counts_of(template: &[ResourceSlice], claim: &ResourceClaim) -> Counts {
+    let devices = || {
+        template
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+    };
+    let counting = devices()
+        .filter(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
+        .count();
+    let nodes = cluster(template, 1);
+    let classes = builtin_classes().expect("classes");
+    let engine = Counting::new(CelEngine);
+    let allocator = Allocator::new(&engine, &classes, &nodes, &[]).expect("allocator");
+    let prepared = allocator
+        .prepare(std::slice::from_ref(claim))
+        .expect("claim");
+    let outcome = allocator.allocate(
+        &prepared,
+        &Node::named("node-0000".to_string()),
+        Detail::Brief,
+    );
+    assert!(outcome.allocations.is_some(), "fits on an idle node");
+    Counts {
+        counting_devices: counting,
+        plain_devices: devices().count() - counting,
+        entries: NodeWork::of(template).entries,
+        slices: template.len(),
+        selectors: engine.take() as f64,
+    }
+}
+
+/// The upstream model (issue 46): fitted to the six held-out rows, each checked within 0.05,
+/// then the rate of every layout at 1,000 and 500 nodes predicted from counts alone. Returns
+/// whether the fit held.
+fn upstream_section(layouts: &[Layout]) -> bool {
+    let find = |name: &str| {
+        layouts
+            .iter()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("layout {name}"))
+    };
+    let gpu_claim = claim("c", "gpu.nvidia.com", None);
+    let g1_claim = claim("c", "mig.nvidia.com", Some("1g.10gb"));
+    let counts = |name: &str, c: &ResourceClaim| counts_of(&slices_of(find(name)), c);
+    let all = "dgx-h100 all";
+    let row = |label: &str, nodes, counts, measured| Row {
+        label: label.to_string(),
+        nodes,
+        counts,
+        measured,
+    };
+    let rows = vec![
+        row(
+            "before issue 34, 1g",
+            1000,
+            counts("dgx-h100 all, before (issue 34)", &g1_claim),
+            3.7 / 14.0,
+        ),
+        row("all, 1g", 1000, counts(all, &g1_claim), 4.7 / 14.0),
+        row("all, full GPU", 1000, counts(all, &gpu_claim), 4.6 / 14.0),
+        row(
+            "all, --mig-attr. full, 1g",
+            1000,
+            counts("dgx-h100 all, --mig-attr. full", &g1_claim),
+            4.8 / 14.0,
+        ),
+        row(
+            "1g,3g,7g, 1g",
+            1000,
+            counts("dgx-h100 1g,3g,7g", &g1_claim),
+            6.9 / 14.0,
+        ),
+        row(
+            "all, 1g, 500 nodes",
+            500,
+            counts(all, &g1_claim),
+            9.7 / 14.0,
+        ),
+    ];
+    let fit = Fit::to(&rows);
+    let (model, ok) = fit.check(&rows, 0.05);
+    println!(
+        "\nkube-scheduler model (issue 46): T_pod = {:.1} ms + {:.2} × N_eval × e(layout) + {:.0} ns × N_eval × N",
+        fit.t0, fit.f, fit.k
+    );
+    println!(
+        "{:<28} {:>5} {:>7} {:>7} {:>6} {:>6} {:>9} {:>9} {:>7}",
+        "held-out row", "nodes", "dev", "entries", "slices", "sel", "e (µs)", "measured", "model"
+    );
+    for (r, m) in rows.iter().zip(&model) {
+        let c = r.counts;
+        println!(
+            "{:<28} {:>5} {:>7} {:>7} {:>6} {:>6.1} {:>9.1} {:>8.2}× {:>6.2}×",
+            r.label,
+            r.nodes,
+            c.counting_devices + c.plain_devices,
+            c.entries,
+            c.slices,
+            c.selectors,
+            c.per_eval_us(),
+            r.measured,
+            m
+        );
+    }
+    if !ok {
+        println!("the model misses a held-out row by more than 0.05: no prediction");
+        return false;
+    }
+    println!(
+        "{:<30} {:>7} {:>7} {:>6} {:>12} {:>12} {:>12} {:>12}",
+        "layout (predicted)",
+        "dev",
+        "entries",
+        "slices",
+        "1,000 full",
+        "1,000 1g",
+        "500 full",
+        "500 1g"
+    );
+    for layout in layouts.iter().filter(|l| !l.carvable_now && !l.random_walk) {
+        let template = slices_of(layout);
+        let mut cells = Vec::new();
+        let mut shown = None;
+        for nodes in [1000, 500] {
+            for c in [
+                layout.full.then_some(&gpu_claim),
+                layout.one_g.map(|_| &g1_claim),
+            ] {
+                let Some(c) = c else {
+                    cells.push("-".to_string());
+                    continue;
+                };
+                let n = counts_of(&template, c);
+                shown.get_or_insert(n);
+                cells.push(format!("{:.2}×", fit.ratio(nodes, &n)));
+            }
+        }
+        let n = shown.expect("a claim");
+        println!(
+            "{:<30} {:>7} {:>7} {:>6} {:>12} {:>12} {:>12} {:>12}",
+            layout.name,
+            n.counting_devices + n.plain_devices,
+            n.entries,
+            n.slices,
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3]
+        );
+    }
+    true
+}
+
 fn main() {
     let pods_env = env_list("GPU_DRA_SCHEDULE_PODS", &[]).first().copied();
     let node_counts = env_list("GPU_DRA_SCHEDULE_NODES", &[100, 1000]);
@@ -653,7 +811,15 @@ fn main() {
                 false,
             )
         },
-        layout("dgx-h100 all (default)", "dgx-h100", "all", g1, true, false),
+        layout(
+            "dgx-h100 split (default)",
+            "dgx-h100",
+            "split",
+            g1,
+            true,
+            false,
+        ),
+        layout("dgx-h100 all", "dgx-h100", "all", g1, true, false),
         ordered("dgx-h100 all, gpus-first", SliceLayout::GpusFirst),
         ordered("dgx-h100 all, by-gpu", SliceLayout::ByGpu),
         layout(
@@ -710,6 +876,15 @@ fn main() {
             random_walk: true,
             ..ordered(name, slice_layout)
         });
+    }
+    let fitted = upstream_section(&layouts);
+    if std::env::var_os("GPU_DRA_SCHEDULE_MODEL_ONLY").is_some() {
+        let _ = std::fs::remove_file(&baseline);
+        assert!(
+            fitted,
+            "the upstream model no longer reproduces the held-out rows"
+        );
+        return;
     }
     for &nodes in &node_counts {
         let pods = pods_env.unwrap_or(if nodes <= 100 { 200 } else { 100 });
