@@ -17,7 +17,7 @@ use crate::hardware::sim::SimBackend;
 use crate::slices::{self, PoolOptions};
 
 /// The project's DeviceClasses (`device-classes/`), built in so `explain` works anywhere.
-const BUILTIN_CLASSES: [(&str, &str); 3] = [
+const BUILTIN_CLASSES: [(&str, &str); 4] = [
     (
         "device-classes/gpu.nvidia.com.yaml",
         include_str!("../device-classes/gpu.nvidia.com.yaml"),
@@ -29,6 +29,10 @@ const BUILTIN_CLASSES: [(&str, &str); 3] = [
     (
         "device-classes/vfio.gpu.nvidia.com.yaml",
         include_str!("../device-classes/vfio.gpu.nvidia.com.yaml"),
+    ),
+    (
+        "device-classes/vgpu.gpu.nvidia.com.yaml",
+        include_str!("../device-classes/vgpu.gpu.nvidia.com.yaml"),
     ),
 ];
 
@@ -108,11 +112,20 @@ pub struct SimSliceOptions {
     /// publishes them; the node must be in shared NVSwitch mode (`nvswitch: true`,
     /// `fabricMode: 1`).
     pub fabric_manager: bool,
+    /// `--vgpu-types`: the vGPU types the node's GPUs offer; off by default.
+    pub vgpu_types: crate::devices::VgpuTypes,
+    /// `--compatibility-groups`: compatibility groups on the counter consumptions of GPUs
+    /// offering vGPU types.
+    pub compatibility_groups: bool,
+    /// `--partitionable-devices-type`: `partitionTypeAttribute` on slices holding
+    /// dynamic-MIG devices.
+    pub partitionable_devices_type: bool,
 }
 
 /// The slices a simulated node (preset or node file) publishes, as `inventory -o yaml` prints
 /// them. Fails when the node cannot be built, `options.mig_profiles` names a profile none of
-/// its GPUs has, or `options.fabric_manager` is set on a node not in shared NVSwitch mode.
+/// its GPUs has, `options.vgpu_types` does not pass [`crate::devices::vgpu_config::check`],
+/// or `options.fabric_manager` is set on a node not in shared NVSwitch mode.
 pub fn sim_slices(
     sim_node: &str,
     driver: &str,
@@ -160,7 +173,18 @@ pub fn sim_slices(
             detail: e.to_string(),
         }
     })?;
+    crate::devices::vgpu_config::check(
+        &options.vgpu_types,
+        &inventory,
+        options.compatibility_groups,
+    )
+    .map_err(|e| InputError::SimSlices {
+        detail: e.to_string(),
+    })?;
     let model_options = ModelOptions {
+        vgpu_types: options.vgpu_types,
+        compatibility_groups: options.compatibility_groups,
+        partitionable_devices_type: options.partitionable_devices_type,
         shared_gpus: options.shared_gpus,
         mig_profiles: options.mig_profiles,
         slice_layout: options.slice_layout,

@@ -24,6 +24,9 @@ pub enum InventoryError {
     /// `--mig-profiles` names a profile no GPU of the node has.
     #[error("checking --mig-profiles against the node's GPUs")]
     MigProfiles(#[source] crate::devices::MigProfilesError),
+    /// `--vgpu-types` names a type the GPUs do not offer, or types that cannot share a GPU.
+    #[error("checking --vgpu-types against the node's GPUs")]
+    VgpuTypes(#[source] crate::devices::VgpuTypesError),
     /// The model breaks a ResourceSlice limit.
     #[error("building ResourceSlices failed")]
     Slices(#[source] SliceError),
@@ -88,6 +91,12 @@ pub fn view_judged(
     let inventory = backend.inventory().map_err(InventoryError::Hardware)?;
     crate::devices::profiles::check(&options.mig_profiles, &inventory)
         .map_err(InventoryError::MigProfiles)?;
+    crate::devices::vgpu_config::check(
+        &options.vgpu_types,
+        &inventory,
+        options.compatibility_groups,
+    )
+    .map_err(InventoryError::VgpuTypes)?;
     let mut model = crate::devices::build(&inventory, options);
     let device_health = health::judge(policy, &inventory, &model, now);
     health::apply_taints(&mut model, &device_health, policy);
@@ -318,6 +327,14 @@ pub fn device_table(view: &NodeView) -> String {
             DeviceKind::Vfio { address } => {
                 ("vfio", "-".to_string(), address.clone(), d.gpu_uuid.clone())
             }
+            DeviceKind::Vgpu {
+                type_name, slot, ..
+            } => (
+                "vgpu",
+                type_name.clone(),
+                format!("slot {slot}"),
+                "(created on demand)".to_string(),
+            ),
             DeviceKind::MigStatic {
                 profile,
                 placement,

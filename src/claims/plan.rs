@@ -135,6 +135,13 @@ pub fn plan(
             _ => None,
         };
         let (action, mig) = match &published.kind {
+            DeviceKind::Vgpu { type_name, .. } => {
+                return Err(ClaimError::VgpuNotAvailable {
+                    claim: id.to_string(),
+                    device: dev.device.clone(),
+                    vgpu_type: type_name.clone(),
+                });
+            }
             DeviceKind::Vfio { address } => (
                 Action::Vfio {
                     address: address.clone(),

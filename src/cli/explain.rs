@@ -8,7 +8,7 @@ use gpu_dra::demo;
 use gpu_dra::devices::{DEFAULT_DRIVER_NAME, SharedGpus};
 
 use super::common::{chain, emit};
-use super::flags::{MigProfilesFlag, Output, SliceLayoutFlag};
+use super::flags::{MigProfilesFlag, Output, SliceLayoutFlag, VgpuFlags};
 
 /// Flags of `gpu-dra explain`.
 #[derive(clap::Args, Debug)]
@@ -40,11 +40,15 @@ pub(crate) struct ExplainArgs {
     /// `--slice-layout`.
     #[command(flatten)]
     slice_layout: SliceLayoutFlag,
+    /// `--vgpu-types`, `--compatibility-groups`, `--partitionable-devices-type` (with
+    /// --sim-node).
+    #[command(flatten)]
+    vgpu: VgpuFlags,
     /// Slices from a file (e.g. `kubectl get resourceslices -o yaml`).
     #[arg(long, conflicts_with = "kubeconfig")]
     slices: Option<PathBuf>,
-    /// DeviceClasses (file or directory); default: the built-in gpu.nvidia.com and
-    /// mig.nvidia.com.
+    /// DeviceClasses (file or directory); default: the built-in gpu.nvidia.com,
+    /// mig.nvidia.com, vfio.gpu.nvidia.com and vgpu.gpu.nvidia.com.
     #[arg(long)]
     classes: Option<PathBuf>,
     /// Claims already allocated (file or directory): what they hold is not free.
@@ -178,6 +182,9 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                             mig_attributes: args.slice_layout.mig_attributes,
                             passthrough: args.passthrough,
                             fabric_manager: args.fabric_manager,
+                            vgpu_types: args.vgpu.vgpu_types.clone(),
+                            compatibility_groups: args.vgpu.compatibility_groups,
+                            partitionable_devices_type: args.vgpu.partitionable_devices_type,
                         },
                     )
                     .map_err(|e| chain(&anyhow::Error::new(e))),

@@ -13,7 +13,7 @@ use gpu_dra::{demo, inventory};
 use super::common::emit;
 use super::flags::{
     Backend, DriverNameFlag, GpuMigPoliciesFlag, MigProfilesFlag, NvmlLibFlag, Output, Policy,
-    SliceLayoutFlag,
+    SliceLayoutFlag, VgpuFlags,
 };
 
 /// Flags of `gpu-dra inventory`.
@@ -60,6 +60,9 @@ pub(crate) struct InventoryArgs {
     /// `--slice-layout`.
     #[command(flatten)]
     slice_layout: SliceLayoutFlag,
+    /// `--vgpu-types`, `--compatibility-groups`, `--partitionable-devices-type`.
+    #[command(flatten)]
+    vgpu: VgpuFlags,
     /// Health policy file (YAML or JSON) the GPUs' faults are judged with, as the plugin's
     /// --health-policy (docs/health.md). Default: the built-in policy.
     #[arg(long, env = "GPU_DRA_HEALTH_POLICY", value_name = "FILE")]
@@ -125,6 +128,9 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         mig_attributes: args.slice_layout.mig_attributes,
         passthrough: args.passthrough,
         fabric_partitions: None,
+        vgpu_types: args.vgpu.vgpu_types.clone(),
+        compatibility_groups: args.vgpu.compatibility_groups,
+        partitionable_devices_type: args.vgpu.partitionable_devices_type,
     };
     // A simulated node keeps its host tree in a state directory: a fresh one when none is given.
     let scratch = match args.state_dir.is_none() && args.passthrough {

@@ -10,7 +10,7 @@ use gpu_dra::hardware::{MigPolicy, policy_flag};
 use super::common::{Threads, block_on};
 use super::flags::{
     DriverNameFlag, DriverRootFlag, FabricManagerFlags, GpuMigPoliciesFlag, MigProfilesFlag,
-    NodeFlags, Policy, ProcRootFlag, SliceLayoutFlag, interval_seconds,
+    NodeFlags, Policy, ProcRootFlag, SliceLayoutFlag, VgpuFlags, interval_seconds,
 };
 
 /// Flags of `gpu-dra kubelet-plugin`.
@@ -35,6 +35,9 @@ pub(crate) struct PluginArgs {
     /// `--slice-layout`.
     #[command(flatten)]
     slice_layout: SliceLayoutFlag,
+    /// `--vgpu-types`, `--compatibility-groups`, `--partitionable-devices-type`.
+    #[command(flatten)]
+    vgpu: VgpuFlags,
     /// `--driver-root`.
     #[command(flatten)]
     driver_root: DriverRootFlag,
@@ -133,6 +136,9 @@ pub(crate) fn run(args: PluginArgs) -> anyhow::Result<ExitCode> {
         mig_profiles: args.mig_profiles.mig_profiles,
         slice_layout: args.slice_layout.slice_layout,
         mig_attributes: args.slice_layout.mig_attributes,
+        vgpu_types: args.vgpu.vgpu_types,
+        compatibility_groups: args.vgpu.compatibility_groups,
+        partitionable_devices_type: args.vgpu.partitionable_devices_type,
         simulated_host: node.simulated_host,
         state_dir,
         plugin_dir,

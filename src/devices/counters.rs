@@ -117,6 +117,35 @@ pub fn exclusive_set(minor: u32) -> CounterSet {
     }
 }
 
+/// The counter of the framebuffer a GPU's vGPUs share (GPUs offering vGPU types only).
+pub const FRAMEBUFFER: &str = "framebuffer";
+
+/// Adds the [`FRAMEBUFFER`] counter (`mib`) to the set of a GPU that offers vGPU types.
+pub fn add_framebuffer(set: &mut CounterSet, mib: u64) {
+    set.counters
+        .insert(FRAMEBUFFER.to_string(), counter(super::mib_quantity(mib)));
+}
+
+/// The counter set of a GPU without dynamic MIG that offers vGPU types: only the
+/// [`FRAMEBUFFER`] (`mib`).
+pub fn framebuffer_set(minor: u32, mib: u64) -> CounterSet {
+    let mut set = CounterSet {
+        name: counter_set_name(minor),
+        counters: BTreeMap::new(),
+    };
+    add_framebuffer(&mut set, mib);
+    set
+}
+
+/// A vGPU of `mib` framebuffer consumes that much of GPU `minor`'s [`FRAMEBUFFER`].
+pub fn framebuffer_consumption(minor: u32, mib: u64) -> DeviceCounterConsumption {
+    DeviceCounterConsumption {
+        counter_set: counter_set_name(minor),
+        counters: BTreeMap::from([(FRAMEBUFFER.to_string(), counter(super::mib_quantity(mib)))]),
+        ..Default::default()
+    }
+}
+
 /// The full GPU consumes every counter of its set entirely.
 pub fn full_gpu_consumption(gpu: &GpuInfo, set: &CounterSet) -> DeviceCounterConsumption {
     whole_set_consumption(gpu.minor, set)

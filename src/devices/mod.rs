@@ -8,6 +8,7 @@
 //!   memory slice of its placement: `gpu-0-mig-3g40gb-4`. A MIG device keeps its name for
 //!   as long as the placement exists, whether it was carved on demand or pre-created.
 //! * counter set of a dynamic-MIG GPU: `gpu-<minor>-counter-set`.
+//! * vGPU (`--vgpu-types`): `vgpu-<gpu index>-<slug>-<slot>`, `vgpu-0-4c-12` ([`vgpu`]).
 //!
 //! # MIG policies (per GPU)
 //! * `disabled`: the full GPU (only while hardware MIG mode is off).
@@ -33,8 +34,10 @@ pub mod profiles;
 mod share_limits;
 mod sharing;
 pub mod split;
+pub mod vgpu;
+pub mod vgpu_config;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{CounterSet, Device, DeviceAttribute};
 
@@ -46,6 +49,7 @@ pub use packing::placement_order;
 pub use profiles::{MigProfileSet, MigProfilesError};
 pub use share_limits::{ShareLimits, share_limits};
 pub use sharing::{MAX_SHARES, MIN_SHARES, SharedGpus, SharingError};
+pub use vgpu_config::{VgpuTypes, VgpuTypesError};
 
 /// The default DRA driver name, shared with NVIDIA's driver.
 pub const DEFAULT_DRIVER_NAME: &str = "gpu.nvidia.com";
@@ -85,6 +89,22 @@ pub enum DeviceKind {
         /// PCI address, `0000:18:00.0`.
         address: String,
     },
+    /// One instance slot of a vGPU type (`vgpu-<gpu index>-<slug>-<slot>`, `--vgpu-types`):
+    /// prepare creates a vGPU of the type on the parent GPU (a free VF's `current_vgpu_type`,
+    /// or an mdev through `create`); nothing on the host says which slot a vGPU fills.
+    Vgpu {
+        /// The type ID NVML reports, what `current_vgpu_type` and `nvidia-<id>` take.
+        type_id: u32,
+        /// The type's name without `NVIDIA `, `H100-4C`.
+        type_name: String,
+        /// How vGPUs are created on the parent GPU.
+        framework: crate::hardware::vgpu::VgpuFramework,
+        /// The parent GPU's PCI address (normalised, `0000:18:00.0`): the physical function
+        /// whose VFs (vdev) or `mdev_supported_types` (mdev) hold the vGPU.
+        parent_address: String,
+        /// Which of the type's instance slots this device is (0-based).
+        slot: u32,
+    },
 }
 
 /// The `gpu_index` and `gpu_minor` of a VFIO device whose GPU NVML has not seen (on
@@ -120,13 +140,19 @@ pub struct DeviceModel {
     /// devices by profile table order, each profile's dynamic placements in packing order
     /// ([`placement_order`]: the one that blocks larger profiles least first).
     pub devices: Vec<PublishedDevice>,
-    /// One counter set per dynamic-MIG GPU, in GPU order.
+    /// One counter set per dynamic-MIG GPU and per GPU offering vGPU types, in GPU order;
+    /// then those of passthrough GPUs without either.
     pub counter_sets: Vec<CounterSet>,
     /// Things a person should know (e.g. a GPU left out and why).
     pub warnings: Vec<String>,
     /// How the devices are ordered and grouped into slices ([`SliceLayout::Interleaved`] by
     /// default).
     pub slice_layout: SliceLayout,
+    /// `spec.partitionTypeAttribute` of the slices holding dynamic-MIG devices
+    /// (`--partitionable-devices-type`, Kubernetes 1.37 `DRAPartitionableDevicesType`): the
+    /// fully qualified `profile` attribute, `gpu.nvidia.com/profile`; `None` (default) sets
+    /// none.
+    pub partition_type_attribute: Option<String>,
 }
 
 /// How a node's devices are ordered and grouped into ResourceSlices (`--slice-layout`).
@@ -286,6 +312,18 @@ pub struct ModelOptions {
     /// Fabric Manager's partition list on an FM node (`--fabric-manager`): full GPUs then
     /// carry `gpuModuleID` and `partition1/2/4/8`; `None` (default) publishes neither.
     pub fabric_partitions: Option<std::sync::Arc<crate::fabric_manager::PartitionTable>>,
+    /// Which vGPU types GPUs offer (`--vgpu-types`); off by default. Check it against the
+    /// node with [`vgpu_config::check`].
+    pub vgpu_types: VgpuTypes,
+    /// Compatibility groups on every consumption of the counter set of a GPU offering vGPU
+    /// types (`--compatibility-groups`, Kubernetes 1.37 `DRADeviceCompatibilityGroups`):
+    /// such a GPU then also offers MIG devices and types that may not share it; off by
+    /// default.
+    pub compatibility_groups: bool,
+    /// Set `partitionTypeAttribute` on the slices holding dynamic-MIG devices
+    /// (`--partitionable-devices-type`, Kubernetes 1.37 `DRAPartitionableDevicesType`); off
+    /// by default.
+    pub partitionable_devices_type: bool,
 }
 
 impl Default for ModelOptions {
@@ -300,6 +338,9 @@ impl Default for ModelOptions {
             mig_attributes: MigAttributes::Compact,
             passthrough: false,
             fabric_partitions: None,
+            vgpu_types: VgpuTypes::Off,
+            compatibility_groups: false,
+            partitionable_devices_type: false,
         }
     }
 }
@@ -333,8 +374,13 @@ impl ModelOptions {
 pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     let mut model = DeviceModel {
         slice_layout: options.slice_layout,
+        partition_type_attribute: options
+            .partitionable_devices_type
+            .then(|| format!("{}/profile", options.driver_name)),
         ..DeviceModel::default()
     };
+    // Counter sets of GPUs offering vGPU types: their consumptions get compatibility groups.
+    let mut vgpu_sets = BTreeSet::new();
     let split_plan = (options.mig_profiles == MigProfileSet::Split).then(|| {
         let hidden = inventory.passthrough.iter().flat_map(|f| &f.hidden_gpus);
         let dynamic: Vec<&GpuInfo> = inventory
@@ -348,6 +394,17 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     for gpu in &inventory.gpus {
         let policy = options.policy_for(gpu);
         let common = attributes::common(inventory, gpu);
+        // vGPU types are offered exactly where the full GPU is published: both need the GPU
+        // out of MIG mode.
+        let vgpu_types = vgpu::offer(gpu, options, &mut model.warnings);
+        let not_in_mig_mode = |model: &mut DeviceModel| {
+            if !vgpu_types.is_empty() {
+                model.warnings.push(format!(
+                    "GPU {} ({}) is in MIG mode: its vGPU types are not offered until MIG mode is off",
+                    gpu.index, gpu.product_name
+                ));
+            }
+        };
         let full = || {
             let mut device = attributes::full_gpu(&common, gpu);
             if let (Some(table), Some(attrs)) =
@@ -369,11 +426,23 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                     "GPU {} ({}) has MIG mode on but MIG policy \"disabled\": not published (turn MIG off, or use policy static or dynamic)",
                     gpu.index, gpu.uuid
                 ));
+                not_in_mig_mode(&mut model);
             }
-            MigPolicy::Disabled => model.devices.push(full()),
+            MigPolicy::Disabled => {
+                push_full_and_vgpus(&mut model, gpu, full(), &vgpu_types, options, &mut vgpu_sets)
+            }
             MigPolicy::Static => {
                 if !gpu.mig.current {
-                    model.devices.push(full());
+                    push_full_and_vgpus(
+                        &mut model,
+                        gpu,
+                        full(),
+                        &vgpu_types,
+                        options,
+                        &mut vgpu_sets,
+                    );
+                } else {
+                    not_in_mig_mode(&mut model);
                 }
                 for mig in &gpu.mig_devices {
                     let Some(profile) = gpu.profile_by_id(mig.profile_id) else {
@@ -416,18 +485,47 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                         "GPU {} ({}) does not support MIG; published as a full GPU despite policy \"dynamic\"",
                         gpu.index, gpu.product_name
                     ));
-                    model.devices.push(full());
+                    push_full_and_vgpus(
+                        &mut model,
+                        gpu,
+                        full(),
+                        &vgpu_types,
+                        options,
+                        &mut vgpu_sets,
+                    );
                     continue;
                 }
-                let set = counters::counter_set(gpu);
+                let mut set = counters::counter_set(gpu);
                 let needs_reset = gpu.architecture.mig_toggle_needs_reset();
-                if !needs_reset || !gpu.mig.current {
+                let full_published = !needs_reset || !gpu.mig.current;
+                let offers_vgpu = full_published && !vgpu_types.is_empty();
+                if offers_vgpu {
+                    counters::add_framebuffer(
+                        &mut set,
+                        gpu.vgpu.as_ref().map_or(0, vgpu::framebuffer_mib),
+                    );
+                } else {
+                    not_in_mig_mode(&mut model);
+                }
+                if full_published {
                     let mut device = full();
                     device.device.consumes_counters =
                         Some(vec![counters::full_gpu_consumption(gpu, &set)]);
                     model.devices.push(device);
                 }
-                if !needs_reset || gpu.mig.current {
+                // Without compatibility groups nothing keeps MIG devices and vGPUs of one GPU
+                // apart (they consume different counters), so a GPU offering vGPUs offers no
+                // MIG devices.
+                let mig_published = !offers_vgpu || options.compatibility_groups;
+                if !mig_published && !gpu.mig_devices.is_empty() {
+                    model.warnings.push(format!(
+                        "GPU {} ({}) offers vGPU types without --compatibility-groups: its {} existing MIG devices are not published",
+                        gpu.index,
+                        gpu.product_name,
+                        gpu.mig_devices.len()
+                    ));
+                }
+                if (!needs_reset || gpu.mig.current) && mig_published {
                     let offered = gpu
                         .mig_profiles
                         .iter()
@@ -465,6 +563,14 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                         ));
                     }
                 }
+                if offers_vgpu {
+                    model.devices.extend(vgpu::devices(
+                        gpu,
+                        &vgpu_types,
+                        options.compatibility_groups,
+                    ));
+                    vgpu_sets.insert(set.name.clone());
+                }
                 model.counter_sets.push(set);
             }
         }
@@ -473,6 +579,9 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
         && let Some(facts) = &inventory.passthrough
     {
         add_vfio_devices(&mut model, inventory, facts, options);
+    }
+    if options.compatibility_groups {
+        vgpu::assign_groups(&mut model.devices, &vgpu_sets);
     }
     if options.shared_gpus.is_on() {
         for published in &mut model.devices {
@@ -489,8 +598,8 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                 | DeviceKind::MigDynamic { profile_id, .. } => gpu
                     .profile_by_id(*profile_id)
                     .map_or((0, 0), |p| (p.memory_mib, p.multiprocessors)),
-                // A VM gets the whole GPU or nothing.
-                DeviceKind::Vfio { .. } => continue,
+                // A VM gets the whole GPU (or its vGPU) or nothing.
+                DeviceKind::Vfio { .. } | DeviceKind::Vgpu { .. } => continue,
             };
             sharing::make_shareable(
                 &mut published.device,
@@ -527,6 +636,31 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
         packing::fabric_order(&mut model.devices, table, &busy);
     }
     model
+}
+
+/// Publishes `full` and, when `gpu` offers `types`, its vGPU devices and a counter set with
+/// only the framebuffer, which the full GPU consumes whole (a GPU without dynamic MIG).
+fn push_full_and_vgpus(
+    model: &mut DeviceModel,
+    gpu: &GpuInfo,
+    mut full: PublishedDevice,
+    types: &[&crate::hardware::vgpu::VgpuType],
+    options: &ModelOptions,
+    vgpu_sets: &mut BTreeSet<String>,
+) {
+    if types.is_empty() {
+        model.devices.push(full);
+        return;
+    }
+    let set =
+        counters::framebuffer_set(gpu.minor, gpu.vgpu.as_ref().map_or(0, vgpu::framebuffer_mib));
+    full.device.consumes_counters = Some(vec![counters::whole_set_consumption(gpu.minor, &set)]);
+    model.devices.push(full);
+    model
+        .devices
+        .extend(vgpu::devices(gpu, types, options.compatibility_groups));
+    vgpu_sets.insert(set.name.clone());
+    model.counter_sets.push(set);
 }
 
 /// The VFIO devices of a passthrough node, numbered by PCI address order as NVIDIA's driver

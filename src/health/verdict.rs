@@ -113,7 +113,7 @@ pub fn judge(
             if let Some((gpu, v)) = per_gpu.get(&d.gpu_index) {
                 verdict = v.gpu.clone();
                 let gi = match &d.kind {
-                    DeviceKind::Gpu | DeviceKind::Vfio { .. } => None,
+                    DeviceKind::Gpu | DeviceKind::Vfio { .. } | DeviceKind::Vgpu { .. } => None,
                     DeviceKind::MigStatic { gi_id, .. } => Some(*gi_id),
                     DeviceKind::MigDynamic {
                         profile_id,

@@ -44,6 +44,14 @@ pub struct PluginConfig {
     pub slice_layout: crate::devices::SliceLayout,
     /// What MIG devices carry (`--mig-attributes`).
     pub mig_attributes: crate::devices::MigAttributes,
+    /// `--vgpu-types`: the vGPU types GPUs offer; off by default.
+    pub vgpu_types: crate::devices::VgpuTypes,
+    /// `--compatibility-groups`: compatibility groups on the counter consumptions of GPUs
+    /// offering vGPU types (Kubernetes 1.37 `DRADeviceCompatibilityGroups`).
+    pub compatibility_groups: bool,
+    /// `--partitionable-devices-type`: `partitionTypeAttribute` on slices holding dynamic-MIG
+    /// devices (Kubernetes 1.37 `DRAPartitionableDevicesType`).
+    pub partitionable_devices_type: bool,
     /// `--simulated-host`: the node has no NVIDIA driver files or device nodes (kind, CI):
     /// CDI specs name the simulated device nodes and the sharing tools are the simulated
     /// ones, as with the sim backend. For the NVML backend over the simulated library.

@@ -96,6 +96,9 @@ pub enum PluginError {
     /// `--mig-profiles` names a profile no GPU of the node has.
     #[error("checking --mig-profiles against the node's GPUs")]
     MigProfiles(#[source] crate::devices::MigProfilesError),
+    /// `--vgpu-types` names a type the GPUs do not offer, or types that cannot share a GPU.
+    #[error("checking --vgpu-types against the node's GPUs")]
+    VgpuTypes(#[source] crate::devices::VgpuTypesError),
     /// `--fabric-manager` is on and FM is not usable (fmpm missing, FM unreachable, or its
     /// partition list invalid).
     #[error("Fabric Manager (--fabric-manager)")]
@@ -226,6 +229,9 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     model_options.mig_profiles = config.mig_profiles.clone();
     model_options.slice_layout = config.slice_layout;
     model_options.mig_attributes = config.mig_attributes;
+    model_options.vgpu_types = config.vgpu_types.clone();
+    model_options.compatibility_groups = config.compatibility_groups;
+    model_options.partitionable_devices_type = config.partitionable_devices_type;
     model_options.passthrough = pci.is_some();
     let fabric = match &config.fabric_manager {
         Some(fm) => {
@@ -359,6 +365,12 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
     crate::devices::profiles::check(&model_options.mig_profiles, &inventory)
         .map_err(PluginError::MigProfiles)?;
+    crate::devices::vgpu_config::check(
+        &model_options.vgpu_types,
+        &inventory,
+        model_options.compatibility_groups,
+    )
+    .map_err(PluginError::VgpuTypes)?;
     start_checks::log(&config, &inventory);
     let watcher = inventory_watch::Watcher {
         backend: backend.clone(),

@@ -96,10 +96,12 @@ pub fn device_facts(model: &DeviceModel) -> HashMap<String, DeviceFacts> {
                 DeviceKind::MigStatic { profile, .. } | DeviceKind::MigDynamic { profile, .. } => {
                     profile.clone()
                 }
+                DeviceKind::Vgpu { type_name, .. } => type_name.clone(),
             };
             let facts = DeviceFacts {
                 profile,
-                memory: capacity(&p.device, "memory"),
+                // A vGPU publishes its memory as `framebuffer`.
+                memory: capacity(&p.device, "memory").or_else(|| capacity(&p.device, "framebuffer")),
                 multiprocessors: capacity(&p.device, "multiprocessors"),
             };
             (p.name().to_string(), facts)

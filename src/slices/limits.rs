@@ -18,6 +18,10 @@ pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 pub const MAX_COUNTERS_PER_SET: usize = 32;
 /// Counter consumptions per device.
 pub const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
+/// Compatibility groups per counter consumption (KEP-5963; names unique).
+pub const MAX_COMPATIBILITY_GROUPS: usize = 2;
+/// Length of the identifier part of a fully qualified attribute name (`<domain>/<id>`).
+pub const MAX_ATTRIBUTE_ID_LEN: usize = 32;
 /// Length of string and version attribute values.
 pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 /// Length of a DNS label (device, counter-set and counter names).
@@ -52,6 +56,9 @@ fn limit(object: &str, field: impl Into<String>, problem: impl Into<String>) -> 
 
 /// Checks every device and counter set against the limits.
 pub fn check_model(model: &DeviceModel) -> Result<(), SliceError> {
+    if let Some(attribute) = &model.partition_type_attribute {
+        check_qualified_name(attribute)?;
+    }
     let mut names = std::collections::BTreeSet::new();
     for d in &model.devices {
         check_device(&d.device)?;
@@ -90,6 +97,30 @@ pub fn check_model(model: &DeviceModel) -> Result<(), SliceError> {
         }
     }
     Ok(())
+}
+
+/// `partitionTypeAttribute` is a fully qualified attribute name: a DNS subdomain, `/`, and a
+/// C identifier of at most [`MAX_ATTRIBUTE_ID_LEN`] characters.
+fn check_qualified_name(attribute: &str) -> Result<(), SliceError> {
+    let valid = attribute.split_once('/').is_some_and(|(domain, id)| {
+        !domain.is_empty()
+            && domain.len() <= 253
+            && domain.split('.').all(is_dns_label)
+            && !id.is_empty()
+            && id.len() <= MAX_ATTRIBUTE_ID_LEN
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !id.as_bytes()[0].is_ascii_digit()
+    });
+    match valid {
+        true => Ok(()),
+        false => Err(limit(
+            "slices",
+            "partitionTypeAttribute",
+            format!(
+                "{attribute:?} is not a fully qualified attribute name (<DNS subdomain>/<C identifier of at most {MAX_ATTRIBUTE_ID_LEN}>)"
+            ),
+        )),
+    }
 }
 
 fn check_device(d: &Device) -> Result<(), SliceError> {
@@ -174,6 +205,24 @@ fn check_device(d: &Device) -> Result<(), SliceError> {
         ));
     }
     for c in consumptions {
+        let groups = c.compatibility_groups.as_deref().unwrap_or_default();
+        let field = || format!("consumesCounters[{}].compatibilityGroups", c.counter_set);
+        if groups.len() > MAX_COMPATIBILITY_GROUPS {
+            return Err(limit(
+                name,
+                field(),
+                format!(
+                    "has {} entries; at most {MAX_COMPATIBILITY_GROUPS} are allowed",
+                    groups.len()
+                ),
+            ));
+        }
+        if let Some(bad) = groups.iter().find(|g| !is_dns_label(g)) {
+            return Err(limit(name, field(), format!("{bad:?} is not a DNS label")));
+        }
+        if groups.len() == 2 && groups[0] == groups[1] {
+            return Err(limit(name, field(), format!("{:?} is given twice", groups[0])));
+        }
         if c.counters.len() > MAX_COUNTERS_PER_SET {
             return Err(limit(
                 name,

@@ -10,8 +10,9 @@
 //! when it alone exceeds a slice. Counter-set slices come first, then device slices; slice `i`
 //! is named `<node>-<driver>-<i>`, `i` zero-padded to two digits (more past 100 slices) so that
 //! names sort in slice order (the order kube-scheduler ≥ 1.36 walks them in). Every slice
-//! carries the pool's generation and the total slice count. Output is deterministic: the same
-//! model gives byte-identical YAML.
+//! carries the pool's generation and the total slice count; with the model's
+//! `partition_type_attribute` set, the device slices holding dynamic-MIG devices carry it as
+//! `partitionTypeAttribute`. Output is deterministic: the same model gives byte-identical YAML.
 
 mod limits;
 mod policy;
@@ -55,8 +56,9 @@ pub struct PoolOptions {
     pub generation: i64,
 }
 
-/// A slice holds either counter sets or devices, never both (Kubernetes ≥ 1.35).
-type SliceContent = (Option<Vec<CounterSet>>, Option<Vec<Device>>);
+/// A slice holds either counter sets or devices, never both (Kubernetes ≥ 1.35); and its
+/// `partitionTypeAttribute`.
+type SliceContent = (Option<Vec<CounterSet>>, Option<Vec<Device>>, Option<String>);
 
 /// Builds the slices of one node's pool.
 ///
@@ -66,16 +68,20 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
     limits::check_model(model)?;
     let mut specs: Vec<SliceContent> = Vec::new();
     for chunk in model.counter_sets.chunks(MAX_COUNTER_SETS_PER_SLICE) {
-        specs.push((Some(chunk.to_vec()), None));
+        specs.push((Some(chunk.to_vec()), None, None));
     }
-    for group in pack_devices(model) {
-        specs.push((None, Some(group)));
+    for (group, dynamic_mig) in pack_devices(model) {
+        let partition_type = model
+            .partition_type_attribute
+            .clone()
+            .filter(|_| dynamic_mig);
+        specs.push((None, Some(group), partition_type));
     }
     let count = specs.len();
     Ok(specs
         .into_iter()
         .enumerate()
-        .map(|(i, (shared_counters, devices))| ResourceSlice {
+        .map(|(i, (shared_counters, devices, partition_type_attribute))| ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(slice_name(
                     &options.node_name,
@@ -95,6 +101,7 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
                 },
                 shared_counters,
                 devices,
+                partition_type_attribute,
                 ..Default::default()
             },
         })
@@ -108,10 +115,12 @@ type GroupKey<'d> = (u32, u32, &'d str);
 /// - `gpus-first` (and `interleaved` before its head is merged, see [`interleave`]): every
 ///   whole GPU (and VFIO device) in one group first, then one group per GPU's MIG instances
 ///   that exist (static MIG: nothing to carve) in GPU order, then one group per dynamic-MIG
-///   GPU's MIG devices, from the highest GPU index down;
+///   GPU's MIG devices and vGPUs (created on demand alike, and fill the node from the other
+///   end than whole GPUs alike), from the highest GPU index down;
 /// - `by-gpu`: one group per GPU, in index order;
 /// - `by-profile`: whole GPUs first, then MIG profiles from the smallest placement up, by
-///   name within a size (`1g.10gb` before `1g.10gb+me`, `1g.20gb` before `2g.20gb`).
+///   name within a size (`1g.10gb` before `1g.10gb+me`, `1g.20gb` before `2g.20gb`), then
+///   one group per vGPU type, by name.
 fn group_of(layout: SliceLayout, d: &PublishedDevice) -> GroupKey<'_> {
     match (layout, &d.kind) {
         (
@@ -121,9 +130,10 @@ fn group_of(layout: SliceLayout, d: &PublishedDevice) -> GroupKey<'_> {
         (SliceLayout::GpusFirst | SliceLayout::Interleaved, DeviceKind::MigStatic { .. }) => {
             (1, d.gpu_index, "")
         }
-        (SliceLayout::GpusFirst | SliceLayout::Interleaved, DeviceKind::MigDynamic { .. }) => {
-            (2, u32::MAX - d.gpu_index, "")
-        }
+        (
+            SliceLayout::GpusFirst | SliceLayout::Interleaved,
+            DeviceKind::MigDynamic { .. } | DeviceKind::Vgpu { .. },
+        ) => (2, u32::MAX - d.gpu_index, ""),
         (SliceLayout::ByGpu, _) => (d.gpu_index, 0, ""),
         (SliceLayout::ByProfile, DeviceKind::Gpu | DeviceKind::Vfio { .. }) => (0, 0, ""),
         (
@@ -135,13 +145,18 @@ fn group_of(layout: SliceLayout, d: &PublishedDevice) -> GroupKey<'_> {
                 profile, placement, ..
             },
         ) => (1, placement.size, profile.as_str()),
+        (SliceLayout::ByProfile, DeviceKind::Vgpu { type_name, .. }) => {
+            (2, 0, type_name.as_str())
+        }
     }
 }
 
 /// Devices in groups (see [`group_of`]; the model's order is by GPU, so by GPU it is kept,
 /// and otherwise a stable sort keeps GPU order and packing order within a group), groups
 /// packed into slices in order without splitting one unless it alone exceeds a slice.
-fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
+///
+/// Each slice comes with whether it holds a dynamic-MIG device.
+fn pack_devices(model: &DeviceModel) -> Vec<(Vec<Device>, bool)> {
     let layout = model.slice_layout;
     let mut keyed: Vec<(GroupKey, &PublishedDevice)> = model
         .devices
@@ -154,7 +169,7 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
     if layout == SliceLayout::Interleaved {
         keyed = interleave(keyed);
     }
-    let mut groups: Vec<Vec<&Device>> = Vec::new();
+    let mut groups: Vec<Vec<&PublishedDevice>> = Vec::new();
     let mut last_group = None;
     for (group, d) in keyed {
         if last_group != Some(group) {
@@ -162,7 +177,7 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
             last_group = Some(group);
         }
         if let Some(g) = groups.last_mut() {
-            g.push(&d.device);
+            g.push(d);
         }
     }
     let limit = |counts: bool| {
@@ -172,26 +187,32 @@ fn pack_devices(model: &DeviceModel) -> Vec<Vec<Device>> {
             MAX_DEVICES_PER_SLICE
         }
     };
-    let mut slices: Vec<Vec<Device>> = Vec::new();
+    let mut slices: Vec<(Vec<Device>, bool)> = Vec::new();
     let mut current: Vec<Device> = Vec::new();
+    let mut current_mig = false;
     let mut current_counts = false;
     for group in groups {
-        let group_counts = group.iter().any(|d| limits::uses_counters_or_taints(d));
+        let group_counts = group
+            .iter()
+            .any(|d| limits::uses_counters_or_taints(&d.device));
         let together = current.len() + group.len();
         if !current.is_empty() && together > limit(current_counts || group_counts) {
-            slices.push(std::mem::take(&mut current));
+            slices.push((std::mem::take(&mut current), current_mig));
             current_counts = false;
+            current_mig = false;
         }
         current_counts |= group_counts;
         for d in group {
             if current.len() == limit(current_counts) {
-                slices.push(std::mem::take(&mut current));
+                slices.push((std::mem::take(&mut current), current_mig));
+                current_mig = false;
             }
-            current.push(d.clone());
+            current.push(d.device.clone());
+            current_mig |= matches!(d.kind, DeviceKind::MigDynamic { .. });
         }
     }
     if !current.is_empty() {
-        slices.push(current);
+        slices.push((current, current_mig));
     }
     slices
 }

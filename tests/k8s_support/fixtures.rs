@@ -87,5 +87,6 @@ pub fn first_gpus(model: &DeviceModel, gpus: u32) -> DeviceModel {
             .collect(),
         warnings: model.warnings.clone(),
         slice_layout: model.slice_layout,
+        partition_type_attribute: model.partition_type_attribute.clone(),
     }
 }

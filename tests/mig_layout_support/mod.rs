@@ -68,6 +68,8 @@ pub fn hardware_allows(preset_yaml: &str, model: &DeviceModel, names: &[&str]) -
             .create_mig_device(0, *profile_id, placement.start)
             .is_ok(),
         DeviceKind::Gpu => sim.inventory().unwrap().gpus[0].mig_devices.is_empty(),
-        DeviceKind::MigStatic { .. } | DeviceKind::Vfio { .. } => unreachable!(),
+        DeviceKind::MigStatic { .. } | DeviceKind::Vfio { .. } | DeviceKind::Vgpu { .. } => {
+            unreachable!()
+        }
     })
 }

@@ -123,6 +123,7 @@ pub fn model(max_domains: u32, binding_conditions: bool) -> DeviceModel {
         warnings: Vec::new(),
         // Channel and daemon devices only, no GPUs or MIG: one group per "GPU" in order.
         slice_layout: crate::devices::SliceLayout::ByGpu,
+        partition_type_attribute: None,
     }
 }
 
