@@ -428,9 +428,14 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                 ));
                 not_in_mig_mode(&mut model);
             }
-            MigPolicy::Disabled => {
-                push_full_and_vgpus(&mut model, gpu, full(), &vgpu_types, options, &mut vgpu_sets)
-            }
+            MigPolicy::Disabled => push_full_and_vgpus(
+                &mut model,
+                gpu,
+                full(),
+                &vgpu_types,
+                options,
+                &mut vgpu_sets,
+            ),
             MigPolicy::Static => {
                 if !gpu.mig.current {
                     push_full_and_vgpus(
@@ -652,8 +657,10 @@ fn push_full_and_vgpus(
         model.devices.push(full);
         return;
     }
-    let set =
-        counters::framebuffer_set(gpu.minor, gpu.vgpu.as_ref().map_or(0, vgpu::framebuffer_mib));
+    let set = counters::framebuffer_set(
+        gpu.minor,
+        gpu.vgpu.as_ref().map_or(0, vgpu::framebuffer_mib),
+    );
     full.device.consumes_counters = Some(vec![counters::whole_set_consumption(gpu.minor, &set)]);
     model.devices.push(full);
     model

@@ -101,7 +101,8 @@ pub fn device_facts(model: &DeviceModel) -> HashMap<String, DeviceFacts> {
             let facts = DeviceFacts {
                 profile,
                 // A vGPU publishes its memory as `framebuffer`.
-                memory: capacity(&p.device, "memory").or_else(|| capacity(&p.device, "framebuffer")),
+                memory: capacity(&p.device, "memory")
+                    .or_else(|| capacity(&p.device, "framebuffer")),
                 multiprocessors: capacity(&p.device, "multiprocessors"),
             };
             (p.name().to_string(), facts)

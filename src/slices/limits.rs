@@ -221,7 +221,11 @@ fn check_device(d: &Device) -> Result<(), SliceError> {
             return Err(limit(name, field(), format!("{bad:?} is not a DNS label")));
         }
         if groups.len() == 2 && groups[0] == groups[1] {
-            return Err(limit(name, field(), format!("{:?} is given twice", groups[0])));
+            return Err(limit(
+                name,
+                field(),
+                format!("{:?} is given twice", groups[0]),
+            ));
         }
         if c.counters.len() > MAX_COUNTERS_PER_SET {
             return Err(limit(

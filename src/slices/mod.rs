@@ -81,30 +81,32 @@ pub fn build(model: &DeviceModel, options: &PoolOptions) -> Result<Vec<ResourceS
     Ok(specs
         .into_iter()
         .enumerate()
-        .map(|(i, (shared_counters, devices, partition_type_attribute))| ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(slice_name(
-                    &options.node_name,
-                    &options.driver_name,
-                    i,
-                    count,
-                )),
-                ..Default::default()
-            },
-            spec: ResourceSliceSpec {
-                driver: options.driver_name.clone(),
-                node_name: Some(options.node_name.clone()),
-                pool: ResourcePool {
-                    name: options.node_name.clone(),
-                    generation: options.generation,
-                    resource_slice_count: count as i64,
+        .map(
+            |(i, (shared_counters, devices, partition_type_attribute))| ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(slice_name(
+                        &options.node_name,
+                        &options.driver_name,
+                        i,
+                        count,
+                    )),
+                    ..Default::default()
                 },
-                shared_counters,
-                devices,
-                partition_type_attribute,
-                ..Default::default()
+                spec: ResourceSliceSpec {
+                    driver: options.driver_name.clone(),
+                    node_name: Some(options.node_name.clone()),
+                    pool: ResourcePool {
+                        name: options.node_name.clone(),
+                        generation: options.generation,
+                        resource_slice_count: count as i64,
+                    },
+                    shared_counters,
+                    devices,
+                    partition_type_attribute,
+                    ..Default::default()
+                },
             },
-        })
+        )
         .collect())
 }
 
@@ -145,9 +147,7 @@ fn group_of(layout: SliceLayout, d: &PublishedDevice) -> GroupKey<'_> {
                 profile, placement, ..
             },
         ) => (1, placement.size, profile.as_str()),
-        (SliceLayout::ByProfile, DeviceKind::Vgpu { type_name, .. }) => {
-            (2, 0, type_name.as_str())
-        }
+        (SliceLayout::ByProfile, DeviceKind::Vgpu { type_name, .. }) => (2, 0, type_name.as_str()),
     }
 }
 
