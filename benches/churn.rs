@@ -414,6 +414,16 @@ fn main() {
     let new = slices_in(SliceLayout::ByGpu);
     let gpus_first = slices_in(SliceLayout::GpusFirst);
     let interleaved = slices_in(SliceLayout::Interleaved);
+    // The default since issue 46: the GPUs share the profiles out (`--mig-profiles split`).
+    let split = sim_slices(
+        NODE,
+        "gpu.nvidia.com",
+        SimSliceOptions {
+            mig_profiles: gpu_dra::devices::MigProfileSet::Split,
+            ..Default::default()
+        },
+    )
+    .expect("slices");
     let old = old_order(&new, &profiles);
     let grouped = slices_in(SliceLayout::ByProfile);
     assert_ne!(
@@ -447,6 +457,7 @@ fn main() {
             ("by-gpu, in order", &new, Walk::InOrder),
             ("gpus-first, in order", &gpus_first, Walk::InOrder),
             ("interleaved, in order", &interleaved, Walk::InOrder),
+            ("split (default)", &split, Walk::InOrder),
             ("by-gpu, ≤1.35 random", &new, Walk::Random),
             ("by profile, random", &grouped, Walk::Random),
             ("spread, in order", &spread, Walk::InOrder),
