@@ -252,7 +252,8 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
     }
 
     /// Why an eligible device cannot serve the slot even with nothing else chosen:
-    /// capacity or counters already used by earlier allocations.
+    /// capacity or counters already used by earlier allocations, or compatibility groups
+    /// that do not meet theirs.
     fn alone_problem(&mut self, slot: usize, pos: usize) -> Option<Rejection> {
         if let Ok(Fit::No(reason)) = self.capacity_fit(slot, pos, false) {
             return Some(reason);
@@ -271,18 +272,25 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             return None;
         }
         let uses = self.uses_at(pos).ok()?;
-        let short = self.counters.shortfall(&uses, false)?;
-        let (counter_set, counter, needed, left) = self.counters.describe(&short);
-        let consumers =
-            self.counters
-                .existing_consumers(&self.alloc.inventory, &self.alloc.state, &short);
-        Some(Rejection::CountersExhausted {
-            counter_set,
-            counter,
-            needed,
-            left,
-            consumers,
-        })
+        if let Some(short) = self.counters.shortfall(&uses, false) {
+            let (counter_set, counter, needed, left) = self.counters.describe(&short);
+            let consumers =
+                self.counters
+                    .existing_consumers(&self.alloc.inventory, &self.alloc.state, &short);
+            return Some(Rejection::CountersExhausted {
+                counter_set,
+                counter,
+                needed,
+                left,
+                consumers,
+            });
+        }
+        let members = self
+            .counters
+            .members(&self.alloc.inventory, &self.alloc.state, at)
+            .ok()?;
+        let conflict = self.counters.group_conflict(&members, false)?;
+        Some(self.group_rejection(&conflict, false))
     }
 
     /// Classifies every device of the node for every request and sub-request.

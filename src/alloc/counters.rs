@@ -1,10 +1,12 @@
 //! Shared counters of partitionable devices: what each counter set of a pool holds, what
-//! earlier allocations and the current search have taken, and whether a device still fits.
+//! earlier allocations and the current search have taken, and whether a device still fits;
+//! and which compatibility groups the devices on each set have in common ([`super::groups`]).
 
 use std::collections::{HashMap, HashSet};
 
 use k8s_openapi::api::resource::v1::{DeviceCounterConsumption, ResourceSlice};
 
+use super::groups::{GroupConflict, Meet, Member};
 use super::inventory::{Inventory, Located};
 use super::reason::{Abort, Consumer};
 use super::state::AllocatedState;
@@ -24,6 +26,10 @@ struct SetState<'a> {
     pool: usize,
     name: &'a str,
     counters: Vec<CounterState<'a>>,
+    /// What the devices of already-allocated claims on the set have in common.
+    existing_meet: Meet,
+    /// The groups of the devices placed on the set in this search, in order.
+    joined: Vec<&'a [String]>,
 }
 
 /// One counter a device consumes, as indices into the book.
@@ -47,6 +53,8 @@ pub(crate) struct Counters<'a> {
     sets: Vec<SetState<'a>>,
     index: HashMap<(usize, &'a str), usize>,
     loaded: HashSet<usize>,
+    /// Pools where some device declares compatibility groups; elsewhere none can conflict.
+    grouped: HashSet<usize>,
 }
 
 pub(crate) fn invalid_slice(
@@ -69,6 +77,7 @@ impl<'a> Counters<'a> {
             sets: Vec::new(),
             index: HashMap::new(),
             loaded: HashSet::new(),
+            grouped: HashSet::new(),
         }
     }
 
@@ -119,7 +128,19 @@ impl<'a> Counters<'a> {
                 pool: pool_index,
                 name: &set.name,
                 counters,
+                existing_meet: Meet::Nobody,
+                joined: Vec::new(),
             });
+        }
+        let declares_groups = pool.devices.iter().any(|d| {
+            d.device.consumes_counters.iter().flatten().any(|c| {
+                c.compatibility_groups
+                    .as_ref()
+                    .is_some_and(|g| !g.is_empty())
+            })
+        });
+        if declares_groups {
+            self.grouped.insert(pool_index);
         }
         let key = (pool.driver, pool.name);
         for (device_name, _) in state.by_pool.get(&key).into_iter().flatten() {
@@ -135,8 +156,129 @@ impl<'a> Counters<'a> {
                 let counter = &mut self.sets[one.set].counters[one.counter];
                 counter.existing = counter.existing.saturating_add(&one.amount);
             }
+            if declares_groups {
+                for member in self.memberships(pool_index, consumption) {
+                    let set = &mut self.sets[member.set];
+                    set.existing_meet = set.existing_meet.with(member.groups);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The counter sets (known to the pool) that `consumption` draws from, with its groups.
+    fn memberships(
+        &self,
+        pool: usize,
+        consumption: &'a [DeviceCounterConsumption],
+    ) -> Vec<Member<'a>> {
+        consumption
+            .iter()
+            .filter_map(|c| {
+                let set = *self.index.get(&(pool, c.counter_set.as_str()))?;
+                Some(Member {
+                    set,
+                    groups: c.compatibility_groups.as_deref().unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    /// The counter sets the device at `at` is placed on, with the groups it declares on each;
+    /// empty in a pool where no device declares groups (nothing can conflict there).
+    pub(crate) fn members(
+        &mut self,
+        inventory: &Inventory<'a>,
+        state: &AllocatedState<'a>,
+        at: Located,
+    ) -> Result<Vec<Member<'a>>, Box<Abort>> {
+        let device = inventory.pools[at.pool].devices[at.index].device;
+        let consumption = device.consumes_counters.as_deref().unwrap_or_default();
+        if consumption.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.load_pool(inventory, state, at.pool)?;
+        if !self.grouped.contains(&at.pool) {
+            return Ok(Vec::new());
+        }
+        Ok(self.memberships(at.pool, consumption))
+    }
+
+    /// The first of `members` whose groups do not meet those of the devices already on its
+    /// set: of earlier allocations, and with `with_search` of this search too.
+    pub(crate) fn group_conflict(
+        &self,
+        members: &[Member<'a>],
+        with_search: bool,
+    ) -> Option<GroupConflict<'a>> {
+        members.iter().find_map(|member| {
+            let set = &self.sets[member.set];
+            let mut held = set.existing_meet.clone();
+            if with_search {
+                for groups in &set.joined {
+                    held = held.with(groups);
+                }
+            }
+            (!held.admits(member.groups)).then_some(GroupConflict {
+                set: member.set,
+                groups: member.groups,
+                held,
+            })
+        })
+    }
+
+    /// Places a chosen device on its sets.
+    pub(crate) fn join(&mut self, members: &[Member<'a>]) {
+        for member in members {
+            self.sets[member.set].joined.push(member.groups);
+        }
+    }
+
+    /// Takes back the last [`Counters::join`] of these members (the search undoes in
+    /// reverse order).
+    pub(crate) fn leave(&mut self, members: &[Member<'a>]) {
+        for member in members.iter().rev() {
+            self.sets[member.set].joined.pop();
+        }
+    }
+
+    /// The name of counter set `set`.
+    pub(crate) fn set_name(&self, set: usize) -> &'a str {
+        self.sets[set].name
+    }
+
+    /// Devices of earlier allocations that consume from counter set `set`.
+    pub(crate) fn set_consumers(
+        &self,
+        inventory: &Inventory<'a>,
+        state: &AllocatedState<'a>,
+        set: usize,
+    ) -> Vec<Consumer> {
+        let set = &self.sets[set];
+        let pool = &inventory.pools[set.pool];
+        let mut consumers = Vec::new();
+        for (device_name, claim) in state
+            .by_pool
+            .get(&(pool.driver, pool.name))
+            .into_iter()
+            .flatten()
+        {
+            let on_set = pool.find(device_name).is_some_and(|found| {
+                found
+                    .device
+                    .consumes_counters
+                    .iter()
+                    .flatten()
+                    .any(|c| c.counter_set == set.name)
+            });
+            if on_set {
+                consumers.push(Consumer {
+                    device: device_name.to_string(),
+                    by: format!("claim {claim}"),
+                });
+            }
+        }
+        consumers
     }
 
     fn resolve(

@@ -21,6 +21,7 @@ mod claim;
 mod constraint;
 mod counters;
 mod engine;
+mod groups;
 mod inventory;
 mod node;
 mod plan;

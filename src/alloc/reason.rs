@@ -93,6 +93,18 @@ pub enum Rejection {
         /// Devices holding the counter: allocated to other claims, or chosen in this run.
         consumers: Vec<Consumer>,
     },
+    /// The device's compatibility groups on a counter set have no name in common with those
+    /// of the devices already on it (KEP-5963): it may not be allocated beside them.
+    #[serde(rename_all = "camelCase")]
+    CompatibilityGroups {
+        counter_set: String,
+        /// The groups the device declares on the set; empty: none.
+        groups: Vec<String>,
+        /// What the devices on the set have in common; empty: they declare none.
+        held: Vec<String>,
+        /// Devices on the set: allocated to other claims, or chosen in this run.
+        consumers: Vec<Consumer>,
+    },
     /// A `matchAttribute` / `distinctAttribute` constraint of the claim rejects the device.
     #[serde(rename_all = "camelCase")]
     Constraint {

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use super::capacity::{Consumed, Fit};
 use super::constraint::Constraints;
 use super::counters::{Counters, Use};
+use super::groups::Member;
 use super::inventory::NodeDevices;
 use super::reason::{Abort, Consumer, Rejection, Wants};
 use super::{Allocator, CounterRollback, MAX_DEVICES_PER_CLAIM, Prepared, SelectorEngine};
@@ -33,6 +34,8 @@ pub(crate) struct Pick<'a> {
     pub(crate) pos: usize,
     pub(crate) uses: Rc<[Use]>,
     pub(crate) consumed: Vec<Consumed<'a>>,
+    /// The counter sets it is placed on, with its compatibility groups.
+    pub(crate) members: Vec<Member<'a>>,
 }
 
 pub(crate) struct NodeSearch<'s, 'a, E: SelectorEngine> {
@@ -305,6 +308,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                 device.name.as_str(),
             ));
         let mut uses: Rc<[Use]> = Rc::new([]);
+        let mut members = Vec::new();
         // Admin access consumes nothing; a shared device's counters are taken by its first share.
         if !(spec.admin || (shareable && already_shared)) {
             uses = self.uses_at(pos)?;
@@ -342,6 +346,12 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
                     consumers,
                 }));
             }
+            members = self
+                .counters
+                .members(&self.alloc.inventory, &self.alloc.state, at)?;
+            if let Some(conflict) = self.counters.group_conflict(&members, true) {
+                return Ok(Err(self.group_rejection(&conflict, true)));
+            }
         }
         if let Err(reason) =
             self.constraints
@@ -358,6 +368,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             pos,
             uses,
             consumed,
+            members,
         }))
     }
 
@@ -374,6 +385,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             self.taken[pick.pos] = Some(pick.slot);
         }
         self.counters.take(&pick.uses);
+        self.counters.join(&pick.members);
         self.picks.push(pick);
     }
 
@@ -385,6 +397,7 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
         self.constraints
             .remove(&prep.constraints, &prep.slots, pick.slot);
         self.counters.release(&pick.uses);
+        self.counters.leave(&pick.members);
         if self.shares[pick.pos] > 0 {
             self.shares[pick.pos] -= 1;
             if let Some(usage) = self.share_use.get_mut(&pick.pos) {

@@ -352,6 +352,31 @@ fn describe(reason: &Rejection) -> (String, String) {
                 (Some(v), None) => (format!("{name}: value not accepted"), v.clone()),
             }
         }
+        Rejection::CompatibilityGroups {
+            counter_set,
+            groups,
+            held,
+            consumers: on_set,
+        } => {
+            let names = |list: &[String]| match list.is_empty() {
+                true => "no groups".to_string(),
+                false => list.join("+"),
+            };
+            let mut holders: Vec<&str> = on_set.iter().map(|c| c.by.as_str()).collect();
+            holders.dedup();
+            let by = match holders.as_slice() {
+                [] => String::new(),
+                some => format!(" by {}", some.join(", ")),
+            };
+            (
+                format!(
+                    "compatibility groups: {} does not meet {} held{by} on counter set {counter_set}",
+                    names(groups),
+                    names(held)
+                ),
+                format!("devices on the set: {}", consumers(on_set)),
+            )
+        }
         Rejection::TakenByRequest { request } => (
             format!("already chosen for request {request}"),
             String::new(),
