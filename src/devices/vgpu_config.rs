@@ -164,22 +164,19 @@ pub enum VgpuTypesError {
     /// Two types on one GPU that the hardware never runs together, without compatibility
     /// groups.
     #[error(
-        "{FLAG} {value:?}: on GPU {gpus} ({product}), {a} and {b} cannot share a GPU ({why}): give them different GPUs, e.g. {FLAG} '{suggestion}', or turn on --compatibility-groups (Kubernetes 1.37 DRADeviceCompatibilityGroups)"
+        "{FLAG} {value:?}: on {on}, {types} cannot share a GPU ({why}): give them different GPUs, e.g. {FLAG} {suggestion}, or turn on --compatibility-groups (Kubernetes 1.37 DRADeviceCompatibilityGroups)"
     )]
     CannotMix {
         /// The flag's value.
         value: String,
-        /// The GPUs (ranges) where the two are listed together.
-        gpus: String,
-        /// Their model.
-        product: String,
-        /// One type.
-        a: String,
-        /// The other.
-        b: String,
+        /// Where they are listed together: `GPU 0-7 (NVIDIA H100 80GB HBM3)`.
+        on: String,
+        /// The two types: `H100-4C and H100-10C`.
+        types: String,
         /// The rule that keeps them apart.
         why: String,
-        /// A value that gives them different GPUs.
+        /// A value that gives them different GPUs, quoted; with a note naming the types left
+        /// for another node when the GPUs are too few.
         suggestion: String,
     },
 }
@@ -450,6 +447,7 @@ pub fn check(
         .map(|(g, _)| g.index)
         .collect();
     let mut suggestion: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut left_out: Vec<String> = Vec::new();
     let mut by_list: BTreeMap<Vec<u32>, (Vec<u32>, bool)> = BTreeMap::new();
     for (g, offered) in &offers {
         if offered.is_empty() {
@@ -477,20 +475,29 @@ pub fn check(
                 false => usize::from(c < n),
             };
             let names: Vec<String> = class.iter().map(|t| t.short_name().to_string()).collect();
+            if size == 0 {
+                left_out.extend(names);
+                continue;
+            }
             for index in &gpus[at..at + size] {
                 suggestion.insert(*index, names.clone());
             }
             at += size;
         }
     }
+    let note = match left_out.is_empty() {
+        true => String::new(),
+        false => format!(
+            " (too few GPUs for every type: {} on another node)",
+            left_out.join(",")
+        ),
+    };
     Err(VgpuTypesError::CannotMix {
         value: types.to_string(),
-        gpus: index_ranges(&together),
-        product: gpu.product_name.clone(),
-        a: a.short_name().to_string(),
-        b: b.short_name().to_string(),
+        on: format!("GPU {} ({})", index_ranges(&together), gpu.product_name),
+        types: format!("{} and {}", a.short_name(), b.short_name()),
         why: why_apart(a, b, heterogeneous(gpu)),
-        suggestion: VgpuTypes::PerGpu(suggestion).to_string(),
+        suggestion: format!("'{}'{note}", VgpuTypes::PerGpu(suggestion)),
     })
 }
 
