@@ -13,6 +13,7 @@ mod wire;
 pub use boot::{BootIdError, boot_id};
 pub use model::{
     Checkpoint, ClaimPhase, ClaimRecord, DeviceRecord, InvalidCheckpoint, MigRecord, VfioRecord,
+    VgpuRecord,
 };
 pub use store::{
     CHECKPOINT_FILE, CheckpointStore, LoadOutcome, Snapshot, StoreError, read_unlocked,

@@ -31,8 +31,9 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 source: Box::new(source),
             };
             let gpu_ref = match &p.action {
-                // Moved to vfio-pci below, after every device that uses an NVML index.
-                Action::Vfio { .. } => {
+                // Moved to vfio-pci below, after every device that uses an NVML index; vGPUs
+                // created below with them.
+                Action::Vfio { .. } | Action::Vgpu { .. } => {
                     refs.push(None);
                     continue;
                 }
@@ -104,7 +105,14 @@ impl<S: ClaimSource> ClaimsManager<S> {
             };
             refs.push(Some(gpu_ref));
         }
+        // vGPUs first: switching a parent's MIG mode uses its NVML index, which a GPU moved
+        // to vfio-pci shifts.
         let mut vfio_devices = Vec::new();
+        for p in planned {
+            if matches!(p.action, Action::Vgpu { .. }) {
+                vfio_devices.push(self.vgpu_prepare(id, p)?);
+            }
+        }
         for p in planned {
             if matches!(p.action, Action::Vfio { .. }) {
                 vfio_devices.push(self.vfio_prepare(id, p)?);
@@ -134,7 +142,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
             detail,
         };
         let mut spec = if devices.is_empty() {
-            // VFIO devices only: nothing of the NVIDIA driver goes into a VM's container.
+            // VFIO devices and vGPUs only: nothing of the NVIDIA driver goes into a VM's
+            // container.
             cdi::Spec {
                 cdi_version: String::new(),
                 kind: self.naming.kind(),

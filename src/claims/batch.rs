@@ -164,6 +164,8 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .and_then(|mut planned| {
                 sharing::decide(self.sharing.as_ref(), id, &allocation, &model, &mut planned)?;
                 self.vfio_preflight(id, &inventory, &mut planned)?;
+                let held = plan::Held::new(store.checkpoint(), &wave_records);
+                self.vgpu_preflight(id, &inventory, held, &mut planned)?;
                 let partition = self.fabric_partition(id, &planned, &model)?;
                 Ok((planned, partition))
             });
@@ -178,7 +180,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
                             .iter()
                             .map(|p| (&p.allocated, p.record.gpu_uuid.as_str()))
                             .collect();
-                        super::metadata::devices_from_model(&model, &buses, &of)
+                        let mut metadata = super::metadata::devices_from_model(&model, &buses, &of);
+                        for (m, p) in metadata.iter_mut().zip(&devices) {
+                            if let Some(vgpu) = &p.record.vgpu {
+                                super::metadata::name_vgpu(&mut m.attributes, vgpu);
+                            }
+                        }
+                        metadata
                     } else {
                         Vec::new()
                     };
@@ -367,6 +375,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 && rec.devices.iter().all(|d| {
                     d.sharing.is_none()
                         && d.vfio.is_none()
+                        && d.vgpu.is_none()
                         && (d.mig.is_none() || static_mig(&d.device))
                 })
         });
@@ -431,10 +440,12 @@ impl<S: ClaimSource> ClaimsManager<S> {
 }
 
 /// Whether undoing `device` takes more than removing the claim's CDI spec: a MIG device
-/// carved or a whole GPU whose MIG mode may be switched, or any sharing (time-slice, MPS).
+/// carved or a whole GPU whose MIG mode may be switched, a GPU moved to `vfio-pci`, a vGPU
+/// created, or any sharing (time-slice, MPS).
 fn needs_undo(device: &PlannedDevice) -> bool {
     device.record.sharing.is_some()
         || device.record.vfio.is_some()
+        || device.record.vgpu.is_some()
         || !matches!(
             device.action,
             plan::Action::FullGpu { dynamic: false, .. } | plan::Action::StaticMig { .. }

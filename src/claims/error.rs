@@ -79,17 +79,18 @@ pub enum ClaimError {
         /// Why, with the fix.
         reason: String,
     },
-    /// The device is a vGPU, which this build does not prepare yet; nothing was touched.
-    #[error(
-        "claim {claim}: device {device} is a vGPU ({vgpu_type}): vGPU prepare is not available yet in this gpu-dra build; allocate a full GPU (class gpu.nvidia.com) or a VFIO device (class vfio.gpu.nvidia.com) instead"
-    )]
-    VgpuNotAvailable {
+    /// A vGPU could not be created or deleted in sysfs.
+    #[error("claim {claim}: device {device}: {step}")]
+    Vgpu {
         /// Claim.
         claim: String,
         /// Device.
         device: String,
-        /// Its vGPU type, `H100-4C`.
-        vgpu_type: String,
+        /// Step.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: Box<crate::hardware::vgpu::VgpuHostError>,
     },
     /// A step of the driver switch of a VFIO device failed.
     #[error("claim {claim}: device {device}: {step}")]

@@ -16,7 +16,7 @@ impl ClaimError {
             ClaimError::Hardware { .. } => "hardware",
             ClaimError::NeedsReset { .. } => "needs_reset",
             ClaimError::NotPassable { .. } => "not_passable",
-            ClaimError::VgpuNotAvailable { .. } => "vgpu_not_available",
+            ClaimError::Vgpu { .. } => "vgpu",
             ClaimError::Passthrough { .. } => "passthrough",
             ClaimError::Cdi { .. } => "cdi",
             ClaimError::Checkpoint { .. } => "checkpoint",

@@ -39,6 +39,9 @@ pub const GROUP: &str = "metadata.resource.k8s.io";
 pub const VERSIONS: [&str; 2] = ["v1beta1", "v1alpha1"];
 /// The attribute KubeVirt reads the PCI address from.
 pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// The attribute KubeVirt reads an mdev's UUID from (unqualified: not standardised under
+/// `resource.kubernetes.io` yet). KubeVirt takes it over `pciBusID` when both are there.
+pub const MDEV_UUID: &str = "mdevUUID";
 
 /// The metadata module's failures; each names the claim and the path.
 #[derive(Debug, thiserror::Error)]
@@ -435,6 +438,28 @@ pub fn devices_from_model(
             }
         })
         .collect()
+}
+
+/// Makes a vGPU's metadata name the device its VM gets, as KubeVirt reads it: for a vdev
+/// vGPU `resource.kubernetes.io/pciBusID` becomes its VF's address (not the parent GPU's,
+/// which [`devices_from_model`] put there); an mdev vGPU gets `mdevUUID` and loses
+/// `pciBusID`, so a consumer that knows no `mdevUUID` fails to find a device instead of
+/// passing the whole parent GPU. Pure.
+pub fn name_vgpu(
+    attributes: &mut BTreeMap<String, DeviceAttribute>,
+    vgpu: &crate::checkpoint::VgpuRecord,
+) {
+    let string = |value: &str| DeviceAttribute {
+        string: Some(value.to_string()),
+        ..DeviceAttribute::default()
+    };
+    if let Some(vf) = &vgpu.vf {
+        attributes.insert(PCI_BUS_ID.to_string(), string(vf));
+    }
+    if let Some(uuid) = &vgpu.mdev_uuid {
+        attributes.remove(PCI_BUS_ID);
+        attributes.insert(MDEV_UUID.to_string(), string(uuid));
+    }
 }
 
 #[cfg(test)]

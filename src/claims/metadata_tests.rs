@@ -214,3 +214,40 @@ fn the_document_has_the_bytes_of_the_value_it_was_built_as_before() {
         }
     }
 }
+
+#[test]
+fn a_vgpu_names_its_vf_or_its_mdev_as_kubevirt_reads_them() {
+    use crate::checkpoint::VgpuRecord;
+    use crate::hardware::vgpu::VgpuFramework;
+    let record = |vf: Option<&str>, uuid: Option<&str>| VgpuRecord {
+        type_id: 1056,
+        framework: if vf.is_some() {
+            VgpuFramework::Vdev
+        } else {
+            VgpuFramework::Mdev
+        },
+        parent: "0000:18:00.0".into(),
+        vf: vf.map(String::from),
+        mdev_uuid: uuid.map(String::from),
+    };
+    // (record, pciBusID after, mdevUUID after)
+    let table = [
+        (
+            record(Some("0000:18:00.4"), None),
+            Some("0000:18:00.4"),
+            None,
+        ),
+        (
+            record(None, Some("3b1a5e2c-0000-4000-8000-000000000001")),
+            None,
+            Some("3b1a5e2c-0000-4000-8000-000000000001"),
+        ),
+    ];
+    for (vgpu, bus, mdev) in table {
+        let mut attributes = device("vm", "vgpu-0-4c-0").attributes;
+        name_vgpu(&mut attributes, &vgpu);
+        let get = |key: &str| attributes.get(key).and_then(|a| a.string.as_deref());
+        assert_eq!((bus, mdev), (get(PCI_BUS_ID), get(MDEV_UUID)), "{vgpu:?}");
+        assert_eq!(Some("gpu"), get("type"), "other attributes stay");
+    }
+}

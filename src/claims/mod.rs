@@ -29,6 +29,7 @@ mod recover;
 pub mod sharing;
 mod undo;
 pub mod vfio;
+pub mod vgpu;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -80,6 +81,8 @@ pub struct ClaimsManager<S> {
     pub pci: Option<Arc<crate::hardware::passthrough::PciHost>>,
     /// Fabric Manager partitions (`--fabric-manager`); `None`: no partition is activated.
     pub fabric: Option<fabric::FabricPartitions>,
+    /// The host's vGPUs (`--vgpu-types`); `None`: vGPU is off and a vGPU device is refused.
+    pub vgpu: Option<vgpu::VgpuSetup>,
 }
 
 /// A prepared device as the kubelet gets it.

@@ -4,7 +4,7 @@
 use super::{AllocatedDevice, ClaimAllocation, ClaimError, ClaimId};
 use std::collections::BTreeMap;
 
-use crate::checkpoint::{Checkpoint, ClaimRecord, DeviceRecord, MigRecord, VfioRecord};
+use crate::checkpoint::{Checkpoint, ClaimRecord, DeviceRecord, MigRecord, VfioRecord, VgpuRecord};
 use crate::devices::{DeviceKind, DeviceModel};
 
 /// What prepare must do for one device.
@@ -46,6 +46,22 @@ pub enum Action {
         address: String,
         /// GPU minor ([`crate::devices::UNKNOWN_GPU`] when NVML has not seen the GPU).
         minor: u32,
+    },
+    /// A vGPU for a VM, created on its parent GPU where the intent record says
+    /// ([`super::vgpu`]).
+    Vgpu {
+        /// The parent GPU's index.
+        gpu: u32,
+        /// The parent GPU's minor.
+        minor: u32,
+        /// The parent GPU's PCI address, `0000:18:00.0`.
+        parent: String,
+        /// The type ID.
+        type_id: u32,
+        /// How vGPUs are created on the parent.
+        framework: crate::hardware::vgpu::VgpuFramework,
+        /// MIG mode is on (no instance): switched off first. Set by the checks.
+        mig_off: bool,
     },
 }
 
@@ -134,14 +150,39 @@ pub fn plan(
             }),
             _ => None,
         };
+        // Where the vGPU goes (VF or mdev UUID) is decided by the checks that follow.
+        let vgpu = match &published.kind {
+            DeviceKind::Vgpu {
+                type_id,
+                framework,
+                parent_address,
+                ..
+            } => Some(VgpuRecord {
+                type_id: *type_id,
+                framework: *framework,
+                parent: parent_address.clone(),
+                vf: None,
+                mdev_uuid: None,
+            }),
+            _ => None,
+        };
         let (action, mig) = match &published.kind {
-            DeviceKind::Vgpu { type_name, .. } => {
-                return Err(ClaimError::VgpuNotAvailable {
-                    claim: id.to_string(),
-                    device: dev.device.clone(),
-                    vgpu_type: type_name.clone(),
-                });
-            }
+            DeviceKind::Vgpu {
+                type_id,
+                framework,
+                parent_address,
+                ..
+            } => (
+                Action::Vgpu {
+                    gpu: published.gpu_index,
+                    minor: published.gpu_minor,
+                    parent: parent_address.clone(),
+                    type_id: *type_id,
+                    framework: *framework,
+                    mig_off: false,
+                },
+                None,
+            ),
             DeviceKind::Vfio { address } => (
                 Action::Vfio {
                     address: address.clone(),
@@ -234,7 +275,7 @@ pub fn plan(
                 mig,
                 sharing: None,
                 vfio,
-                vgpu: None,
+                vgpu,
             },
             vfio_settings: None,
         });

@@ -30,6 +30,9 @@ pub struct RecoveryReport {
     /// GPUs found on `vfio-pci` (or on no driver) that no claim holds, given back to
     /// `nvidia`, by PCI address.
     pub vfio_reclaimed: Vec<String>,
+    /// vGPUs no claim names on the GPUs that offer vGPU types, deleted: the VF or mdev
+    /// UUID, the type and the GPU.
+    pub vgpus_deleted: Vec<String>,
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
@@ -61,6 +64,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let mut failures = Vec::new();
         report.rolled_back = self.finish_unfinished(&mut store, &mut failures);
         self.vfio_orphans(store.checkpoint(), &mut report, &mut failures);
+        self.vgpu_orphans(store.checkpoint(), &mut report, &mut failures);
         self.destroy_orphans(&store, &mut report, &mut failures);
         if let Err(e) = self.cdi.remove_interrupted_writes() {
             failures.push(ClaimError::Cdi {

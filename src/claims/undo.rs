@@ -131,6 +131,14 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 failures.push(e);
             }
         }
+        if rec.devices.iter().any(|d| d.vgpu.is_some()) {
+            for d in &rec.devices {
+                if let Err(e) = self.vgpu_undo(claim, d) {
+                    failures.push(e);
+                }
+            }
+            crate::crashpoint::hit("unprepare-vgpu-deleted");
+        }
         failures.extend(self.release_fabric(rec, others, claim));
         failures
     }

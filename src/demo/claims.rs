@@ -232,6 +232,7 @@ pub(super) fn prepare_all(
         metadata: None,
         pci: None,
         fabric: None,
+        vgpu: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

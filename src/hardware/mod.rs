@@ -357,7 +357,7 @@ pub enum HardwareError {
     Passthrough(#[source] passthrough::PassthroughError),
     /// The host's vGPU files (VFs, mdev types, mdevs) could not be read.
     #[error("reading the host's vGPU files")]
-    Vgpu(#[source] vgpu::VgpuHostError),
+    Vgpu(#[source] Box<vgpu::VgpuHostError>),
 }
 
 /// NVML return codes the hardware layer distinguishes (values from `nvml.h`).

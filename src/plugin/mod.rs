@@ -93,6 +93,13 @@ pub enum PluginError {
         /// The node given.
         node: String,
     },
+    /// `--vgpu-types` on a node whose vGPU files cannot be found (a simulated node without a
+    /// host tree, or `--simulated-host` without `--host-root`).
+    #[error("--vgpu-types: {reason}")]
+    NoVgpuHost {
+        /// What is missing and what to do.
+        reason: String,
+    },
     /// `--mig-profiles` names a profile no GPU of the node has.
     #[error("checking --mig-profiles against the node's GPUs")]
     MigProfiles(#[source] crate::devices::MigProfilesError),
@@ -156,6 +163,59 @@ fn passthrough_host(
     Ok(Some(Arc::new(pci)))
 }
 
+/// The host's vGPU files, and the kernel that acts on their writes.
+type VgpuHostParts = (
+    Arc<crate::hardware::vgpu::VgpuHost>,
+    Arc<dyn crate::hardware::passthrough::SysfsKernel>,
+);
+
+/// The host's vGPU files and the kernel that acts on their writes when `--vgpu-types` is on:
+/// under `--host-root` (or `/`) on a host, or the simulated node's tree and its simulated
+/// kernel (with the sim backend, or `--simulated-host` and the tree given as `--host-root`).
+///
+/// # Errors
+/// [`PluginError::NoVgpuHost`] when a simulated node has no host tree to find them in.
+fn vgpu_host(
+    config: &PluginConfig,
+    sim_host_root: Option<PathBuf>,
+) -> Result<Option<VgpuHostParts>, Box<PluginError>> {
+    use crate::hardware::passthrough::{HostKernel, SysfsKernel};
+    if !config.vgpu_types.is_on() {
+        return Ok(None);
+    }
+    let simulated = |root: Option<PathBuf>, missing: &str| match root {
+        Some(root) => {
+            let kernel: Arc<dyn SysfsKernel> =
+                Arc::new(crate::hardware::sim::sysfs::SimKernel::new(&root));
+            Ok((root, kernel))
+        }
+        None => Err(Box::new(PluginError::NoVgpuHost {
+            reason: missing.to_string(),
+        })),
+    };
+    let (root, kernel) = match &config.backend {
+        BackendChoice::Sim { sim_node } => simulated(
+            config.host_root.clone().or(sim_host_root),
+            &format!(
+                "the simulated node {sim_node:?} simulates no vGPU host; use a preset with one (hgx-h100-vgpu, l40s-vgpu, t4-vgpu-mdev) or add `vgpu:` to a GPU group of the node file"
+            ),
+        )?,
+        BackendChoice::Nvml { .. } if config.simulated_host => simulated(
+            config.host_root.clone(),
+            "--simulated-host without --host-root: give the simulated node's <GPU_DRA_SIM_STATE_DIR>/host-root",
+        )?,
+        BackendChoice::Nvml { .. } => (
+            config
+                .host_root
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/")),
+            Arc::new(HostKernel) as Arc<dyn SysfsKernel>,
+        ),
+    };
+    let host = crate::hardware::vgpu::VgpuHost::new(root, Arc::clone(&kernel));
+    Ok(Some((Arc::new(host), kernel)))
+}
+
 /// Runs the plugin until SIGTERM/SIGINT. Returns after a graceful shutdown.
 pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     let metrics = Metrics::new();
@@ -205,11 +265,19 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
                 (Arc::new(nvml), host, None)
             }
         };
+    let vgpu = vgpu_host(&config, sim_host_root.clone()).map_err(|e| *e)?;
     let pci = passthrough_host(&config, sim_host_root).map_err(|e| *e)?;
     let backend: Arc<dyn GpuBackend> = match &pci {
         Some(pci) => Arc::new(crate::hardware::passthrough::PassthroughBackend::new(
             backend,
             Arc::clone(pci),
+        )),
+        None => backend,
+    };
+    let backend: Arc<dyn GpuBackend> = match &vgpu {
+        Some((host, _)) => Arc::new(crate::hardware::vgpu::VgpuBackend::new(
+            backend,
+            Arc::clone(host),
         )),
         None => backend,
     };
@@ -294,6 +362,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
             }),
         pci,
         fabric,
+        vgpu: vgpu.map(|(host, kernel)| crate::claims::vgpu::VgpuSetup::new(host, kernel)),
     });
     let sockets = PluginSockets {
         driver_name: config.driver_name.clone(),
@@ -345,6 +414,8 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         mps_restarted = ?report.mps_restarted,
         mps_failed = ?report.mps_failed,
         undo_failed = ?report.undo_failed,
+        vfio_reclaimed = ?report.vfio_reclaimed,
+        vgpus_deleted = ?report.vgpus_deleted,
         "recovered state"
     );
     // Serve through an unfinished recovery: report it and retry it until it converges.

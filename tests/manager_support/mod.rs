@@ -54,5 +54,6 @@ pub fn manager<S: ClaimSource>(
         metadata: None,
         pci: None,
         fabric: None,
+        vgpu: None,
     }
 }

@@ -40,13 +40,14 @@ pub(in crate::claims) fn decide(
                 request: p.allocated.request.clone(),
                 kind: match p.action {
                     Action::FullGpu { .. } => TargetKind::FullGpu,
-                    Action::Vfio { .. } => TargetKind::Vfio,
+                    // A vGPU is a VM's device, as a VFIO GPU: no sharing config applies.
+                    Action::Vfio { .. } | Action::Vgpu { .. } => TargetKind::Vfio,
                     _ => TargetKind::Mig,
                 },
                 uuid: match &p.action {
                     Action::FullGpu { .. } | Action::Vfio { .. } => Some(p.record.gpu_uuid.clone()),
                     Action::StaticMig { uuid, .. } => Some(uuid.clone()),
-                    Action::CarveMig { .. } => None,
+                    Action::CarveMig { .. } | Action::Vgpu { .. } => None,
                 },
                 memory_bytes: published
                     .and_then(|d| capacity_bytes(&d.device, "memory"))

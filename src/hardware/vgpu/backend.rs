@@ -48,7 +48,11 @@ impl GpuBackend for VgpuBackend {
     /// The inner backend's, or [`HardwareError::Vgpu`] when sysfs cannot be listed.
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
         let mut inventory = self.inner.inventory()?;
-        inventory.vgpu_host = Some(self.host.scan().map_err(HardwareError::Vgpu)?);
+        inventory.vgpu_host = Some(
+            self.host
+                .scan()
+                .map_err(|e| HardwareError::Vgpu(Box::new(e)))?,
+        );
         Ok(inventory)
     }
 
