@@ -360,3 +360,52 @@ fn the_partition_type_attribute_goes_on_the_slices_holding_dynamic_mig_devices_o
     );
     assert!(t4.iter().all(|s| s.spec.partition_type_attribute.is_none()));
 }
+
+#[test]
+fn each_built_in_class_selects_its_own_device_type_and_only_the_vgpu_class_selects_vgpus() {
+    use gpu_dra::cel::{DeviceView, Selector};
+    let slices = slices(
+        "hgx-h100-vgpu",
+        SimSliceOptions {
+            passthrough: true,
+            ..options("H100-4C,H100-10C", true)
+        },
+    );
+    let classes = gpu_dra::explain_inputs::builtin_classes().unwrap();
+    let mut matched: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for class in &classes {
+        let expression = class.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0]
+            .cel
+            .as_ref()
+            .unwrap()
+            .expression
+            .clone();
+        let selector = Selector::compile(&expression).unwrap();
+        for d in devices(&slices) {
+            let view = DeviceView::from_api("gpu.nvidia.com", d).unwrap();
+            if matches!(selector.evaluate(&view), Ok(true)) {
+                let kind = attr(d, "type").string.clone().unwrap();
+                *matched
+                    .entry((class.metadata.name.clone().unwrap(), kind))
+                    .or_default() += 1;
+            }
+        }
+    }
+    let pairs: Vec<(&str, &str)> = matched
+        .keys()
+        .map(|(c, k)| (c.as_str(), k.as_str()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("gpu.nvidia.com", "gpu"),
+            ("mig.nvidia.com", "mig"),
+            ("vfio.gpu.nvidia.com", "vfio"),
+            ("vgpu.gpu.nvidia.com", "vgpu"),
+        ]
+    );
+    assert_eq!(
+        matched[&("vgpu.gpu.nvidia.com".into(), "vgpu".into())],
+        8 * (20 + 8)
+    );
+}
