@@ -32,7 +32,9 @@ fn inventory_yaml_is_a_stream_of_resource_slices_kubectl_can_create() {
         .iter()
         .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
         .sum();
-    assert_eq!(devices, 208);
+    // The default `--mig-profiles split`: 8 whole GPUs and 54 MIG placements shared out among
+    // them (tests/cli_mig_split.rs checks the share-out).
+    assert_eq!(devices, 62);
 }
 
 use serde::Deserialize;
@@ -52,9 +54,9 @@ fn inventory_json_is_a_list_object() {
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(list["kind"], "List");
     let items = list["items"].as_array().unwrap();
-    // Two counter slices; the 16 whole GPUs with GPU 15's MIG devices, then two GPUs' MIG
-    // devices a slice, GPU 0's alone.
-    assert_eq!(items.len(), 11);
+    // Two counter slices; with the default `--mig-profiles split` (120 devices): the 16 whole
+    // GPUs with the MIG devices of GPUs 15 down to 9 (62), then those of GPUs 8 down to 0 (58).
+    assert_eq!(items.len(), 4);
     assert!(items.iter().all(
         |i| i["spec"]["nodeName"] == "gpu-node-7" && i["spec"]["pool"]["name"] == "gpu-node-7"
     ));
@@ -278,10 +280,14 @@ fn inventory_shows_each_gpus_nvlink_clique_on_fabric_nodes() {
 
 #[test]
 fn slice_layout_by_profile_groups_each_profile_in_one_slice_and_a_bad_layout_names_the_choices() {
+    // Every profile on every GPU (208 devices): the 1g profiles' groups then nearly fill a
+    // slice each, where `split`'s 62 devices would all fit in one slice.
     let (code, out, err) = gpu_dra(&[
         "inventory",
         "--sim-node",
         "dgx-h100",
+        "--mig-profiles",
+        "all",
         "--slice-layout",
         "by-profile",
         "-o",
