@@ -17,9 +17,11 @@ fn gpu_dra(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// `inventory -o <format>` of a preset, written to `dir/<preset>.<format>`.
-fn inventory(dir: &Path, preset: &str, format: &str) -> String {
-    let (code, out, err) = gpu_dra(&["inventory", "--sim-node", preset, "-o", format]);
+/// `inventory -o <format> <extra>` of a preset, written to `dir/<preset>.<format>`.
+fn inventory(dir: &Path, preset: &str, format: &str, extra: &[&str]) -> String {
+    let mut args = vec!["inventory", "--sim-node", preset, "-o", format];
+    args.extend(extra);
+    let (code, out, err) = gpu_dra(&args);
     assert_eq!(code, 0, "{err}");
     let path = dir.join(format!("{preset}.{format}"));
     std::fs::write(&path, out).unwrap();
@@ -50,7 +52,9 @@ const NODES: &str = r#"{"apiVersion": "v1", "kind": "NodeList", "items": [
 #[test]
 fn the_table_shows_profiles_pools_nodes_and_who_holds_what() {
     let dir = tempfile::tempdir().unwrap();
-    let slices = inventory(dir.path(), "dgx-h100", "yaml");
+    // Every profile on every GPU, whose capacities the table below shows (3g.40gb: 2 on each
+    // of 8 GPUs; the default `split` publishes 4).
+    let slices = inventory(dir.path(), "dgx-h100", "yaml", &["--mig-profiles", "all"]);
     std::fs::write(dir.path().join("claims.yaml"), CLAIMS).unwrap();
     std::fs::write(dir.path().join("nodes.json"), NODES).unwrap();
     let claims = dir.path().join("claims.yaml");
@@ -109,7 +113,7 @@ fn the_table_shows_profiles_pools_nodes_and_who_holds_what() {
 #[test]
 fn json_and_yaml_carry_the_same_report_and_a_node_gets_detail() {
     let dir = tempfile::tempdir().unwrap();
-    let slices = inventory(dir.path(), "mixed", "json");
+    let slices = inventory(dir.path(), "mixed", "json", &[]);
     let (code, json, err) = gpu_dra(&["capacity", "--slices", &slices, "-o", "json"]);
     assert_eq!(code, 0, "{err}");
     let (code, yaml, _) = gpu_dra(&["capacity", "--slices", &slices, "-o", "yaml"]);
@@ -146,7 +150,7 @@ fn bad_input_exits_2_naming_the_flag_the_file_and_what_is_wrong() {
             claims.display()
         )
     );
-    let slices = inventory(dir.path(), "l4-x4", "yaml");
+    let slices = inventory(dir.path(), "l4-x4", "yaml", &[]);
     let (code, _, err) = gpu_dra(&["capacity", "--slices", &slices, "--node", "l4-x5"]);
     assert_eq!(code, 2);
     assert_eq!(
@@ -173,11 +177,14 @@ fn bad_input_exits_2_naming_the_flag_the_file_and_what_is_wrong() {
 #[test]
 fn a_vm_holding_a_vfio_device_takes_its_whole_gpu_in_the_capacity_view() {
     let dir = tempfile::tempdir().unwrap();
+    // Every profile on every GPU: the 1g.10gb count below is 7 free GPUs' 7 placements each.
     let (code, out, err) = gpu_dra(&[
         "inventory",
         "--sim-node",
         "hgx-h100-passthrough",
         "--passthrough",
+        "--mig-profiles",
+        "all",
         "-o",
         "json",
     ]);

@@ -91,7 +91,18 @@ fn every_example_gets_the_schedulers_decision_on_every_preset() {
     ];
     for (example, preset, fits, want) in table {
         let file = format!("examples/{example}.yaml");
-        let (code, out, err) = explain(&["--claim", &file, "--sim-node", preset, "-o", "json"]);
+        // The table's placements are those of every profile on every GPU (the default `split`
+        // gives dgx-h100's GPU 7 only 1g.10gb); tests/cli_mig_split.rs covers the default.
+        let (code, out, err) = explain(&[
+            "--claim",
+            &file,
+            "--sim-node",
+            preset,
+            "--mig-profiles",
+            "all",
+            "-o",
+            "json",
+        ]);
         assert_eq!(
             code,
             if *fits { 0 } else { 1 },
@@ -103,11 +114,14 @@ fn every_example_gets_the_schedulers_decision_on_every_preset() {
 
 #[test]
 fn a_claim_that_does_not_fit_says_why_for_people() {
+    // Every profile on every GPU: the 200 MIG placements the counts below name.
     let (code, out, _) = explain(&[
         "--claim",
         "examples/mig-profiles.yaml",
         "--sim-node",
         "dgx-h100",
+        "--mig-profiles",
+        "all",
     ]);
     assert_eq!(code, 1);
     assert!(
@@ -186,8 +200,10 @@ fn bad_input_exits_2_and_names_the_file() {
 
 #[test]
 fn slices_printed_by_inventory_explain_the_same_as_the_preset() {
+    // With every profile on every GPU, as the preset's row of the table above.
     let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
         .args(["inventory", "--sim-node", "dgx-h100", "-o", "yaml"])
+        .args(["--mig-profiles", "all"])
         .output()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -22,7 +22,9 @@ fn explain(args: &[&str]) -> (i32, String, String) {
 }
 
 /// The docs' `partition4` ResourceClaimTemplate and a claim holding a MIG device of GPU 0,
-/// written to `dir`: (claim file, allocated file).
+/// written to `dir`: (claim file, allocated file). The MIG device, `gpu-0-mig-1g10gb-0`, is
+/// published with `--mig-profiles all` (the default `split` gives GPU 0 other profiles, and
+/// explain does not count an allocation of a device the node does not publish).
 fn inputs(dir: &std::path::Path) -> (String, String) {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/fabric-manager.md"),
@@ -70,6 +72,8 @@ fn with_fabric_manager_the_docs_partition4_claim_gets_gpus_4_to_7_beside_a_mig_c
         NODE,
         "--passthrough",
         "--fabric-manager",
+        "--mig-profiles",
+        "all",
         "--claim",
         &claim,
         "--allocated",
@@ -104,6 +108,8 @@ fn as_the_old_scheduler_it_is_refused_and_the_report_names_the_counter_leak() {
         NODE,
         "--passthrough",
         "--fabric-manager",
+        "--mig-profiles",
+        "all",
         "--claim",
         &claim,
         "--allocated",
