@@ -155,7 +155,7 @@ fn the_status_grant_names_the_charts_driver_and_nothing_else() {
 }
 
 #[test]
-fn mig_profiles_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_default() {
+fn mig_profiles_value_reaches_the_plugin_as_its_env_var_and_is_split_by_default() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
@@ -165,7 +165,12 @@ fn mig_profiles_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_default
             .get("GPU_DRA_MIG_PROFILES")
             .cloned()
     };
-    assert_eq!(None, profiles(&[]));
+    // values.yaml says `migProfiles: split`, the plugin's own default as well.
+    assert_eq!(Some("split".to_string()), profiles(&[]));
+    assert_eq!(
+        Some("all".to_string()),
+        profiles(&["--set", "migProfiles=all"])
+    );
     assert_eq!(
         Some("1g.10gb,3g.40gb,7g.80gb".to_string()),
         profiles(&["--set-string", "migProfiles=1g.10gb\\,3g.40gb\\,7g.80gb"])
