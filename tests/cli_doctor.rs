@@ -206,13 +206,14 @@ async fn a_correctly_set_up_simulated_node_passes_every_check_with_exit_code_0()
         assert_eq!(keys, ["fix", "found", "name", "status"], "{check}");
         assert_eq!(check["fix"], Value::Null, "an ok check has no fix: {check}");
     }
-    // The simulated DGX H100 publishes every MIG placement, each consuming shared counters;
-    // the fake API server reports 1.37, whose scheduler converts a node's own devices only.
+    // The simulated DGX H100 with the default `--mig-profiles split` publishes 62 devices (8
+    // whole GPUs, 54 MIG placements shared out), each consuming shared counters; the fake API
+    // server reports 1.37, whose scheduler converts a node's own devices only.
     assert!(
         run.check("scheduling-cost")["found"]
             .as_str()
             .unwrap()
-            .starts_with("208 devices published, 208 consuming shared counters; v1.37.0-fake:"),
+            .starts_with("62 devices published, 62 consuming shared counters; v1.37.0-fake:"),
         "{}",
         run.check("scheduling-cost")
     );

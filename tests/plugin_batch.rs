@@ -17,12 +17,17 @@ use serde_json::json;
 
 /// Whole GPUs of dynamic-MIG GPUs (prepare may switch their MIG mode: intent is recorded).
 const GPUS: [&str; 3] = ["gpu-3", "gpu-4", "gpu-5"];
-/// Dynamic MIG devices: carved on prepare, destroyed on unprepare.
+/// Dynamic MIG devices: carved on prepare, destroyed on unprepare. A 1g.10gb on each of
+/// GPUs 0-2, published with every profile on every GPU ([`EVERY_PROFILE`]).
 const MIG: [&str; 3] = [
     "gpu-0-mig-1g10gb-0",
     "gpu-1-mig-1g10gb-0",
     "gpu-2-mig-1g10gb-0",
 ];
+
+/// `--mig-profiles all`: the default `split` gives GPU 0 the one-slice variants and GPUs 1-2
+/// the 3g/4g profiles, not [`MIG`]'s 1g.10gb.
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
 
 fn uid(i: usize) -> String {
     format!("uid-batch-{i}")
@@ -49,7 +54,10 @@ fn three_claims(node: &Node, devices: [&str; 3]) -> Vec<ClaimRef> {
 async fn abort_at(point: &str, sim_node: &str, devices: [&str; 3]) -> (Vec<String>, Vec<String>) {
     let node = Node::new();
     let refs = three_claims(&node, devices);
-    let mut plugin = node.spawn_command(node.command_on(sim_node), &[(crashpoint::ENV, point)]);
+    let mut plugin = node.spawn_command(
+        node.command_on(sim_node),
+        &[(crashpoint::ENV, point), EVERY_PROFILE],
+    );
     plugin.wait_registrable().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     if point.starts_with("prepare-") {
@@ -62,7 +70,7 @@ async fn abort_at(point: &str, sim_node: &str, devices: [&str; 3]) -> (Vec<Strin
     let status = plugin.wait_exit().await;
     assert_eq!(Plugin::ended_by(&status), Some(SIGABRT), "{}", plugin.log());
     let left = node.snapshot();
-    let mut restarted = node.spawn_command(node.command_on(sim_node), &[]);
+    let mut restarted = node.spawn_command(node.command_on(sim_node), &[EVERY_PROFILE]);
     restarted.wait_registrable().await;
     let recovered = node.snapshot();
     let recorded: Vec<&str> = recovered.checkpoint.keys().map(String::as_str).collect();

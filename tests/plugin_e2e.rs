@@ -9,6 +9,11 @@ use plugin_support::Node;
 use plugin_support::claims::{self, DRIVER, NODE, claim_ref};
 use plugin_support::state::SimInstance;
 
+/// Every MIG profile on every GPU (`--mig-profiles all`), for the tests that prepare MIG devices
+/// the default `split` gives to other GPUs (gpu-0-mig-3g40gb-4, gpu-0-mig-1g10gb-2: GPU 0
+/// offers the one-slice variants).
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
+
 /// The device the kubelet gets for a claim's only device of `request`: its CDI ID `cdi`
 /// (`…/claim=<uid>-<name>`) and the one that mounts the request's device metadata.
 fn device(request: &str, name: &str, cdi: &str) -> PreparedDevice {
@@ -148,7 +153,7 @@ async fn dynamic_mig_claim_is_carved_at_its_placement_and_destroyed_on_unprepare
         "uid-mig",
         &["gpu-0-mig-3g40gb-4"],
     ));
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(api).await;
 
     let claim = claim_ref("inference", "uid-mig");
@@ -326,7 +331,7 @@ fn one_1g_at_slice_2(node: &Node) {
 async fn two_claims_racing_for_one_placement_in_one_batch_get_one_winner() {
     let node = Node::new();
     let (first, second, refusal) = racing_claims(&node);
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
 
     let got = kubelet.prepare(&[first, second]).await.unwrap();
@@ -352,7 +357,7 @@ async fn two_claims_racing_for_one_placement_in_one_batch_get_one_winner() {
 async fn two_claims_racing_for_one_placement_in_two_concurrent_batches_get_one_winner() {
     let node = Node::new();
     let (first, second, _) = racing_claims(&node);
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet_a = plugin.register(DraApi::V1).await;
     let mut kubelet_b = plugin.register(DraApi::V1beta1).await;
 

@@ -41,6 +41,10 @@ impl Rng {
     }
 }
 
+/// `--mig-profiles all`: the claim pool's 1g.10gb devices on GPUs 0 and 1 are not among the
+/// profiles the default `split` gives those GPUs.
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
+
 /// Claims that never conflict with each other: MIG devices on GPUs 0–2, whole GPUs 6 and 7,
 /// MPS claims of GPUs 3 and 5, four consumable-capacity shares of GPU 4.
 fn claim_pool(node: &Node) -> Vec<ClaimRef> {
@@ -276,7 +280,10 @@ impl Soak {
             }
         }
         self.plugin.kill().await;
-        self.plugin = self.node.start_with(&[("GPU_DRA_SHARED_GPUS", "4")]).await;
+        self.plugin = self
+            .node
+            .start_with(&[("GPU_DRA_SHARED_GPUS", "4"), EVERY_PROFILE])
+            .await;
         self.kubelet = self.plugin.register(DraApi::V1).await;
         let api_was_down = self.api_down;
         if api_was_down {
@@ -315,7 +322,9 @@ async fn a_randomized_soak_keeps_every_invariant_after_every_step() {
         .unwrap_or(0x50a1_c0de);
     let node = Node::new();
     let pool = claim_pool(&node);
-    let plugin = node.start_with(&[("GPU_DRA_SHARED_GPUS", "4")]).await;
+    let plugin = node
+        .start_with(&[("GPU_DRA_SHARED_GPUS", "4"), EVERY_PROFILE])
+        .await;
     let published = eventually("slices", || published_devices(&node)).await;
     assert!(
         published.len() > 100,

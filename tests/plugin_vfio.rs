@@ -16,6 +16,10 @@ use serde_json::{Value, json};
 
 const PRESET: &str = "hgx-h100-passthrough";
 
+/// Every MIG profile on every GPU (`--mig-profiles all`), for the test that carves a 1g.10gb on
+/// GPU 0 once a VM gave it back: the default `split` gives GPU 0 the one-slice variants.
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
+
 fn address(gpu: u32) -> String {
     gpu_dra::hardware::sim::ids::pci_address(gpu).0
 }
@@ -135,7 +139,7 @@ async fn a_vfio_claim_moves_the_gpu_to_vfio_pci_and_unprepare_gives_it_back() {
         &["gpu-vfio-0"],
         Some(vfio_config("LegacyOnly", true)),
     ));
-    let plugin = start(&node, &[]).await;
+    let plugin = start(&node, &[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let claim = claim_ref("vm", "uid-vm");
     let ids = prepare_one(&mut kubelet, &claim).await.unwrap();
