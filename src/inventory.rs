@@ -26,7 +26,7 @@ pub enum InventoryError {
     MigProfiles(#[source] crate::devices::MigProfilesError),
     /// `--vgpu-types` names a type the GPUs do not offer, or types that cannot share a GPU.
     #[error("checking --vgpu-types against the node's GPUs")]
-    VgpuTypes(#[source] crate::devices::VgpuTypesError),
+    VgpuTypes(#[source] Box<crate::devices::VgpuTypesError>),
     /// The model breaks a ResourceSlice limit.
     #[error("building ResourceSlices failed")]
     Slices(#[source] SliceError),
@@ -96,7 +96,7 @@ pub fn view_judged(
         &inventory,
         options.compatibility_groups,
     )
-    .map_err(InventoryError::VgpuTypes)?;
+    .map_err(|e| InventoryError::VgpuTypes(Box::new(e)))?;
     let mut model = crate::devices::build(&inventory, options);
     let device_health = health::judge(policy, &inventory, &model, now);
     health::apply_taints(&mut model, &device_health, policy);
