@@ -339,7 +339,9 @@ async fn the_plugin_republishes_free_partitions_first_after_preparing_a_mig_clai
         .arg("--host-root")
         .arg(node.state_dir().join("sim/host-root"))
         .arg("--fabric-manager");
-    let mut plugin = node.spawn_command(command, &[]);
+    // Every profile on every GPU, so the MIG claim can sit on GPU 0: the default `split`
+    // gives GPU 0 no 1g.10gb (and its 1g.10gb claims go to GPU 7 first).
+    let mut plugin = node.spawn_command(command, &[("GPU_DRA_MIG_PROFILES", "all")]);
     plugin.wait_registrable().await;
     let whole = |slices: &[serde_json::Value]| -> Vec<String> {
         slices

@@ -18,6 +18,9 @@ use plugin_support::{Node, eventually, probe};
 
 const KEEP: &str = "uid-keep";
 const MIG: &str = "uid-mig";
+/// `--mig-profiles all`, for the plugins serving [`node_with_claims`]: the default `split`
+/// gives GPU 0 no 3g.40gb.
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
 
 fn node_with_claims() -> Node {
     let node = Node::new();
@@ -52,7 +55,7 @@ fn claim_path(name: &str) -> String {
 async fn a_prepare_whose_claim_cannot_be_fetched_fails_that_claim_leaves_nothing_and_succeeds_on_retry()
  {
     let node = node_with_claims();
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert!(prepare(&mut kubelet, "keep", KEEP).await.is_ok());
 
@@ -112,7 +115,7 @@ async fn a_prepare_whose_claim_cannot_be_fetched_fails_that_claim_leaves_nothing
 #[tokio::test]
 async fn a_call_the_kubelet_gives_up_on_finishes_whole_and_its_retry_gets_the_same_devices() {
     let node = node_with_claims();
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     // The kubelet waits 45 s for a prepare; the test's kubelet waits 1 s and the API server
     // takes 3 s to answer the claim.
@@ -208,7 +211,7 @@ async fn publishing_backs_off_through_server_errors_never_hot_loops_and_converge
 async fn an_outage_at_start_up_does_not_stop_the_plugin_and_publishing_converges_after_it() {
     let node = node_with_claims();
     node.api.set_down(true);
-    let mut plugin = node.start().await;
+    let mut plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let error = prepare(&mut kubelet, "mig", MIG).await.unwrap_err();
     assert!(error.contains("could not be reached"), "{error}");

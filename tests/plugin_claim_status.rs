@@ -97,7 +97,8 @@ async fn a_prepared_claim_shows_its_gpu_and_mig_uuids_and_unprepare_removes_only
     let mig = "gpu-0-mig-3g40gb-4";
     node.api
         .put_claim(claim_with_a_nic("train", "uid-train", &["gpu-2", mig]));
-    let plugin = node.start().await;
+    // Every profile on every GPU: the default `split` gives GPU 0 no 3g.40gb.
+    let plugin = node.start_with(&[("GPU_DRA_MIG_PROFILES", "all")]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     eventually("slices", || node.api.complete_pool()).await;
 

@@ -301,7 +301,13 @@ async fn run(one_connection: bool, seed: u64) {
     let node = Node::new();
     let set = claim_set(&mut rng);
     put_claims(&node, &set);
-    let plugin = node.start_with(&[("GPU_DRA_SHARED_GPUS", "8")]).await;
+    // Every profile on every GPU: the default `split` gives GPUs 0-2 no 1g.10gb.
+    let plugin = node
+        .start_with(&[
+            ("GPU_DRA_SHARED_GPUS", "8"),
+            ("GPU_DRA_MIG_PROFILES", "all"),
+        ])
+        .await;
     let _kubelet = plugin.register(DraApi::V1).await;
 
     let mut order: Vec<&TestClaim> = set.iter().collect();

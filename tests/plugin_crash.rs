@@ -15,6 +15,9 @@ use plugin_support::sharing::{daemon_dirs, live_daemons, mps_config, with_config
 use plugin_support::{Node, Plugin, SIGABRT, SIGKILL};
 
 const CLAIM: &str = "uid-crash";
+/// `--mig-profiles all`, for every plugin these tests start: their claims hold MIG devices
+/// the default `split` gives other GPUs (3g.40gb on GPU 0, 1g.10gb on GPUs 0-2).
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
 
 /// Aborts the plugin at `point` while it handles the claim, restarts it, lets the kubelet
 /// retry, and checks that the node converged.
@@ -29,7 +32,9 @@ async fn crash_and_recover(point: &str) {
     let claim = [claim_ref("crash", CLAIM)];
     let in_prepare = point.starts_with("prepare-");
 
-    let mut plugin = node.start_with(&[(crashpoint::ENV, point)]).await;
+    let mut plugin = node
+        .start_with(&[(crashpoint::ENV, point), EVERY_PROFILE])
+        .await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     if in_prepare {
         let answer = kubelet.prepare(&claim).await;
@@ -55,7 +60,7 @@ async fn crash_and_recover(point: &str) {
     );
 
     // Recovery alone leaves a consistent node, whatever it decided about the claim.
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let recovered = node.snapshot();
     let recorded: Vec<&str> = recovered.checkpoint.keys().map(String::as_str).collect();
     recovered.assert_converged(&recorded, &format!("{point}: after recovery"));
@@ -125,7 +130,10 @@ async fn a_spec_write_cut_short_by_a_crash_leaves_no_temp_file_after_recovery() 
         .put_claim(claims::on_node("crash", CLAIM, &["gpu-0-mig-3g40gb-4"]));
     let claim = [claim_ref("crash", CLAIM)];
     let mut plugin = node
-        .start_with(&[(crashpoint::ENV, "prepare-mig-device-created")])
+        .start_with(&[
+            (crashpoint::ENV, "prepare-mig-device-created"),
+            EVERY_PROFILE,
+        ])
         .await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert!(kubelet.prepare(&claim).await.is_err());
@@ -135,7 +143,7 @@ async fn a_spec_write_cut_short_by_a_crash_leaves_no_temp_file_after_recovery() 
     std::fs::create_dir_all(node.cdi_root()).unwrap();
     std::fs::write(node.cdi_root().join(&temp), "{\"cdiVersion\":").unwrap();
 
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     node.snapshot()
         .assert_converged(&[], "after recovery from a cut-short spec write");
     let mut kubelet = plugin.register(DraApi::V1).await;
@@ -151,7 +159,10 @@ async fn recovery_waits_while_another_instance_is_in_a_call() {
         .put_claim(claims::on_node("crash", CLAIM, &["gpu-0-mig-3g40gb-4"]));
     let claim = [claim_ref("crash", CLAIM)];
     let mut plugin = node
-        .start_with(&[(crashpoint::ENV, "prepare-mig-device-created")])
+        .start_with(&[
+            (crashpoint::ENV, "prepare-mig-device-created"),
+            EVERY_PROFILE,
+        ])
         .await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert!(kubelet.prepare(&claim).await.is_err());
@@ -163,7 +174,7 @@ async fn recovery_waits_while_another_instance_is_in_a_call() {
     // plugin lock, and its claim must not be rolled back under its feet.
     let lock = std::fs::File::create(node.plugin_dir().join("plugin.lock")).unwrap();
     lock.lock().unwrap();
-    let mut plugin = node.spawn_with(&[]);
+    let mut plugin = node.spawn_with(&[EVERY_PROFILE]);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(plugin.is_running(), "{}", plugin.log());
     assert_eq!(
@@ -270,7 +281,7 @@ async fn sigkill_during_a_burst_of_calls_converges_after_restart_and_retry() {
             .put_claim(claims::on_node(&claim.name, &claim.uid, &[device]));
     }
     let mut wanted = BTreeSet::new();
-    let mut plugin = node.start().await;
+    let mut plugin = node.start_with(&[EVERY_PROFILE]).await;
     for round in 0..6 {
         let context = format!("seed {seed}, round {round}");
         let mut kubelet = plugin.register(DraApi::V1).await;
@@ -285,7 +296,7 @@ async fn sigkill_during_a_burst_of_calls_converges_after_restart_and_retry() {
         let status = plugin.wait_exit().await;
         assert_eq!(Some(SIGKILL), Plugin::ended_by(&status), "{context}");
 
-        plugin = node.start().await;
+        plugin = node.start_with(&[EVERY_PROFILE]).await;
         let recovered = node.snapshot();
         let recorded: Vec<&str> = recovered.checkpoint.keys().map(String::as_str).collect();
         recovered.assert_converged(&recorded, &format!("{context}: after recovery"));

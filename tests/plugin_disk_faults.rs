@@ -16,6 +16,9 @@ use plugin_support::{Node, Plugin, Snapshot};
 const KEEP: &str = "uid-keep";
 const MIG: &str = "uid-mig";
 const MPS: &str = "uid-mps";
+/// `--mig-profiles all`, for every plugin serving [`node_with_claims`]: the default `split`
+/// gives GPU 0 no 3g.40gb.
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
 
 /// A node with a claim of a full GPU (prepared before the fault), a dynamic MIG claim and an
 /// MPS claim.
@@ -71,7 +74,7 @@ async fn a_read_only_cdi_directory_fails_the_prepare_and_rolls_back_every_step()
     let Some(cdi) = Tmpfs::mount(&node.cdi_root(), "1m") else {
         return;
     };
-    let mut plugin = node.start().await;
+    let mut plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert_eq!(Ok(1), prepare(&mut kubelet, "keep", KEEP).await);
 
@@ -106,7 +109,7 @@ async fn unprepare_on_a_read_only_cdi_directory_still_destroys_the_mig_device_an
     let Some(cdi) = Tmpfs::mount(&node.cdi_root(), "1m") else {
         return;
     };
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert_eq!(Ok(1), prepare(&mut kubelet, "mig", MIG).await);
     assert_eq!(Ok(1), prepare(&mut kubelet, "mps", MPS).await);
@@ -149,7 +152,7 @@ async fn a_full_cdi_directory_fails_the_prepare_leaving_no_temp_file_and_no_mig_
     let Some(cdi) = Tmpfs::mount(&node.cdi_root(), "64k") else {
         return;
     };
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert_eq!(Ok(1), prepare(&mut kubelet, "keep", KEEP).await);
 
@@ -179,7 +182,7 @@ async fn a_full_state_directory_keeps_the_old_checkpoint_and_the_prepared_claims
     let Some(state) = Tmpfs::mount(&node.state_dir(), "2m") else {
         return;
     };
-    let mut plugin = node.start().await;
+    let mut plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert_eq!(Ok(1), prepare(&mut kubelet, "keep", KEEP).await);
     let checkpoint = node.state_dir().join("checkpoint.json");
@@ -233,7 +236,10 @@ async fn start_up_recovery_on_a_read_only_cdi_directory_tries_every_step_reports
     // A crash right after the spec was written leaves a half-done claim: MIG device carved,
     // spec on disk, record not completed.
     let mut plugin = node
-        .start_with(&[(gpu_dra::crashpoint::ENV, "prepare-cdi-written")])
+        .start_with(&[
+            (gpu_dra::crashpoint::ENV, "prepare-cdi-written"),
+            EVERY_PROFILE,
+        ])
         .await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert!(kubelet.prepare(&[claim_ref("mig", MIG)]).await.is_err());
@@ -244,7 +250,7 @@ async fn start_up_recovery_on_a_read_only_cdi_directory_tries_every_step_reports
     // The plugin starts anyway (a crash loop would keep every other claim of the node down),
     // says what it could not undo, and supervision finishes it once the directory is
     // writable again, without a restart.
-    let mut plugin = node.spawn_with(&[]);
+    let mut plugin = node.spawn_with(&[EVERY_PROFILE]);
     plugin.wait_registrable().await;
     let log = plugin.log();
     assert!(log.contains("undo incomplete at start-up"), "{log}");
@@ -280,12 +286,15 @@ async fn a_plugin_started_on_a_read_only_cdi_directory_serves_reports_and_conver
     };
     // One claim prepared for good; then a crash right after a spec was written leaves a
     // half-done claim (MIG device carved, spec on disk); and a spec no claim names is left.
-    let mut plugin = node.start().await;
+    let mut plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert_eq!(Ok(1), prepare(&mut kubelet, "keep", KEEP).await);
     plugin.kill().await;
     let mut plugin = node
-        .start_with(&[(gpu_dra::crashpoint::ENV, "prepare-cdi-written")])
+        .start_with(&[
+            (gpu_dra::crashpoint::ENV, "prepare-cdi-written"),
+            EVERY_PROFILE,
+        ])
         .await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     assert!(kubelet.prepare(&[claim_ref("mig", MIG)]).await.is_err());
@@ -300,7 +309,7 @@ async fn a_plugin_started_on_a_read_only_cdi_directory_serves_reports_and_conver
     .unwrap();
 
     cdi.set_read_only(true);
-    let mut plugin = node.spawn_with(&[]);
+    let mut plugin = node.spawn_with(&[EVERY_PROFILE]);
     plugin.wait_registrable().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     // It serves: the prepared claim answers; a new claim, which needs a spec written, is

@@ -13,6 +13,9 @@ use plugin_support::{Node, eventually, probe};
 use serde_json::json;
 
 const GRACE_ENV: &str = "GPU_DRA_ORPHAN_GRACE_PERIOD";
+/// `--mig-profiles all`: the claims below hold a 3g.40gb on each of GPUs 0-4, which the
+/// default `split` publishes on GPUs 1 and 2 only.
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
 
 /// `(name, uid, MIG device)`: one dynamic MIG device per GPU, so every claim has its own.
 const KEEP: (&str, &str, &str) = ("keep", "uid-keep", "gpu-0-mig-3g40gb-4");
@@ -37,7 +40,7 @@ async fn prepare_all(node: &Node, kubelet: &mut KubeletClient, claims: &[(&str, 
 #[tokio::test]
 async fn each_orphan_case_is_reclaimed_and_a_claim_in_use_beside_them_is_untouched() {
     let node = Node::new();
-    let plugin = node.start_with(&[(GRACE_ENV, "2s")]).await;
+    let plugin = node.start_with(&[(GRACE_ENV, "2s"), EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let all = [KEEP, DELETED, RECREATED, DEALLOCATED, UNRESERVED];
     prepare_all(&node, &mut kubelet, &all).await;
@@ -131,7 +134,7 @@ fn lookups(node: &Node, name: &str) -> usize {
 #[tokio::test]
 async fn an_api_server_that_cannot_answer_never_makes_a_claim_an_orphan() {
     let node = Node::new();
-    let plugin = node.start_with(&[(GRACE_ENV, "1s")]).await;
+    let plugin = node.start_with(&[(GRACE_ENV, "1s"), EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let all = [DELETED, RECREATED, DEALLOCATED];
     prepare_all(&node, &mut kubelet, &all).await;

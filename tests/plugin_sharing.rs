@@ -27,10 +27,29 @@ fn gpu_uuid(node: &Node, device: &str) -> String {
         .unwrap_or_else(|| panic!("{device} is not published"))
 }
 
+/// `--mig-profiles all`, for the tests whose claims hold a 3g.40gb of GPU 0: the default
+/// `split` gives GPU 0 the one-slice variants.
+const EVERY_PROFILE: (&str, &str) = ("GPU_DRA_MIG_PROFILES", "all");
+
 /// Puts a claim of `device` with one opaque config entry, starts the plugin, registers and
 /// prepares the claim (which must succeed).
 async fn prepared_with(
     node: &Node,
+    name: &str,
+    uid: &str,
+    device: &str,
+    config: serde_json::Value,
+) -> (
+    plugin_support::Plugin,
+    gpu_dra::kubelet::client::KubeletClient,
+) {
+    prepared_with_env(node, &[], name, uid, device, config).await
+}
+
+/// [`prepared_with`], the plugin started with extra `env`.
+async fn prepared_with_env(
+    node: &Node,
+    env: &[(&str, &str)],
     name: &str,
     uid: &str,
     device: &str,
@@ -44,7 +63,7 @@ async fn prepared_with(
         &[],
         config,
     ));
-    let plugin = node.start().await;
+    let plugin = node.start_with(env).await;
     // The callers read the device's UUID from the slices: a prepare does not wait for the
     // first publish, so wait for it here.
     eventually("slices", || node.api.complete_pool()).await;
@@ -152,8 +171,9 @@ async fn a_time_sliced_claim_sets_the_interval_and_unprepare_resets_it() {
 #[tokio::test]
 async fn mps_on_a_carved_mig_device_points_the_daemon_at_the_mig_uuid() {
     let node = Node::new();
-    let (_plugin, mut kubelet) = prepared_with(
+    let (_plugin, mut kubelet) = prepared_with_env(
         &node,
+        &[EVERY_PROFILE],
         "mig-mps",
         "uid-mig-mps",
         "gpu-0-mig-3g40gb-4",
@@ -192,7 +212,7 @@ async fn an_invalid_config_fails_prepare_with_the_field_and_starts_nothing() {
         &[],
         bad,
     ));
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let got = kubelet
         .prepare(&[claim_ref("bad", "uid-bad")])
@@ -372,7 +392,7 @@ async fn mps_on_two_mig_devices_starts_one_daemon_per_mig_device() {
         &[],
         mps_config("MigDeviceConfig", 50, "4Gi"),
     ));
-    let plugin = node.start().await;
+    let plugin = node.start_with(&[EVERY_PROFILE]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let refs = [claim_ref("two-migs", "uid-two-migs")];
     let got = kubelet.prepare(&refs).await.unwrap();

@@ -292,7 +292,8 @@ async fn a_mig_scoped_xid_taints_only_its_mig_device() {
         "uid-mig",
         &["gpu-0-mig-3g40gb-4"],
     ));
-    let plugin = node.start().await;
+    // Every profile on every GPU: the default `split` gives GPU 0 no 3g.40gb.
+    let plugin = node.start_with(&[("GPU_DRA_MIG_PROFILES", "all")]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     kubelet
         .prepare(&[claims::claim_ref("inference", "uid-mig")])
@@ -433,8 +434,13 @@ fn slice_of_each_device(node: &Node) -> BTreeMap<String, String> {
 #[tokio::test]
 async fn by_profile_slices_are_published_and_a_faulty_gpu_is_tainted_across_them() {
     let node = Node::new();
+    // Every profile on every GPU (208 devices), so the profiles fill several slices: the
+    // default `split`'s 62 devices would all fit in one.
     let _plugin = node
-        .start_with(&[("GPU_DRA_SLICE_LAYOUT", "by-profile")])
+        .start_with(&[
+            ("GPU_DRA_SLICE_LAYOUT", "by-profile"),
+            ("GPU_DRA_MIG_PROFILES", "all"),
+        ])
         .await;
     let all = eventually("the first slices", || devices(&node)).await;
     assert_eq!(all.len(), 208);

@@ -91,7 +91,8 @@ async fn sockets_directories_and_state_files_get_their_modes() {
     let node = Node::new();
     node.api
         .put_claim(claims::on_node("mig", "uid-mig", &["gpu-0-mig-1g10gb-0"]));
-    let plugin = node.start().await;
+    // Every profile on every GPU: the default `split` gives GPU 0 no 1g.10gb.
+    let plugin = node.start_with(&[("GPU_DRA_MIG_PROFILES", "all")]).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let got = kubelet
         .prepare(&[claim_ref("mig", "uid-mig")])

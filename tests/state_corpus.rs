@@ -76,7 +76,11 @@ const STATE_FILES: [&str; 3] = ["checkpoint.json", "usage.json", "sim/sim-gpu-st
 async fn generate_the_corpus_with_the_plugin_binary() {
     let node = Node::new();
     put_claims(&node);
-    let mut plugin = node.start_with(&[SHARED_GPUS]).await;
+    // Every profile on every GPU: a release defaulting to `--mig-profiles split` gives GPU 0
+    // no 3g.40gb (older ones ignore the variable or publish every profile anyway).
+    let mut plugin = node
+        .start_with(&[SHARED_GPUS, ("GPU_DRA_MIG_PROFILES", "all")])
+        .await;
     let mut kubelet = plugin.register(DraApi::V1).await;
     let got = kubelet.prepare(&refs()).await.unwrap();
     assert!(got.values().all(Result::is_ok), "{got:?}");

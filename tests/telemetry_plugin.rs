@@ -51,6 +51,8 @@ fn value(metrics: &str, name: &str, device: &str, extra: &[(&str, &str)]) -> Opt
 }
 
 const FULL: &str = "gpu-2";
+/// A 1g.10gb of GPU 0, published with every profile on every GPU (the default `split` gives
+/// GPU 0 the one-slice variants): [`plugin_holding`] starts the plugin so.
 const MIG: &str = "gpu-0-mig-1g10gb-2";
 
 /// Starts the plugin sampling every second, with each (claim, UID, device) of `held`
@@ -60,7 +62,10 @@ async fn plugin_holding(node: &Node, held: &[(&str, &str, &str)]) -> (Plugin, So
         node.api.put_claim(claims::on_node(name, uid, &[device]));
     }
     let plugin = node
-        .start_with(&[("GPU_DRA_TELEMETRY_INTERVAL", "1")])
+        .start_with(&[
+            ("GPU_DRA_TELEMETRY_INTERVAL", "1"),
+            ("GPU_DRA_MIG_PROFILES", "all"),
+        ])
         .await;
     let addr = eventually("the metrics address", || metrics_addr(&plugin.log())).await;
     let mut kubelet = plugin.register(DraApi::V1).await;
