@@ -57,7 +57,8 @@ async fn the_plugin_serves_probes_and_metrics_that_follow_its_work() {
     .iter()
     .map(|series| sample(&metrics, series))
     .collect();
-    let want: Vec<Option<String>> = ["1", "0", "1", "208", "8", "0"]
+    // 62 published devices: the default `--mig-profiles split` on the simulated DGX H100.
+    let want: Vec<Option<String>> = ["1", "0", "1", "62", "8", "0"]
         .iter()
         .map(|v| Some(v.to_string()))
         .collect();

@@ -36,21 +36,21 @@ async fn slices_are_published_once_owned_by_the_node_and_not_rewritten_at_steady
         .put_claim(claims::on_node("full", "uid-full", &["gpu-5"]));
     let plugin = node.start().await;
     let slices = eventually("the first publish", || node.api.complete_pool()).await;
-    assert_eq!(
-        8 * 26,
-        published_devices(&slices).len(),
-        "devices published"
-    );
+    // The default `--mig-profiles split` shares the MIG placements out: GPU 0 the one-slice
+    // variants (12), GPUs 1-2 3g/4g (4), GPUs 3-4 2g and a 1g.10gb (5), GPUs 5-7 1g.10gb (8),
+    // each with its 7g.80gb, plus each full GPU.
+    let per_gpu = [13, 5, 5, 6, 6, 9, 9, 9];
+    assert_eq!(62, published_devices(&slices).len(), "devices published");
 
     let devices = published_devices(&slices);
     let unique: BTreeSet<&String> = devices.iter().collect();
     assert_eq!(devices.len(), unique.len(), "device names are unique");
-    for gpu in 0..8 {
+    for (gpu, want) in per_gpu.into_iter().enumerate() {
         let of_gpu = devices
             .iter()
             .filter(|d| *d == &format!("gpu-{gpu}") || d.starts_with(&format!("gpu-{gpu}-")))
             .count();
-        assert_eq!(26, of_gpu, "devices of GPU {gpu}");
+        assert_eq!(want, of_gpu, "devices of GPU {gpu}");
     }
     let owner = json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE_UID,
                         "controller": true}]);
@@ -164,7 +164,8 @@ async fn garbage_on_both_sockets_is_dropped_and_the_plugin_keeps_serving() {
         "uid-after",
         &["gpu-1-mig-1g10gb-0"],
     ));
-    let mut plugin = node.start().await;
+    // Every profile on every GPU: the default `split` gives GPU 1 no 1g.10gb.
+    let mut plugin = node.start_with(&[("GPU_DRA_MIG_PROFILES", "all")]).await;
     let mut prefaced = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     prefaced.extend(noise(4096, 7));
     let garbage: [&[u8]; 4] = [
@@ -209,7 +210,8 @@ async fn sigterm_ends_the_plugin_cleanly_and_removes_its_sockets() {
     // A current kubelet keeps a health stream open; shutting down must end it, not wait on it.
     let mut health = kubelet.watch_health().await.unwrap();
     let first = health.next().await.unwrap().unwrap();
-    assert_eq!(8 * 26, first.len(), "one health entry per published device");
+    // 62: the devices the default `--mig-profiles split` publishes.
+    assert_eq!(62, first.len(), "one health entry per published device");
 
     // Publishing runs beside registration: wait for it, so "slices stay" below means
     // something on a loaded machine.
