@@ -440,7 +440,8 @@ pub fn check(
     let together: Vec<u32> = offers
         .iter()
         .filter(|(g, o)| {
-            o.iter().any(|t| t.id == a.id)
+            g.product_name == gpu.product_name
+                && o.iter().any(|t| t.id == a.id)
                 && o.iter().any(|t| t.id == b.id)
                 && !may_share_gpu(a, b, heterogeneous(g))
         })
@@ -448,17 +449,18 @@ pub fn check(
         .collect();
     let mut suggestion: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     let mut left_out: Vec<String> = Vec::new();
-    let mut by_list: BTreeMap<Vec<u32>, (Vec<u32>, bool)> = BTreeMap::new();
+    // Type IDs are unique per model only: GPUs are grouped by model and list.
+    let mut by_list: BTreeMap<(&str, Vec<u32>), (Vec<u32>, bool)> = BTreeMap::new();
     for (g, offered) in &offers {
         if offered.is_empty() {
             continue;
         }
         let ids: Vec<u32> = offered.iter().map(|t| t.id).collect();
-        let entry = by_list.entry(ids).or_default();
+        let entry = by_list.entry((&g.product_name, ids)).or_default();
         entry.0.push(g.index);
         entry.1 = heterogeneous(g);
     }
-    for (ids, (gpus, het)) in by_list {
+    for ((_, ids), (gpus, het)) in by_list {
         let Some(first) = offers.iter().find(|(g, _)| g.index == gpus[0]) else {
             continue;
         };
@@ -588,5 +590,39 @@ mod tests {
             assert_eq!(value, types.to_string());
         }
         assert_eq!(index_ranges(&[6, 0, 1, 2, 3, 3]), "0-3,6");
+    }
+
+    fn t(id: u32, name: &str, fb: u64, exclusive_type: bool) -> VgpuType {
+        VgpuType {
+            id,
+            name: format!("NVIDIA {name}"),
+            framebuffer_mib: fb,
+            max_instances: 2,
+            exclusive_type,
+            exclusive_size: false,
+            mig_profile: None,
+        }
+    }
+
+    #[test]
+    fn the_first_pair_the_hardware_keeps_apart_is_found_with_the_rule_that_does() {
+        let (b1, q12, q24) = (
+            t(1, "L40S-1B", 1024, true),
+            t(2, "L40S-12Q", 12288, false),
+            t(3, "L40S-24Q", 24576, false),
+        );
+        let cases: [(&[&VgpuType], bool, Option<(u32, u32)>, &str); 4] = [
+            (&[&q12, &q24], true, None, ""),
+            (&[&q12, &q24], false, Some((2, 3)), "heterogeneous mode off"),
+            (&[&q12, &b1], true, Some((2, 1)), "L40S-1B is exclusive"),
+            (&[&q12], false, None, ""),
+        ];
+        for (offered, heterogeneous, want, why) in cases {
+            let got = conflict(offered, heterogeneous);
+            assert_eq!(got.map(|(a, b)| (a.id, b.id)), want, "{why}");
+            if let Some((a, b)) = got {
+                assert!(why_apart(a, b, heterogeneous).starts_with(why));
+            }
+        }
     }
 }
