@@ -146,16 +146,15 @@ impl Fit {
         Fit {
             t0: c[0],
             f: c[1],
-            k: c[2] * 1000.0,
+            // c[2] is ms per million (evaluated × cluster) node pairs: ns per pair.
+            k: c[2],
         }
     }
 
     /// The time per pod, ms.
     pub fn pod_ms(&self, nodes: usize, counts: &Counts) -> f64 {
         let n = evaluations(nodes);
-        self.t0
-            + self.f * n * counts.per_eval_us() / 1000.0
-            + self.k / 1000.0 * n * nodes as f64 / 1e3
+        self.t0 + self.f * n * counts.per_eval_us() / 1000.0 + self.k * n * nodes as f64 / 1e6
     }
 
     /// The rate relative to MIG-disabled nodes, at most 1 (the baseline's own rate).
