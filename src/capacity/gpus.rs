@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::book::GpuEntry;
-use super::counters::{Book, Dev, memory_slice};
+use super::counters::{Book, Dev, Kind, memory_slice};
 use super::records::{Attr, ClaimRecord, DeviceRecord, SliceRecord};
 use super::{CapacityError, CapacityOptions, FULL_GPU, Holder, Placement};
 use crate::quantity::Quantity;
@@ -52,10 +52,11 @@ fn string<'a>(device: &'a DeviceRecord, driver: &str, attr: Attr) -> Option<&'a 
     device.attribute(driver, attr)?.string
 }
 
-/// The GPU (minor number) a VFIO device (`gpu-vfio-<i>`, no minor attribute) belongs to: the
-/// `<minor>` of the `gpu-<minor>-counter-set` it consumes; `None` for a bare one (its GPU on
-/// `vfio-pci` since before the plugin started, NVML never saw it).
-fn vfio_gpu_minor(device: &DeviceRecord) -> Option<i64> {
+/// The GPU (minor number) a VFIO or vGPU device (`gpu-vfio-<i>`, `vgpu-<i>-…`, no minor
+/// attribute) belongs to: the `<minor>` of the `gpu-<minor>-counter-set` it consumes; `None`
+/// for a bare VFIO device (its GPU on `vfio-pci` since before the plugin started, NVML never
+/// saw it).
+fn counter_set_minor(device: &DeviceRecord) -> Option<i64> {
     device.consumes_counters.iter().flatten().find_map(|c| {
         c.counter_set
             .strip_prefix("gpu-")?
@@ -287,17 +288,26 @@ pub(super) fn collect<'a>(
             let node = slice.spec.node_name.unwrap_or(pool_name);
             for (d, device) in slice.spec.devices.iter().flatten().enumerate() {
                 let profile = string(device, driver, Attr::Profile);
-                let kind = string(device, driver, Attr::Type);
-                let mig = profile.is_some() || kind == Some("mig");
-                let vfio = kind == Some("vfio");
-                // A bare VFIO device is a GPU of its own: negative keys never meet a minor.
-                let found = if vfio {
-                    Some(vfio_gpu_minor(device).unwrap_or_else(|| {
+                let kind = match string(device, driver, Attr::Type) {
+                    Some("vfio") => Kind::Vfio,
+                    Some("vgpu") => Kind::Vgpu,
+                    Some("mig") => Kind::Mig,
+                    _ if profile.is_some() => Kind::Mig,
+                    _ => Kind::Gpu,
+                };
+                let mig = kind == Kind::Mig;
+                let vfio = kind == Kind::Vfio;
+                // A bare VFIO device is a GPU of its own: negative keys never meet a minor. A
+                // vGPU names its GPU by the counter set it consumes, else by its `index`.
+                let found = match kind {
+                    Kind::Vfio => Some(counter_set_minor(device).unwrap_or_else(|| {
                         bare -= 1;
                         bare
-                    }))
-                } else {
-                    gpu_minor(device, driver, mig)
+                    })),
+                    Kind::Vgpu => {
+                        counter_set_minor(device).or_else(|| int(device, driver, Attr::Index))
+                    }
+                    Kind::Gpu | Kind::Mig => gpu_minor(device, driver, mig),
                 };
                 let Some(minor) = found else {
                     return Err(invalid(
@@ -337,12 +347,14 @@ pub(super) fn collect<'a>(
                     };
                 }
                 let mut uses = Vec::new();
+                let mut groups: Vec<&str> = Vec::new();
                 let (mut first, mut last, mut slices_used) = (u32::MAX, 0, 0);
                 for (c, consumed) in device.consumes_counters.iter().flatten().enumerate() {
                     // Unknown sets and counters are ignored, as the scheduler does.
                     let Some(set) = counters.set(consumed.counter_set) else {
                         continue;
                     };
+                    groups.extend(consumed.compatibility_groups.iter().flatten().copied());
                     uses.reserve(consumed.counters.0.len());
                     let mut hint = 0;
                     for (counter, value) in &consumed.counters.0 {
@@ -393,16 +405,17 @@ pub(super) fn collect<'a>(
                 }
                 gpu.devices.push(Dev {
                     name: device.name,
-                    profile: if vfio {
-                        super::VFIO_GPU
-                    } else if mig {
-                        profile.unwrap_or("unknown")
-                    } else {
-                        FULL_GPU
+                    profile: match kind {
+                        Kind::Vfio => super::VFIO_GPU,
+                        Kind::Mig => profile.unwrap_or("unknown"),
+                        Kind::Vgpu => profile.unwrap_or("vgpu"),
+                        Kind::Gpu => FULL_GPU,
                     },
+                    kind,
                     placement,
                     uses,
                     holders: held,
+                    groups,
                 });
             }
         }

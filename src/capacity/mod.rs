@@ -11,6 +11,11 @@
 //! room after the devices that claims hold. A profile's free count is how many devices of
 //! that profile could be allocated together, so seven free `1g.10gb+me` placements that all
 //! need the GPU's single OFA engine count as one.
+//!
+//! vGPU types (`--vgpu-types`) are profiles named by their type (`H100-4C`), one device per
+//! instance slot: a held slot is a vGPU in use, and a free count also heeds the framebuffer
+//! the GPU's holders take and, where devices declare them, the compatibility groups of
+//! Kubernetes 1.37 (a type NVML runs alone is not free beside another type held on the GPU).
 
 mod blocked;
 mod book;
@@ -203,6 +208,30 @@ pub struct GpuCapacity {
     /// each with the allocated devices in its way (fragmentation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub blocked: Vec<BlockedProfile>,
+    /// Per vGPU type the GPU offers (`--vgpu-types`), in device-name order: its instance
+    /// slots, how many claims hold and which, and how many a request could still get. Empty
+    /// (and left out of JSON) on a GPU offering none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub vgpu: Vec<VgpuTypeCapacity>,
+}
+
+/// One vGPU type on one GPU. An allocated vGPU device is a vGPU in use: the plugin creates it
+/// when the claim is prepared and deletes it when it is unprepared.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VgpuTypeCapacity {
+    /// The type as its devices' `profile` attribute names it, `H100-4C`.
+    #[serde(rename = "type")]
+    pub vgpu_type: String,
+    /// Its devices (instance slots) on this GPU: the most the GPU holds of it alone.
+    pub slots: usize,
+    /// Slots claims hold.
+    pub in_use: usize,
+    /// How many more a request could get together: slots left, within the framebuffer the
+    /// GPU's other holders leave and, with compatibility groups, beside the types they run.
+    pub free: usize,
+    /// `namespace/claim` of each claim holding one, sorted.
+    pub claims: Vec<String>,
 }
 
 /// A MIG profile that no longer fits on a GPU, and the allocations that keep it out.

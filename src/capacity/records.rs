@@ -114,6 +114,9 @@ pub(super) struct ConsumptionRecord<'a> {
     pub(super) counter_set: &'a str,
     #[serde(borrow)]
     pub(super) counters: Entries<'a, Counter<'a>>,
+    /// Its compatibility groups (Kubernetes 1.37, KEP-5963); absent on most devices.
+    #[serde(borrow, default)]
+    pub(super) compatibility_groups: Option<Vec<&'a str>>,
 }
 
 /// A device attribute's value, as far as the view reads it (other kinds are `None` in both).
@@ -265,6 +268,10 @@ impl<'a> SliceRecord<'a> {
                     .map(|c| ConsumptionRecord {
                         counter_set: &c.counter_set,
                         counters: borrowed_counters(&c.counters),
+                        compatibility_groups: c
+                            .compatibility_groups
+                            .as_ref()
+                            .map(|g| g.iter().map(String::as_str).collect()),
                     })
                     .collect()
             }),

@@ -66,16 +66,24 @@ fn profile_rows(profiles: &[ProfileSummary]) -> Vec<Vec<String>> {
 }
 
 /// One token per GPU: the memory-slice map with dynamic MIG (`#` used, `.` free), `m<held>/<n>`
-/// with static MIG, `#` or `.` for a full GPU.
+/// with static MIG, `#` or `.` for a full GPU; a GPU offering vGPU types shows `v<held>` (its
+/// vGPUs in use) instead of `.`, or after its memory-slice map when it holds any.
 fn gpu_token(gpu: &GpuCapacity) -> String {
+    let vgpus: usize = gpu.vgpu.iter().map(|t| t.in_use).sum();
     match gpu.mig {
-        MigMode::Dynamic => gpu
-            .layout
-            .as_deref()
-            .unwrap_or("")
-            .chars()
-            .map(|c| if c == '.' { '.' } else { '#' })
-            .collect(),
+        MigMode::Dynamic => {
+            let map: String = gpu
+                .layout
+                .as_deref()
+                .unwrap_or("")
+                .chars()
+                .map(|c| if c == '.' { '.' } else { '#' })
+                .collect();
+            match vgpus {
+                0 => map,
+                n => format!("{map}+v{n}"),
+            }
+        }
         MigMode::Static => {
             let total = gpu.allocated.len()
                 + gpu
@@ -86,6 +94,8 @@ fn gpu_token(gpu: &GpuCapacity) -> String {
                     .sum::<usize>();
             format!("m{}/{total}", gpu.allocated.len())
         }
+        MigMode::Off if gpu.allocated.len() > vgpus => "#".into(),
+        MigMode::Off if !gpu.vgpu.is_empty() => format!("v{vgpus}"),
         MigMode::Off if gpu.allocated.is_empty() => ".".into(),
         MigMode::Off => "#".into(),
     }
@@ -186,7 +196,7 @@ pub fn render_table(report: &CapacityReport, options: &TableOptions) -> String {
             &rows,
         );
     }
-    out.push_str("\nNODES (layout per GPU: memory slices '#' used '.' free; m<held>/<n> static MIG; '#'/'.' full GPU)\n");
+    out.push_str(&nodes_heading(report));
     let rows: Vec<Vec<String>> = report
         .nodes
         .iter()
@@ -221,6 +231,20 @@ pub fn render_table(report: &CapacityReport, options: &TableOptions) -> String {
         gpus(&mut out, report);
     }
     out
+}
+
+/// The NODES heading with its legend; the vGPU token is explained only where a GPU offers
+/// vGPU types, so the tables of other clusters keep their shape.
+fn nodes_heading(report: &CapacityReport) -> String {
+    let vgpu = report
+        .nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .any(|g| !g.vgpu.is_empty());
+    format!(
+        "\nNODES (layout per GPU: memory slices '#' used '.' free; m<held>/<n> static MIG; '#'/'.' full GPU{})\n",
+        if vgpu { "; v<n> vGPUs in use" } else { "" }
+    )
 }
 
 fn allocations(out: &mut String, report: &CapacityReport, options: &TableOptions) {
@@ -367,6 +391,20 @@ fn gpus(out: &mut String, report: &CapacityReport) {
                     free.join(" ")
                 }
             );
+            for t in &gpu.vgpu {
+                let _ = writeln!(
+                    out,
+                    "  vGPU {}: {} of {} slots in use{}, {} free",
+                    t.vgpu_type,
+                    t.in_use,
+                    t.slots,
+                    match t.claims.is_empty() {
+                        true => String::new(),
+                        false => format!(" ({})", t.claims.join(", ")),
+                    },
+                    t.free
+                );
+            }
             if let Some(slices) = &gpu.free_memory_slices {
                 let _ = writeln!(
                     out,
