@@ -365,6 +365,9 @@ pub fn why_apart(a: &VgpuType, b: &VgpuType, heterogeneous: bool) -> String {
     "the GPU's vGPU rules".to_string()
 }
 
+/// The GPUs (indices) offering one list of types, and whether they are in heterogeneous mode.
+type GpusOfList = (Vec<u32>, bool);
+
 /// `types` split into classes whose members may all share a GPU, first fit in list order.
 fn classes<'g>(types: &[&'g VgpuType], heterogeneous: bool) -> Vec<Vec<&'g VgpuType>> {
     let mut out: Vec<Vec<&VgpuType>> = Vec::new();
@@ -450,7 +453,7 @@ pub fn check(
     let mut suggestion: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     let mut left_out: Vec<String> = Vec::new();
     // Type IDs are unique per model only: GPUs are grouped by model and list.
-    let mut by_list: BTreeMap<(&str, Vec<u32>), (Vec<u32>, bool)> = BTreeMap::new();
+    let mut by_list: BTreeMap<(&str, Vec<u32>), GpusOfList> = BTreeMap::new();
     for (g, offered) in &offers {
         if offered.is_empty() {
             continue;
@@ -611,7 +614,9 @@ mod tests {
             t(2, "L40S-12Q", 12288, false),
             t(3, "L40S-24Q", 24576, false),
         );
-        let cases: [(&[&VgpuType], bool, Option<(u32, u32)>, &str); 4] = [
+        // (offered, heterogeneous mode, the pair found as IDs, the start of the rule)
+        type Case<'t> = (&'t [&'t VgpuType], bool, Option<(u32, u32)>, &'t str);
+        let cases: [Case; 4] = [
             (&[&q12, &q24], true, None, ""),
             (&[&q12, &q24], false, Some((2, 3)), "heterogeneous mode off"),
             (&[&q12, &b1], true, Some((2, 1)), "L40S-1B is exclusive"),
