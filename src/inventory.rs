@@ -5,6 +5,11 @@
 //! them (`crate::health`), so the table shows each GPU's and device's verdict and the slices
 //! carry the taints the plugin would publish. Not included: the devices the plugin keeps
 //! published for prepared claims whose GPU is gone (that needs the plugin's checkpoint).
+//!
+//! On a node whose GPUs report vGPU support, [`vgpu`] adds what the host shows of it: how
+//! vGPUs are created, the types offered as devices, the vGPUs that exist now.
+
+pub mod vgpu;
 
 use std::fmt::Write as _;
 
@@ -302,7 +307,7 @@ pub fn clique_comments(view: &NodeView) -> String {
 }
 
 /// The device table: one line per published device, with its verdict (its GPU's, or its MIG
-/// instance's when that is worse).
+/// instance's when that is worse). A vGPU's MEMORY is its type's framebuffer.
 pub fn device_table(view: &NodeView) -> String {
     let (health, hw) = health_column(view.model.devices.len(), |i| {
         view.device_health.get(i).map(|v| v.verdict.describe())
@@ -362,7 +367,10 @@ pub fn device_table(view: &NodeView) -> String {
             kind,
             profile,
             placement,
-            cap("memory"),
+            match &d.kind {
+                DeviceKind::Vgpu { .. } => cap("framebuffer"),
+                _ => cap("memory"),
+            },
             cap("multiprocessors"),
             health,
             uuid
@@ -403,7 +411,8 @@ pub fn slice_table(slices: &[ResourceSlice]) -> String {
     out
 }
 
-/// The full human-readable inventory: header, GPUs, devices, slices and warnings.
+/// The full human-readable inventory: header, GPUs, vGPU (on nodes with vGPU), devices,
+/// slices and warnings.
 pub fn render_table(view: &NodeView) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -417,6 +426,11 @@ pub fn render_table(view: &NodeView) -> String {
     );
     out.push_str(&gpu_table(view));
     out.push('\n');
+    let vgpus = vgpu::table(view);
+    if !vgpus.is_empty() {
+        out.push_str(&vgpus);
+        out.push('\n');
+    }
     out.push_str(&device_table(view));
     out.push('\n');
     out.push_str(&slice_table(&view.slices));

@@ -95,6 +95,40 @@ impl From<CounterRollbackFlag> for gpu_dra::alloc::CounterRollback {
     }
 }
 
+/// The note for claims asking for the vGPU class of a simulated node whose GPUs support
+/// vGPU, explained without `--vgpu-types`: such a node publishes no vGPU devices without it.
+/// `None` when no claim asks for `vgpu.<driver>` or the node has no vGPU.
+fn vgpu_note(
+    sim_node: &str,
+    driver: &str,
+    claims: &[k8s_openapi::api::resource::v1::ResourceClaim],
+) -> Option<String> {
+    let class = format!("vgpu.{driver}");
+    let asks = claims.iter().any(|c| {
+        c.spec
+            .iter()
+            .flat_map(|spec| &spec.devices)
+            .flat_map(|d| d.requests.iter().flatten())
+            .any(|r| {
+                r.exactly
+                    .as_ref()
+                    .is_some_and(|e| e.device_class_name == class)
+                    || r.first_available
+                        .iter()
+                        .flatten()
+                        .any(|s| s.device_class_name == class)
+            })
+    });
+    let vgpu = gpu_dra::hardware::sim::NodeSource::resolve(sim_node)
+        .and_then(|s| s.plan())
+        .is_ok_and(|plan| plan.gpus.iter().any(|g| g.vgpu.is_some()));
+    (asks && vgpu).then(|| {
+        format!(
+            "the simulated node's GPUs support vGPU, but vGPU devices ({class}) are published only with --vgpu-types (the plugin's --vgpu-types, chart vgpu.types); `gpu-dra inventory --sim-node {sim_node}` lists the types each GPU can create"
+        )
+    })
+}
+
 /// Prints the verdict; exit 0 when the claims fit, 1 when they do not, 2 on bad input
 /// (claims, allocated claims, classes or slices that cannot be read, printed as `error: …`).
 ///
@@ -199,7 +233,17 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
                     allocated,
                     claims,
                 };
-                explain::explain_as(&engine, &input, rollback)
+                let mut report = explain::explain_as(&engine, &input, rollback);
+                if args.slices.is_none() && !report.fits && !args.vgpu.vgpu_types.is_on() {
+                    let node = args.sim_node.as_deref().unwrap_or(demo::DEFAULT_PRESET);
+                    if let Some(note) = vgpu_note(node, &args.driver_name, &input.claims) {
+                        report.note = Some(match report.note.take() {
+                            Some(first) => format!("{first}; {note}"),
+                            None => note,
+                        });
+                    }
+                }
+                report
             }
         }
     };

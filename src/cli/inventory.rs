@@ -132,8 +132,10 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         compatibility_groups: args.vgpu.compatibility_groups,
         partitionable_devices_type: args.vgpu.partitionable_devices_type,
     };
-    // A simulated node keeps its host tree in a state directory: a fresh one when none is given.
-    let scratch = match args.state_dir.is_none() && args.passthrough {
+    // A simulated node keeps its host tree (PCI functions, vGPU VFs and mdev types) in a
+    // state directory: a fresh one, at power-on, when none is given.
+    let sim_vgpu = backend_kind == Backend::Sim && sim_has_vgpu(args.sim_node.as_deref());
+    let scratch = match args.state_dir.is_none() && (args.passthrough || sim_vgpu) {
         true => Some(gpu_dra::fsutil::ScratchDir::new("inventory")?),
         false => None,
     };
@@ -153,6 +155,9 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
                     "--passthrough: the simulated node {node:?} simulates no host PCI tree; use a preset with one (hgx-h100-passthrough) or add a `passthrough:` section to its node file"
                 );
             }
+            if sim_vgpu && host_root.is_none() {
+                host_root = sim.host_root().map(PathBuf::from);
+            }
             if args.mig_policy.is_none() {
                 options.policies =
                     ModelOptions::with_policies(&args.driver_name.driver_name, &sim.mig_policies())
@@ -169,12 +174,25 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
     options.policies.extend(policy_flag::parse_gpu_policies(
         &args.gpu_mig_policies.gpu_mig_policies,
     )?);
+    let root = host_root.unwrap_or_else(|| PathBuf::from("/"));
     let backend: Box<dyn GpuBackend> = if args.passthrough {
         use gpu_dra::hardware::passthrough::{HostKernel, PassthroughBackend, PciHost};
-        let root = host_root.unwrap_or_else(|| PathBuf::from("/"));
         // Read only: the inventory never writes sysfs, so the kernel side is the host's.
-        let pci = std::sync::Arc::new(PciHost::new(root, std::sync::Arc::new(HostKernel)));
+        let pci = std::sync::Arc::new(PciHost::new(root.clone(), std::sync::Arc::new(HostKernel)));
         Box::new(PassthroughBackend::new(std::sync::Arc::from(backend), pci))
+    } else {
+        backend
+    };
+    // The host's vGPU files (VFs, mdev types, the vGPUs that exist): on a simulated node with
+    // vGPU, and wherever --vgpu-types is on, as the plugin reads them. Read only.
+    let backend: Box<dyn GpuBackend> = if sim_vgpu || args.vgpu.vgpu_types.is_on() {
+        use gpu_dra::hardware::passthrough::HostKernel;
+        use gpu_dra::hardware::vgpu::{VgpuBackend, VgpuHost};
+        let host = VgpuHost::new(root, std::sync::Arc::new(HostKernel));
+        Box::new(VgpuBackend::new(
+            std::sync::Arc::from(backend),
+            std::sync::Arc::new(host),
+        ))
     } else {
         backend
     };
@@ -189,8 +207,9 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
     match args.output {
         Output::Table => emit(&inventory::render_table(&view))?,
         Output::Yaml => emit(&format!(
-            "{}{}",
+            "{}{}{}",
             inventory::clique_comments(&view),
+            inventory::vgpu::comments(&view),
             inventory::slices_yaml(&view.slices)?
         ))?,
         Output::Json => emit(&inventory::slices_json(&view.slices)?)?,
@@ -219,6 +238,14 @@ fn list_presets() -> anyhow::Result<String> {
         sim::STATE_FILE
     ));
     Ok(out)
+}
+
+/// Whether the simulated node (preset or node file; the default preset without one) has a
+/// GPU group with a `vgpu:` section; false when it cannot be read (opening it reports why).
+fn sim_has_vgpu(sim_node: Option<&str>) -> bool {
+    sim::NodeSource::resolve(sim_node.unwrap_or(demo::DEFAULT_PRESET))
+        .and_then(|s| s.plan())
+        .is_ok_and(|plan| plan.gpus.iter().any(|g| g.vgpu.is_some()))
 }
 
 /// The node name of the nvml backend's slices when `--node-name` is not given.
