@@ -76,6 +76,16 @@ pub(crate) struct DoctorArgs {
     /// no nvidia-smi, no cluster).
     #[arg(long)]
     quick: bool,
+    /// The plugin runs with --vgpu-types: also check what vGPU needs (the vGPU manager, each
+    /// GPU's virtual functions or mdev types under --host-root, the configured types, and with
+    /// --compatibility-groups the cluster's DRADeviceCompatibilityGroups gate). Implied by a
+    /// non-empty --vgpu-types.
+    #[arg(long)]
+    vgpu: bool,
+    /// `--vgpu-types`, `--compatibility-groups` (and `--partitionable-devices-type`, not
+    /// checked), as the plugin takes them.
+    #[command(flatten)]
+    vgpu_flags: super::flags::VgpuFlags,
     /// `--fabric-manager`: also check Fabric Manager as the plugin would use it.
     #[command(flatten)]
     fabric_manager: super::flags::FabricManagerFlags,
@@ -113,15 +123,26 @@ pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         .state_dir
         .unwrap_or_else(|| plugin_dir.clone());
     let simulated = args.simulated_host || args.backend.gpu_backend == Backend::Sim;
-    let host_root = args.passthrough.then(|| {
-        args.host_root.clone().unwrap_or_else(|| {
-            if simulated {
-                state_dir.join("sim").join("host-root")
-            } else {
-                PathBuf::from("/")
-            }
-        })
+    let any_host_root = args.host_root.clone().unwrap_or_else(|| {
+        if simulated {
+            state_dir.join("sim").join("host-root")
+        } else {
+            PathBuf::from("/")
+        }
     });
+    let host_root = args.passthrough.then(|| any_host_root.clone());
+    let vgpu =
+        (args.vgpu || args.vgpu_flags.vgpu_types.is_on()).then(|| doctor::vgpu::VgpuDoctor {
+            settings: doctor::vgpu::VgpuSettings {
+                types: args.vgpu_flags.vgpu_types.clone(),
+                compatibility_groups: args.vgpu_flags.compatibility_groups,
+            },
+            root: any_host_root.clone(),
+            power_on: match (&backend, args.host_root.is_some()) {
+                (GpuSource::Sim { sim_node }, false) => Some(sim_node.clone()),
+                _ => None,
+            },
+        });
     let gpus = NodeGpus {
         simulated,
         backend,
@@ -148,7 +169,7 @@ pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         },
         quick: args.quick,
     };
-    let mut report = doctor::run(&config, &gpus, host_root.as_deref())?;
+    let mut report = doctor::run(&config, &gpus, host_root.as_deref(), vgpu.as_ref())?;
     // `--quick` starts no process; asking FM runs fmpm.
     if let Some(fm) = args.fabric_manager.config().filter(|_| !args.quick) {
         let client = gpu_dra::plugin::fabric::client_for(

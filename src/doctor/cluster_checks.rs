@@ -203,28 +203,55 @@ pub fn check_scheduling_cost(
 }
 
 /// The DeviceClasses the chart installs for `driver`: the GPU class (named after the
-/// driver) and `mig.nvidia.com`, and with `vfio` (passthrough on) `vfio.<driver>`.
-pub fn expected_classes(driver: &str, vfio: bool) -> Vec<String> {
-    let mut classes = vec![driver.to_string(), "mig.nvidia.com".to_string()];
-    if vfio {
-        classes.push(format!("vfio.{driver}"));
+/// driver) and `mig.nvidia.com`, with `vfio` (passthrough on) `vfio.<driver>`, with `vgpu`
+/// (vGPU types on) `vgpu.<driver>`.
+pub fn expected_classes(driver: &str, classes: Classes) -> Vec<String> {
+    let mut out = vec![driver.to_string(), "mig.nvidia.com".to_string()];
+    if classes.vfio {
+        out.push(format!("vfio.{driver}"));
     }
-    classes
+    if classes.vgpu {
+        out.push(format!("vgpu.{driver}"));
+    }
+    out
 }
 
-/// `device-classes`: each expected class exists (`vfio`: passthrough is on).
-pub fn check_classes(driver: &str, vfio: bool, classes: &Result<Vec<String>, String>) -> Check {
+/// Which optional DeviceClasses the plugin's settings make claims need.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Classes {
+    /// `--passthrough`: `vfio.<driver>`.
+    pub vfio: bool,
+    /// `--vgpu-types`: `vgpu.<driver>`.
+    pub vgpu: bool,
+}
+
+/// `device-classes`: each expected class exists (`vfio`: passthrough is on; `vgpu`: vGPU
+/// types are).
+pub fn check_classes(
+    driver: &str,
+    expected: Classes,
+    classes: &Result<Vec<String>, String>,
+) -> Check {
     const NAME: &str = "device-classes";
-    let fix = if vfio {
-        "Install the chart's DeviceClasses (helm upgrade --install with deviceClasses.gpu, deviceClasses.mig and passthrough.enabled true); claims name them"
-    } else {
-        "Install the chart's DeviceClasses (helm upgrade --install with deviceClasses.gpu and deviceClasses.mig true); claims name them"
-    };
+    let fix = format!(
+        "Install the chart's DeviceClasses (helm upgrade --install with deviceClasses.gpu and deviceClasses.mig true{}{}); claims name them",
+        if expected.vfio {
+            ", passthrough.enabled true"
+        } else {
+            ""
+        },
+        if expected.vgpu {
+            ", vgpu.types set"
+        } else {
+            ""
+        }
+    );
+    let fix = fix.as_str();
     let classes = match classes {
         Ok(c) => c,
         Err(why) => return Check::fail(NAME, why.clone(), fix, NAME),
     };
-    let want = expected_classes(driver, vfio);
+    let want = expected_classes(driver, expected);
     let missing: Vec<&String> = want.iter().filter(|w| !classes.contains(w)).collect();
     if missing.is_empty() {
         Check::ok(NAME, want.join(", "))
@@ -301,13 +328,13 @@ pub fn check_rbac(access: &[(Permission, Review)]) -> Check {
 }
 
 /// Every cluster check, in report order (`vfio`: passthrough is on, its class is expected).
-pub fn checks(driver: &str, vfio: bool, node: &str, facts: &ClusterFacts) -> Vec<Check> {
+pub fn checks(driver: &str, classes: Classes, node: &str, facts: &ClusterFacts) -> Vec<Check> {
     vec![
         check_resource_api(&facts.resource_v1),
         check_gates(&facts.gates),
         check_slices(node, &facts.slices),
         check_scheduling_cost(&facts.resource_v1, &facts.slices),
-        check_classes(driver, vfio, &facts.classes),
+        check_classes(driver, classes, &facts.classes),
         check_policy(&facts.policies),
         check_rbac(&facts.access),
     ]
@@ -439,7 +466,7 @@ mod tests {
     fn a_missing_device_class_fails_naming_it() {
         let c = check_classes(
             "gpu.nvidia.com",
-            false,
+            Classes::default(),
             &Ok(vec!["gpu.nvidia.com".into(), "other".into()]),
         );
         assert_eq!(
@@ -448,7 +475,7 @@ mod tests {
         );
         let all = Ok(vec!["mig.nvidia.com".into(), "gpu.nvidia.com".into()]);
         assert_eq!(
-            check_classes("gpu.nvidia.com", false, &all).status,
+            check_classes("gpu.nvidia.com", Classes::default(), &all).status,
             Status::Ok
         );
     }
@@ -456,7 +483,11 @@ mod tests {
     #[test]
     fn with_passthrough_on_the_vfio_class_is_expected_too() {
         let without = Ok(vec!["mig.nvidia.com".into(), "gpu.nvidia.com".into()]);
-        let c = check_classes("gpu.nvidia.com", true, &without);
+        let vfio = Classes {
+            vfio: true,
+            vgpu: false,
+        };
+        let c = check_classes("gpu.nvidia.com", vfio, &without);
         assert_eq!(
             (c.status, c.found.as_str()),
             (Status::Fail, "missing DeviceClass vfio.gpu.nvidia.com")
@@ -468,7 +499,7 @@ mod tests {
             "vfio.gpu.nvidia.com".into(),
         ]);
         assert_eq!(
-            check_classes("gpu.nvidia.com", true, &with).status,
+            check_classes("gpu.nvidia.com", vfio, &with).status,
             Status::Ok
         );
     }

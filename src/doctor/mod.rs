@@ -10,6 +10,11 @@
 //! `/dev/vfio/vfio`, each GPU's IOMMU group) right after the node's own, read under the
 //! plugin's `--host-root`; they start no process, so `--quick` keeps them.
 //!
+//! With `--vgpu` (or `--vgpu-types`), the vGPU checks of [`vgpu`] (the vGPU manager, each
+//! GPU's VFs or mdev types, the configured types) follow, also in `--quick`; with
+//! `--compatibility-groups` the cluster checks add the `DRADeviceCompatibilityGroups` gate,
+//! and the `device-classes` check wants `vgpu.<driver>`.
+//!
 //! `--quick` ([`DoctorConfig::quick`]) runs only the node's own checks that start no process
 //! and talk to nobody (no plugin socket, no `nvidia-smi`, no cluster): the plugin logs them at
 //! start (`plugin/start_checks.rs` calls [`node_checks`]; nothing here imports the plugin).
@@ -25,6 +30,7 @@ pub mod report;
 pub mod runtime;
 pub mod smi;
 pub mod socket;
+pub mod vgpu;
 
 use std::path::{Path, PathBuf};
 
@@ -71,7 +77,10 @@ pub enum DoctorError {
 
 /// Runs every check and returns the report. `passthrough`: the host root (`--host-root`) when
 /// the plugin runs with `--passthrough`, whose VFIO checks then follow the node's own (and
-/// the cluster's `device-classes` check also wants `vfio.<driver>`).
+/// the cluster's `device-classes` check also wants `vfio.<driver>`). `vgpu`: the plugin's
+/// vGPU settings and where its vGPU files are, when it runs with `--vgpu-types` (or doctor
+/// with `--vgpu`): the vGPU checks follow, and the cluster's want `vgpu.<driver>` and, with
+/// compatibility groups, their gate.
 ///
 /// # Errors
 /// [`DoctorError::Runtime`] only; everything the checks find is in the report.
@@ -79,6 +88,7 @@ pub fn run(
     config: &DoctorConfig,
     gpus: &dyn GpuProbe,
     passthrough: Option<&Path>,
+    vgpu: Option<&vgpu::VgpuDoctor>,
 ) -> Result<Report, DoctorError> {
     let inventory = gpus.inventory();
     let simulated = gpus.simulated();
@@ -89,6 +99,13 @@ pub fn run(
         report
             .checks
             .extend(passthrough::checks(&passthrough::probe(root)));
+    }
+    if let Some(doctor) = vgpu {
+        report.checks.extend(vgpu::checks(
+            &doctor.settings,
+            &inventory,
+            &vgpu::probe(doctor),
+        ));
     }
     if config.quick {
         return Ok(report);
@@ -112,9 +129,12 @@ pub fn run(
             "nvidia-smi",
         ),
     });
-    report
-        .checks
-        .extend(runtime.block_on(cluster_checks(config, gpus, passthrough.is_some())));
+    report.checks.extend(runtime.block_on(cluster_checks(
+        config,
+        gpus,
+        passthrough.is_some(),
+        vgpu.map(|v| &v.settings),
+    )));
     Ok(report)
 }
 
@@ -167,7 +187,12 @@ pub fn node_checks(
     checks
 }
 
-async fn cluster_checks(config: &DoctorConfig, gpus: &dyn GpuProbe, vfio: bool) -> Vec<Check> {
+async fn cluster_checks(
+    config: &DoctorConfig,
+    gpus: &dyn GpuProbe,
+    vfio: bool,
+    vgpu: Option<&vgpu::VgpuSettings>,
+) -> Vec<Check> {
     if !config.cluster {
         return vec![Check::warn(
             "cluster",
@@ -189,7 +214,16 @@ async fn cluster_checks(config: &DoctorConfig, gpus: &dyn GpuProbe, vfio: bool) 
     };
     let node = node_name(config, gpus);
     let facts = cluster::gather(&client, &config.driver_name, &node).await;
-    cluster::checks(&config.driver_name, vfio, &node, &facts)
+    let classes = cluster_checks::Classes {
+        vfio,
+        vgpu: vgpu.is_some_and(|v| v.types.is_on()),
+    };
+    let mut checks = cluster::checks(&config.driver_name, classes, &node, &facts);
+    if vgpu.is_some_and(|v| v.compatibility_groups) {
+        let gate = vgpu::probe_gate(&client, &config.driver_name, &node).await;
+        checks.push(vgpu::check_gate(&gate));
+    }
+    checks
 }
 
 /// `--node-name`, else the simulated node's name, else the host name.

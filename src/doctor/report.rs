@@ -45,7 +45,7 @@ pub const DOCS: &str = "docs/troubleshooting.md";
 
 /// Every section of [`DOCS`] a fix links to: one per check (`gpu-index` for the `gpu-<index>`
 /// checks). A test keeps them in step with the guide's headings.
-pub const ANCHORS: [&str; 25] = [
+pub const ANCHORS: [&str; 30] = [
     "nvml",
     "gpus",
     "gpu-index",
@@ -60,6 +60,10 @@ pub const ANCHORS: [&str; 25] = [
     "vfio-modules",
     "vfio-device",
     "gpu-vfio-index",
+    "vgpu-manager",
+    "vgpu-vfs",
+    "vgpu-mdev",
+    "vgpu-types",
     "plugin-socket",
     "nvidia-smi",
     "fabric-manager",
@@ -71,6 +75,7 @@ pub const ANCHORS: [&str; 25] = [
     "device-classes",
     "admission-policy",
     "rbac",
+    "vgpu-compatibility-groups",
 ];
 
 impl Check {
