@@ -102,6 +102,21 @@ fn schema_rejects_values_outside_their_choices() {
             "sim.nodePresets",
             json!({"sim": {"nodePresets": [{"preset": "l4-x4", "shared": "memory"}]}}),
         ),
+        ("vgpu.types", json!({"vgpu": {"types": "\"H100-4C\""}})),
+        ("vgpu.types", json!({"vgpu": {"types": ["H100-4C"]}})),
+        (
+            "vgpu.compatibilityGroups",
+            json!({"vgpu": {"compatibilityGroups": "yes"}}),
+        ),
+        ("vgpu", json!({"vgpu": {"type": "H100-4C"}})),
+        (
+            "partitionableDevicesType",
+            json!({"partitionableDevicesType": "on"}),
+        ),
+        (
+            "sim.nodePresets[].vgpu",
+            json!({"sim": {"nodePresets": [{"preset": "hgx-h100-vgpu", "vgpu": {"types": 4}}]}}),
+        ),
     ];
     let got: Vec<(&str, bool)> = cases
         .iter()
@@ -133,6 +148,10 @@ fn schema_accepts_every_documented_choice() {
         json!({"metrics": {"enabled": false}, "logging": {"format": "json", "level": "debug"}}),
         json!({"driverRoot": "/run/nvidia/driver", "deviceClasses": {"mig": false}}),
         json!({"passthrough": {"enabled": true, "iommufd": true}}),
+        json!({"vgpu": {"types": "H100-4C,H100-10C"}}),
+        json!({"vgpu": {"types": "0-3=H100-4C;4-7=L40S-12Q,L40S-24Q", "compatibilityGroups": true}}),
+        json!({"partitionableDevicesType": true}),
+        json!({"sim": {"nodePresets": [{"preset": "l40s-vgpu", "vgpu": {"types": "L40S-12Q,L40S-1B", "compatibilityGroups": true}}]}}),
     ];
     let got: Vec<Vec<String>> = cases
         .iter()

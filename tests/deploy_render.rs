@@ -358,13 +358,21 @@ fn sim_values_run_one_unprivileged_daemonset_per_preset_label() {
         row("l4-x4", "memory", false),
         // Passthrough and Fabric Manager only where the preset simulates them.
         row("hgx-h100-passthrough", "off", true),
+        // vGPU likewise (its types below).
+        row("hgx-h100-vgpu", "off", false),
     ];
     assert_eq!(got, want);
+    let vgpu: Vec<Option<String>> = of_kind(&objects, "DaemonSet")
+        .into_iter()
+        .map(|ds| env(ds).get("GPU_DRA_VGPU_TYPES").cloned())
+        .collect();
+    assert_eq!(vgpu, [None, None, None, None, Some("H100-4C".to_string())]);
     let classes: Vec<&str> = of_kind(&objects, "DeviceClass")
         .iter()
         .filter_map(|c| c["metadata"]["name"].as_str())
         .collect();
     assert!(classes.contains(&"vfio.gpu.nvidia.com"), "{classes:?}");
+    assert!(classes.contains(&"vgpu.gpu.nvidia.com"), "{classes:?}");
 }
 
 #[test]
@@ -412,6 +420,7 @@ fn sim_values_with_the_nvml_library_run_the_nvml_backend_over_the_simulated_libr
         row("dgx-a100", Value::Null),
         row("l4-x4", Value::Null),
         row("hgx-h100-passthrough", json!(all_dynamic)),
+        row("hgx-h100-vgpu", json!(all_dynamic)),
     ];
     assert_eq!(got, want);
 }
@@ -736,6 +745,17 @@ fn every_rendered_object_is_exactly_its_kubernetes_api_type() {
         ]
         .concat(),
         [vfio.as_slice(), &["-f", sim.as_str()]].concat(),
+        // With vGPU on: the vGPU class, its env and the host-root mounts.
+        vec![
+            "--set",
+            "vgpu.types=H100-4C",
+            "--set",
+            "vgpu.compatibilityGroups=true",
+            "--set",
+            "partitionableDevicesType=true",
+            "--set",
+            "kubeletPlugin.privileged=false",
+        ],
     ];
     for extra in runs {
         for object in render_chart(&helm, &extra) {
@@ -821,4 +841,175 @@ fn fabric_manager_values_reach_the_plugin_with_the_sockets_directory_only_when_e
         fm_env(&["-f", &sim, "--set", "fabricManager.enabled=true"]),
         "the sim uses its own simulated FM"
     );
+}
+
+/// The plugin's vGPU settings: `GPU_DRA_VGPU_TYPES`, `GPU_DRA_COMPATIBILITY_GROUPS`,
+/// `GPU_DRA_PARTITIONABLE_DEVICES_TYPE` and `GPU_DRA_HOST_ROOT`, absent as `None`.
+fn vgpu_env(daemonset: &Value) -> [Option<String>; 4] {
+    let env = env(daemonset);
+    [
+        "GPU_DRA_VGPU_TYPES",
+        "GPU_DRA_COMPATIBILITY_GROUPS",
+        "GPU_DRA_PARTITIONABLE_DEVICES_TYPE",
+        "GPU_DRA_HOST_ROOT",
+    ]
+    .map(|k| env.get(k).cloned())
+}
+
+#[test]
+fn vgpu_off_renders_no_vgpu_class_no_vgpu_env_and_no_host_root_mounts() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(&helm, &[]);
+    assert!(!class_names(&objects).contains(&"vgpu.gpu.nvidia.com".to_string()));
+    let daemonset = of_kind(&objects, "DaemonSet")[0];
+    assert_eq!(vgpu_env(daemonset), [None, None, None, None]);
+    assert_eq!(passthrough_mounts(daemonset), BTreeMap::new());
+}
+
+#[test]
+fn vgpu_types_reach_the_plugin_with_the_vgpu_class_and_the_host_root_mounts_passthrough_uses() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(&helm, &["--set", "vgpu.types=H100-4C\\,H100-10C"]);
+    assert_eq!(
+        class_names(&objects),
+        ["gpu.nvidia.com", "mig.nvidia.com", "vgpu.gpu.nvidia.com"]
+    );
+    let file = yaml_file(&deploy_support::repo().join("device-classes/vgpu.gpu.nvidia.com.yaml"));
+    assert_eq!(of_kind(&objects, "DeviceClass")[2]["spec"], file["spec"]);
+    let daemonset = of_kind(&objects, "DaemonSet")[0];
+    assert_eq!(
+        vgpu_env(daemonset),
+        [
+            Some("H100-4C,H100-10C".into()),
+            None,
+            None,
+            Some("/host-root".into())
+        ]
+    );
+    assert_eq!(
+        passthrough_env(daemonset).0,
+        None,
+        "vGPU is not --passthrough"
+    );
+    // sysfs writable (current_vgpu_type, mdev create/remove); /dev/vfio and /proc read only.
+    let mount = |path: &str, read_only: bool| (path.to_string(), read_only);
+    let want = BTreeMap::from([
+        ("/sys".to_string(), mount("/host-root/sys", false)),
+        ("/dev/vfio".to_string(), mount("/host-root/dev/vfio", true)),
+        ("/proc".to_string(), mount("/host-root/proc", true)),
+    ]);
+    assert_eq!(passthrough_mounts(daemonset), want);
+    // With passthrough on too: the same mounts once, both classes.
+    let both = render_chart(
+        &helm,
+        &[
+            "--set",
+            "vgpu.types=H100-4C",
+            "--set",
+            "passthrough.enabled=true",
+        ],
+    );
+    let daemonset = of_kind(&both, "DaemonSet")[0];
+    assert_eq!(passthrough_mounts(daemonset), want);
+    assert_eq!(
+        class_names(&both),
+        [
+            "gpu.nvidia.com",
+            "mig.nvidia.com",
+            "vfio.gpu.nvidia.com",
+            "vgpu.gpu.nvidia.com"
+        ]
+    );
+    // Unprivileged, vGPU adds only SYS_PTRACE (the processes holding a GPU).
+    let unprivileged = render_chart(
+        &helm,
+        &[
+            "--set",
+            "vgpu.types=H100-4C",
+            "--set",
+            "kubeletPlugin.privileged=false",
+        ],
+    );
+    assert_eq!(
+        container(of_kind(&unprivileged, "DaemonSet")[0])["securityContext"]["capabilities"],
+        json!({"drop": ["ALL"], "add": ["SYS_PTRACE"]})
+    );
+}
+
+#[test]
+fn compatibility_groups_and_partitionable_devices_type_reach_the_plugin_as_their_env_vars() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let objects = render_chart(
+        &helm,
+        &[
+            "--set",
+            "vgpu.types=L40S-12Q\\,L40S-1B",
+            "--set",
+            "vgpu.compatibilityGroups=true",
+            "--set",
+            "partitionableDevicesType=true",
+        ],
+    );
+    assert_eq!(
+        vgpu_env(of_kind(&objects, "DaemonSet")[0]),
+        [
+            Some("L40S-12Q,L40S-1B".into()),
+            Some("true".into()),
+            Some("true".into()),
+            Some("/host-root".into())
+        ]
+    );
+    // partitionTypeAttribute needs no vGPU and mounts nothing.
+    let alone = render_chart(&helm, &["--set", "partitionableDevicesType=true"]);
+    let daemonset = of_kind(&alone, "DaemonSet")[0];
+    assert_eq!(vgpu_env(daemonset), [None, None, Some("true".into()), None]);
+    assert_eq!(passthrough_mounts(daemonset), BTreeMap::new());
+}
+
+#[test]
+fn a_sim_preset_entry_sets_its_own_vgpu_and_the_nvml_library_is_pointed_at_the_simulated_tree() {
+    let Some(helm) = tool("helm", "the rendered-chart checks") else {
+        return;
+    };
+    let presets = "sim.nodePresets[0].preset=l40s-vgpu,sim.nodePresets[0].vgpu.types=L40S-12Q\\,L40S-1B,sim.nodePresets[0].vgpu.compatibilityGroups=true,sim.nodePresets[1].preset=l4-x4";
+    for nvml in [false, true] {
+        let objects = render_chart(
+            &helm,
+            &[
+                "-f",
+                &sim_values(),
+                "--set",
+                presets,
+                "--set",
+                &format!("sim.nvmlLibrary={nvml}"),
+            ],
+        );
+        assert!(class_names(&objects).contains(&"vgpu.gpu.nvidia.com".to_string()));
+        let sets = of_kind(&objects, "DaemonSet");
+        let tree = nvml.then(|| "/var/lib/kubelet/plugins/gpu.nvidia.com/sim/host-root".into());
+        assert_eq!(
+            vgpu_env(sets[0]),
+            [
+                Some("L40S-12Q,L40S-1B".into()),
+                Some("true".into()),
+                None,
+                tree
+            ],
+            "nvmlLibrary={nvml}"
+        );
+        assert_eq!(vgpu_env(sets[1]), [None, None, None, None]);
+        for ds in sets {
+            assert_eq!(
+                passthrough_mounts(ds),
+                BTreeMap::new(),
+                "nothing from the host"
+            );
+        }
+    }
 }
