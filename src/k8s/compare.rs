@@ -24,7 +24,7 @@ const SERVER_SET_KEYS: [&str; 1] = ["timeAdded"];
 
 /// Fields the API server drops when the feature gate named next to them is off, with that gate
 /// (the `resource.k8s.io/v1` ResourceSlice fields of alpha and beta DRA features).
-const GATED_FIELDS: [(&str, &str); 9] = [
+const GATED_FIELDS: [(&str, &str); 11] = [
     ("allowMultipleAllocations", "DRAConsumableCapacity"),
     ("requestPolicy", "DRAConsumableCapacity"),
     ("taints", "DRADeviceTaints"),
@@ -34,6 +34,9 @@ const GATED_FIELDS: [(&str, &str); 9] = [
     ("sharedCounters", "DRAPartitionableDevices"),
     ("consumesCounters", "DRAPartitionableDevices"),
     ("perDeviceNodeSelection", "DRAPartitionableDevices"),
+    // Kubernetes 1.37, alpha: --partitionable-devices-type and --compatibility-groups.
+    ("partitionTypeAttribute", "DRAPartitionableDevicesType"),
+    ("compatibilityGroups", "DRADeviceCompatibilityGroups"),
 ];
 
 /// A field we publish that the API server did not keep, because a feature gate is off there.
@@ -389,5 +392,45 @@ mod tests {
             .map(|(field, gate)| DroppedField { field, gate })
             .collect();
         assert!(!same_content_ignoring(&plain, &tainted, &all));
+    }
+
+    #[test]
+    fn the_1_37_fields_a_server_with_their_gates_off_drops_are_reported_and_then_the_same() {
+        let ours: ResourceSliceSpec = serde_json::from_value(serde_json::json!({
+            "driver": "gpu.nvidia.com", "nodeName": "n",
+            "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+            "partitionTypeAttribute": "gpu.nvidia.com/profile",
+            "devices": [{"name": "vgpu-0-4c-0", "consumesCounters": [{"counterSet": "s",
+                "counters": {"framebuffer": {"value": "4Gi"}},
+                "compatibilityGroups": ["vgpu-4c"]}]}],
+        }))
+        .unwrap();
+        let theirs: ResourceSliceSpec = serde_json::from_value(serde_json::json!({
+            "driver": "gpu.nvidia.com", "nodeName": "n",
+            "pool": {"name": "n", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "vgpu-0-4c-0", "consumesCounters": [{"counterSet": "s",
+                "counters": {"framebuffer": {"value": "4Gi"}}}]}],
+        }))
+        .unwrap();
+        let dropped = dropped_by_server(&ours, &theirs);
+        assert_eq!(
+            dropped,
+            vec![
+                DroppedField {
+                    field: "compatibilityGroups",
+                    gate: "DRADeviceCompatibilityGroups"
+                },
+                DroppedField {
+                    field: "partitionTypeAttribute",
+                    gate: "DRAPartitionableDevicesType"
+                },
+            ]
+        );
+        // Known as dropped, the server's copy is up to date: no rewrite every round.
+        assert!(same_content_ignoring(
+            &ours,
+            &theirs,
+            &dropped.into_iter().collect()
+        ));
     }
 }
