@@ -12,7 +12,7 @@
 //! devices (docs/device-model.md says why). So without compatibility groups a GPU offers only
 //! types that may all run together (checked at start, [`super::vgpu_config::check`]) and no
 //! MIG devices. With them (Kubernetes 1.37, KEP-5963) every consumption of such a GPU's set
-//! carries groups ([`groups`], [`assign_groups`]): co-allocation on one set needs a group
+//! carries groups ([`groups`], `assign_groups`): co-allocation on one set needs a group
 //! common to every device on it.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -188,7 +188,7 @@ fn node_gpus(state: &Path) -> Result<Vec<(String, String)>, i32> {
 /// process and no `fmpm`.
 ///
 /// # Errors
-/// [`FabricError::Failed`] with FM's `FM_ST_NOT_SUPPORTED` when the node is not in shared
+/// [`super::FabricError::Failed`] with FM's `FM_ST_NOT_SUPPORTED` when the node is not in shared
 /// NVSwitch mode (its node file lacks `nvswitch: true` / `fabricMode: 1`), or
 /// `FM_ST_CONNECTION_NOT_VALID` when its inventory cannot be read.
 pub fn partitions(sim: &SimBackend) -> Result<super::PartitionTable, super::FabricError> {
