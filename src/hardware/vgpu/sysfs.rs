@@ -528,15 +528,7 @@ mod tests {
 
     use super::*;
 
-    fn vf(number: u32, current: u32, creatable: &[u32]) -> VirtualFunction {
-        VirtualFunction {
-            address: format!("0000:18:00.{}", number + 4),
-            number,
-            iommu_group: Some(format!("{}", 9 + number)),
-            current_type: current,
-            creatable: creatable.to_vec(),
-        }
-    }
+    use super::pick::tests::vf;
 
     /// A kernel that records every write and performs it as a plain file write.
     #[derive(Debug, Default)]

@@ -198,11 +198,16 @@ pub fn check_mdev<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::hardware::vgpu::VgpuInstance;
 
-    fn vf(number: u32, current: u32, creatable: &[u32]) -> VirtualFunction {
+    /// A VF of GPU `0000:18:00.0` as the simulator numbers them (also used by the sysfs tests).
+    pub(in crate::hardware::vgpu::sysfs) fn vf(
+        number: u32,
+        current: u32,
+        creatable: &[u32],
+    ) -> VirtualFunction {
         VirtualFunction {
             address: format!("0000:18:00.{}", number + 4),
             number,
