@@ -37,14 +37,19 @@ pub enum Cost {
     HardwareStateRead,
     /// A request to the API server (reading a claim).
     ApiRequest,
-    /// A directory listed (e.g. the CDI directory scanned for leftovers): its cost grows with
-    /// what the directory holds.
+    /// A directory listed (e.g. the CDI directory scanned for leftovers, a GPU's sysfs
+    /// directory read for its virtual functions): its cost grows with what the directory
+    /// holds.
     DirectoryList,
+    /// A write to a kernel attribute in sysfs (a VFIO driver switch's `driver_override`,
+    /// `unbind` and `bind`; a vGPU's `current_vgpu_type`, mdev `create` or `remove`): the
+    /// kernel acts on each.
+    SysfsWrite,
 }
 
 impl Cost {
     /// Every cost, in the order tallies list them.
-    pub const ALL: [Cost; 8] = [
+    pub const ALL: [Cost; 9] = [
         Cost::Fsync,
         Cost::FileWrite,
         Cost::FileRemove,
@@ -53,6 +58,7 @@ impl Cost {
         Cost::HardwareStateRead,
         Cost::ApiRequest,
         Cost::DirectoryList,
+        Cost::SysfsWrite,
     ];
 
     /// The `cost` label value.
@@ -66,6 +72,7 @@ impl Cost {
             Cost::HardwareStateRead => "hardware_state_read",
             Cost::ApiRequest => "api_request",
             Cost::DirectoryList => "directory_list",
+            Cost::SysfsWrite => "sysfs_write",
         }
     }
 

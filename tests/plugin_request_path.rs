@@ -59,6 +59,7 @@ fn budget(pairs: &[(&str, u64)]) -> Costs {
         "hardware_state_read",
         "api_request",
         "directory_list",
+        "sysfs_write",
     ]
     .into_iter()
     .map(|c| (c.to_string(), 0))
@@ -345,7 +346,7 @@ async fn after_its_call_a_claim_costs_one_status_write_a_share_of_one_ledger_wri
 /// simulator: with the sim backend that happens in the plugin's process and counts here
 /// (writes, fsyncs, reads); on the NVML backend it happens in the simulated NVML library,
 /// as a driver's work would, and does not. The plugin itself fsyncs nothing. The sysfs
-/// writes of the switch are not files it replaces.
+/// writes of the switch are not files it replaces: they count as `sysfs_write`.
 #[tokio::test]
 async fn a_vfio_prepare_and_unprepare_cost_two_checkpoint_writes_each_and_no_parse() {
     let node = Node::new().with_sim_node("hgx-h100-passthrough");
@@ -375,6 +376,8 @@ async fn a_vfio_prepare_and_unprepare_cost_two_checkpoint_writes_each_and_no_par
         ("cdi_spec_write", 1),
         ("fsync", 4 * sim),
         ("hardware_state_read", 5 * sim),
+        // The driver switch: driver_override cleared, unbind, driver_override, bind.
+        ("sysfs_write", 4),
     ]);
     assert_eq!(got, (1, want), "prepare of a VFIO claim: calls and costs");
 
@@ -386,6 +389,65 @@ async fn a_vfio_prepare_and_unprepare_cost_two_checkpoint_writes_each_and_no_par
         ("file_remove", 3),
         ("fsync", 2 * sim),
         ("hardware_state_read", 2 * sim),
+        // The switch back to nvidia.
+        ("sysfs_write", 4),
     ]);
     assert_eq!(got, (1, want), "unprepare of a VFIO claim: calls and costs");
+}
+
+/// A vGPU claim on the simulated HGX H100 with VFs (`--vgpu-types H100-4C`): its prepare
+/// reads its own parent GPU's sysfs directories — not the 256 VFs of the node, which the
+/// inventory poll scans — and writes one kernel attribute; its unprepare writes one more.
+/// The simulated kernel keeps a ledger of the vGPUs each GPU runs (replaced on each write,
+/// in the plugin's process on both backends: it is the kernel's side of sysfs).
+#[tokio::test]
+async fn a_vgpu_claim_reads_only_its_parent_gpus_sysfs_and_writes_one_kernel_attribute_each_way() {
+    let node = Node::new().with_sim_node("hgx-h100-vgpu");
+    let host_root = node.state_dir().join("sim/host-root");
+    let refs = claims::one_per_device(&node.api, &["vgpu-0-4c-0".to_string()]);
+    let mut command = node.command();
+    command
+        .args(["--vgpu-types", "H100-4C"])
+        .arg("--host-root")
+        .arg(&host_root);
+    let mut plugin = node.spawn_command(command, &[]);
+    plugin.wait_registrable().await;
+    eventually("slices", || node.api.complete_pool()).await;
+    eventually("the metrics address", || metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    // 1 where the simulator's own GPU state (MIG mode) is written in the plugin's process.
+    let sim = u64::from(!plugin_support::nvml_backend());
+
+    for first in [true, false] {
+        let round = if first { "first" } else { "second" };
+        // The parent GPU's directory, its mdev types and the mdev bus: listed once; the VF's
+        // `current_vgpu_type` written; the checkpoint twice (intent and completion), the CDI
+        // spec, the metadata file and the simulated kernel's ledger. The first prepare also
+        // turns MIG mode off on GPU 0 (the simulated GPU's state, durably, read around it).
+        let mig = u64::from(first) * sim;
+        let want = budget(&[
+            ("api_request", 1),
+            ("cdi_spec_write", 1),
+            ("directory_list", 3),
+            ("file_write", 5 + mig),
+            ("fsync", 2 * mig),
+            ("hardware_state_read", 2 * mig),
+            ("sysfs_write", 1),
+        ]);
+        let got = measured(&plugin, "prepare", prepare_all(&mut kubelet, &refs)).await;
+        assert_eq!(
+            got,
+            (1, want),
+            "{round} prepare of a vGPU claim: calls and costs"
+        );
+        // `0` written to the VF; the checkpoint twice and the ledger; the spec and metadata
+        // go, and NVIDIA's `.yaml` spec is looked for. No directory is listed.
+        let want = budget(&[("file_write", 3), ("file_remove", 3), ("sysfs_write", 1)]);
+        let got = measured(&plugin, "unprepare", unprepare_all(&mut kubelet, &refs)).await;
+        assert_eq!(
+            got,
+            (1, want),
+            "{round} unprepare of a vGPU claim: calls and costs"
+        );
+    }
 }

@@ -255,6 +255,136 @@ async fn an_mdev_claim_creates_the_mdev_and_its_metadata_names_its_uuid() {
     assert_nothing_left(&node, "after unprepare");
 }
 
+/// A claim of `devices` on this node whose allocation carries `parameters` as an opaque
+/// config for every request.
+fn claim_with_config(name: &str, uid: &str, devices: &[&str], parameters: Value) -> Value {
+    let mut claim = claims::on_node(name, uid, devices);
+    claim["status"]["allocation"]["devices"]["config"] = json!([{
+        "source": "FromClaim",
+        "opaque": {"driver": claims::DRIVER, "parameters": parameters}
+    }]);
+    claim
+}
+
+fn vgpu_device_config(fields: Value) -> Value {
+    let mut config =
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VgpuDeviceConfig"});
+    for (k, v) in fields.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    config
+}
+
+#[tokio::test]
+async fn a_vgpu_device_config_sets_an_mdevs_params_and_must_name_the_allocated_type() {
+    let node = Node::new().with_sim_node(T4);
+    node.api.put_claim(claim_with_config(
+        "vm",
+        "uid-vm",
+        &["vgpu-1-4q-0"],
+        vgpu_device_config(json!({
+            "profile": "T4-4Q", "params": "frame_rate_limiter=0, disable_vnc=1"
+        })),
+    ));
+    node.api.put_claim(claim_with_config(
+        "wrong",
+        "uid-wrong",
+        &["vgpu-1-4q-1"],
+        vgpu_device_config(json!({"profile": "T4-8Q"})),
+    ));
+    node.api.put_claim(claim_with_config(
+        "bad-params",
+        "uid-bad-params",
+        &["vgpu-1-4q-1"],
+        vgpu_device_config(json!({"params": "disable_vnc"})),
+    ));
+    let plugin = start(&node, "T4-4Q", &[]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+
+    let claim = claim_ref("vm", "uid-vm");
+    prepare_one(&mut kubelet, &claim).await.unwrap();
+    let uuid = vgpus(&node).pop().expect("an mdev");
+    let params = host_root(&node)
+        .join("sys/bus/mdev/devices")
+        .join(&uuid)
+        .join("nvidia/vgpu_params");
+    assert_eq!(
+        "frame_rate_limiter=0,disable_vnc=1",
+        std::fs::read_to_string(&params).unwrap().trim(),
+        "written before the VM starts"
+    );
+    plugin_support::unprepare_all(&mut kubelet, std::slice::from_ref(&claim)).await;
+    assert_nothing_left(&node, "after unprepare");
+
+    assert_refused(
+        &node,
+        &mut kubelet,
+        &claim_ref("wrong", "uid-wrong"),
+        &[],
+        &[
+            "VgpuDeviceConfig profile \"T4-8Q\" does not match the allocated vGPU, which is T4-4Q (typeID",
+            "set profile to \"T4-4Q\"",
+        ],
+    )
+    .await;
+    assert_refused(
+        &node,
+        &mut kubelet,
+        &claim_ref("bad-params", "uid-bad-params"),
+        &[],
+        &["params: \"disable_vnc\" is not valid", "key=value pairs"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_vgpu_device_config_with_params_is_refused_on_an_sr_iov_vgpu_and_a_wrong_type_id_too() {
+    let node = Node::new().with_sim_node(H100);
+    node.api.put_claim(claim_with_config(
+        "params",
+        "uid-params",
+        &["vgpu-0-4c-0"],
+        vgpu_device_config(json!({"params": "disable_vnc=1"})),
+    ));
+    node.api.put_claim(claim_with_config(
+        "type",
+        "uid-type",
+        &["vgpu-0-4c-0"],
+        vgpu_device_config(json!({"typeID": 1057})),
+    ));
+    node.api.put_claim(claim_with_config(
+        "right",
+        "uid-right",
+        &["vgpu-0-4c-0"],
+        vgpu_device_config(json!({"profile": "NVIDIA H100-4C", "typeID": H100_4C})),
+    ));
+    let plugin = start(&node, "H100-4C", &[]).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    assert_refused(
+        &node,
+        &mut kubelet,
+        &claim_ref("params", "uid-params"),
+        &[],
+        &["VgpuDeviceConfig params", "SR-IOV (vdev)", "remove params"],
+    )
+    .await;
+    assert_refused(
+        &node,
+        &mut kubelet,
+        &claim_ref("type", "uid-type"),
+        &[],
+        &[
+            "VgpuDeviceConfig typeID 1057 does not match the allocated vGPU, which is H100-4C (typeID 1056)",
+            "set typeID to 1056",
+        ],
+    )
+    .await;
+    let right = claim_ref("right", "uid-right");
+    prepare_one(&mut kubelet, &right).await.unwrap();
+    plugin_support::unprepare_all(&mut kubelet, &[right]).await;
+    assert_nothing_left(&node, "after unprepare");
+}
+
 /// Prepares `claim` and expects a refusal whose message contains every one of `words`, with
 /// nothing recorded or written and no vGPU created but those `made_by_hand`.
 async fn assert_refused(

@@ -129,13 +129,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
     /// [`ClaimsManager::model`] with each GPU's PCI bus ID by UUID (for device metadata), and
     /// the inventory it was built from (VFIO's checks read it: one inventory per wave).
     fn model_and_buses(&self, claim: &str) -> Result<WaveModel, ClaimError> {
-        let inventory = self
-            .backend
-            .inventory()
-            .map_err(|source| ClaimError::Inventory {
-                claim: claim.to_string(),
-                source: Box::new(source),
-            })?;
+        let inventory =
+            self.backend
+                .request_inventory()
+                .map_err(|source| ClaimError::Inventory {
+                    claim: claim.to_string(),
+                    source: Box::new(source),
+                })?;
         // Only device metadata reads the bus IDs.
         let buses = match &self.metadata {
             Some(_) => inventory

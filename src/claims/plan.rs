@@ -77,6 +77,9 @@ pub struct PlannedDevice {
     /// A VFIO device's `VfioDeviceConfig` (defaults when the claim has none); `None` for
     /// other devices. Set when the claim's config is resolved.
     pub vfio_settings: Option<crate::opaque::VfioSettings>,
+    /// A vGPU's `VgpuDeviceConfig` (the type it must be, its `vgpu_params`), when a config
+    /// applies to it; `None` for other devices.
+    pub vgpu_settings: Option<crate::opaque::VgpuSettings>,
 }
 
 /// The claims a plan is checked against: the checkpoint's, with the records of the claims
@@ -278,6 +281,7 @@ pub fn plan(
                 vgpu,
             },
             vfio_settings: None,
+            vgpu_settings: None,
         });
     }
     Ok(planned)

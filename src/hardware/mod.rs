@@ -444,6 +444,17 @@ pub trait GpuBackend: Send + Sync {
     /// Fails when the backend cannot be queried (NVML gone, simulated state unreadable).
     fn inventory(&self) -> Result<NodeInventory, HardwareError>;
 
+    /// The inventory a kubelet call plans with: [`GpuBackend::inventory`] (the default), or,
+    /// for a backend whose full read is costly and rarely changes, what it keeps from its
+    /// last full read brought up to date with every change this process made since
+    /// ([`crate::hardware::vgpu::VgpuBackend`]). What such a backend may show out of date is
+    /// documented by it; the hardware's own checks at the write refuse what it got wrong.
+    ///
+    /// Fails as [`GpuBackend::inventory`] does.
+    fn request_inventory(&self) -> Result<NodeInventory, HardwareError> {
+        self.inventory()
+    }
+
     /// A number that changes whenever a health event arrives or a GPU is added or removed,
     /// cheap enough to poll several times a second: the plugin re-reads the inventory as soon
     /// as it changes instead of waiting for its next interval. The value means nothing

@@ -6,15 +6,18 @@ use crate::quantity::{NANOS_PER_UNIT, Quantity, QuantityError};
 
 use super::{
     API_VERSIONS, ApiVersion, Config, ConfigKind, IommuBackend, MIN_PINNED_MEMORY_BYTES, MpsConfig,
-    OpaqueError, SharingConfig, TimeSliceInterval, VfioSettings,
+    OpaqueError, SharingConfig, TimeSliceInterval, VfioSettings, VgpuSettings,
 };
 
 const TOP_FIELDS: &str = "apiVersion, kind, sharing";
 const SHARING_FIELDS: &str = "strategy, timeSlicingConfig, mpsConfig";
 const TIME_SLICING_FIELDS: &str = "interval";
 const MPS_FIELDS: &str = "defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, defaultPerDevicePinnedMemoryLimit, multiUser";
-const KINDS: &str = "GpuConfig, MigDeviceConfig, VfioDeviceConfig";
+const KINDS: &str = "GpuConfig, MigDeviceConfig, VfioDeviceConfig, VgpuDeviceConfig";
 const VFIO_TOP_FIELDS: &str = "apiVersion, kind, iommu";
+const VGPU_TOP_FIELDS: &str = "apiVersion, kind, profile, typeID, params";
+/// The longest `params` accepted: NVIDIA's `vgpu_params` takes a short list of settings.
+pub(super) const MAX_VGPU_PARAMS: usize = 1024;
 const IOMMU_FIELDS: &str = "backendPolicy, enableAPIDevice";
 const BACKEND_POLICIES: &str = "LegacyOnly, PreferIommuFD";
 const STRATEGIES: &str = "TimeSlicing, MPS";
@@ -50,6 +53,17 @@ pub fn decode(parameters: &Value) -> Result<Config, OpaqueError> {
                 None => VfioSettings::default(),
                 Some(value) => iommu(value)?,
             }),
+            vgpu: None,
+        });
+    }
+    if kind == ConfigKind::VgpuDeviceConfig {
+        reject_unknown(top, "", VGPU_TOP_FIELDS)?;
+        return Ok(Config {
+            api_version,
+            kind,
+            sharing: None,
+            vfio: None,
+            vgpu: Some(vgpu(top)?),
         });
     }
     reject_unknown(top, "", TOP_FIELDS)?;
@@ -62,7 +76,89 @@ pub fn decode(parameters: &Value) -> Result<Config, OpaqueError> {
         kind,
         sharing,
         vfio: None,
+        vgpu: None,
     })
+}
+
+/// The fields of a `VgpuDeviceConfig`.
+fn vgpu(top: &Map<String, Value>) -> Result<VgpuSettings, OpaqueError> {
+    let profile = match present(top, "profile") {
+        None => None,
+        Some(v) => {
+            let text = string(v, "profile")?.trim();
+            if text.is_empty() {
+                return Err(wrong_type(
+                    "profile",
+                    "a vGPU type name such as \"H100-4C\"",
+                    v,
+                ));
+            }
+            Some(text.to_string())
+        }
+    };
+    let type_id = match present(top, "typeID") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .filter(|id| *id > 0)
+                .ok_or_else(|| OpaqueError::OutOfRange {
+                    path: "typeID".to_owned(),
+                    value: v.to_string(),
+                    range: "1–4294967295 (a vGPU type ID, as nvidia-smi vgpu -s -v lists it)",
+                })?,
+        ),
+    };
+    let params = match present(top, "params") {
+        None => None,
+        Some(v) => Some(vgpu_params(string(v, "params")?)?),
+    };
+    Ok(VgpuSettings {
+        profile,
+        type_id,
+        params,
+    })
+}
+
+/// `params`: `key=value` pairs separated by commas, as `vgpu_params` takes them; spaces
+/// around each pair are dropped. Keys are lower-case letters, digits and `_`; values are
+/// printable ASCII without `,`, `=` or spaces.
+fn vgpu_params(text: &str) -> Result<String, OpaqueError> {
+    let bad = |why: String| OpaqueError::InvalidChoice {
+        path: "params".to_owned(),
+        value: text.to_owned(),
+        valid: format!(
+            "key=value pairs separated by commas, such as \"frame_rate_limiter=0,disable_vnc=1\" ({why})"
+        ),
+    };
+    if text.len() > MAX_VGPU_PARAMS {
+        return Err(bad(format!("at most {MAX_VGPU_PARAMS} characters")));
+    }
+    let mut pairs = Vec::new();
+    for pair in text.split(',') {
+        let pair = pair.trim();
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(bad(format!("{pair:?} has no '='")));
+        };
+        let key_ok = !key.is_empty()
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !key_ok {
+            return Err(bad(format!(
+                "key {key:?} is not lower-case letters, digits and '_'"
+            )));
+        }
+        let value_ok = !value.is_empty()
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b',' && b != b'=');
+        if !value_ok {
+            return Err(bad(format!("the value of {key} is empty or not printable")));
+        }
+        pairs.push(format!("{key}={value}"));
+    }
+    Ok(pairs.join(","))
 }
 
 /// `iommu` of a `VfioDeviceConfig`.
@@ -128,6 +224,7 @@ fn kind(top: &Map<String, Value>) -> Result<ConfigKind, OpaqueError> {
         "GpuConfig" => Ok(ConfigKind::GpuConfig),
         "MigDeviceConfig" => Ok(ConfigKind::MigDeviceConfig),
         "VfioDeviceConfig" => Ok(ConfigKind::VfioDeviceConfig),
+        "VgpuDeviceConfig" => Ok(ConfigKind::VgpuDeviceConfig),
         other => Err(invalid_choice("kind", other, KINDS)),
     }
 }

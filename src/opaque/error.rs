@@ -141,10 +141,10 @@ pub enum OpaqueError {
         device: Option<String>,
     },
     /// Resolution: a config names a request whose device it cannot configure
-    /// (`VfioDeviceConfig` on a GPU or MIG device, `GpuConfig` / `MigDeviceConfig` on a VFIO
-    /// device).
+    /// (`VfioDeviceConfig` on a GPU or MIG device, `GpuConfig` / `MigDeviceConfig` on a VM's
+    /// device, `VgpuDeviceConfig` on anything but a vGPU).
     #[error(
-        "{kind} names request {request:?}, which got {device_kind}; VfioDeviceConfig configures VFIO devices (class vfio.gpu.nvidia.com) only, GpuConfig and MigDeviceConfig never do"
+        "{kind} names request {request:?}, which got {device_kind}; GpuConfig and MigDeviceConfig configure GPUs and MIG devices, VfioDeviceConfig VFIO devices and vGPUs (classes vfio.gpu.nvidia.com, vgpu.gpu.nvidia.com), VgpuDeviceConfig vGPUs only"
     )]
     KindMismatch {
         /// The config's kind.

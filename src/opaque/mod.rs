@@ -29,7 +29,7 @@ use std::fmt;
 
 pub use decode::decode;
 pub use error::{EntryOrigin, OpaqueError};
-pub use resolve::{resolve, resolve_vfio};
+pub use resolve::{resolve, resolve_vfio, resolve_vgpu};
 
 /// The `apiVersion`s accepted, in the order error messages list them.
 pub const API_VERSIONS: [&str; 2] = ["resource.nvidia.com/v1beta1", "gpu.nvidia.com/v1alpha1"];
@@ -55,6 +55,9 @@ pub enum ConfigKind {
     MigDeviceConfig,
     /// VFIO devices only (`gpu-vfio-<i>`): how a VM reaches the GPU through the IOMMU.
     VfioDeviceConfig,
+    /// vGPU devices only (class `vgpu.gpu.nvidia.com`): NVIDIA's draft's `profile`, `typeID`
+    /// (checked against the allocated device) and `params` (the vGPU's `vgpu_params`).
+    VgpuDeviceConfig,
 }
 
 impl fmt::Display for ConfigKind {
@@ -63,6 +66,7 @@ impl fmt::Display for ConfigKind {
             ConfigKind::GpuConfig => "GpuConfig",
             ConfigKind::MigDeviceConfig => "MigDeviceConfig",
             ConfigKind::VfioDeviceConfig => "VfioDeviceConfig",
+            ConfigKind::VgpuDeviceConfig => "VgpuDeviceConfig",
         })
     }
 }
@@ -128,8 +132,23 @@ pub struct Config {
     pub sharing: Option<SharingConfig>,
     /// A `VfioDeviceConfig`'s `iommu` block (defaults when absent); `None` for other kinds.
     pub vfio: Option<VfioSettings>,
+    /// A `VgpuDeviceConfig`'s fields; `None` for other kinds.
+    pub vgpu: Option<VgpuSettings>,
 }
 
+/// What a `VgpuDeviceConfig` says (NVIDIA's draft's fields). Every field is optional.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct VgpuSettings {
+    /// `profile`: the vGPU type the claim expects (`H100-4C`, or NVIDIA's full name
+    /// `NVIDIA H100-4C`); a prepare whose device is another type is refused.
+    pub profile: Option<String>,
+    /// `typeID`: the same check by type ID (`1056`).
+    pub type_id: Option<u32>,
+    /// `params`: the vGPU's `vgpu_params`, `key=value` pairs separated by commas
+    /// (`frame_rate_limiter=0,disable_vnc=1`), written to the mdev's `nvidia/vgpu_params`
+    /// after it is created, before the VM starts.
+    pub params: Option<String>,
+}
 /// How a VM reaches a VFIO device (`VfioDeviceConfig.iommu`, NVIDIA's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct VfioSettings {
@@ -199,6 +218,25 @@ pub enum TargetKind {
     Mig,
     /// A whole GPU for a VM (`gpu-vfio-<i>`).
     Vfio,
+    /// A vGPU for a VM (`vgpu-<i>-<type>-<n>`).
+    Vgpu,
+}
+
+impl TargetKind {
+    /// A VM's device (VFIO GPU or vGPU): no sharing config applies to it.
+    pub fn is_vm_device(self) -> bool {
+        matches!(self, TargetKind::Vfio | TargetKind::Vgpu)
+    }
+
+    /// How error messages call it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TargetKind::FullGpu => "a full GPU",
+            TargetKind::Mig => "a MIG device",
+            TargetKind::Vfio => "a VFIO device",
+            TargetKind::Vgpu => "a vGPU",
+        }
+    }
 }
 
 /// One device of the claim that this driver prepares, in allocation order.

@@ -124,71 +124,102 @@ fn applies(entry: &Entry, config: &Config, target: &Target) -> bool {
     let requested =
         entry.requests.is_empty() || entry.requests.iter().any(|r| names(r, &target.request));
     let fits = match config.kind {
-        ConfigKind::GpuConfig => target.kind != TargetKind::Vfio,
+        ConfigKind::GpuConfig => !target.kind.is_vm_device(),
         ConfigKind::MigDeviceConfig => target.kind == TargetKind::Mig,
-        ConfigKind::VfioDeviceConfig => target.kind == TargetKind::Vfio,
+        // A vGPU is reached through VFIO too; its iommu settings are accepted and, today,
+        // change nothing (it always gets its group node and /dev/vfio/vfio).
+        ConfigKind::VfioDeviceConfig => target.kind.is_vm_device(),
+        ConfigKind::VgpuDeviceConfig => target.kind == TargetKind::Vgpu,
     };
     requested && fits
 }
 
 /// Decides the VFIO settings of a claim's devices: for each target, the `iommu` of the last
 /// `VfioDeviceConfig` that applies to it (class entries first, as in [`resolve`]), defaults
-/// when none does, and `None` for targets that are not VFIO devices.
+/// when none does, and `None` for targets that are not a VM's devices (VFIO GPUs, vGPUs).
 ///
 /// # Errors
-/// [`OpaqueError::Entry`] naming the entry: a decoding error, a `VfioDeviceConfig` naming a
-/// request that got no VFIO device, or a `GpuConfig` / `MigDeviceConfig` naming a request that
-/// got a VFIO device (a VM's GPU has no sharing).
+/// [`OpaqueError::Entry`] naming the entry: a decoding error, or a config naming a request
+/// whose device it cannot configure ([`OpaqueError::KindMismatch`]): a `VfioDeviceConfig`
+/// on a GPU or MIG device, a `GpuConfig` / `MigDeviceConfig` on a VM's device (a VM's GPU
+/// has no sharing), a `VgpuDeviceConfig` on anything but a vGPU.
 pub fn resolve_vfio(
     targets: &[Target],
     entries: &[Entry],
 ) -> Result<Vec<Option<super::VfioSettings>>, OpaqueError> {
+    let mut settings: Vec<Option<super::VfioSettings>> = targets
+        .iter()
+        .map(|t| t.kind.is_vm_device().then(super::VfioSettings::default))
+        .collect();
+    walk_vm_configs(targets, entries, |config, t| {
+        if let Some(vfio) = config.vfio {
+            settings[t] = Some(vfio);
+        }
+    })?;
+    Ok(settings)
+}
+
+/// Decides the `VgpuDeviceConfig` of a claim's devices: for each vGPU target, the last one
+/// that applies to it (class entries first, as in [`resolve`]), whole; `None` when none
+/// does, and for every other target.
+///
+/// # Errors
+/// As [`resolve_vfio`].
+pub fn resolve_vgpu(
+    targets: &[Target],
+    entries: &[Entry],
+) -> Result<Vec<Option<super::VgpuSettings>>, OpaqueError> {
+    let mut settings: Vec<Option<super::VgpuSettings>> = vec![None; targets.len()];
+    walk_vm_configs(targets, entries, |config, t| {
+        if let Some(vgpu) = &config.vgpu {
+            settings[t] = Some(vgpu.clone());
+        }
+    })?;
+    Ok(settings)
+}
+
+/// Decodes every entry, class entries first, checks that no entry names a request whose
+/// device its kind cannot configure, and calls `apply` with each entry's config and each
+/// target it applies to, in precedence order (the last call for a target wins).
+fn walk_vm_configs(
+    targets: &[Target],
+    entries: &[Entry],
+    mut apply: impl FnMut(&Config, usize),
+) -> Result<(), OpaqueError> {
     let located = locate(entries);
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by_key(|&i| !entries[i].from_class);
-    let mut settings: Vec<Option<super::VfioSettings>> = targets
-        .iter()
-        .map(|t| (t.kind == TargetKind::Vfio).then(super::VfioSettings::default))
-        .collect();
     for e in order {
         let entry = &entries[e];
         let config = decode(&entry.parameters).map_err(|err| located[e].wrap(entry, err))?;
         for request in &entry.requests {
-            let kinds: Vec<TargetKind> = targets
+            let clash = targets
                 .iter()
                 .filter(|t| names(request, &t.request))
                 .map(|t| t.kind)
-                .collect();
-            let vfio_config = config.kind == ConfigKind::VfioDeviceConfig;
-            let clash = if vfio_config {
-                kinds.iter().find(|k| **k != TargetKind::Vfio)
-            } else {
-                kinds.iter().find(|k| **k == TargetKind::Vfio)
-            };
+                .find(|kind| match config.kind {
+                    ConfigKind::VfioDeviceConfig => !kind.is_vm_device(),
+                    ConfigKind::VgpuDeviceConfig => *kind != TargetKind::Vgpu,
+                    ConfigKind::GpuConfig | ConfigKind::MigDeviceConfig => kind.is_vm_device(),
+                });
             if let Some(kind) = clash {
                 return Err(located[e].wrap(
                     entry,
                     OpaqueError::KindMismatch {
                         kind: config.kind,
                         request: request.clone(),
-                        device_kind: match kind {
-                            TargetKind::FullGpu => "a full GPU",
-                            TargetKind::Mig => "a MIG device",
-                            TargetKind::Vfio => "a VFIO device",
-                        },
+                        device_kind: kind.describe(),
                     },
                 ));
             }
         }
-        if let Some(vfio) = config.vfio {
-            for (t, target) in targets.iter().enumerate() {
-                if applies(entry, &config, target) {
-                    settings[t] = Some(vfio);
-                }
+        for (t, target) in targets.iter().enumerate() {
+            if applies(entry, &config, target) {
+                apply(&config, t);
             }
         }
     }
-    Ok(settings)
+    Ok(())
 }
 
 fn check_mig_kind(config: &Config, entry: &Entry, targets: &[Target]) -> Result<(), OpaqueError> {

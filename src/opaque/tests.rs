@@ -27,6 +27,7 @@ fn config_without_sharing_is_exclusive() {
         kind: ConfigKind::GpuConfig,
         sharing: None,
         vfio: None,
+        vgpu: None,
     };
     let got = decode(&json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}));
     assert_eq!(Ok(want), got);
@@ -50,6 +51,7 @@ fn seed_talk_api_version_decodes_like_nvidia_one() {
         kind: ConfigKind::MigDeviceConfig,
         sharing: mps(MpsConfig::default()),
         vfio: None,
+        vgpu: None,
     };
     assert_eq!(Ok(want), got);
 }
@@ -169,11 +171,11 @@ fn decoding_errors_name_the_field_the_value_and_the_choices() {
         ),
         (
             json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuClaimParameters"}),
-            "kind: \"GpuClaimParameters\" is not valid; valid: GpuConfig, MigDeviceConfig, VfioDeviceConfig",
+            "kind: \"GpuClaimParameters\" is not valid; valid: GpuConfig, MigDeviceConfig, VfioDeviceConfig, VgpuDeviceConfig",
         ),
         (
             json!({"apiVersion": "resource.nvidia.com/v1beta1"}),
-            "kind: required field is missing; valid: GpuConfig, MigDeviceConfig, VfioDeviceConfig",
+            "kind: required field is missing; valid: GpuConfig, MigDeviceConfig, VfioDeviceConfig, VgpuDeviceConfig",
         ),
         (
             json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": 3}),
@@ -396,6 +398,136 @@ fn vfio_settings_go_to_vfio_devices_only_and_a_config_naming_the_wrong_kind_is_r
     assert!(
         crate::errors::error_chain(&err)
             .contains("GpuConfig names request \"vm\", which got a VFIO device"),
+        "{}",
+        crate::errors::error_chain(&err)
+    );
+}
+
+fn vgpu_config(fields: Value) -> Value {
+    let mut v = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VgpuDeviceConfig"});
+    for (k, f) in fields.as_object().unwrap() {
+        v[k] = f.clone();
+    }
+    v
+}
+
+#[test]
+fn vgpu_device_config_decodes_nvidias_fields_and_normalises_params() {
+    let got = decode(&vgpu_config(json!({
+        "profile": "H100-4C", "typeID": 1056, "params": " frame_rate_limiter=0 , disable_vnc=1"
+    })));
+    let want = Config {
+        api_version: ApiVersion::ResourceNvidiaV1beta1,
+        kind: ConfigKind::VgpuDeviceConfig,
+        sharing: None,
+        vfio: None,
+        vgpu: Some(VgpuSettings {
+            profile: Some("H100-4C".into()),
+            type_id: Some(1056),
+            params: Some("frame_rate_limiter=0,disable_vnc=1".into()),
+        }),
+    };
+    assert_eq!(Ok(want), got);
+    let empty = decode(&vgpu_config(json!({}))).map(|c| c.vgpu);
+    assert_eq!(Ok(Some(VgpuSettings::default())), empty);
+}
+
+#[test]
+fn vgpu_device_config_errors_name_the_field_the_value_and_what_is_valid() {
+    assert_eq!(
+        "sharing: unknown field; valid fields: apiVersion, kind, profile, typeID, params",
+        message(vgpu_config(json!({"sharing": {"strategy": "MPS"}})))
+    );
+    assert_eq!(
+        "typeID: -3 is outside 1–4294967295 (a vGPU type ID, as nvidia-smi vgpu -s -v lists it)",
+        message(vgpu_config(json!({"typeID": -3})))
+    );
+    assert_eq!(
+        "typeID: \"1056\" is outside 1–4294967295 (a vGPU type ID, as nvidia-smi vgpu -s -v lists it)",
+        message(vgpu_config(json!({"typeID": "1056"})))
+    );
+    assert_eq!(
+        "profile: expected a string, got 4",
+        message(vgpu_config(json!({"profile": 4})))
+    );
+    assert_eq!(
+        "params: \"disable_vnc\" is not valid; valid: key=value pairs separated by commas, such as \"frame_rate_limiter=0,disable_vnc=1\" (\"disable_vnc\" has no '=')",
+        message(vgpu_config(json!({"params": "disable_vnc"})))
+    );
+    assert_eq!(
+        "params: \"Frame=1\" is not valid; valid: key=value pairs separated by commas, such as \"frame_rate_limiter=0,disable_vnc=1\" (key \"Frame\" is not lower-case letters, digits and '_')",
+        message(vgpu_config(json!({"params": "Frame=1"})))
+    );
+    assert!(
+        message(vgpu_config(json!({"params": "a=1,".repeat(300)})))
+            .contains("at most 1024 characters")
+    );
+    assert!(
+        message(json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "Vgpu"}))
+            .contains("valid: GpuConfig, MigDeviceConfig, VfioDeviceConfig, VgpuDeviceConfig")
+    );
+}
+
+#[test]
+fn vgpu_settings_go_to_vgpus_only_the_last_entry_wins_and_a_wrong_kind_is_refused() {
+    use super::{Entry, Target, TargetKind, VfioSettings, resolve_vfio, resolve_vgpu};
+    let target = |device: &str, request: &str, kind| Target {
+        device: device.into(),
+        request: request.into(),
+        kind,
+        uuid: None,
+        memory_bytes: 0,
+    };
+    let targets = [
+        target("vgpu-0-4c-0", "vm", TargetKind::Vgpu),
+        target("gpu-vfio-1", "passthrough", TargetKind::Vfio),
+        target("gpu-2", "train", TargetKind::FullGpu),
+    ];
+    let entry = |from_class: bool, requests: &[&str], parameters| Entry {
+        from_class,
+        requests: requests.iter().map(|r| r.to_string()).collect(),
+        parameters,
+    };
+    let class = vgpu_config(json!({"params": "disable_vnc=1"}));
+    let claim = vgpu_config(json!({"profile": "H100-4C"}));
+    // The claim's entry comes first but wins over the class's, whole.
+    let entries = [entry(false, &["vm"], claim), entry(true, &[], class)];
+    let got = resolve_vgpu(&targets, &entries).unwrap();
+    let want = VgpuSettings {
+        profile: Some("H100-4C".into()),
+        ..VgpuSettings::default()
+    };
+    assert_eq!(vec![Some(want), None, None], got);
+    // A vGPU still gets VFIO defaults, as a VFIO GPU does.
+    let vfio = resolve_vfio(&targets, &entries).unwrap();
+    assert_eq!(
+        vec![
+            Some(VfioSettings::default()),
+            Some(VfioSettings::default()),
+            None
+        ],
+        vfio
+    );
+    for (request, got) in [("passthrough", "a VFIO device"), ("train", "a full GPU")] {
+        let err = resolve_vgpu(
+            &targets,
+            &[entry(false, &[request], vgpu_config(json!({})))],
+        )
+        .unwrap_err();
+        let text = crate::errors::error_chain(&err);
+        assert!(
+            text.contains(&format!(
+                "VgpuDeviceConfig names request \"{request}\", which got {got}"
+            )),
+            "{text}"
+        );
+    }
+    let gpu = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                     "sharing": {"strategy": "TimeSlicing"}});
+    let err = resolve_vgpu(&targets, &[entry(false, &["vm"], gpu)]).unwrap_err();
+    assert!(
+        crate::errors::error_chain(&err)
+            .contains("GpuConfig names request \"vm\", which got a vGPU"),
         "{}",
         crate::errors::error_chain(&err)
     );

@@ -40,8 +40,9 @@ pub(in crate::claims) fn decide(
                 request: p.allocated.request.clone(),
                 kind: match p.action {
                     Action::FullGpu { .. } => TargetKind::FullGpu,
-                    // A vGPU is a VM's device, as a VFIO GPU: no sharing config applies.
-                    Action::Vfio { .. } | Action::Vgpu { .. } => TargetKind::Vfio,
+                    // A VM's devices: no sharing config applies to them.
+                    Action::Vfio { .. } => TargetKind::Vfio,
+                    Action::Vgpu { .. } => TargetKind::Vgpu,
                     _ => TargetKind::Mig,
                 },
                 uuid: match &p.action {
@@ -68,8 +69,11 @@ pub(in crate::claims) fn decide(
         .map_err(|e| config_error(id, crate::errors::error_chain(&e)))?;
     let vfio = opaque::resolve_vfio(&targets, &entries)
         .map_err(|e| config_error(id, crate::errors::error_chain(&e)))?;
-    for (p, settings) in planned.iter_mut().zip(vfio) {
+    let vgpu = opaque::resolve_vgpu(&targets, &entries)
+        .map_err(|e| config_error(id, crate::errors::error_chain(&e)))?;
+    for ((p, settings), vgpu) in planned.iter_mut().zip(vfio).zip(vgpu) {
         p.vfio_settings = settings;
+        p.vgpu_settings = vgpu;
     }
     let mut decided: Vec<Option<DeviceSharing>> = vec![None; planned.len()];
     for group in &groups {

@@ -27,7 +27,7 @@ use super::{ClaimError, ClaimId, ClaimSource, ClaimsManager, RecoveryReport, pla
 use crate::cdi;
 use crate::checkpoint::{Checkpoint, DeviceRecord, VgpuRecord};
 use crate::hardware::passthrough::{PciHost, SysfsKernel};
-use crate::hardware::vgpu::{VgpuFramework, VgpuHost};
+use crate::hardware::vgpu::{GpuVgpuHost, VgpuFramework, VgpuHost};
 pub use decide::{HOST_DAEMONS, Parent, Placement, mdev_uuid, orphans, place};
 
 /// The crash points a vGPU claim passes beyond [`crate::crashpoint::POINTS`]' lifecycle
@@ -92,6 +92,10 @@ impl<S: ClaimSource> ClaimsManager<S> {
             return Ok(());
         }
         let claim = id.to_string();
+        // Each parent GPU read once per wave, afresh: the wave's inventory may be as old as
+        // the last inventory poll.
+        let mut parents: std::collections::BTreeMap<String, Option<GpuVgpuHost>> =
+            Default::default();
         let mut claimed: Vec<VgpuRecord> = held
             .claims()
             .filter(|(uid, _)| **uid != id.uid)
@@ -113,13 +117,44 @@ impl<S: ClaimSource> ClaimsManager<S> {
             let device = p.allocated.device.clone();
             let setup = self.vgpu_setup(&claim, &device)?;
             let info = inventory.gpus.iter().find(|g| g.uuid == p.record.gpu_uuid);
+            if let Some(settings) = &p.vgpu_settings {
+                let name = info
+                    .and_then(|g| g.vgpu.as_ref())
+                    .and_then(|v| v.supported.iter().find(|t| t.id == *type_id))
+                    .map(|t| t.name.clone());
+                check_config(settings, *type_id, name.as_deref(), *framework).map_err(
+                    |reason| ClaimError::NotPassable {
+                        claim: claim.clone(),
+                        device: device.clone(),
+                        reason,
+                    },
+                )?;
+            }
             let holders = match *minor {
                 crate::devices::UNKNOWN_GPU => Vec::new(),
                 minor => setup.processes.holders(minor),
             };
+            if !parents.contains_key(parent.as_str()) {
+                let read = match setup.host.gpu(parent) {
+                    Ok(gpu) => Some(gpu),
+                    Err(crate::hardware::vgpu::VgpuHostError::NoSuchGpu { .. }) => None,
+                    Err(e) => {
+                        return Err(ClaimError::NotPassable {
+                            claim: claim.clone(),
+                            device: device.clone(),
+                            reason: format!(
+                                "its parent GPU's vGPU files cannot be read: {}",
+                                crate::errors::error_chain(&e)
+                            ),
+                        });
+                    }
+                };
+                parents.insert(parent.clone(), read);
+            }
+            let host = &parents[parent.as_str()];
             let state = Parent {
                 address: parent,
-                host: inventory.vgpu_host.as_ref().and_then(|f| f.gpu(parent)),
+                host: host.as_ref(),
                 info,
                 mig_toggles: info.is_some_and(|g| {
                     self.model_options.policy_for(g) == crate::hardware::MigPolicy::Dynamic
@@ -193,6 +228,21 @@ impl<S: ClaimSource> ClaimsManager<S> {
             source: Box::new(source),
         })?;
         crate::crashpoint::hit("prepare-vgpu-created");
+        if let (Some(params), Some(uuid)) = (
+            p.vgpu_settings.as_ref().and_then(|v| v.params.as_deref()),
+            created.mdev_uuid.as_deref(),
+        ) {
+            // Before the VM starts: the vGPU manager reads them when the VM opens the vGPU.
+            setup
+                .host
+                .set_mdev_params(uuid, params)
+                .map_err(|source| ClaimError::Vgpu {
+                    claim: claim.clone(),
+                    device: device.clone(),
+                    step: "write the vGPU's vgpu_params",
+                    source: Box::new(source),
+                })?;
+        }
         let cdi_err = |detail: String| ClaimError::Cdi {
             claim: claim.clone(),
             detail,
@@ -351,4 +401,53 @@ pub fn vgpu_cdi_device(
             ..Default::default()
         },
     })
+}
+
+/// Checks a vGPU's `VgpuDeviceConfig` against the device the scheduler allocated (type
+/// `type_id`, named `name` as NVML names it, on a GPU using `framework`): the `profile` and
+/// `typeID` it names must be that type's, and `params` need an mdev vGPU.
+///
+/// # Errors
+/// The reason, naming the field, its value and what would be valid.
+fn check_config(
+    settings: &crate::opaque::VgpuSettings,
+    type_id: u32,
+    name: Option<&str>,
+    framework: VgpuFramework,
+) -> Result<(), String> {
+    let label = match name {
+        Some(name) => format!(
+            "{} (typeID {type_id})",
+            crate::hardware::vgpu::short_name(name)
+        ),
+        None => format!("typeID {type_id}"),
+    };
+    if let Some(profile) = &settings.profile {
+        let same = name.is_some_and(|name| {
+            let short = crate::hardware::vgpu::short_name(name);
+            profile.eq_ignore_ascii_case(short) || profile.eq_ignore_ascii_case(name)
+        });
+        if !same {
+            return Err(format!(
+                "VgpuDeviceConfig profile {profile:?} does not match the allocated vGPU, which is {label}; set profile to {} or select the device by its profile attribute in the request",
+                name.map_or_else(
+                    || format!("the type of ID {type_id}"),
+                    |n| format!("{:?}", crate::hardware::vgpu::short_name(n))
+                )
+            ));
+        }
+    }
+    if let Some(want) = settings.type_id
+        && want != type_id
+    {
+        return Err(format!(
+            "VgpuDeviceConfig typeID {want} does not match the allocated vGPU, which is {label}; set typeID to {type_id} or select the device by its typeID attribute in the request"
+        ));
+    }
+    if settings.params.is_some() && framework == VgpuFramework::Vdev {
+        return Err(format!(
+            "VgpuDeviceConfig params: the allocated vGPU {label} is an SR-IOV (vdev) vGPU, whose vgpu_params this plugin does not write (NVIDIA has not documented when a VF takes them); remove params, or use an mdev GPU"
+        ));
+    }
+    Ok(())
 }

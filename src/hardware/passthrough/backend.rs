@@ -43,17 +43,10 @@ impl std::fmt::Debug for PassthroughBackend {
     }
 }
 
-impl GpuBackend for PassthroughBackend {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    /// NVML's inventory with `passthrough` filled in.
-    ///
-    /// # Errors
-    /// NVML's, or [`HardwareError::Passthrough`] when sysfs cannot be listed.
-    fn inventory(&self) -> Result<NodeInventory, HardwareError> {
-        let mut inventory = self.inner.inventory()?;
+impl PassthroughBackend {
+    /// `inventory` with `passthrough` filled in from a scan of the PCI bus; GPUs NVML no
+    /// longer lists (moved to `vfio-pci`) keep the facts NVML last gave about them.
+    fn with_facts(&self, mut inventory: NodeInventory) -> Result<NodeInventory, HardwareError> {
         let mut facts = self.pci.scan().map_err(HardwareError::Passthrough)?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         for gpu in &inventory.gpus {
@@ -72,6 +65,26 @@ impl GpuBackend for PassthroughBackend {
             .collect();
         inventory.passthrough = Some(facts);
         Ok(inventory)
+    }
+}
+
+impl GpuBackend for PassthroughBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    /// NVML's inventory with `passthrough` filled in.
+    ///
+    /// # Errors
+    /// NVML's, or [`HardwareError::Passthrough`] when sysfs cannot be listed.
+    fn inventory(&self) -> Result<NodeInventory, HardwareError> {
+        self.with_facts(self.inner.inventory()?)
+    }
+
+    /// The inner backend's request inventory with `passthrough` filled in, as
+    /// [`PassthroughBackend::inventory`].
+    fn request_inventory(&self) -> Result<NodeInventory, HardwareError> {
+        self.with_facts(self.inner.request_inventory()?)
     }
 
     fn health_generation(&self) -> u64 {

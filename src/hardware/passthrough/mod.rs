@@ -516,16 +516,19 @@ impl PciHost {
         self.switches.fetch_add(1, Ordering::Relaxed);
         if gpu.driver.is_some() {
             let path = dev.join("driver_override");
+            crate::cost::count(crate::cost::Cost::SysfsWrite);
             self.kernel
                 .write(&path, "\n")
                 .map_err(io(&path, "clearing driver_override"))?;
             let path = dev.join("driver/unbind");
+            crate::cost::count(crate::cost::Cost::SysfsWrite);
             self.kernel
                 .write(&path, address)
                 .map_err(io(&path, "unbinding the driver through"))?;
             crate::crashpoint::hit(&format!("{crash_prefix}-unbound"));
         }
         let path = dev.join("driver_override");
+        crate::cost::count(crate::cost::Cost::SysfsWrite);
         self.kernel
             .write(&path, driver)
             .map_err(io(&path, "writing driver_override"))?;
@@ -534,6 +537,7 @@ impl PciHost {
             .join("sys/bus/pci/drivers")
             .join(driver)
             .join("bind");
+        crate::cost::count(crate::cost::Cost::SysfsWrite);
         self.kernel
             .write(&path, address)
             .map_err(io(&path, "binding the driver through"))?;

@@ -1,13 +1,14 @@
 //! The host's vGPUs through sysfs under a host root (`--host-root`): what exists
-//! ([`VgpuHost::scan`]) and the four writes that create and delete vGPUs.
+//! ([`VgpuHost::scan`]), the four writes that create and delete vGPUs, and an mdev's
+//! `vgpu_params`.
 //!
 //! Files read, per NVIDIA GPU physical function `<pf>` under `<root>/sys/bus/pci/devices/`:
 //! `sriov_totalvfs`, `sriov_numvfs`, `virtfn<N>` (links to the VFs); per VF `physfn`,
 //! `iommu_group`, `nvidia/{creatable_vgpu_types,current_vgpu_type}`; per mdev parent
 //! `mdev_supported_types/nvidia-<id>/{name,available_instances,create}`; and every
-//! `<root>/sys/bus/mdev/devices/<uuid>/{mdev_type,iommu_group,remove}`. Writes go through the
-//! same [`SysfsKernel`] as VFIO's driver switch, so this code runs unchanged on a host and on
-//! the simulated node ([`crate::hardware::sim::sysfs::SimKernel`]).
+//! `<root>/sys/bus/mdev/devices/<uuid>/{mdev_type,iommu_group,remove,nvidia/vgpu_params}`.
+//! Writes go through the same [`SysfsKernel`] as VFIO's driver switch, so this code runs
+//! unchanged on a host and on the simulated node ([`crate::hardware::sim::sysfs::SimKernel`]).
 //!
 //! Every operation checks before it writes and refuses with what to do (VFs not enabled, a
 //! type the GPU cannot create beside what it runs, no free VF), and is idempotent where the
@@ -15,9 +16,10 @@
 //! mdev writes nothing. A crash point sits between each write and its check
 //! ([`CRASH_POINTS`]), so crash tests can stop the process with the write done and unchecked.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 mod error;
 mod pick;
@@ -68,6 +70,7 @@ fn read_u32(path: &Path) -> Option<u32> {
 
 /// Entries of `dir`, by name; none when it does not exist.
 fn entries(dir: &Path) -> Result<Vec<String>, VgpuHostError> {
+    crate::cost::count(crate::cost::Cost::DirectoryList);
     match std::fs::read_dir(dir) {
         Ok(list) => {
             let mut names = Vec::new();
@@ -91,6 +94,9 @@ pub struct VgpuHost {
     pci: PciHost,
     /// Bumped by every write: NVML's view of the node changes with it.
     changes: AtomicU64,
+    /// GPUs (physical-function addresses) this process wrote to, or found changed behind
+    /// its back, since [`VgpuHost::refresh`] last read them again.
+    dirty: Mutex<BTreeSet<String>>,
 }
 
 impl VgpuHost {
@@ -103,6 +109,7 @@ impl VgpuHost {
             root,
             kernel,
             changes: AtomicU64::new(0),
+            dirty: Mutex::default(),
         }
     }
 
@@ -143,6 +150,57 @@ impl VgpuHost {
             gpus.push(self.read_pf(&gpu.address, &mdevs, &mut TypeNames::default())?);
         }
         Ok(VgpuHostFacts { gpus })
+    }
+
+    /// Brings `facts` (an earlier [`VgpuHost::scan`]) up to date for every GPU this host
+    /// wrote to since, or found changed when a create was refused: each is read again (its
+    /// VFs, mdev types and vGPUs), nothing else is. What others changed on GPUs this process
+    /// did not touch stays as `facts` has it: a caller that must see those scans again.
+    ///
+    /// # Errors
+    /// As [`VgpuHost::scan`]; the GPUs not yet read again stay marked, so a retry reads them.
+    pub fn refresh(&self, facts: &mut VgpuHostFacts) -> Result<(), VgpuHostError> {
+        let dirty = std::mem::take(&mut *self.dirty_set());
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        let read = (|| {
+            let mdevs = self.mdevs()?;
+            let mut fresh = Vec::with_capacity(dirty.len());
+            for address in &dirty {
+                if self.pci.read_gpu(address).is_some() {
+                    fresh.push(self.read_pf(address, &mdevs, &mut TypeNames::default())?);
+                }
+            }
+            Ok(fresh)
+        })();
+        let fresh = match read {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                self.dirty_set().extend(dirty);
+                return Err(e);
+            }
+        };
+        facts.gpus.retain(|g| !dirty.contains(&g.address));
+        facts.gpus.extend(fresh);
+        facts.gpus.sort_by(|a, b| a.address.cmp(&b.address));
+        Ok(())
+    }
+
+    /// Forgets every GPU marked for [`VgpuHost::refresh`]: a full [`VgpuHost::scan`] is about
+    /// to read them all.
+    pub fn clear_dirty(&self) {
+        self.dirty_set().clear();
+    }
+
+    fn dirty_set(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.dirty
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn mark_dirty(&self, pf: &str) {
+        self.dirty_set().insert(pf.to_string());
     }
 
     /// The vGPU side of GPU `address` (normalised) now.
@@ -330,9 +388,13 @@ impl VgpuHost {
         })
     }
 
-    fn write(&self, path: &Path, value: &str) -> Result<(), VgpuHostError> {
+    /// Writes `value` to `path`, a file of GPU `pf`'s (which [`VgpuHost::refresh`] then
+    /// reads again, whatever the kernel answered).
+    fn write(&self, pf: &str, path: &Path, value: &str) -> Result<(), VgpuHostError> {
+        crate::cost::count(crate::cost::Cost::SysfsWrite);
         let result = self.kernel.write(path, value);
         self.changes.fetch_add(1, Ordering::Relaxed);
+        self.mark_dirty(pf);
         result.map_err(|source| VgpuHostError::Write {
             path: path.to_path_buf(),
             value: value.to_string(),
@@ -367,6 +429,8 @@ impl VgpuHost {
         }
         let creatable = self.read_vf(&vf, 0, &mut TypeNames::default()).creatable;
         if current != 0 || !creatable.contains(&type_id) {
+            // What the caller checked against is out of date: read the GPU again next time.
+            self.mark_dirty(&pf);
             let (gpu, names) = self.gpu_named(&pf)?;
             if current != 0 {
                 return Err(VgpuHostError::VfBusy {
@@ -386,7 +450,11 @@ impl VgpuHost {
                 gpu: pf,
             });
         }
-        self.write(&dev.join("nvidia/current_vgpu_type"), &type_id.to_string())?;
+        self.write(
+            &pf,
+            &dev.join("nvidia/current_vgpu_type"),
+            &type_id.to_string(),
+        )?;
         crate::crashpoint::hit("vgpu-vdev-written");
         let found = Self::current_type(&dev)?;
         if found != type_id {
@@ -407,11 +475,11 @@ impl VgpuHost {
     /// [`VgpuHostError::NoSuchVf`]; [`VgpuHostError::Write`] when the kernel refuses (a VM
     /// still holds the vGPU); [`VgpuHostError::VdevDidNotTake`] when it still reads a type.
     pub fn delete_vdev(&self, vf: &str) -> Result<(), VgpuHostError> {
-        let (_, dev) = self.require_vf(vf)?;
+        let (pf, dev) = self.require_vf(vf)?;
         if Self::current_type(&dev)? == 0 {
             return Ok(());
         }
-        self.write(&dev.join("nvidia/current_vgpu_type"), "0")?;
+        self.write(&pf, &dev.join("nvidia/current_vgpu_type"), "0")?;
         crate::crashpoint::hit("vgpu-vdev-deleted");
         let found = Self::current_type(&dev)?;
         if found != 0 {
@@ -483,9 +551,12 @@ impl VgpuHost {
                 .mdev_types;
             gpu.address = parent.clone();
         }
-        check_mdev(&gpu, type_id, &names)?;
+        if let Err(e) = check_mdev(&gpu, type_id, &names) {
+            self.mark_dirty(&pf);
+            return Err(e);
+        }
         let create = dev.join(format!("mdev_supported_types/nvidia-{type_id}/create"));
-        self.write(&create, &uuid)?;
+        self.write(&pf, &create, &uuid)?;
         crate::crashpoint::hit("vgpu-mdev-created");
         match self.read_mdev(&uuid) {
             Some(m) if m.parent == parent && m.type_id == type_id => Ok(instance(&m)),
@@ -495,6 +566,49 @@ impl VgpuHost {
                 type_id,
             }),
         }
+    }
+
+    /// Sets mdev `uuid`'s vGPU parameters: writes `params` (`key=value` pairs separated by
+    /// commas) to its `nvidia/vgpu_params` and reads them back. Idempotent: what reads back
+    /// already is not written again. The vGPU manager reads them when a VM opens the vGPU, so
+    /// call it between the create and the VM's start.
+    ///
+    /// # Errors
+    /// [`VgpuHostError::BadUuid`]; [`VgpuHostError::NoParamsFile`] when the mdev or its
+    /// `nvidia/vgpu_params` is absent; [`VgpuHostError::Write`] when the kernel refuses (a
+    /// parameter it does not know); [`VgpuHostError::ParamsDidNotTake`].
+    pub fn set_mdev_params(&self, uuid: &str, params: &str) -> Result<(), VgpuHostError> {
+        if !super::is_uuid(uuid) {
+            return Err(VgpuHostError::BadUuid { uuid: uuid.into() });
+        }
+        let uuid = uuid.to_ascii_lowercase();
+        let file = self.mdev_device(&uuid).join("nvidia/vgpu_params");
+        let read = || {
+            std::fs::read_to_string(&file)
+                .map(|t| t.trim().to_string())
+                .map_err(|_| VgpuHostError::NoParamsFile { uuid: uuid.clone() })
+        };
+        if read()? == params {
+            return Ok(());
+        }
+        crate::cost::count(crate::cost::Cost::SysfsWrite);
+        self.changes.fetch_add(1, Ordering::Relaxed);
+        self.kernel
+            .write(&file, params)
+            .map_err(|source| VgpuHostError::Write {
+                path: file.clone(),
+                value: params.to_string(),
+                source,
+            })?;
+        let found = read()?;
+        if found != params {
+            return Err(VgpuHostError::ParamsDidNotTake {
+                uuid,
+                wanted: params.to_string(),
+                found,
+            });
+        }
+        Ok(())
     }
 
     /// Removes mdev `uuid`: writes `1` to `/sys/bus/mdev/devices/<uuid>/remove` and checks
@@ -513,7 +627,16 @@ impl VgpuHost {
         if dev.symlink_metadata().is_err() {
             return Ok(());
         }
-        self.write(&dev.join("remove"), "1")?;
+        // The GPU it sits on: its parent, or the parent's physical function.
+        let pf = self
+            .read_mdev(&uuid)
+            .map(|m| {
+                link_name(&self.device(&m.parent).join("physfn"))
+                    .map(|pf| normalize_address(&pf))
+                    .unwrap_or(m.parent)
+            })
+            .unwrap_or_default();
+        self.write(&pf, &dev.join("remove"), "1")?;
         crate::crashpoint::hit("vgpu-mdev-removed");
         if dev.symlink_metadata().is_ok() {
             return Err(VgpuHostError::MdevNotRemoved { uuid });
@@ -737,5 +860,68 @@ mod tests {
             ]
         );
         assert_eq!(host.change_count(), 2);
+    }
+
+    #[test]
+    fn refresh_reads_again_only_the_gpus_written_to_or_refused_on() {
+        let dir = tree();
+        let host = VgpuHost::new(dir.path(), Arc::new(Recorder::default()));
+        let mut facts = host.scan().unwrap();
+        let dev = |a: &str| dir.path().join(format!("sys/bus/pci/devices/{a}"));
+        // Behind the plugin's back, on the T4: not seen until a full scan.
+        std::fs::write(
+            dev("0000:2a:00.0").join("mdev_supported_types/nvidia-232/available_instances"),
+            "1\n",
+        )
+        .unwrap();
+        host.create_vdev("0000:18:00.5", 1056).unwrap();
+        host.refresh(&mut facts).unwrap();
+        let h100 = facts.gpu("0000:18:00.0").unwrap();
+        assert_eq!(2, h100.instances.len(), "{h100:?}");
+        assert_eq!(
+            3,
+            facts.gpu("0000:2a:00.0").unwrap().mdev_types[0].available
+        );
+        // Nothing marked: a refresh reads nothing.
+        let before = facts.clone();
+        host.refresh(&mut facts).unwrap();
+        assert_eq!(before, facts);
+        // A refusal marks its GPU: what the caller checked against was out of date.
+        assert!(
+            host.create_mdev("0000:2a:00.0", 233, "3b1a5e2c-0000-4000-8000-000000000009")
+                .is_err()
+        );
+        host.refresh(&mut facts).unwrap();
+        assert_eq!(
+            1,
+            facts.gpu("0000:2a:00.0").unwrap().mdev_types[0].available
+        );
+        assert_eq!(
+            host.scan().unwrap(),
+            facts,
+            "refreshed as a full scan reads it"
+        );
+    }
+
+    #[test]
+    fn mdev_params_are_written_once_and_read_back() {
+        let dir = tree();
+        let kernel = Arc::new(Recorder::default());
+        let host = VgpuHost::new(dir.path(), kernel.clone());
+        let uuid = "3b1a5e2c-0000-4000-8000-000000000001";
+        assert!(matches!(
+            host.set_mdev_params(uuid, "disable_vnc=1"),
+            Err(VgpuHostError::NoParamsFile { .. })
+        ));
+        let file = dir
+            .path()
+            .join("sys/bus/mdev/devices")
+            .join(uuid)
+            .join("nvidia/vgpu_params");
+        put(&file, "\n");
+        host.set_mdev_params(uuid, "disable_vnc=1").unwrap();
+        host.set_mdev_params(uuid, "disable_vnc=1").unwrap();
+        assert_eq!("disable_vnc=1", std::fs::read_to_string(&file).unwrap());
+        assert_eq!(1, kernel.0.lock().unwrap().len(), "written once");
     }
 }

@@ -32,6 +32,13 @@ pub(in crate::hardware::sim) fn kernel_write(
     match name {
         "current_vgpu_type" => Some(locked(root, |l| write_vdev(root, l, dir, value))),
         "create" if is_type_dir => Some(locked(root, |l| create_mdev(root, l, dir, value))),
+        "vgpu_params"
+            if dir
+                .parent()
+                .is_some_and(|m| m.join("mdev_type").symlink_metadata().is_ok()) =>
+        {
+            Some(write_params(dir, value))
+        }
         "remove" if dir.join("mdev_type").symlink_metadata().is_ok() => {
             Some(locked(root, |l| remove_mdev(root, l, dir, value)))
         }
@@ -111,6 +118,21 @@ fn write_numvfs(root: &Path, ledger: &mut Ledger, address: &str, value: &str) ->
     refresh(root, ledger, i)
 }
 
+/// `nvidia/vgpu_params` of an mdev (`dir` is its `nvidia/`): `key=value` pairs separated by
+/// commas, or nothing; anything else is `EINVAL`, as NVIDIA's driver answers a malformed
+/// list. Which keys the vGPU manager knows is not modelled.
+fn write_params(dir: &Path, value: &str) -> io::Result<()> {
+    let well_formed = value.is_empty()
+        || value.split(',').all(|pair| {
+            pair.split_once('=')
+                .is_some_and(|(k, v)| !k.trim().is_empty() && !v.trim().is_empty())
+        });
+    if !well_formed {
+        return Err(errno(EINVAL));
+    }
+    std::fs::write(dir.join("vgpu_params"), format!("{value}\n"))
+}
+
 /// `create` of the mdev type directory `dir`.
 fn create_mdev(root: &Path, ledger: &mut Ledger, dir: &Path, value: &str) -> io::Result<()> {
     if !vgpu::is_uuid(value) {
@@ -161,6 +183,7 @@ fn create_mdev(root: &Path, ledger: &mut Ledger, dir: &Path, value: &str) -> io:
     let target = format!("../../../devices/{pcie_root}/{address}/{uuid}");
     let made = (|| -> Result<(), SimError> {
         put(&dev.join("remove"), "")?;
+        put(&dev.join("nvidia/vgpu_params"), "")?;
         link(
             &format!("../mdev_supported_types/{type_name}"),
             &dev.join("mdev_type"),

@@ -181,4 +181,23 @@ pub enum VgpuHostError {
         /// The UUID.
         uuid: String,
     },
+    /// The mdev a `vgpu_params` write was for does not exist, or has no `nvidia/vgpu_params`
+    /// (a vGPU manager without it).
+    #[error(
+        "mdev {uuid} has no nvidia/vgpu_params under /sys/bus/mdev/devices (the mdev is gone, or this vGPU manager does not take vGPU parameters); remove params from the claim's VgpuDeviceConfig"
+    )]
+    NoParamsFile {
+        /// The UUID.
+        uuid: String,
+    },
+    /// The kernel took the `vgpu_params` write but reads back something else.
+    #[error("after writing {wanted:?} to mdev {uuid}'s nvidia/vgpu_params, it reads {found:?}")]
+    ParamsDidNotTake {
+        /// The UUID.
+        uuid: String,
+        /// What was written.
+        wanted: String,
+        /// What reads back.
+        found: String,
+    },
 }
