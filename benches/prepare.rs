@@ -305,6 +305,7 @@ fn main() {
         let figures =
             harness::replay(&h.node.api, &mut kubelet, h.pid(), h.spawned, &h.refs, hz).await;
         harness::print(&figures);
+        harness::print_calibration(&figures);
         print_plugin_times(&h.plugin.log());
         drop(h);
         if std::env::var_os("GPU_DRA_BENCH_HARNESS_ONLY").is_some() {
