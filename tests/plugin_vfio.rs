@@ -57,14 +57,10 @@ fn persistence_on(node: &Node, gpu: usize) -> bool {
 /// A claim of `devices` on this node, with `config` as its opaque `VfioDeviceConfig` for
 /// every request when given.
 fn vfio_claim(name: &str, uid: &str, devices: &[&str], config: Option<Value>) -> Value {
-    let mut claim = claims::on_node(name, uid, devices);
-    if let Some(parameters) = config {
-        claim["status"]["allocation"]["devices"]["config"] = json!([{
-            "source": "FromClaim",
-            "opaque": {"driver": claims::DRIVER, "parameters": parameters}
-        }]);
+    match config {
+        Some(parameters) => claims::on_node_with_config(name, uid, devices, parameters),
+        None => claims::on_node(name, uid, devices),
     }
-    claim
 }
 
 /// The container paths of a CDI device's device nodes, in order.

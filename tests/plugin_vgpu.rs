@@ -255,17 +255,6 @@ async fn an_mdev_claim_creates_the_mdev_and_its_metadata_names_its_uuid() {
     assert_nothing_left(&node, "after unprepare");
 }
 
-/// A claim of `devices` on this node whose allocation carries `parameters` as an opaque
-/// config for every request.
-fn claim_with_config(name: &str, uid: &str, devices: &[&str], parameters: Value) -> Value {
-    let mut claim = claims::on_node(name, uid, devices);
-    claim["status"]["allocation"]["devices"]["config"] = json!([{
-        "source": "FromClaim",
-        "opaque": {"driver": claims::DRIVER, "parameters": parameters}
-    }]);
-    claim
-}
-
 fn vgpu_device_config(fields: Value) -> Value {
     let mut config =
         json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VgpuDeviceConfig"});
@@ -278,7 +267,7 @@ fn vgpu_device_config(fields: Value) -> Value {
 #[tokio::test]
 async fn a_vgpu_device_config_sets_an_mdevs_params_and_must_name_the_allocated_type() {
     let node = Node::new().with_sim_node(T4);
-    node.api.put_claim(claim_with_config(
+    node.api.put_claim(claims::on_node_with_config(
         "vm",
         "uid-vm",
         &["vgpu-1-4q-0"],
@@ -286,13 +275,13 @@ async fn a_vgpu_device_config_sets_an_mdevs_params_and_must_name_the_allocated_t
             "profile": "T4-4Q", "params": "frame_rate_limiter=0, disable_vnc=1"
         })),
     ));
-    node.api.put_claim(claim_with_config(
+    node.api.put_claim(claims::on_node_with_config(
         "wrong",
         "uid-wrong",
         &["vgpu-1-4q-1"],
         vgpu_device_config(json!({"profile": "T4-8Q"})),
     ));
-    node.api.put_claim(claim_with_config(
+    node.api.put_claim(claims::on_node_with_config(
         "bad-params",
         "uid-bad-params",
         &["vgpu-1-4q-1"],
@@ -340,19 +329,19 @@ async fn a_vgpu_device_config_sets_an_mdevs_params_and_must_name_the_allocated_t
 #[tokio::test]
 async fn a_vgpu_device_config_with_params_is_refused_on_an_sr_iov_vgpu_and_a_wrong_type_id_too() {
     let node = Node::new().with_sim_node(H100);
-    node.api.put_claim(claim_with_config(
+    node.api.put_claim(claims::on_node_with_config(
         "params",
         "uid-params",
         &["vgpu-0-4c-0"],
         vgpu_device_config(json!({"params": "disable_vnc=1"})),
     ));
-    node.api.put_claim(claim_with_config(
+    node.api.put_claim(claims::on_node_with_config(
         "type",
         "uid-type",
         &["vgpu-0-4c-0"],
         vgpu_device_config(json!({"typeID": 1057})),
     ));
-    node.api.put_claim(claim_with_config(
+    node.api.put_claim(claims::on_node_with_config(
         "right",
         "uid-right",
         &["vgpu-0-4c-0"],

@@ -20,6 +20,26 @@ fn mps(config: MpsConfig) -> Option<SharingConfig> {
     Some(SharingConfig::Mps(config))
 }
 
+/// A device of a claim, for the resolvers.
+fn target(device: &str, request: &str, kind: TargetKind) -> Target {
+    Target {
+        device: device.into(),
+        request: request.into(),
+        kind,
+        uuid: None,
+        memory_bytes: 0,
+    }
+}
+
+/// A config entry naming `requests` (none: every request).
+fn entry(from_class: bool, requests: &[&str], parameters: Value) -> Entry {
+    Entry {
+        from_class,
+        requests: requests.iter().map(|r| r.to_string()).collect(),
+        parameters,
+    }
+}
+
 #[test]
 fn config_without_sharing_is_exclusive() {
     let want = Config {
@@ -356,23 +376,12 @@ fn vfio_device_config_errors_name_the_field_the_value_and_the_choices() {
 
 #[test]
 fn vfio_settings_go_to_vfio_devices_only_and_a_config_naming_the_wrong_kind_is_refused() {
-    use super::{Entry, Target, TargetKind, VfioSettings, resolve_vfio};
-    let target = |device: &str, request: &str, kind| Target {
-        device: device.into(),
-        request: request.into(),
-        kind,
-        uuid: None,
-        memory_bytes: 0,
-    };
+    use super::{TargetKind, VfioSettings, resolve_vfio};
     let targets = [
         target("gpu-vfio-0", "vm", TargetKind::Vfio),
         target("gpu-1", "train", TargetKind::FullGpu),
     ];
-    let entry = |requests: &[&str], parameters| Entry {
-        from_class: false,
-        requests: requests.iter().map(|r| r.to_string()).collect(),
-        parameters,
-    };
+    let entry = |requests: &[&str], parameters| entry(false, requests, parameters);
     let api = vfio(json!({"enableAPIDevice": true}));
     let got = resolve_vfio(&targets, &[entry(&[], api.clone())]).unwrap();
     assert_eq!(
@@ -470,24 +479,12 @@ fn vgpu_device_config_errors_name_the_field_the_value_and_what_is_valid() {
 
 #[test]
 fn vgpu_settings_go_to_vgpus_only_the_last_entry_wins_and_a_wrong_kind_is_refused() {
-    use super::{Entry, Target, TargetKind, VfioSettings, resolve_vfio, resolve_vgpu};
-    let target = |device: &str, request: &str, kind| Target {
-        device: device.into(),
-        request: request.into(),
-        kind,
-        uuid: None,
-        memory_bytes: 0,
-    };
+    use super::{TargetKind, VfioSettings, resolve_vfio, resolve_vgpu};
     let targets = [
         target("vgpu-0-4c-0", "vm", TargetKind::Vgpu),
         target("gpu-vfio-1", "passthrough", TargetKind::Vfio),
         target("gpu-2", "train", TargetKind::FullGpu),
     ];
-    let entry = |from_class: bool, requests: &[&str], parameters| Entry {
-        from_class,
-        requests: requests.iter().map(|r| r.to_string()).collect(),
-        parameters,
-    };
     let class = vgpu_config(json!({"params": "disable_vnc=1"}));
     let claim = vgpu_config(json!({"profile": "H100-4C"}));
     // The claim's entry comes first but wins over the class's, whole.

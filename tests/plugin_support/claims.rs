@@ -50,6 +50,16 @@ pub fn on_node(name: &str, uid: &str, devices: &[&str]) -> Value {
     allocated(name, uid, &results)
 }
 
+/// [`on_node`] with `parameters` as an opaque config of this driver for every request.
+pub fn on_node_with_config(name: &str, uid: &str, devices: &[&str], parameters: Value) -> Value {
+    let mut claim = on_node(name, uid, devices);
+    claim["status"]["allocation"]["devices"]["config"] = json!([{
+        "source": "FromClaim",
+        "opaque": {"driver": DRIVER, "parameters": parameters}
+    }]);
+    claim
+}
+
 /// A claim the scheduler has not allocated yet.
 pub fn unallocated(name: &str, uid: &str) -> Value {
     json!({
