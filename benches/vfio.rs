@@ -2,7 +2,8 @@
 //! binary with `--passthrough` on its kubelet sockets, the simulated HGX H100 whose host tree
 //! (sysfs, `/dev/vfio`) the simulator keeps, the chart's malloc settings, and a fake API
 //! server modelled on a real one as `benches/prepare.rs` models it: TLS with client
-//! certificates, GETs answered after `GPU_DRA_BENCH_GET_LATENCY_US` (default 2,600 µs) and
+//! certificates, GETs answered after `GPU_DRA_BENCH_GET_LATENCY_US` (default 3,500 µs, 800 µs
+//! of it busy on this machine's cores) and
 //! writes (the claim-status PUT) after `GPU_DRA_BENCH_WRITE_LATENCY_US` (default 2,000 µs),
 //! as `benches/support/api_model.rs` sets them for both benches.
 //! The floor (a prepare of a claim that does not exist: one GET → 404) is reported too, so

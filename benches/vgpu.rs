@@ -3,7 +3,8 @@
 //! `/dev/vfio`) the simulator keeps, the chart's malloc settings, CDI specs and metadata files
 //! on a tmpfs, and a fake API server modelled on a real one as `benches/prepare.rs` and
 //! `benches/vfio.rs` model it (TLS with client certificates, GETs after
-//! `GPU_DRA_BENCH_GET_LATENCY_US`, default 2,600 µs, writes after
+//! `GPU_DRA_BENCH_GET_LATENCY_US`, default 3,500 µs with 800 µs of it busy on this machine's
+//! cores, writes after
 //! `GPU_DRA_BENCH_WRITE_LATENCY_US`, default 2,000 µs; `benches/support/api_model.rs`).
 //!
 //! Reports, over `ROUNDS` prepare/unprepare cycles of one claim each (p50 / p99):

@@ -605,3 +605,39 @@ fn every_vgpu_crash_point_is_exercised() {
         assert!(tested.contains(point), "{point} is not crashed at");
     }
 }
+
+/// The plugin's start-up log runs `doctor --vgpu`'s node checks on what its inventory just
+/// read: VFs not enabled are a failed check in the first lines, with the fix, not news at the
+/// first claim.
+#[tokio::test]
+async fn the_start_up_checks_say_when_the_vfs_are_not_enabled() {
+    let node = Node::new().with_sim_node(H100);
+    power_on(&node, H100);
+    let kernel = SimKernel::new(host_root(&node));
+    use gpu_dra::hardware::passthrough::SysfsKernel;
+    kernel
+        .write(
+            &pci_device(&node, &gpu_address(0)).join("sriov_numvfs"),
+            "0",
+        )
+        .unwrap();
+    let plugin = start(&node, "H100-4C", &[]).await;
+    plugin_support::eventually("the start-up checks' summary", || {
+        plugin
+            .log()
+            .contains("doctor --quick at start")
+            .then_some(())
+    })
+    .await;
+    let log = plugin.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("check failed") && l.contains("vgpu-vfs"))
+        .unwrap_or_else(|| panic!("no failed vgpu-vfs check at start:\n{log}"));
+    assert!(line.contains("sriov-manage -e ALL"), "{line}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("vgpu-manager") && l.contains("check")),
+        "the vGPU manager is there: its check passes (logged at debug only):\n{log}"
+    );
+}

@@ -38,9 +38,38 @@ pub fn log(config: &PluginConfig, inventory: &NodeInventory) {
 fn start_checks(config: &PluginConfig, inventory: &NodeInventory) -> Report {
     let (doctor, gpus) = for_plugin(config);
     let simulated = gpus.simulated();
-    Report {
-        checks: doctor::node_checks(&doctor, &gpus, &Ok(inventory.clone()), simulated),
-    }
+    let inventory = Ok(inventory.clone());
+    let mut checks = doctor::node_checks(&doctor, &gpus, &inventory, simulated);
+    checks.extend(vgpu_checks(config, &inventory));
+    Report { checks }
+}
+
+/// `doctor --vgpu`'s node checks (vGPU manager, VFs or mdev types, the configured types) when
+/// the plugin offers vGPU types, on the vGPU files its inventory just read: a node whose VFs
+/// are not enabled says so in the first lines of the log, not at the first claim.
+fn vgpu_checks(
+    config: &PluginConfig,
+    inventory: &Result<NodeInventory, String>,
+) -> Vec<doctor::Check> {
+    let Ok(read) = inventory else {
+        return Vec::new();
+    };
+    let Some(facts) = &read.vgpu_host else {
+        return Vec::new();
+    };
+    let settings = doctor::vgpu::VgpuSettings {
+        types: config.vgpu_types.clone(),
+        compatibility_groups: config.compatibility_groups,
+    };
+    let host = doctor::vgpu::VgpuHostRead {
+        root: match (&config.host_root, &config.backend) {
+            (Some(root), _) => root.display().to_string(),
+            (None, BackendChoice::Sim { .. }) => "the simulated node's host tree".to_string(),
+            (None, BackendChoice::Nvml { .. }) => "/".to_string(),
+        },
+        facts: Ok(facts.clone()),
+    };
+    doctor::vgpu::checks(&settings, inventory, &host)
 }
 
 /// The doctor's view of a running plugin: its directories and driver layout, the runtime's
