@@ -90,6 +90,9 @@ pub struct Figures {
     /// quiet inventory round's `malloc_trim`.
     pub rss_after_loops_mib: f64,
     pub rss_after_trim_mib: f64,
+    /// `/proc/<pid>/status`'s RSS lines after the trim: anonymous memory and the binary's
+    /// (and libraries') resident pages.
+    pub rss_after_trim_detail: String,
 }
 
 /// A prepare that must fail for every claim (the claims do not exist).
@@ -160,6 +163,7 @@ pub async fn replay(
     // The chart's inventory interval (10 s) and a margin: the quiet round trims the heap.
     tokio::time::sleep(Duration::from_secs(11)).await;
     let rss_after_trim_mib = rss_mib(pid);
+    let rss_after_trim_detail = rss_detail(pid);
     Figures {
         idle_cpu,
         steady_idle,
@@ -173,7 +177,26 @@ pub async fn replay(
         batch_connections,
         rss_after_loops_mib,
         rss_after_trim_mib,
+        rss_after_trim_detail,
     }
+}
+
+/// `RssAnon`, `RssFile` and `RssShmem` of the process, MiB.
+pub fn rss_detail(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mib = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map_or(0.0, |kib| kib / 1024.0)
+    };
+    format!(
+        "anon {:.1} MiB, file {:.1} MiB, shmem {:.1} MiB",
+        mib("RssAnon:"),
+        mib("RssFile:"),
+        mib("RssShmem:")
+    )
 }
 
 /// The process's VmRSS, MiB.
@@ -402,10 +425,20 @@ pub fn print_calibration(f: &Figures) -> usize {
     ];
     println!(
         "\ncalibration against issue 46's held-out table (within {:.0} %; CPU factor {factor:.2}, \
-         raw CPU {cpu_raw:.2} ms per claim; RSS {:.1} MiB a few seconds after the loops):",
+         raw CPU {cpu_raw:.2} ms per claim; RSS {:.1} MiB a few seconds after the loops, \
+         after the trim {}):",
         held_out::TOLERANCE * 100.0,
-        f.rss_after_loops_mib
+        f.rss_after_loops_mib,
+        f.rss_after_trim_detail
     );
+    if !std::env::var("GPU_DRA_PLUGIN_BIN").is_ok_and(|b| b.contains("/dist/")) {
+        println!(
+            "(the held-out figures are the image's build: the dist profile, non-PIE. This \
+             release build spends less CPU and maps more code; to compare like with like: \
+             RUSTFLAGS='-C relocation-model=static' cargo build --profile dist --target \
+             x86_64-unknown-linux-gnu --bin gpu-dra, then GPU_DRA_PLUGIN_BIN=<that binary>)"
+        );
+    }
     println!(
         "{:<48} {:>10} {:>10} {:>7}  reproduced",
         "figure", "bench", "held out", "error"
