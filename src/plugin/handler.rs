@@ -78,6 +78,7 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
     /// own span.
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
         let started = Instant::now();
+        super::memory::note_call();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let (results, cost) = crate::cost::measure(self.manager.prepare_batch(&ids)).await;
         self.manager.source.forget_prefetched(&ids);
@@ -128,6 +129,7 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
         let started = Instant::now();
+        super::memory::note_call();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let (results, cost) = crate::cost::measure(self.manager.unprepare_batch(&ids)).await;
         self.metrics

@@ -42,6 +42,79 @@ pub fn release_startup() {
     page_out_executable();
 }
 
+/// How long the kubelet must have made no call before the executable's code is paged out
+/// again ([`calls_burst_ended`]).
+pub const QUIET_AFTER_CALLS: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Kubelet calls and when the last one came, against what the last page-out saw.
+#[derive(Debug)]
+struct Bursts {
+    epoch: std::time::Instant,
+    calls: std::sync::atomic::AtomicU64,
+    last_call_ms: std::sync::atomic::AtomicU64,
+    paged_out_at_calls: std::sync::atomic::AtomicU64,
+}
+
+impl Bursts {
+    fn new() -> Bursts {
+        Bursts {
+            epoch: std::time::Instant::now(),
+            calls: Default::default(),
+            last_call_ms: Default::default(),
+            paged_out_at_calls: Default::default(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn note_call(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.last_call_ms.store(self.now_ms(), Relaxed);
+        self.calls.fetch_add(1, Relaxed);
+    }
+
+    /// Whether a burst ended: calls since the last `true`, none for `quiet`. Marks it.
+    fn burst_ended(&self, quiet: std::time::Duration) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let calls = self.calls.load(Relaxed);
+        let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
+        if calls == self.paged_out_at_calls.load(Relaxed)
+            || self
+                .now_ms()
+                .saturating_sub(self.last_call_ms.load(Relaxed))
+                < quiet_ms
+        {
+            return false;
+        }
+        self.paged_out_at_calls.store(calls, Relaxed);
+        true
+    }
+}
+
+fn bursts() -> &'static Bursts {
+    static BURSTS: std::sync::OnceLock<Bursts> = std::sync::OnceLock::new();
+    BURSTS.get_or_init(Bursts::new)
+}
+
+/// Notes a kubelet call (prepare or unprepare): two relaxed atomic updates.
+pub fn note_call() {
+    bursts().note_call();
+}
+
+/// Whether a burst of kubelet calls is over: calls came since the last time this said so,
+/// and none for [`QUIET_AFTER_CALLS`]. Two atomic loads (and a store when it says so).
+///
+/// When it does, give back the code the calls paged in with [`release_startup`] (a blocking
+/// call): the prepare path's TLS, HTTP, gRPC, JSON and lifecycle code, several MiB of the
+/// image's build, which an idle plugin would otherwise hold on every node until it restarts.
+/// The next call reads those pages back, from the page cache or, when the kernel has dropped
+/// them, from the image: once per burst.
+pub fn calls_burst_ended() -> bool {
+    bursts().burst_ended(QUIET_AFTER_CALLS)
+}
+
 #[cfg(target_os = "linux")]
 fn page_out_executable() {
     const MADV_PAGEOUT: std::ffi::c_int = 21;
@@ -125,5 +198,22 @@ mod tests {
                 .enumerate()
                 .all(|(i, v)| v.iter().all(|b| *b == i as u8))
         );
+    }
+
+    #[test]
+    fn a_burst_ends_once_after_the_quiet_time_and_only_after_calls() {
+        use std::time::Duration;
+        let b = Bursts::new();
+        assert!(!b.burst_ended(Duration::ZERO), "no call yet");
+        b.note_call();
+        assert!(
+            !b.burst_ended(Duration::from_secs(3600)),
+            "a call just now: not quiet yet"
+        );
+        assert!(b.burst_ended(Duration::ZERO), "calls came and it is quiet");
+        assert!(!b.burst_ended(Duration::ZERO), "once per burst");
+        b.note_call();
+        b.note_call();
+        assert!(b.burst_ended(Duration::ZERO), "the next burst");
     }
 }
