@@ -388,13 +388,16 @@ impl VgpuHost {
         })
     }
 
-    /// Writes `value` to `path`, a file of GPU `pf`'s (which [`VgpuHost::refresh`] then
-    /// reads again, whatever the kernel answered).
-    fn write(&self, pf: &str, path: &Path, value: &str) -> Result<(), VgpuHostError> {
+    /// Writes `value` to `path` through the kernel. `pf`: the GPU whose vGPUs the write
+    /// changes, which [`VgpuHost::refresh`] then reads again whatever the kernel answered;
+    /// `None` for a write that changes no fact a scan reads (`vgpu_params`).
+    fn write(&self, pf: Option<&str>, path: &Path, value: &str) -> Result<(), VgpuHostError> {
         crate::cost::count(crate::cost::Cost::SysfsWrite);
         let result = self.kernel.write(path, value);
         self.changes.fetch_add(1, Ordering::Relaxed);
-        self.mark_dirty(pf);
+        if let Some(pf) = pf {
+            self.mark_dirty(pf);
+        }
         result.map_err(|source| VgpuHostError::Write {
             path: path.to_path_buf(),
             value: value.to_string(),
@@ -451,7 +454,7 @@ impl VgpuHost {
             });
         }
         self.write(
-            &pf,
+            Some(&pf),
             &dev.join("nvidia/current_vgpu_type"),
             &type_id.to_string(),
         )?;
@@ -479,7 +482,7 @@ impl VgpuHost {
         if Self::current_type(&dev)? == 0 {
             return Ok(());
         }
-        self.write(&pf, &dev.join("nvidia/current_vgpu_type"), "0")?;
+        self.write(Some(&pf), &dev.join("nvidia/current_vgpu_type"), "0")?;
         crate::crashpoint::hit("vgpu-vdev-deleted");
         let found = Self::current_type(&dev)?;
         if found != 0 {
@@ -556,7 +559,7 @@ impl VgpuHost {
             return Err(e);
         }
         let create = dev.join(format!("mdev_supported_types/nvidia-{type_id}/create"));
-        self.write(&pf, &create, &uuid)?;
+        self.write(Some(&pf), &create, &uuid)?;
         crate::crashpoint::hit("vgpu-mdev-created");
         match self.read_mdev(&uuid) {
             Some(m) if m.parent == parent && m.type_id == type_id => Ok(instance(&m)),
@@ -591,15 +594,7 @@ impl VgpuHost {
         if read()? == params {
             return Ok(());
         }
-        crate::cost::count(crate::cost::Cost::SysfsWrite);
-        self.changes.fetch_add(1, Ordering::Relaxed);
-        self.kernel
-            .write(&file, params)
-            .map_err(|source| VgpuHostError::Write {
-                path: file.clone(),
-                value: params.to_string(),
-                source,
-            })?;
+        self.write(None, &file, params)?;
         let found = read()?;
         if found != params {
             return Err(VgpuHostError::ParamsDidNotTake {
@@ -628,15 +623,12 @@ impl VgpuHost {
             return Ok(());
         }
         // The GPU it sits on: its parent, or the parent's physical function.
-        let pf = self
-            .read_mdev(&uuid)
-            .map(|m| {
-                link_name(&self.device(&m.parent).join("physfn"))
-                    .map(|pf| normalize_address(&pf))
-                    .unwrap_or(m.parent)
-            })
-            .unwrap_or_default();
-        self.write(&pf, &dev.join("remove"), "1")?;
+        let pf = self.read_mdev(&uuid).map(|m| {
+            link_name(&self.device(&m.parent).join("physfn"))
+                .map(|pf| normalize_address(&pf))
+                .unwrap_or(m.parent)
+        });
+        self.write(pf.as_deref(), &dev.join("remove"), "1")?;
         crate::crashpoint::hit("vgpu-mdev-removed");
         if dev.symlink_metadata().is_ok() {
             return Err(VgpuHostError::MdevNotRemoved { uuid });
