@@ -218,26 +218,6 @@ async fn futures_join<F: Future<Output = ()>>(calls: impl Iterator<Item = F>) {
     .await;
 }
 
-fn memory(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kib = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let mib = |name: &str| kib(name) as f64 / 1024.0;
-    format!(
-        "RSS {:.1} MiB (anon {:.1}, file {:.1}), HWM {:.1} MiB, {} threads",
-        mib("VmRSS"),
-        mib("RssAnon"),
-        mib("RssFile"),
-        mib("VmHWM"),
-        kib("Threads")
-    )
-}
-
 /// The plugin's own time per prepare call, from its `prepared` log lines (`elapsed_us`: from
 /// the claims' batch entering the lifecycle, after the prefetch GETs, to the answer): what of
 /// the p50 above the floor is the plugin's work and what is transport and scheduling.
@@ -321,7 +301,7 @@ fn main() {
         tokio::time::sleep(IDLE).await;
         println!(
             "idle plugin (chart's malloc settings), before any call: {}",
-            memory(idle.pid())
+            harness::memory(idle.pid())
         );
         drop(idle);
 
@@ -361,13 +341,13 @@ fn main() {
             }
         }
         tokio::time::sleep(IDLE).await;
-        println!("\nidle plugin after the load: {}", memory(b.pid()));
+        println!("\nidle plugin after the load: {}", harness::memory(b.pid()));
         // The heap's free pages go back at the next quiet inventory round (`malloc_trim`,
         // every `--inventory-interval`, 10 s in the chart), not at every free.
         tokio::time::sleep(INVENTORY_ROUND).await;
         println!(
             "idle plugin after the next inventory round: {}",
-            memory(b.pid())
+            harness::memory(b.pid())
         );
         // Alone on the node from here, as a DaemonSet's plugin is: pages of the binary that
         // another running instance maps stay resident (MADV_PAGEOUT skips shared pages).
@@ -375,7 +355,7 @@ fn main() {
 
         let fresh = Bench::start(&root, &cdi, latency, chart_malloc_env()).await;
         tokio::time::sleep(IDLE).await;
-        let idle_rss = memory(fresh.pid());
+        let idle_rss = harness::memory(fresh.pid());
         println!("idle plugin (chart's malloc settings), fresh: {idle_rss}");
         drop(fresh);
         // The `plugin` bench's node (8 H100 with dynamic MIG: a larger device model).
@@ -387,7 +367,7 @@ fn main() {
         tokio::time::sleep(IDLE).await;
         println!(
             "idle plugin on the dgx-h100 preset (chart's malloc settings): {}",
-            memory(plugin.pid())
+            harness::memory(plugin.pid())
         );
 
         println!("\n-- against the targets");

@@ -90,8 +90,8 @@ pub struct Figures {
     /// quiet inventory round's `malloc_trim`.
     pub rss_after_loops_mib: f64,
     pub rss_after_trim_mib: f64,
-    /// `/proc/<pid>/status`'s RSS lines after the trim: anonymous memory and the binary's
-    /// (and libraries') resident pages.
+    /// [`memory`] after the trim: anonymous memory and the binary's (and libraries')
+    /// resident pages.
     pub rss_after_trim_detail: String,
     /// A 1-claim prepare right after that reading: the first call after the plugin paged
     /// its code out again.
@@ -168,7 +168,7 @@ pub async fn replay(
     // after the last call, both have happened.
     tokio::time::sleep(Duration::from_millis(18_500)).await;
     let rss_after_trim_mib = rss_mib(pid);
-    let rss_after_trim_detail = rss_detail(pid);
+    let rss_after_trim_detail = memory(pid);
     // What the first call after that costs: the code it runs is read back in.
     let started = Instant::now();
     prepare_all(kubelet, &refs[..1]).await;
@@ -192,21 +192,25 @@ pub async fn replay(
     }
 }
 
-/// `RssAnon`, `RssFile` and `RssShmem` of the process, MiB.
-pub fn rss_detail(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let mib = |name: &str| {
+/// The process's memory as `/proc/<pid>/status` shows it, read once: RSS with its anonymous
+/// and file-backed parts, the high-water mark and the thread count.
+pub fn memory(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib = |name: &str| {
         status
             .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .map_or(0.0, |kib| kib / 1024.0)
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
     };
+    let mib = |name: &str| kib(name) as f64 / 1024.0;
     format!(
-        "anon {:.1} MiB, file {:.1} MiB, shmem {:.1} MiB",
-        mib("RssAnon:"),
-        mib("RssFile:"),
-        mib("RssShmem:")
+        "RSS {:.1} MiB (anon {:.1}, file {:.1}), HWM {:.1} MiB, {} threads",
+        mib("VmRSS"),
+        mib("RssAnon"),
+        mib("RssFile"),
+        mib("VmHWM"),
+        kib("Threads")
     )
 }
 
