@@ -20,66 +20,24 @@
 
 #[path = "support/api_model.rs"]
 mod api_model;
+#[path = "support/cycles.rs"]
+mod cycles;
 #[path = "../tests/plugin_support/mod.rs"]
 mod plugin_support;
 #[path = "support/tmpfs.rs"]
 mod tmpfs;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use api_model::Latency;
-use gpu_dra::kubelet::ClaimRef;
-use gpu_dra::kubelet::client::{DraApi, KubeletClient};
+use cycles::{Figures, cycle, ms};
+use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::{Node, chart_malloc_env, eventually};
 use serde_json::json;
 
 const ROUNDS: usize = 200;
 const PRESET: &str = "hgx-h100-passthrough";
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-async fn cycle(kubelet: &mut KubeletClient, claim: &ClaimRef) -> (Duration, Duration) {
-    let t = Instant::now();
-    let got = kubelet.prepare(std::slice::from_ref(claim)).await.unwrap();
-    let prepared = t.elapsed();
-    assert!(got[&claim.uid].is_ok(), "{got:?}");
-    let t = Instant::now();
-    kubelet
-        .unprepare(std::slice::from_ref(claim))
-        .await
-        .unwrap();
-    (prepared, t.elapsed())
-}
-
-struct Figures {
-    prepare: Vec<Duration>,
-    unprepare: Vec<Duration>,
-}
-
-impl Figures {
-    fn p50(&self) -> (Duration, Duration) {
-        (
-            percentile(&self.prepare, 0.5),
-            percentile(&self.unprepare, 0.5),
-        )
-    }
-    fn line(&self, label: &str) -> String {
-        format!(
-            "{label:34} prepare p50 {:6.3} ms p99 {:6.3} ms | unprepare p50 {:6.3} ms p99 {:6.3} ms",
-            ms(percentile(&self.prepare, 0.5)),
-            ms(percentile(&self.prepare, 0.99)),
-            ms(percentile(&self.unprepare, 0.5)),
-            ms(percentile(&self.unprepare, 0.99)),
-        )
-    }
-}
 
 /// Runs `ROUNDS` cycles of a VFIO claim and of a full-GPU claim, interleaved, on one plugin.
 async fn measure(metadata: bool) -> (Figures, Figures, Duration) {
@@ -89,13 +47,13 @@ async fn measure(metadata: bool) -> (Figures, Figures, Duration) {
         .with_sim_node(PRESET)
         .with_cdi_in(&tmpfs)
         .with_metadata_in(&tmpfs);
-    let mut vm = claims::on_node("vm", "uid-vm", &["gpu-vfio-1"]);
-    vm["status"]["allocation"]["devices"]["config"] = json!([{
-        "source": "FromClaim",
-        "opaque": {"driver": claims::DRIVER, "parameters": {
-            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
-            "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}}}
-    }]);
+    let vm = claims::on_node_with_config(
+        "vm",
+        "uid-vm",
+        &["gpu-vfio-1"],
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig",
+               "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}}),
+    );
     node.api.put_claim(vm);
     node.api
         .put_claim(claims::on_node("pod", "uid-pod", &["gpu-2"]));
@@ -112,39 +70,14 @@ async fn measure(metadata: bool) -> (Figures, Figures, Duration) {
         cycle(&mut kubelet, &vm).await;
         cycle(&mut kubelet, &pod).await;
     }
-    let missing = claim_ref("missing", "uid-missing");
-    let mut floor = Vec::with_capacity(ROUNDS);
+    let floor = cycles::floor(&mut kubelet, ROUNDS).await;
+    let (mut vfio, mut full) = (Figures::default(), Figures::default());
     for _ in 0..ROUNDS {
-        let t = Instant::now();
-        let got = kubelet
-            .prepare(std::slice::from_ref(&missing))
-            .await
-            .unwrap();
-        floor.push(t.elapsed());
-        assert!(got[&missing.uid].is_err(), "a claim that does not exist");
+        vfio.push(cycle(&mut kubelet, &vm).await);
+        full.push(cycle(&mut kubelet, &pod).await);
     }
-    floor.sort();
-    let floor = percentile(&floor, 0.5);
-    let mut vfio = Figures {
-        prepare: Vec::new(),
-        unprepare: Vec::new(),
-    };
-    let mut full = Figures {
-        prepare: Vec::new(),
-        unprepare: Vec::new(),
-    };
-    for _ in 0..ROUNDS {
-        let (p, u) = cycle(&mut kubelet, &vm).await;
-        vfio.prepare.push(p);
-        vfio.unprepare.push(u);
-        let (p, u) = cycle(&mut kubelet, &pod).await;
-        full.prepare.push(p);
-        full.unprepare.push(u);
-    }
-    for f in [&mut vfio, &mut full] {
-        f.prepare.sort();
-        f.unprepare.sort();
-    }
+    vfio.sort();
+    full.sort();
     (vfio, full, floor)
 }
 

@@ -19,60 +19,23 @@
 
 #[path = "support/api_model.rs"]
 mod api_model;
+#[path = "support/cycles.rs"]
+mod cycles;
 #[path = "../tests/plugin_support/mod.rs"]
 mod plugin_support;
 #[path = "support/tmpfs.rs"]
 mod tmpfs;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use api_model::Latency;
-use gpu_dra::kubelet::ClaimRef;
-use gpu_dra::kubelet::client::{DraApi, KubeletClient};
+use cycles::{Figures, cycle, ms};
+use gpu_dra::kubelet::client::DraApi;
 use plugin_support::claims::{self, claim_ref};
 use plugin_support::{Node, chart_malloc_env, eventually};
 
 const ROUNDS: usize = 200;
 const PRESET: &str = "hgx-h100-vgpu";
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-async fn cycle(kubelet: &mut KubeletClient, claim: &ClaimRef) -> (Duration, Duration) {
-    let t = Instant::now();
-    let got = kubelet.prepare(std::slice::from_ref(claim)).await.unwrap();
-    let prepared = t.elapsed();
-    assert!(got[&claim.uid].is_ok(), "{got:?}");
-    let t = Instant::now();
-    kubelet
-        .unprepare(std::slice::from_ref(claim))
-        .await
-        .unwrap();
-    (prepared, t.elapsed())
-}
-
-#[derive(Default)]
-struct Figures {
-    prepare: Vec<Duration>,
-    unprepare: Vec<Duration>,
-}
-
-impl Figures {
-    fn line(&self, label: &str) -> String {
-        format!(
-            "{label:30} prepare p50 {:6.3} ms p99 {:6.3} ms | unprepare p50 {:6.3} ms p99 {:6.3} ms",
-            ms(percentile(&self.prepare, 0.5)),
-            ms(percentile(&self.prepare, 0.99)),
-            ms(percentile(&self.unprepare, 0.5)),
-            ms(percentile(&self.unprepare, 0.99)),
-        )
-    }
-}
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -107,42 +70,24 @@ fn main() {
             cycle(&mut kubelet, &vm).await;
             cycle(&mut kubelet, &pod).await;
         }
-        let missing = claim_ref("missing", "uid-missing");
-        let mut floor = Vec::with_capacity(ROUNDS);
-        for _ in 0..ROUNDS {
-            let t = Instant::now();
-            let got = kubelet
-                .prepare(std::slice::from_ref(&missing))
-                .await
-                .unwrap();
-            floor.push(t.elapsed());
-            assert!(got[&missing.uid].is_err(), "a claim that does not exist");
-        }
-        floor.sort();
-        let floor = percentile(&floor, 0.5);
+        let floor = cycles::floor(&mut kubelet, ROUNDS).await;
         let (mut vgpu, mut full) = (Figures::default(), Figures::default());
         for _ in 0..ROUNDS {
-            let (p, u) = cycle(&mut kubelet, &vm).await;
-            vgpu.prepare.push(p);
-            vgpu.unprepare.push(u);
-            let (p, u) = cycle(&mut kubelet, &pod).await;
-            full.prepare.push(p);
-            full.unprepare.push(u);
+            vgpu.push(cycle(&mut kubelet, &vm).await);
+            full.push(cycle(&mut kubelet, &pod).await);
         }
-        for f in [&mut vgpu, &mut full] {
-            f.prepare.sort();
-            f.unprepare.sort();
-        }
+        vgpu.sort();
+        full.sort();
         println!(
             "floor (prepare of a claim that does not exist: one GET -> 404, TLS): p50 {:.3} ms",
             ms(floor)
         );
         println!("{}", vgpu.line("vGPU claim (vdev, H100-4C)"));
         println!("{}", full.line("full-GPU claim"));
-        let p50 = percentile(&vgpu.prepare, 0.5);
+        let (p50, _) = vgpu.p50();
         println!(
             "vGPU over full GPU: {:+.3} ms p50 (the checks, the sysfs write and read-back)",
-            ms(p50) - ms(percentile(&full.prepare, 0.5))
+            ms(p50) - ms(full.p50().0)
         );
         let verdict = if p50 < Duration::from_millis(10) {
             "met"
