@@ -354,16 +354,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_type_that_runs_alone_is_not_free_beside_another_type_held_on_a_grouped_gpu() {
-        let holder = [Holder {
+    /// The holder of a VM's claim `vms/vm-a`.
+    fn vm_holder() -> Holder {
+        Holder {
             namespace: "vms".into(),
             claim: "vm-a".into(),
             pods: vec![],
             request: "r".into(),
             share_id: None,
             consumed: Default::default(),
-        }];
+        }
+    }
+
+    #[test]
+    fn a_type_that_runs_alone_is_not_free_beside_another_type_held_on_a_grouped_gpu() {
+        let holder = [vm_holder()];
         let mut book = Book::default();
         let fb = book.index((0, 0), "framebuffer", q(48), None);
         let mixed = || vec!["vgpu-12q", "vgpu-mixed"];
@@ -421,14 +426,7 @@ mod tests {
 
     #[test]
     fn without_groups_only_the_framebuffer_limits_the_other_types() {
-        let holder = [Holder {
-            namespace: "vms".into(),
-            claim: "vm-a".into(),
-            pods: vec![],
-            request: "r".into(),
-            share_id: None,
-            consumed: Default::default(),
-        }];
+        let holder = [vm_holder()];
         let mut book = Book::default();
         let fb = book.index((0, 0), "framebuffer", q(48), None);
         let gpu = GpuEntry {
