@@ -465,6 +465,18 @@ pub trait GpuBackend: Send + Sync {
         0
     }
 
+    /// A signal notified (from any thread) whenever [`GpuBackend::health_generation`] may
+    /// have moved for a reason outside this process's own calls (a health event, a GPU
+    /// coming or going, another process rewriting simulated state), so the plugin can wait
+    /// for it instead of polling: an idle plugin then wakes only on its regular intervals.
+    /// A notification may be spurious (the generation is compared before anything is
+    /// read); one sent while nobody waits is kept for the next wait. `None` (the default)
+    /// means the backend cannot signal and the plugin polls the generation
+    /// ([`crate::plugin::inventory_watch::HEALTH_POLL`]).
+    fn health_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
+
     /// Switches MIG mode on GPU `index`. On Ampere the change stays pending until a reset;
     /// on Hopper and later it applies at once, or fails with [`NvmlCode::InUse`] when MIG
     /// devices still exist.

@@ -81,6 +81,7 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
         super::memory::note_call();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let (results, cost) = crate::cost::measure(self.manager.prepare_batch(&ids)).await;
+        super::inventory_watch::call_ended();
         self.manager.source.forget_prefetched(&ids);
         self.metrics.record_request_path(Operation::Prepare, &cost);
         // Usage accounting takes the records the lifecycle just wrote from memory.
@@ -132,6 +133,7 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
         super::memory::note_call();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let (results, cost) = crate::cost::measure(self.manager.unprepare_batch(&ids)).await;
+        super::inventory_watch::call_ended();
         self.metrics
             .record_request_path(Operation::Unprepare, &cost);
         let mut out = UnprepareResults::new();

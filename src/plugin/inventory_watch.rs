@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
 use super::memory;
@@ -22,8 +22,31 @@ use crate::health::{self, DeviceVerdict, HealthPolicy, HealthState, PreparedDevi
 use crate::kubelet::{DeviceHealth, HealthStatus};
 use crate::metrics::Metrics;
 
-/// How often the backend's health generation is polled.
+/// How often the health generation of a backend without a signal
+/// ([`GpuBackend::health_signal`]) is polled.
 pub const HEALTH_POLL: Duration = Duration::from_millis(200);
+
+/// Notified when a kubelet call ends: the call's own hardware changes (a GPU switched to
+/// VFIO, a vGPU created) move the generation without any backend signal.
+static CALL_ENDED: std::sync::LazyLock<Notify> = std::sync::LazyLock::new(Notify::new);
+
+/// Tells the watcher a kubelet call has ended, so it compares the health generation now
+/// rather than at its next interval. Cheap, and never blocks; the comparison runs on the
+/// watcher's task in the same wake-up as the call.
+pub fn call_ended() {
+    CALL_ENDED.notify_one();
+}
+
+/// Returns when the backend's signal fires, or at the next poll when it has none.
+async fn health_moved(signal: Option<&Notify>, poll: Option<&mut tokio::time::Interval>) {
+    match (signal, poll) {
+        (Some(signal), _) => signal.notified().await,
+        (None, Some(poll)) => {
+            poll.tick().await;
+        }
+        (None, None) => std::future::pending().await,
+    }
+}
 
 /// The model to publish for `inventory`: devices, health taints, and the prepared devices
 /// the inventory lacks (kept from `previous`, tainted); with the verdict on every device.
@@ -215,14 +238,18 @@ impl Watcher {
         health: watch::Sender<Vec<DeviceHealth>>,
     ) {
         let this = Arc::new(self);
-        let mut ticker = tokio::time::interval(this.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticker = crate::ticks::Ticks::every(this.interval);
         ticker.tick().await; // the first round ran at start-up
-        let mut poll = tokio::time::interval(HEALTH_POLL);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Polled on this task, not the blocking pool: the backends answer from memory (an
-        // atomic counter under NVML, a stat of the state file in the simulation), and a hop
-        // to a blocking thread five times a second was most of the idle plugin's CPU.
+        // A backend that signals changes is waited for; one that cannot is polled. Either
+        // way the generation is read on this task, not the blocking pool: the backends
+        // answer from memory (an atomic counter under NVML, a stat of the state file in the
+        // simulation).
+        let signal = this.backend.health_signal();
+        let mut poll = signal.is_none().then(|| {
+            let mut poll = tokio::time::interval(HEALTH_POLL);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            poll
+        });
         let generation = |w: &Arc<Watcher>| w.backend.health_generation();
         let mut seen_generation = generation(&this);
         let now = unix_now();
@@ -251,7 +278,8 @@ impl Watcher {
         loop {
             let regular = tokio::select! {
                 _ = ticker.tick() => true,
-                _ = poll.tick() => false,
+                () = health_moved(signal.as_deref(), poll.as_mut()) => false,
+                () = CALL_ENDED.notified() => false,
             };
             if !regular {
                 let g = generation(&this);

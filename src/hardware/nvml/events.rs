@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t};
+use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::hardware::health::{
@@ -47,7 +48,7 @@ struct Findings {
 /// The health-watching thread and what it found.
 pub(super) struct HealthWatch {
     findings: Arc<Mutex<Findings>>,
-    generation: Arc<AtomicU64>,
+    generation: Arc<Bumps>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -69,7 +70,7 @@ impl HealthWatch {
             findings.unhealthy.insert(uuid);
         }
         let findings = Arc::new(Mutex::new(findings));
-        let generation = Arc::new(AtomicU64::new(0));
+        let generation = Arc::new(Bumps::default());
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (findings, generation, stop) = (findings.clone(), generation.clone(), stop.clone());
@@ -108,7 +109,15 @@ impl HealthWatch {
 
     /// Changes with every event received and every GPU newly registered.
     pub(super) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Relaxed)
+        self.generation.value.load(Ordering::Relaxed)
+    }
+
+    /// Notified at every change of [`HealthWatch::generation`]; `None` when the event
+    /// thread could not start (nothing would ever notify it, so the plugin polls).
+    pub(super) fn signal(&self) -> Option<Arc<Notify>> {
+        self.thread
+            .as_ref()
+            .map(|_| Arc::clone(&self.generation.changed))
     }
 }
 
@@ -141,7 +150,21 @@ fn lost_gpus(nvml: &Nvml) -> BTreeSet<String> {
     lost
 }
 
-fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &AtomicU64, stop: &AtomicBool) {
+/// The event thread's generation and the signal that wakes whoever waits for it to move.
+#[derive(Default)]
+struct Bumps {
+    value: AtomicU64,
+    changed: Arc<Notify>,
+}
+
+impl Bumps {
+    fn bump(&self) {
+        self.value.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_one();
+    }
+}
+
+fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &Bumps, stop: &AtomicBool) {
     let lib = nvml.lib();
     let (Ok(create), Ok(register), Ok(supported), Ok(wait), Ok(free), Ok(uuid_of)) = (
         lib.nvmlEventSetCreate.as_ref(),
@@ -211,7 +234,7 @@ fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &AtomicU64, stop: 
     while !stop.load(Ordering::Relaxed) {
         waits += 1;
         if waits.is_multiple_of(RESCAN_EVERY) && register_new(&mut registered) > 0 {
-            generation.fetch_add(1, Ordering::Relaxed);
+            generation.bump();
         }
         let mut data = MaybeUninit::<nvmlEventData_t>::zeroed();
         // SAFETY: the set is live until freed below; `data` is writable and sized for the
@@ -271,7 +294,7 @@ fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &AtomicU64, stop: 
             "NVML event"
         );
         drop(found);
-        generation.fetch_add(1, Ordering::Relaxed);
+        generation.bump();
     }
     // SAFETY: the set is live and freed once.
     unsafe { free(set) };

@@ -252,6 +252,11 @@ impl GpuBackend for NvmlBackend {
         self.health.generation()
     }
 
+    /// Notified by the event thread with every generation change.
+    fn health_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.health.signal()
+    }
+
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
         let count = self
             .nvml

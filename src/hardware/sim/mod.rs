@@ -18,6 +18,7 @@ mod state;
 pub mod sysfs;
 pub mod telemetry;
 pub mod vgpu;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -132,6 +133,9 @@ pub struct SimBackend {
     /// The simulated host tree (`sysfs.rs`), when the node simulates one and has a state
     /// directory.
     host_root: Option<PathBuf>,
+    /// The state directory's watch (`watch.rs`), started by the first
+    /// [`GpuBackend::health_signal`] call.
+    state_changes: std::sync::OnceLock<Option<std::sync::Arc<tokio::sync::Notify>>>,
 }
 
 impl std::fmt::Debug for SimBackend {
@@ -272,6 +276,7 @@ impl SimBackend {
             store,
             xids: Default::default(),
             host_root,
+            state_changes: std::sync::OnceLock::new(),
         }
     }
 
@@ -502,6 +507,15 @@ impl GpuBackend for SimBackend {
                     .wrapping_add(removed))
             })
             .unwrap_or(0)
+    }
+
+    /// With a state directory: notified whenever the state file is replaced (by this
+    /// process or another, e.g. `gpu-dra sim-fault`), from an inotify watch started on the
+    /// first call. In memory: `None` (only this process changes it; the plugin polls).
+    fn health_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.state_changes
+            .get_or_init(|| self.store.dir().and_then(watch::state_changes))
+            .clone()
     }
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {

@@ -152,6 +152,14 @@ fn stamp_of(path: &Path) -> Option<FileStamp> {
 }
 
 impl Store {
+    /// The state directory of a file-backed store.
+    pub(super) fn dir(&self) -> Option<&Path> {
+        match self {
+            Store::File { dir, .. } => Some(dir),
+            Store::Memory(_) => None,
+        }
+    }
+
     /// Runs `op` on the current state; when it returns `Ok((value, true))` the changed state
     /// is persisted before this returns. On error nothing is written.
     pub(super) fn with<T>(

@@ -125,6 +125,12 @@ impl GpuBackend for VgpuBackend {
             .wrapping_add(self.host.change_count() << 48)
     }
 
+    /// The inner backend's signal; this process's own writes are caught after each call
+    /// (the plugin re-checks the generation when a call ends).
+    fn health_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.inner.health_signal()
+    }
+
     fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
         self.inner.set_mig_mode(index, enabled)
     }
