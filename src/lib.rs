@@ -36,4 +36,5 @@ pub mod quantity;
 pub mod selectors;
 pub mod sharing;
 pub mod slices;
+pub mod ticks;
 pub mod usage;

@@ -22,8 +22,11 @@ use super::KubeletError;
 use super::authority::AuthorityFix;
 use super::sockets::{OwnedSocket, listen};
 
-/// How often each socket file is checked: one `stat` a second.
-pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How often each socket file is checked: one `stat` every 5 s, on the process's shared
+/// timer grid (`crate::ticks`), so an idle plugin wakes for it only when it wakes anyway
+/// every other time. A deleted socket is back within 5 s; the kubelet's plugin watcher then
+/// registers the plugin again.
+pub const CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// Connections accepted on a [`Rebound`] socket, for the gRPC server.
 pub(crate) type Incoming = UnboundedReceiverStream<std::io::Result<AuthorityFix<UnixStream>>>;
@@ -81,8 +84,7 @@ async fn accept(
     rebinding: CancellationToken,
     what: &'static str,
 ) {
-    let mut ticker = tokio::time::interval(CHECK_EVERY);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = crate::ticks::Ticks::every(CHECK_EVERY);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

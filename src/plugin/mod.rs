@@ -660,8 +660,7 @@ async fn supervise_mps<S: crate::claims::ClaimSource + 'static>(
         }
     };
     count_daemons(&metrics);
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = crate::ticks::Ticks::every(interval);
     ticker.tick().await; // recovery just checked them
     loop {
         ticker.tick().await;
@@ -727,8 +726,7 @@ async fn account_usage(
     boot_id: String,
     interval: Duration,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = crate::ticks::Ticks::every(interval);
     loop {
         ticker.tick().await;
         if models.has_changed().unwrap_or(false) {

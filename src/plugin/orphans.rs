@@ -190,10 +190,11 @@ impl<H: DraHandler> Orphans<H> {
     /// Checks at once, then every [`check_interval`], until aborted.
     pub async fn run(self) {
         let mut unreserved = Unreserved::default();
-        let every = check_interval(self.grace);
+        // On the process's shared grid (`crate::ticks`): its wake-ups are the other timers'.
+        let mut ticks = crate::ticks::Ticks::every(check_interval(self.grace));
         loop {
+            ticks.tick().await;
             self.round(&mut unreserved).await;
-            tokio::time::sleep(every).await;
         }
     }
 

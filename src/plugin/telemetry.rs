@@ -213,8 +213,7 @@ pub async fn sample(
     interval: Duration,
     refresh: Option<HolderRefresh>,
 ) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker = crate::ticks::Ticks::every(interval);
     let (mut failing, mut saving_fails) = (false, false);
     let mut last_refresh = Instant::now();
     loop {
