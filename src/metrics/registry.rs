@@ -184,7 +184,7 @@ impl Metrics {
     pub fn families(&self) -> Vec<Family> {
         let mut families = self.other_families();
         match self.0.device_telemetry.get() {
-            Some(device) => families.extend(device.families.iter().cloned()),
+            Some(device) => families.extend(device.built().families.iter().cloned()),
             None => families.extend(telemetry::families(&[])),
         }
         families
@@ -215,8 +215,8 @@ impl Metrics {
 
     /// The text exposition (format 0.0.4) of every family, sorted by name.
     ///
-    /// The per-device telemetry was rendered when it was sampled; a scrape copies that text
-    /// into its place in the name order.
+    /// The per-device telemetry is rendered by the first scrape after it was sampled; later
+    /// scrapes of the same sample copy that text into its place in the name order.
     pub fn render(&self) -> String {
         let (before, after): (Vec<Family>, Vec<Family>) = self
             .other_families()
@@ -225,7 +225,7 @@ impl Metrics {
         let device = self.0.device_telemetry.get();
         let empty;
         let device_text = match &device {
-            Some(d) => d.text.as_str(),
+            Some(d) => d.built().text.as_str(),
             None => {
                 empty = text::render(&telemetry::families(&[]));
                 empty.as_str()

@@ -177,12 +177,32 @@ pub fn families(rows: &[DeviceReadings]) -> Vec<Family> {
 /// Every `gpu_dra_device_*` name sorts after this and before the next family.
 pub(super) const PREFIX: &str = "gpu_dra_device_";
 
-/// The families of one telemetry sample and their exposition, rendered once per sample.
+/// One telemetry sample: its rows, and their families and exposition, built at the first
+/// scrape (or [`super::Metrics::families`] call) after the sample and kept for the next
+/// ones. A sample nobody reads costs a copy of its rows: an unscraped plugin builds no
+/// labels and renders nothing every `--telemetry-interval`.
 pub(super) struct Snapshot {
+    rows: Vec<DeviceReadings>,
+    built: std::sync::OnceLock<Built>,
+}
+
+/// What [`Snapshot::built`] makes of a sample's rows.
+pub(super) struct Built {
     /// What [`families`] built from the sample's rows.
     pub(super) families: Vec<Family>,
     /// [`text::render`] of `families`.
     pub(super) text: String,
+}
+
+impl Snapshot {
+    /// The sample's families and exposition, built on the first call.
+    pub(super) fn built(&self) -> &Built {
+        self.built.get_or_init(|| {
+            let families = families(&self.rows);
+            let text = text::render(&families);
+            Built { families, text }
+        })
+    }
 }
 
 /// The last sample's [`Snapshot`], shared so a scrape takes a reference under the lock and
@@ -191,12 +211,13 @@ pub(super) struct Snapshot {
 pub(super) struct LastSample(Mutex<Option<Arc<Snapshot>>>);
 
 impl LastSample {
-    /// Builds and renders the families of `rows` and makes them the last sample.
+    /// Makes `rows` the last sample (built into families when first read).
     pub(super) fn set(&self, rows: &[DeviceReadings]) {
-        let families = families(rows);
-        let text = text::render(&families);
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Arc::new(Snapshot { families, text }));
+        let snapshot = Snapshot {
+            rows: rows.to_vec(),
+            built: std::sync::OnceLock::new(),
+        };
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(snapshot));
     }
 
     /// The last sample; `None` before the first.
