@@ -45,6 +45,9 @@ pub(crate) enum Threads {
     Workers(usize),
 }
 
+/// How long an idle blocking thread of a long-running verb's runtime is kept.
+const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(65);
+
 /// Runs a long-running verb on a runtime of `threads`.
 ///
 /// Fails when the runtime cannot start ("starting the async runtime") or with the verb's error.
@@ -63,8 +66,13 @@ where
             builder
         }
     };
+    // Blocking threads live past the longest regular interval (inventory, telemetry and
+    // supervision every 10 s, holders every 30 s): tokio's default of 10 s retired each one
+    // just before its next round, and a thread start (stack, TLS, page faults) every round
+    // cost an idle plugin more CPU than the round's own work.
     let runtime = builder
         .enable_all()
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(work)?;
