@@ -210,3 +210,50 @@ fn json_carries_typed_reasons_when_the_claim_does_not_fit() {
         "{yaml_text}"
     );
 }
+
+#[test]
+fn allocated_devices_no_slice_publishes_are_named_not_silently_dropped() {
+    // One device the node publishes, one of another node's pool, one misspelled.
+    let holder = allocated(
+        "holder",
+        "node-a",
+        &[("x", "gpu-0-mig-4g40gb-0"), ("y", "gpu-0-mig-4g40gbb-0")],
+    );
+    let elsewhere = allocated("elsewhere", "node-b", &[("z", "gpu-0")]);
+    let report = explain(
+        &engine(),
+        &input(
+            h100_node("node-a", 1),
+            vec![holder, elsewhere],
+            vec![one_gpu()],
+        ),
+    );
+    assert_eq!(
+        report.unpublished_allocations,
+        vec![
+            "default/holder: gpu.nvidia.com/node-a/gpu-0-mig-4g40gbb-0".to_string(),
+            "default/elsewhere: gpu.nvidia.com/node-b/gpu-0".to_string(),
+        ]
+    );
+    let text = report.render_human();
+    assert!(
+        text.ends_with(
+            "  note: left out, no slice publishes what these allocated claims hold: \
+             default/holder: gpu.nvidia.com/node-a/gpu-0-mig-4g40gbb-0, \
+             default/elsewhere: gpu.nvidia.com/node-b/gpu-0\n"
+        ),
+        "{text}"
+    );
+    // The published one still blocks the GPU, as before.
+    assert!(!report.fits());
+    assert_eq!(
+        report.to_json()["unpublishedAllocations"][1],
+        "default/elsewhere: gpu.nvidia.com/node-b/gpu-0"
+    );
+    // Nothing unpublished: the field stays out of the machine form.
+    let clean = explain(
+        &engine(),
+        &input(h100_node("node-a", 1), vec![], vec![one_gpu()]),
+    );
+    assert!(clean.to_json().get("unpublishedAllocations").is_none());
+}

@@ -122,6 +122,11 @@ pub struct ExplainReport {
     /// would fit were refused devices' counters released.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Devices the allocated claims hold that no slice explain read publishes
+    /// (`<claim>: <driver>/<pool>/<device>`), left out of the verdict: a device of another
+    /// node or pool, one that was renamed or gone, or a typo in a hand-written file.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unpublished_allocations: Vec<String>,
 }
 
 impl ExplainReport {
@@ -135,6 +140,7 @@ impl ExplainReport {
             chosen: None,
             near_misses: Vec::new(),
             note: None,
+            unpublished_allocations: Vec::new(),
         }
     }
 
@@ -162,6 +168,45 @@ impl ExplainReport {
     pub fn render_human(&self) -> String {
         render::render(self)
     }
+}
+
+/// What the allocated claims hold that no slice of `input` publishes, as
+/// `<claim>: <driver>/<pool>/<device>`, in claim order.
+fn unpublished_allocations(input: &ExplainInput) -> Vec<String> {
+    let published: std::collections::HashSet<(&str, &str, &str)> = input
+        .slices
+        .iter()
+        .flat_map(|slice| {
+            let spec = &slice.spec;
+            spec.devices.iter().flatten().map(move |d| {
+                (
+                    spec.driver.as_str(),
+                    spec.pool.name.as_str(),
+                    d.name.as_str(),
+                )
+            })
+        })
+        .collect();
+    input
+        .allocated
+        .iter()
+        .flat_map(|claim| {
+            crate::alloc::allocation_results(claim)
+                .iter()
+                .filter(|r| {
+                    !published.contains(&(r.driver.as_str(), r.pool.as_str(), r.device.as_str()))
+                })
+                .map(move |r| {
+                    format!(
+                        "{}: {}/{}/{}",
+                        crate::alloc::claim_display(claim),
+                        r.driver,
+                        r.pool,
+                        r.device
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Explains whether `input.claims` fit, allocating them together as the scheduler would.
@@ -215,6 +260,7 @@ pub fn explain_as<E: SelectorEngine>(
         chosen: None,
         near_misses: Vec::new(),
         note: None,
+        unpublished_allocations: unpublished_allocations(input),
     };
     if counter_rollback == CounterRollback::Leaked {
         let released = explain_as(engine, input, CounterRollback::Released);

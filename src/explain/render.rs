@@ -81,6 +81,13 @@ pub(super) fn render(report: &ExplainReport) -> String {
     if let Some(note) = &report.note {
         let _ = writeln!(out, "  note: {note}");
     }
+    if !report.unpublished_allocations.is_empty() {
+        let _ = writeln!(
+            out,
+            "  note: left out, no slice publishes what these allocated claims hold: {}",
+            report.unpublished_allocations.join(", ")
+        );
+    }
     out
 }
 

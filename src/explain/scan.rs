@@ -536,6 +536,8 @@ impl<'a, E: SelectorEngine> NodeScan<'a, E> {
             chosen: None,
             near_misses: Vec::new(),
             note: None,
+            // Slices arrive node by node here; what a node's slices lack may be another's.
+            unpublished_allocations: Vec::new(),
         };
         // A full explanation missing after the last pass (the cluster changed between two
         // lists) is shown as far as it is known.
