@@ -205,10 +205,11 @@ impl<S: ClaimSource> ClaimsManager<S> {
         })
     }
 
-    /// NVML's record of the GPU `uuid` now, if NVML lists it.
+    /// NVML's record of the GPU `uuid` now, if NVML lists it: the request inventory, whose
+    /// NVML part is read now (its PCI part is the kept scan, not needed here).
     fn visible(&self, uuid: &str) -> Option<crate::hardware::GpuInfo> {
         self.backend
-            .inventory()
+            .request_inventory()
             .ok()?
             .gpus
             .into_iter()

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use super::{PciHost, normalize_address};
+use super::{PciHost, PciHostFacts, normalize_address};
 use crate::hardware::{
     GpuBackend, GpuInfo, HardwareError, MigDevice, MigModeChange, NodeInventory, telemetry,
 };
@@ -16,6 +16,8 @@ pub struct PassthroughBackend {
     pci: Arc<PciHost>,
     /// NVML's last record of every GPU seen, by normalised PCI address.
     seen: Mutex<BTreeMap<String, GpuInfo>>,
+    /// The last full scan of the bus, with [`PciHost::switch_count`] as it was before it.
+    kept: Mutex<Option<(u64, PciHostFacts)>>,
 }
 
 impl PassthroughBackend {
@@ -25,6 +27,7 @@ impl PassthroughBackend {
             inner,
             pci,
             seen: Mutex::new(BTreeMap::new()),
+            kept: Mutex::new(None),
         }
     }
 
@@ -44,10 +47,31 @@ impl std::fmt::Debug for PassthroughBackend {
 }
 
 impl PassthroughBackend {
-    /// `inventory` with `passthrough` filled in from a scan of the PCI bus; GPUs NVML no
-    /// longer lists (moved to `vfio-pci`) keep the facts NVML last gave about them.
-    fn with_facts(&self, mut inventory: NodeInventory) -> Result<NodeInventory, HardwareError> {
-        let mut facts = self.pci.scan().map_err(HardwareError::Passthrough)?;
+    /// The bus's facts: a full scan when `fresh`, when none is kept, or when this process
+    /// switched a GPU's driver since the kept one; otherwise the kept scan. A scan is kept
+    /// with the switch count read before it, so a switch during the scan makes the next
+    /// call scan again.
+    fn facts(&self, fresh: bool) -> Result<PciHostFacts, HardwareError> {
+        let switches = self.pci.switch_count();
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if !fresh
+            && let Some((at, facts)) = kept.as_ref()
+            && *at == switches
+        {
+            return Ok(facts.clone());
+        }
+        let facts = self.pci.scan().map_err(HardwareError::Passthrough)?;
+        *kept = Some((switches, facts.clone()));
+        Ok(facts)
+    }
+
+    /// `inventory` with `passthrough` filled in from `facts`; GPUs NVML no longer lists
+    /// (moved to `vfio-pci`) keep the facts NVML last gave about them.
+    fn with_facts(
+        &self,
+        mut inventory: NodeInventory,
+        mut facts: PciHostFacts,
+    ) -> Result<NodeInventory, HardwareError> {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         for gpu in &inventory.gpus {
             seen.insert(normalize_address(&gpu.pci_bus_id), gpu.clone());
@@ -73,18 +97,25 @@ impl GpuBackend for PassthroughBackend {
         self.inner.name()
     }
 
-    /// NVML's inventory with `passthrough` filled in.
+    /// NVML's inventory with `passthrough` filled in from a full scan of the PCI bus.
     ///
     /// # Errors
     /// NVML's, or [`HardwareError::Passthrough`] when sysfs cannot be listed.
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
-        self.with_facts(self.inner.inventory()?)
+        let inventory = self.inner.inventory()?;
+        self.with_facts(inventory, self.facts(true)?)
     }
 
-    /// The inner backend's request inventory with `passthrough` filled in, as
-    /// [`PassthroughBackend::inventory`].
+    /// The inner backend's request inventory with `passthrough` as the last full scan read
+    /// it (the inventory poll's, every `--inventory-interval`), scanned again only after this
+    /// process switched a GPU's driver: a kubelet call lists no bus for it. What a call
+    /// decides on is read afresh: the VFIO checks read their GPU and its IOMMU group
+    /// ([`PciHost::check_passable`]) before anything is touched, and NVML's part is the
+    /// inner backend's own. A GPU bound elsewhere by hand shows in the model at the next
+    /// poll, as it shows in the published slices.
     fn request_inventory(&self) -> Result<NodeInventory, HardwareError> {
-        self.with_facts(self.inner.request_inventory()?)
+        let inventory = self.inner.request_inventory()?;
+        self.with_facts(inventory, self.facts(false)?)
     }
 
     fn health_generation(&self) -> u64 {

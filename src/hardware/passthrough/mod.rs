@@ -329,6 +329,7 @@ impl PciHost {
     pub fn scan(&self) -> Result<PciHostFacts, PassthroughError> {
         let dir = self.devices();
         let mut gpus = Vec::new();
+        crate::cost::count(crate::cost::Cost::DirectoryList);
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => Some(entries),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
