@@ -37,13 +37,10 @@ pub use worker::{StatusWorker, run};
 /// stops it.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How many times the worker yields to the runtime after a call queued claims, before
-/// writing them: enough scheduler turns for the call's answer to reach the kubelet's
-/// connection first (the batch task finishes, the call's future, its stream and the
-/// connection each take a turn), and calls queued meanwhile are written with it. A timer
-/// would do the same at the price of one more wake-up of the process per call; a wake-up
-/// costs more CPU than the write (see `crate::ticks`).
-pub const SETTLE_TURNS: usize = 4;
+/// How long the worker waits after a call queued claims before writing them: the call's
+/// answer to the kubelet goes first, and the calls that follow within it are written with
+/// it.
+pub const SETTLE: Duration = Duration::from_millis(20);
 
 /// Retries of a failed write: quick at first, then every 30 s at most, for as long as the
 /// claim stays prepared.

@@ -18,7 +18,7 @@ use crate::metrics::{Metrics, Outcome};
 use crate::plugin::usage::read_checkpoint;
 
 use super::entries::wanted;
-use super::{SETTLE_TURNS, SYNC_TIMEOUT, Update};
+use super::{SETTLE, SYNC_TIMEOUT, Update};
 
 /// A claim the worker keeps an eye on.
 struct Tracked {
@@ -110,10 +110,9 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Up
                 Some(update) => {
                     track(&mut tracked, update.claim, update.record, update.object);
                     // Let the call that queued it answer the kubelet first: its answer is
-                    // still on its way, and this write's requests would compete with it.
-                    for _ in 0..SETTLE_TURNS {
-                        tokio::task::yield_now().await;
-                    }
+                    // still on its way, and this write's requests and the API server's work
+                    // on them would compete with it for the node's CPUs.
+                    tokio::time::sleep(SETTLE).await;
                     // Take every update already queued before syncing: a burst of calls
                     // collapses into one sync per claim, and the queue never backs up
                     // behind the API server's write latency.
