@@ -37,14 +37,34 @@ pub fn call_ended() {
     CALL_ENDED.notify_one();
 }
 
-/// Returns when the backend's signal fires, or at the next poll when it has none.
-async fn health_moved(signal: Option<&Notify>, poll: Option<&mut tokio::time::Interval>) {
-    match (signal, poll) {
-        (Some(signal), _) => signal.notified().await,
-        (None, Some(poll)) => {
-            poll.tick().await;
+/// How the watcher learns that the health generation may have moved.
+enum HealthWake {
+    /// The backend notifies ([`GpuBackend::health_signal`]).
+    Signal(Arc<Notify>),
+    /// The backend cannot: the generation is polled every [`HEALTH_POLL`].
+    Poll(tokio::time::Interval),
+}
+
+impl HealthWake {
+    fn of(backend: &dyn GpuBackend) -> HealthWake {
+        match backend.health_signal() {
+            Some(signal) => HealthWake::Signal(signal),
+            None => {
+                let mut poll = tokio::time::interval(HEALTH_POLL);
+                poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                HealthWake::Poll(poll)
+            }
         }
-        (None, None) => std::future::pending().await,
+    }
+
+    /// Returns when the backend's signal fires, or at the next poll.
+    async fn moved(&mut self) {
+        match self {
+            HealthWake::Signal(signal) => signal.notified().await,
+            HealthWake::Poll(poll) => {
+                poll.tick().await;
+            }
+        }
     }
 }
 
@@ -244,12 +264,7 @@ impl Watcher {
         // way the generation is read on this task, not the blocking pool: the backends
         // answer from memory (an atomic counter under NVML, a stat of the state file in the
         // simulation).
-        let signal = this.backend.health_signal();
-        let mut poll = signal.is_none().then(|| {
-            let mut poll = tokio::time::interval(HEALTH_POLL);
-            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            poll
-        });
+        let mut wake = HealthWake::of(this.backend.as_ref());
         let generation = |w: &Arc<Watcher>| w.backend.health_generation();
         let mut seen_generation = generation(&this);
         let now = unix_now();
@@ -278,7 +293,7 @@ impl Watcher {
         loop {
             let regular = tokio::select! {
                 _ = ticker.tick() => true,
-                () = health_moved(signal.as_deref(), poll.as_mut()) => false,
+                () = wake.moved() => false,
                 () = CALL_ENDED.notified() => false,
             };
             if !regular {
