@@ -89,18 +89,16 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// Waits up to 5 s for a notification; whether one came.
-    fn notified_within(signal: &Notify) -> bool {
+    /// Waits up to `wait` for a notification; whether one came.
+    fn notified_within(signal: &Notify, wait: Duration) -> bool {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .expect("runtime");
-        runtime.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), signal.notified())
-                .await
-                .is_ok()
-        })
+        runtime.block_on(async { tokio::time::timeout(wait, signal.notified()).await.is_ok() })
     }
+
+    const PATIENCE: Duration = Duration::from_secs(5);
 
     #[test]
     fn a_replaced_state_file_notifies_and_other_files_do_not() {
@@ -110,21 +108,21 @@ mod tests {
         std::fs::write(dir.path().join("sim-gpu-state.lock"), b"").expect("write");
         crate::fsutil::write_atomic(&dir.path().join(STATE_FILE), b"{}", 0o644)
             .expect("write state");
-        assert!(notified_within(&signal), "a rename into place notifies");
+        assert!(
+            notified_within(&signal, PATIENCE),
+            "a rename into place notifies"
+        );
         // The lock file's event was skipped: no permit is left behind by it. (A permit from
         // a second event of the state file's write would be; the rename makes exactly one.)
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("runtime");
-        let spurious = runtime.block_on(async {
-            tokio::time::timeout(Duration::from_millis(200), signal.notified())
-                .await
-                .is_ok()
-        });
-        assert!(!spurious, "only the state file's replacement notified");
+        assert!(
+            !notified_within(&signal, Duration::from_millis(200)),
+            "only the state file's replacement notified"
+        );
         std::fs::write(dir.path().join(STATE_FILE), b"{}").expect("rewrite in place");
-        assert!(notified_within(&signal), "a write in place notifies too");
+        assert!(
+            notified_within(&signal, PATIENCE),
+            "a write in place notifies too"
+        );
     }
 
     #[test]
