@@ -16,8 +16,8 @@ pub struct PassthroughBackend {
     pci: Arc<PciHost>,
     /// NVML's last record of every GPU seen, by normalised PCI address.
     seen: Mutex<BTreeMap<String, GpuInfo>>,
-    /// The last full scan of the bus, with [`PciHost::switch_count`] as it was before it.
-    kept: Mutex<Option<(u64, PciHostFacts)>>,
+    /// The last full scan of the bus.
+    kept: Mutex<Option<PciHostFacts>>,
 }
 
 impl PassthroughBackend {
@@ -47,21 +47,16 @@ impl std::fmt::Debug for PassthroughBackend {
 }
 
 impl PassthroughBackend {
-    /// The bus's facts: a full scan when `fresh`, when none is kept, or when this process
-    /// switched a GPU's driver since the kept one; otherwise the kept scan. A scan is kept
-    /// with the switch count read before it, so a switch during the scan makes the next
-    /// call scan again.
+    /// The bus's facts: a full scan when `fresh` or when none is kept, else the kept scan.
+    /// What the model takes from them (addresses, device IDs, which GPUs exist) does not
+    /// change when a driver is switched, so this process's own switches need no rescan.
     fn facts(&self, fresh: bool) -> Result<PciHostFacts, HardwareError> {
-        let switches = self.pci.switch_count();
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        if !fresh
-            && let Some((at, facts)) = kept.as_ref()
-            && *at == switches
-        {
+        if !fresh && let Some(facts) = kept.as_ref() {
             return Ok(facts.clone());
         }
         let facts = self.pci.scan().map_err(HardwareError::Passthrough)?;
-        *kept = Some((switches, facts.clone()));
+        *kept = Some(facts.clone());
         Ok(facts)
     }
 
@@ -107,8 +102,8 @@ impl GpuBackend for PassthroughBackend {
     }
 
     /// The inner backend's request inventory with `passthrough` as the last full scan read
-    /// it (the inventory poll's, every `--inventory-interval`), scanned again only after this
-    /// process switched a GPU's driver: a kubelet call lists no bus for it. What a call
+    /// it (the inventory poll's, every `--inventory-interval`): a kubelet call lists no bus
+    /// for it. What a call
     /// decides on is read afresh: the VFIO checks read their GPU and its IOMMU group
     /// ([`PciHost::check_passable`]) before anything is touched, and NVML's part is the
     /// inner backend's own. A GPU bound elsewhere by hand shows in the model at the next
