@@ -1,8 +1,9 @@
 //! GPU health into the ResourceSlices: faults injected with `gpu-dra sim-fault` become device
 //! taints (`gpu.nvidia.com/unhealthy=<cause>:<effect>`) on the GPU and all its MIG placements
 //! within a fraction of a second, recovery removes them, a degraded GPU clears after its
-//! hold-down, a MIG-scoped XID taints only its MIG device, GPUs added at run time appear, and
-//! a prepared device whose GPU is gone stays published, tainted, until it is unprepared.
+//! hold-down, a MIG-scoped XID taints only its MIG device, GPUs added at run time appear and
+//! are watched for faults, and a prepared device whose GPU is gone stays published, tainted,
+//! until it is unprepared.
 //! Runs on both backends (`GPU_DRA_TEST_GPU_BACKEND=nvml`).
 
 mod plugin_support;
@@ -379,6 +380,41 @@ async fn gpus_added_at_run_time_appear_and_a_prepared_device_of_a_removed_gpu_st
         (!devices(&node)?.contains_key("gpu-6")).then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_gpu_added_at_run_time_is_watched_for_faults() {
+    let node = Node::new();
+    let plugin = node.start().await;
+    eventually("the first slices", || devices(&node)).await;
+    node.sim_fault(&["add-gpu", "--model", "H100-SXM5-80GB"]);
+    eventually("the added GPU", || {
+        devices(&node)?.contains_key("gpu-8").then_some(())
+    })
+    .await;
+    if plugin_support::nvml_backend() {
+        // NVML does not replay events to a set that registers a GPU later: the event thread
+        // registers it after the wait during which the inventory listed it (at most 5 s).
+        eventually("gpu 8 registered for NVML events", || {
+            plugin
+                .log()
+                .lines()
+                .any(|l| l.contains("watching NVML events") && l.contains("gpu=8"))
+                .then_some(())
+        })
+        .await;
+    }
+    node.sim_fault(&["xid", "--gpu", "8", "--code", "79"]);
+    let t = eventually("the added GPU's taint", || {
+        let t = taints(&devices(&node)?);
+        t.contains_key("gpu-8").then_some(t)
+    })
+    .await;
+    assert_eq!(t["gpu-8"], ("xid-79".to_string(), "NoExecute".to_string()));
+    assert!(
+        t.keys().all(|name| name.starts_with("gpu-8")),
+        "only the added GPU's devices: {t:?}"
+    );
 }
 
 #[tokio::test]

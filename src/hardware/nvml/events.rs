@@ -1,20 +1,27 @@
 //! GPU health from NVML's event set, watched by a dedicated thread.
 //!
 //! The thread registers every GPU for the events of [`crate::hardware::health`] (those the
-//! GPU supports), waits on the set with a bounded timeout so it notices a stop request within
-//! [`WAIT_MS`], and records each event as a fault of its GPU (or of the MIG instance NVML
-//! attributes it to). The plugin reads the faults through `inventory()` (`GpuInfo::faults`,
-//! and the built-in verdict in `GpuInfo::healthy`), the same path the simulator's faults
-//! take, and judges them with its health policy. GPUs that appear later (a driver installed
-//! or a GPU added after start) are registered within [`RESCAN_EVERY`] waits. It runs off the
-//! async runtime because `nvmlEventSetWait` blocks.
+//! GPU supports), waits on the set, and records each event as a fault of its GPU (or of the
+//! MIG instance NVML attributes it to). The plugin reads the faults through `inventory()`
+//! (`GpuInfo::faults`, and the built-in verdict in `GpuInfo::healthy`), the same path the
+//! simulator's faults take, and judges them with its health policy. It runs off the async
+//! runtime because `nvmlEventSetWait` blocks.
+//!
+//! # Wake-ups
+//!
+//! An event ends a wait at once, so the wait's timeout ([`WAIT_MS`], 5 s) bounds only how
+//! often an idle thread wakes: it used to be 100 ms, which woke an idle GPU node's plugin ten
+//! times a second and re-enumerated its GPUs every second. GPUs that appear later (a driver
+//! installed or a GPU added after start) are registered after the wait during which the
+//! plugin's inventory first listed them (`HealthWatch::saw`), and at least every
+//! [`RESCAN_EVERY`] waits. Dropping the watch does not wait for the thread: it stops after
+//! its current wait, holding its own reference to the library until then.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nvml_wrapper::Nvml;
@@ -27,10 +34,12 @@ use crate::hardware::health::{
     record_fault, unix_now,
 };
 
-/// Longest single wait on the event set: the bound on how long a stop request waits.
-pub const WAIT_MS: u32 = 100;
-/// Waits between looks for GPUs that appeared since the last look (about one second).
-pub const RESCAN_EVERY: u32 = 10;
+/// Longest single wait on the event set: how often an idle thread wakes, and how long a GPU
+/// the inventory found waits to be registered.
+pub const WAIT_MS: u32 = 5_000;
+/// Waits between looks for GPUs that appeared since the last look (about 10 s) when no
+/// inventory asked for one sooner.
+pub const RESCAN_EVERY: u32 = 2;
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 const UUID_BUFFER: usize = 96;
 /// `NVML_ERROR_TIMEOUT`.
@@ -45,12 +54,29 @@ struct Findings {
     faults: BTreeMap<String, Vec<GpuFault>>,
 }
 
+/// What the plugin's threads and the event thread share about registration.
+#[derive(Default)]
+struct Registration {
+    /// UUIDs of the GPUs registered for events.
+    registered: Mutex<BTreeSet<String>>,
+    /// Set when an inventory listed a GPU not registered: look again after this wait.
+    rescan: AtomicBool,
+}
+
+impl Registration {
+    fn registered(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.registered.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The health-watching thread and what it found.
 pub(super) struct HealthWatch {
     findings: Arc<Mutex<Findings>>,
     generation: Arc<Bumps>,
+    registration: Arc<Registration>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    /// `false` when the thread could not start.
+    running: bool,
 }
 
 impl HealthWatch {
@@ -71,20 +97,35 @@ impl HealthWatch {
         }
         let findings = Arc::new(Mutex::new(findings));
         let generation = Arc::new(Bumps::default());
+        let registration = Arc::new(Registration::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (findings, generation, stop) = (findings.clone(), generation.clone(), stop.clone());
+        let running = {
+            let shared = Shared {
+                findings: findings.clone(),
+                generation: generation.clone(),
+                registration: registration.clone(),
+                stop: stop.clone(),
+            };
             std::thread::Builder::new()
                 .name("nvml-events".into())
-                .spawn(move || watch(&nvml, &findings, &generation, &stop))
+                .spawn(move || watch(&nvml, &shared))
                 .map_err(|e| warn!(error = %e, "cannot start the NVML event thread; GPU health stays as last known"))
-                .ok()
+                .is_ok()
         };
         HealthWatch {
             findings,
             generation,
+            registration,
             stop,
-            thread,
+            running,
+        }
+    }
+
+    /// Tells the event thread that an inventory listed GPU `uuid`: one it has not registered
+    /// is registered after the thread's current wait (at most [`WAIT_MS`]).
+    pub(super) fn saw(&self, uuid: &str) {
+        if self.running && !self.registration.registered().contains(uuid) {
+            self.registration.rescan.store(true, Ordering::Relaxed);
         }
     }
 
@@ -115,19 +156,24 @@ impl HealthWatch {
     /// Notified at every change of [`HealthWatch::generation`]; `None` when the event
     /// thread could not start (nothing would ever notify it, so the plugin polls).
     pub(super) fn signal(&self) -> Option<Arc<Notify>> {
-        self.thread
-            .as_ref()
-            .map(|_| Arc::clone(&self.generation.changed))
+        self.running.then(|| Arc::clone(&self.generation.changed))
     }
 }
 
 impl Drop for HealthWatch {
+    /// Asks the thread to stop and returns at once: it ends after its current wait (at most
+    /// [`WAIT_MS`]), freeing its event set; a process that exits first needs neither.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
+}
+
+/// What the event thread holds of the watch.
+struct Shared {
+    findings: Arc<Mutex<Findings>>,
+    generation: Arc<Bumps>,
+    registration: Arc<Registration>,
+    stop: Arc<AtomicBool>,
 }
 
 /// UUIDs of the GPUs that have fallen off the bus: their temperature query answers
@@ -164,7 +210,8 @@ impl Bumps {
     }
 }
 
-fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &Bumps, stop: &AtomicBool) {
+fn watch(nvml: &Nvml, shared: &Shared) {
+    let (findings, generation) = (&*shared.findings, &*shared.generation);
     let lib = nvml.lib();
     let (Ok(create), Ok(register), Ok(supported), Ok(wait), Ok(free), Ok(uuid_of)) = (
         lib.nvmlEventSetCreate.as_ref(),
@@ -189,8 +236,9 @@ fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &Bumps, stop: &Ato
     }
     // Registers every GPU not registered yet (all of them the first time; later, GPUs that
     // appeared since). Keyed by UUID: indexes shift when GPUs come and go.
-    let mut registered = BTreeSet::new();
-    let register_new = |registered: &mut BTreeSet<String>| {
+    // The set is locked for each look-up and insertion only, not across NVML calls: an
+    // inventory read asks about it for every GPU.
+    let register_new = || {
         let mut added = 0u64;
         for index in 0..nvml.device_count().unwrap_or(0) {
             let Ok(dev) = nvml.device_by_index(index) else {
@@ -199,7 +247,7 @@ fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &Bumps, stop: &Ato
             let Ok(uuid) = dev.uuid() else {
                 continue;
             };
-            if registered.contains(&uuid) {
+            if shared.registration.registered().contains(&uuid) {
                 continue;
             }
             // SAFETY: the handle is used only below, while `nvml` (and so the library) lives.
@@ -216,7 +264,7 @@ fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &Bumps, stop: &Ato
             let ret = unsafe { register(handle, mask, set) };
             if ret == 0 {
                 info!(gpu = index, %uuid, mask = format!("{mask:#x}"), "watching NVML events");
-                registered.insert(uuid);
+                shared.registration.registered().insert(uuid);
                 added += 1;
             } else {
                 warn!(
@@ -229,11 +277,12 @@ fn watch(nvml: &Nvml, findings: &Mutex<Findings>, generation: &Bumps, stop: &Ato
         }
         added
     };
-    register_new(&mut registered);
+    register_new();
     let mut waits = 0u32;
-    while !stop.load(Ordering::Relaxed) {
+    while !shared.stop.load(Ordering::Relaxed) {
         waits += 1;
-        if waits.is_multiple_of(RESCAN_EVERY) && register_new(&mut registered) > 0 {
+        let asked = shared.registration.rescan.swap(false, Ordering::Relaxed);
+        if (asked || waits.is_multiple_of(RESCAN_EVERY)) && register_new() > 0 {
             generation.bump();
         }
         let mut data = MaybeUninit::<nvmlEventData_t>::zeroed();

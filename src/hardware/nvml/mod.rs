@@ -197,6 +197,7 @@ impl NvmlBackend {
             (Vec::new(), Vec::new())
         };
         let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
+        self.health.saw(&uuid);
         let fabric = self.fabric(handle, index)?;
         let module_id = self.module_id(handle, index)?;
         let vgpu = self.vgpu(&dev, handle, index, &mig_profiles)?;
