@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each user takes a different part
 
 pub mod objserver;
+#[path = "../api_support/objstore.rs"]
 pub mod objstore;
 #[path = "../plugin_support/tls.rs"]
 pub mod tls;

@@ -1,10 +1,14 @@
 //! A fake Kubernetes API server at the HTTP layer, for the `k8s_*` tests: a `tower-test` mock
-//! service behind a real `kube::Client`, answering from an in-memory store the way the API
-//! server does (resourceVersion, uid, conflicts, field selectors, Status errors) and recording
-//! every request for the tests to compare.
+//! service behind a real `kube::Client`, recording every request for the tests to compare and
+//! answering from the store the TCP fake of `tests/cd_support` uses too
+//! (`tests/api_support/objstore.rs`: resourceVersion, uid, conflicts, the status subresource,
+//! UID preconditions, Status errors), with field and label selectors on lists, injected
+//! faults, and fields dropped on write as by a feature gate that is off.
 #![allow(dead_code)] // each test file uses a different part
 
 pub mod fixtures;
+#[path = "../api_support/objstore.rs"]
+mod objstore;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -13,6 +17,9 @@ use http::{Request, Response};
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+
+pub use objstore::status;
+use objstore::{Key, ObjectStore, Target, parse};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
@@ -63,10 +70,11 @@ impl Fault {
     }
 }
 
-#[derive(Default)]
 struct State {
-    objects: BTreeMap<String, Value>,
-    next_version: u64,
+    store: ObjectStore,
+    /// Documents at paths that are no object (`/version`, `/apis`), answered to a GET as
+    /// they are.
+    documents: BTreeMap<String, Value>,
     faults: VecDeque<Fault>,
     requests: Vec<Recorded>,
     /// Keys removed (at any depth) from every object written, as a kube-apiserver with a
@@ -74,7 +82,12 @@ struct State {
     dropped_on_write: Vec<String>,
 }
 
-/// The fake server; dropping the client ends it.
+/// Resources with a status subresource among those the plugin's clients write.
+const WITH_STATUS: &[&str] = &["resourceclaims", "nodes"];
+
+/// The field manager the store stamps on every write (`managedFields`).
+const MANAGER: &str = "gpu-dra";
+
 #[derive(Clone)]
 pub struct FakeApi {
     state: Arc<Mutex<State>>,
@@ -83,10 +96,15 @@ pub struct FakeApi {
 impl FakeApi {
     /// A server holding `objects` (keyed by their API path) and a client talking to it.
     pub fn start(objects: Vec<(String, Value)>) -> (FakeApi, Client) {
+        let mut store = ObjectStore::new(WITH_STATUS);
+        store.managed_by = Some(MANAGER.to_string());
         let fake = FakeApi {
             state: Arc::new(Mutex::new(State {
-                next_version: 100,
-                ..Default::default()
+                store,
+                documents: BTreeMap::new(),
+                faults: VecDeque::new(),
+                requests: Vec::new(),
+                dropped_on_write: Vec::new(),
             })),
         };
         for (path, object) in objects {
@@ -134,16 +152,19 @@ impl FakeApi {
         Client::new(service, "default")
     }
 
-    /// Stores an object as the server would have (uid, resourceVersion).
-    pub fn insert(&self, path: &str, mut object: Value) {
+    /// Stores an object as the server would have (its uid kept or one assigned, a
+    /// resourceVersion); at a path that names no object (`/version`, `/apis`), a document
+    /// served as it is.
+    pub fn insert(&self, path: &str, object: Value) {
         let mut state = self.state.lock().expect("state");
-        state.next_version += 1;
-        let meta = &mut object["metadata"];
-        if meta.get("uid").is_none() {
-            meta["uid"] = json!(format!("uid-{}", state.next_version));
+        match parse(path).filter(|t| t.name.is_some()) {
+            Some(target) => {
+                state.store.seed(&target, object);
+            }
+            None => {
+                state.documents.insert(path.to_string(), object);
+            }
         }
-        meta["resourceVersion"] = json!(state.next_version.to_string());
-        state.objects.insert(path.to_string(), object);
     }
 
     /// From now on, drops `keys` (at any depth) from every object written, as kube-apiserver
@@ -166,25 +187,38 @@ impl FakeApi {
     /// The stored ResourceSlices by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
         let state = self.state.lock().expect("state");
+        let (prefix, resource) = slices_collection();
         state
-            .objects
-            .iter()
-            .filter_map(|(path, o)| Some((path.strip_prefix(SLICES)?.strip_prefix('/')?, o)))
-            .map(|(name, o)| (name.to_string(), o.clone()))
+            .store
+            .list(&prefix, &resource, None, "")
+            .into_iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    o,
+                )
+            })
             .collect()
     }
 
     /// The stored object at `path`, if any.
     pub fn object(&self, path: &str) -> Option<Value> {
-        self.state.lock().expect("state").objects.get(path).cloned()
+        let key = key_of(&object_target(path));
+        self.state.lock().expect("state").store.get(&key).cloned()
     }
 
     /// Deletes every stored ResourceSlice, as the kubelet does when it starts.
     pub fn remove_slices(&self) {
         let mut state = self.state.lock().expect("state");
-        state
-            .objects
-            .retain(|path, _| !path.starts_with(&format!("{SLICES}/")));
+        let (prefix, resource) = slices_collection();
+        for slice in state.store.list(&prefix, &resource, None, "") {
+            let name = slice["metadata"]["name"].as_str().unwrap_or_default();
+            let key: Key = (prefix.clone(), resource.clone(), String::new(), name.into());
+            state.store.delete(&key, None, false);
+        }
     }
 
     fn serve(&self, request: Recorded) -> Option<(u16, Value)> {
@@ -214,6 +248,29 @@ impl FakeApi {
     }
 }
 
+/// The target of a path that names one object; panics otherwise (a test's own mistake).
+fn object_target(path: &str) -> Target {
+    match parse(path) {
+        Some(t) if t.name.is_some() => t,
+        _ => panic!("{path} names no object"),
+    }
+}
+
+fn key_of(target: &Target) -> Key {
+    (
+        target.prefix.clone(),
+        target.resource.clone(),
+        target.namespace.clone().unwrap_or_default(),
+        target.name.clone().unwrap_or_default(),
+    )
+}
+
+/// `(prefix, resource)` of the ResourceSlices.
+fn slices_collection() -> (String, String) {
+    let t = parse(SLICES).expect("the slices' path");
+    (t.prefix, t.resource)
+}
+
 /// Removes every key of `keys` from `value`, at any depth.
 fn drop_keys(value: &mut Value, keys: &[String]) {
     match value {
@@ -226,149 +283,69 @@ fn drop_keys(value: &mut Value, keys: &[String]) {
     }
 }
 
+/// Whether `object` has every `field=value` of a field selector (`a.b=c,d=e`); a field the
+/// object lacks never matches.
+fn fields_match(selector: &str, object: &Value) -> bool {
+    selector
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some((field, value)) => {
+                let found = field.split('.').try_fold(object, |o, part| o.get(part));
+                found.and_then(Value::as_str) == Some(value)
+            }
+            None => false,
+        })
+}
+
 impl State {
     fn answer(&mut self, r: &Recorded) -> (u16, Value) {
-        let path = r.path.as_str();
-        match r.method.as_str() {
-            "GET" if path == SLICES => (200, self.list(r)),
-            "GET" => match self.objects.get(path) {
+        if let Some(document) = self.documents.get(&r.path).filter(|_| r.method == "GET") {
+            return (200, document.clone());
+        }
+        let Some(target) = parse(&r.path) else {
+            return status(
+                404,
+                "NotFound",
+                &format!("the server could not find {}", r.path),
+            );
+        };
+        let mut body = r.body.clone().unwrap_or_default();
+        match (r.method.as_str(), &target.name) {
+            ("GET", Some(name)) => match self.store.get(&key_of(&target)) {
                 Some(o) => (200, o.clone()),
-                None => match self.collection(path) {
-                    Some(list) => (200, list),
-                    None => not_found(path),
-                },
+                None => status(404, "NotFound", &format!("\"{name}\" not found")),
             },
-            "POST" => {
-                let mut object = r.body.clone().unwrap_or_default();
-                let name = object["metadata"]["name"].as_str().unwrap_or_default();
-                let key = format!("{path}/{name}");
-                if self.objects.contains_key(&key) {
-                    return status(409, "AlreadyExists", &format!("{name} already exists"));
-                }
-                self.next_version += 1;
-                object["metadata"]["uid"] = json!(format!("uid-{}", self.next_version));
-                drop_keys(&mut object, &self.dropped_on_write);
-                self.stamp(&mut object);
-                self.objects.insert(key, object.clone());
-                (201, object)
+            ("GET", None) => {
+                let labels = r.query.get("labelSelector").map_or("", String::as_str);
+                let fields = r.query.get("fieldSelector").map_or("", String::as_str);
+                let namespace = target.namespace.as_deref();
+                let items: Vec<Value> = self
+                    .store
+                    .list(&target.prefix, &target.resource, namespace, labels)
+                    .into_iter()
+                    .filter(|o| fields_match(fields, o))
+                    .collect();
+                let version = self.store.version.to_string();
+                let list = json!({"apiVersion": "v1", "kind": "List",
+                                  "metadata": {"resourceVersion": version}, "items": items});
+                (200, list)
             }
-            "PUT" if path.ends_with("/status") => self.replace_status(r),
-            "PUT" => {
-                let Some(current) = self.objects.get(path).cloned() else {
-                    return not_found(path);
-                };
-                let mut object = r.body.clone().unwrap_or_default();
-                if object["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                    return status(409, "Conflict", "the object has been modified");
-                }
-                object["metadata"]["uid"] = current["metadata"]["uid"].clone();
-                drop_keys(&mut object, &self.dropped_on_write);
-                self.stamp(&mut object);
-                self.objects.insert(path.to_string(), object.clone());
-                (200, object)
+            ("POST", None) => {
+                drop_keys(&mut body, &self.dropped_on_write);
+                self.store.create(&target, body)
             }
-            "DELETE" => {
-                let Some(current) = self.objects.get(path).cloned() else {
-                    return not_found(path);
-                };
-                let wanted_uid = &r.body.as_ref().map(|b| b["preconditions"]["uid"].clone());
-                if let Some(Value::String(uid)) = wanted_uid
-                    && current["metadata"]["uid"] != json!(uid)
-                {
-                    return status(409, "Conflict", "Precondition failed: UID mismatch");
-                }
-                self.objects.remove(path);
-                (200, current)
+            ("PUT", Some(_)) => {
+                drop_keys(&mut body, &self.dropped_on_write);
+                self.store.update(&target, &body, None)
+            }
+            ("DELETE", Some(_)) => {
+                let uid = body["preconditions"]["uid"].as_str();
+                self.store.delete(&key_of(&target), uid, false)
             }
             _ => status(405, "MethodNotAllowed", "unsupported"),
         }
     }
-
-    /// A status subresource `PUT`: guarded by resourceVersion, only `status` taken from the
-    /// body (the API server's status strategies keep spec and metadata).
-    fn replace_status(&mut self, r: &Recorded) -> (u16, Value) {
-        let path = r.path.trim_end_matches("/status");
-        let Some(mut current) = self.objects.get(path).cloned() else {
-            return not_found(path);
-        };
-        let body = r.body.clone().unwrap_or_default();
-        if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-            return status(409, "Conflict", "the object has been modified");
-        }
-        current["status"] = body["status"].clone();
-        self.stamp(&mut current);
-        self.objects.insert(path.to_string(), current.clone());
-        (200, current)
-    }
-
-    /// A list of stored objects under a collection path: `/apis/g/v/<plural>` lists every
-    /// object of that plural, in any namespace (`/apis/g/v/namespaces/*/<plural>/*`).
-    fn collection(&self, path: &str) -> Option<Value> {
-        let (group_version, plural) = path.rsplit_once('/')?;
-        let items: Vec<Value> = self
-            .objects
-            .iter()
-            .filter(|(p, _)| {
-                let Some(rest) = p.strip_prefix(group_version) else {
-                    return false;
-                };
-                let parts: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
-                matches!(parts.as_slice(), [pl, _] if *pl == plural)
-                    || matches!(parts.as_slice(), ["namespaces", _, pl, _] if *pl == plural)
-            })
-            .map(|(_, o)| o.clone())
-            .collect();
-        if items.is_empty() {
-            return None;
-        }
-        Some(json!({"apiVersion": "v1", "kind": "List",
-                    "metadata": {"resourceVersion": self.next_version.to_string()}, "items": items}))
-    }
-
-    /// Server-set metadata, as the API server adds it to every write.
-    fn stamp(&mut self, object: &mut Value) {
-        self.next_version += 1;
-        let meta = &mut object["metadata"];
-        meta["resourceVersion"] = json!(self.next_version.to_string());
-        meta["creationTimestamp"] = json!("2026-07-01T00:00:00Z");
-        meta["managedFields"] = json!([{"manager": "gpu-dra", "operation": "Update"}]);
-    }
-
-    fn list(&self, r: &Recorded) -> Value {
-        let selector = r.query.get("fieldSelector").cloned().unwrap_or_default();
-        let wanted: Vec<(&str, &str)> = selector
-            .split(',')
-            .filter_map(|term| term.split_once('='))
-            .collect();
-        let items: Vec<Value> = self
-            .objects
-            .iter()
-            .filter(|(path, _)| path.starts_with(&format!("{SLICES}/")))
-            .map(|(_, o)| o.clone())
-            .filter(|o| {
-                wanted.iter().all(|(field, value)| match *field {
-                    "spec.nodeName" => o["spec"]["nodeName"] == json!(value),
-                    "spec.driver" => o["spec"]["driver"] == json!(value),
-                    _ => false,
-                })
-            })
-            .collect();
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
-               "metadata": {"resourceVersion": self.next_version.to_string()}, "items": items})
-    }
-}
-
-pub fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
-    (
-        code,
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "message": message, "reason": reason, "code": code}),
-    )
-}
-
-fn not_found(path: &str) -> (u16, Value) {
-    let name = path.rsplit('/').next().unwrap_or_default();
-    status(404, "NotFound", &format!("\"{name}\" not found"))
 }
 
 /// `a=b&c=d%3De` → pairs, percent-decoded.

@@ -1,6 +1,8 @@
-//! The fake API server's store: any resource under `/api/v1` or `/apis/<group>/<version>`,
+//! The fake API servers' store: any resource under `/api/v1` or `/apis/<group>/<version>`,
 //! namespaced or not, kept as JSON and answered the way kube-apiserver does for the requests
-//! the ComputeDomain controller and daemons make: get, list (label selectors, every namespace
+//! the ComputeDomain controller and daemons and the plugin's API clients make (the TCP server
+//! of `tests/cd_support` and the in-process one of `tests/k8s_support` both keep their
+//! objects here): get, list (label selectors, every namespace
 //! or one), create (names from `generateName`, 409 `AlreadyExists`), replace and merge patch
 //! (409 `Conflict` on a stale `metadata.resourceVersion`), JSON patch (RFC 6902 `test`, `add`,
 //! `remove`, `replace`; a failed `test` is 422 as kube-apiserver answers it), the `status`
@@ -76,6 +78,10 @@ pub struct ObjectStore {
     with_status: BTreeSet<String>,
     next_uid: u64,
     pub changes: tokio::sync::broadcast::Sender<Change>,
+    /// When set, every write stamps `metadata.managedFields` with one `Update` entry of this
+    /// manager, as kube-apiserver records the writer (clients must not mistake that
+    /// server-set field for a change of theirs).
+    pub managed_by: Option<String>,
 }
 
 pub fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
@@ -243,7 +249,39 @@ impl ObjectStore {
             with_status: with_status.iter().map(|s| s.to_string()).collect(),
             next_uid: 0,
             changes: tokio::sync::broadcast::channel(1 << 16).0,
+            managed_by: None,
         }
+    }
+
+    /// Stores `object` at `target` as if it had been created earlier: name and namespace
+    /// from the path, its own `metadata.uid` kept (one is assigned when it has none), a new
+    /// resourceVersion. Replaces whatever was there.
+    pub fn seed(&mut self, target: &Target, mut object: Value) -> Value {
+        let key: Key = (
+            target.prefix.clone(),
+            target.resource.clone(),
+            target.namespace.clone().unwrap_or_default(),
+            target.name.clone().unwrap_or_default(),
+        );
+        object["metadata"]["name"] = json!(key.3);
+        if !key.2.is_empty() {
+            object["metadata"]["namespace"] = json!(key.2);
+        }
+        if object["metadata"]["uid"].is_null() {
+            self.next_uid += 1;
+            object["metadata"]["uid"] =
+                json!(format!("00000000-0000-4000-8000-{:012x}", self.next_uid));
+        }
+        if object["metadata"]["creationTimestamp"].is_null() {
+            object["metadata"]["creationTimestamp"] = json!(now());
+        }
+        self.bump(&mut object);
+        let kind = match self.objects.insert(key.clone(), object.clone()) {
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
+        self.record(key, kind, object.clone());
+        object
     }
 
     fn record(&mut self, key: Key, kind: &'static str, object: Value) {
@@ -261,6 +299,10 @@ impl ObjectStore {
     fn bump(&mut self, object: &mut Value) {
         self.version += 1;
         object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        if let Some(manager) = &self.managed_by {
+            object["metadata"]["managedFields"] =
+                json!([{"manager": manager, "operation": "Update"}]);
+        }
     }
 
     pub fn get(&self, key: &Key) -> Option<&Value> {
