@@ -98,6 +98,21 @@ fn now() -> String {
         .to_string()
 }
 
+/// Whether `object` has every `field=value` of a field selector (`spec.nodeName=a,b.c=d`); a
+/// field the object lacks never matches.
+pub fn fields_match(selector: &str, object: &Value) -> bool {
+    selector
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .all(|term| match term.split_once('=') {
+            Some((field, value)) => {
+                let found = field.split('.').try_fold(object, |o, part| o.get(part));
+                found.and_then(Value::as_str) == Some(value)
+            }
+            None => false,
+        })
+}
+
 /// `a=b,c!=d,e,!f` against `labels`.
 pub fn selects(selector: &str, labels: &Value) -> bool {
     selector.split(',').filter(|t| !t.is_empty()).all(|term| {
@@ -489,6 +504,15 @@ impl ObjectStore {
         self.objects.insert(key.clone(), next.clone());
         self.record(key, "MODIFIED", next.clone());
         (200, next)
+    }
+
+    /// Removes `key` outright, finalizers or not (a test playing whoever removes them);
+    /// what was there.
+    pub fn remove(&mut self, key: &Key) -> Option<Value> {
+        let mut gone = self.objects.remove(key)?;
+        self.bump(&mut gone);
+        self.record(key.clone(), "DELETED", gone.clone());
+        Some(gone)
     }
 
     /// What the garbage collector does once the dependents of an object deleted in the

@@ -7,6 +7,9 @@
 #![allow(dead_code)] // each test file uses a different part
 
 pub mod fixtures;
+// Each support module stands alone, so a test takes only what it uses; one that takes two
+// compiles the store twice, as two unrelated types it never mixes.
+#[allow(clippy::duplicate_mod)]
 #[path = "../api_support/objstore.rs"]
 mod objstore;
 
@@ -19,7 +22,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 pub use objstore::status;
-use objstore::{Key, ObjectStore, Target, parse};
+use objstore::{Key, ObjectStore, Target, fields_match, parse};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
@@ -281,21 +284,6 @@ fn drop_keys(value: &mut Value, keys: &[String]) {
         Value::Array(items) => items.iter_mut().for_each(|v| drop_keys(v, keys)),
         _ => {}
     }
-}
-
-/// Whether `object` has every `field=value` of a field selector (`a.b=c,d=e`); a field the
-/// object lacks never matches.
-fn fields_match(selector: &str, object: &Value) -> bool {
-    selector
-        .split(',')
-        .filter(|t| !t.is_empty())
-        .all(|term| match term.split_once('=') {
-            Some((field, value)) => {
-                let found = field.split('.').try_fold(object, |o, part| o.get(part));
-                found.and_then(Value::as_str) == Some(value)
-            }
-            None => false,
-        })
 }
 
 impl State {

@@ -204,6 +204,6 @@ impl FakeApiServer {
     pub fn put_custom_object(&self, plural: &str, object: Value) {
         let mut store = self.lock();
         let store = &mut *store;
-        store.crds.put(plural, object, &mut store.next_version);
+        store.crds.put(plural, object, &mut store.objects.version);
     }
 }

@@ -5,8 +5,10 @@
 //! JSON the API server would:
 //! `/version`, the Node (with a UID), `resource.k8s.io/v1` ResourceSlices (list with field
 //! selectors, get, create, update guarded by resourceVersion, delete with a UID precondition)
-//! from an in-memory store that assigns UIDs and resourceVersions, and ResourceClaims from a
-//! table the test fills (their status subresource takes a `PUT` of `status.devices`). Errors
+//! and ResourceClaims the test fills (their status subresource takes a `PUT` of
+//! `status.devices`, validated as the API server's status strategy does), both kept in the
+//! store the other fakes use (`tests/api_support/objstore.rs`), which assigns UIDs and
+//! resourceVersions. Errors
 //! are `Status` objects. Every request is recorded. Faults (outages, error statuses, hang-ups,
 //! slow answers) are injected per request
 //! ([`FakeApiServer::inject`], [`FakeApiServer::set_down`]). A GET and a write can be made to
@@ -30,6 +32,7 @@ use serde_json::{Value, json};
 use super::apicatalog::Catalog;
 use super::apifaults::serve;
 pub use super::apifaults::{Fault, Rule};
+use super::objstore::{Key, ObjectStore, Target, fields_match};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub const NODE_UID: &str = "0b6c5e1e-node-uid";
@@ -49,9 +52,8 @@ pub struct Recorded {
 
 pub(super) struct Store {
     node: String,
-    slices: BTreeMap<String, Value>,
-    claims: BTreeMap<(String, String), Value>,
-    pub(super) next_version: u64,
+    /// ResourceSlices and ResourceClaims; its resourceVersion counter is the whole server's.
+    pub(super) objects: ObjectStore,
     pub(super) requests: Vec<Recorded>,
     /// Faults still to inject, first match wins.
     pub(super) faults: Vec<Rule>,
@@ -233,9 +235,7 @@ impl FakeApiServer {
     fn start_with(node: &str, tls: Option<super::tls::Tls>) -> FakeApiServer {
         let store = Arc::new(Mutex::new(Store {
             node: node.to_string(),
-            slices: BTreeMap::new(),
-            claims: BTreeMap::new(),
-            next_version: 1000,
+            objects: ObjectStore::new(&["resourceclaims"]),
             requests: Vec::new(),
             faults: Vec::new(),
             catalog: Catalog::default(),
@@ -383,60 +383,54 @@ impl FakeApiServer {
     pub fn put_claim(&self, claim: Value) {
         let ns = claim["metadata"]["namespace"].as_str().unwrap_or_default();
         let name = claim["metadata"]["name"].as_str().unwrap_or_default();
-        let key = (ns.to_string(), name.to_string());
-        let mut store = self.lock();
-        store.next_version += 1;
-        let mut claim = claim.clone();
-        claim["metadata"]["resourceVersion"] = json!(store.next_version.to_string());
-        store.claims.insert(key, claim);
+        let target = object(RESOURCE, CLAIMS, ns, name);
+        self.lock().objects.seed(&target, claim);
     }
 
     /// The stored ResourceClaim `namespace/name`, if any.
     pub fn claim(&self, namespace: &str, name: &str) -> Option<Value> {
-        let key = (namespace.to_string(), name.to_string());
-        self.lock().claims.get(&key).cloned()
+        let key = key_of(&object(RESOURCE, CLAIMS, namespace, name));
+        self.lock().objects.get(&key).cloned()
     }
 
     /// Deletes a stored ResourceClaim (its finalizers gone), as the API server would once
     /// nobody holds it any more.
     pub fn remove_claim(&self, namespace: &str, name: &str) {
-        let key = (namespace.to_string(), name.to_string());
-        self.lock().claims.remove(&key).expect("claim to remove");
+        let key = key_of(&object(RESOURCE, CLAIMS, namespace, name));
+        self.lock().objects.remove(&key).expect("claim to remove");
     }
 
     /// Changes a stored claim behind the plugin's back (as another writer would), with a new
     /// resourceVersion.
     pub fn edit_claim(&self, namespace: &str, name: &str, edit: impl FnOnce(&mut Value)) {
-        let key = (namespace.to_string(), name.to_string());
-        let mut store = self.lock();
-        store.next_version += 1;
-        let version = store.next_version.to_string();
-        let claim = store.claims.get_mut(&key).expect("claim to edit");
-        edit(claim);
-        claim["metadata"]["resourceVersion"] = json!(version);
+        self.edit(&object(RESOURCE, CLAIMS, namespace, name), edit);
     }
 
     /// Stores (or replaces) a ResourceSlice as if a plugin had published it.
     pub fn put_slice(&self, slice: Value) {
-        let name = slice["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let mut store = self.lock();
-        store.next_version += 1;
-        let mut slice = slice.clone();
-        slice["metadata"]["resourceVersion"] = json!(store.next_version.to_string());
-        store.slices.insert(name, slice);
+        let name = slice["metadata"]["name"].as_str().unwrap_or_default();
+        let target = object(RESOURCE, SLICE_RESOURCE, "", name);
+        self.lock().objects.seed(&target, slice);
     }
 
     /// Deletes every stored ResourceSlice, as a kubelet does for its node when it starts.
     pub fn remove_slices(&self) {
-        self.lock().slices.clear();
+        let mut store = self.lock();
+        for name in store.slice_names() {
+            let key = key_of(&object(RESOURCE, SLICE_RESOURCE, "", &name));
+            store.objects.remove(&key);
+        }
     }
 
     /// The stored ResourceSlices by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
-        self.lock().slices.clone()
+        let store = self.lock();
+        store
+            .objects
+            .list(RESOURCE, SLICE_RESOURCE, None, "")
+            .into_iter()
+            .map(|s| (s["metadata"]["name"].as_str().unwrap_or_default().into(), s))
+            .collect()
     }
 
     /// The stored slices once they form a complete pool (as many as each one's
@@ -519,12 +513,20 @@ impl FakeApiServer {
     /// Changes a stored slice behind the plugin's back (as another writer would), with a new
     /// resourceVersion.
     pub fn edit_slice(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        self.edit(&object(RESOURCE, SLICE_RESOURCE, "", name), edit);
+    }
+
+    /// Edits the stored object at `target` in place, with a new resourceVersion; panics when
+    /// there is none.
+    fn edit(&self, target: &Target, edit: impl FnOnce(&mut Value)) {
         let mut store = self.lock();
-        store.next_version += 1;
-        let version = store.next_version.to_string();
-        let slice = store.slices.get_mut(name).expect("slice to edit");
-        edit(slice);
-        slice["metadata"]["resourceVersion"] = json!(version);
+        let mut current = store
+            .objects
+            .get(&key_of(target))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {} {:?} to edit", target.resource, target.name));
+        edit(&mut current);
+        store.objects.seed(target, current);
     }
 
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -545,7 +547,7 @@ impl Store {
         if let Some(answer) = self.catalog.route(r) {
             return answer;
         }
-        if let Some(answer) = self.crds.route(r, &mut self.next_version) {
+        if let Some(answer) = self.crds.route(r, &mut self.objects.version) {
             return answer;
         }
         if let Some(answer) = self.domains.route(r, &self.node) {
@@ -574,7 +576,7 @@ impl Store {
                     "resourceclaims",
                     n,
                 ],
-            ) => match self.claims.get(&(ns.to_string(), n.to_string())) {
+            ) => match self.objects.get(&key_of(&object(RESOURCE, CLAIMS, ns, n))) {
                 Some(claim) => (200, claim.clone()),
                 None => not_found("resourceclaims", n),
             },
@@ -596,8 +598,8 @@ impl Store {
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceclaims"]) => (
                 200,
                 json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
-                       "metadata": {"resourceVersion": self.next_version.to_string()},
-                       "items": self.claims.values().collect::<Vec<_>>()}),
+                       "metadata": {"resourceVersion": self.objects.version.to_string()},
+                       "items": self.objects.list(RESOURCE, CLAIMS, None, "")}),
             ),
             ("GET", ["api", "v1", "nodes"]) => (
                 200,
@@ -606,7 +608,7 @@ impl Store {
                                   "metadata": {"name": self.node, "uid": NODE_UID, "resourceVersion": "1"}}]}),
             ),
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
-                match self.slices.get(*name) {
+                match self.objects.get(&slice_key(name)) {
                     Some(slice) => (200, slice.clone()),
                     None => not_found("resourceslices", name),
                 }
@@ -626,52 +628,52 @@ impl Store {
         }
     }
 
+    /// The names of the stored ResourceSlices.
+    fn slice_names(&self) -> Vec<String> {
+        self.objects
+            .list(RESOURCE, SLICE_RESOURCE, None, "")
+            .iter()
+            .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string))
+            .collect()
+    }
+
     fn list(&self, r: &Recorded) -> Value {
-        let selector = r.query.get("fieldSelector").cloned().unwrap_or_default();
-        let terms: Vec<(&str, &str)> = selector
-            .split(',')
-            .filter_map(|t| t.split_once('='))
-            .collect();
-        let items: Vec<&Value> = self
-            .slices
-            .values()
-            .filter(|s| {
-                terms.iter().all(|(field, want)| match *field {
-                    "spec.nodeName" => s["spec"]["nodeName"] == json!(want),
-                    "spec.driver" => s["spec"]["driver"] == json!(want),
-                    _ => false,
-                })
-            })
+        let selector = r.query.get("fieldSelector").map_or("", String::as_str);
+        let items: Vec<Value> = self
+            .objects
+            .list(RESOURCE, SLICE_RESOURCE, None, "")
+            .into_iter()
+            .filter(|s| fields_match(selector, s))
             .collect();
         json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
-               "metadata": {"resourceVersion": self.next_version.to_string()}, "items": items})
+               "metadata": {"resourceVersion": self.objects.version.to_string()}, "items": items})
     }
 
     fn create(&mut self, r: &Recorded) -> (u16, Value) {
-        let mut slice = r.body.clone().unwrap_or_default();
+        let slice = r.body.clone().unwrap_or_default();
         let Some(name) = slice["metadata"]["name"].as_str().map(str::to_string) else {
             return status(422, "Invalid", "metadata.name: Required value");
         };
-        if self.slices.contains_key(&name) {
+        if self.objects.get(&slice_key(&name)).is_some() {
             let message = format!("resourceslices.resource.k8s.io \"{name}\" already exists");
             return status(409, "AlreadyExists", &message);
         }
-        self.next_version += 1;
-        slice["metadata"]["uid"] = json!(format!("slice-uid-{}", self.next_version));
-        self.stamp(&mut slice);
         // A dry run (`?dryRun=All`) is validated and answered, never stored.
         if r.query.contains_key("dryRun") {
-            return (201, slice);
+            let mut answer = slice;
+            answer["metadata"]["uid"] = json!(format!("dry-run-{name}"));
+            return (201, answer);
         }
-        self.slices.insert(name, slice.clone());
-        (201, slice)
+        self.objects
+            .create(&object(RESOURCE, SLICE_RESOURCE, "", ""), slice)
     }
 
     fn update(&mut self, name: &str, r: &Recorded) -> (u16, Value) {
-        let Some(current) = self.slices.get(name) else {
+        let Some(current) = self.objects.get(&slice_key(name)) else {
             return not_found("resourceslices", name);
         };
-        let mut slice = r.body.clone().unwrap_or_default();
+        let slice = r.body.clone().unwrap_or_default();
+        // A replace must name the version it read (the publisher always does).
         if slice["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
             let message = format!(
                 "Operation cannot be fulfilled on resourceslices.resource.k8s.io \"{name}\": \
@@ -679,25 +681,20 @@ impl Store {
             );
             return status(409, "Conflict", &message);
         }
-        slice["metadata"]["uid"] = current["metadata"]["uid"].clone();
-        self.stamp(&mut slice);
-        self.slices.insert(name.to_string(), slice.clone());
-        (200, slice)
+        self.objects
+            .update(&object(RESOURCE, SLICE_RESOURCE, "", name), &slice, None)
     }
 
     fn delete(&mut self, name: &str, r: &Recorded) -> (u16, Value) {
-        let Some(current) = self.slices.get(name) else {
-            return not_found("resourceslices", name);
-        };
-        let precondition = r.body.as_ref().map(|b| &b["preconditions"]["uid"]);
-        if let Some(Value::String(uid)) = precondition
-            && current["metadata"]["uid"] != json!(uid)
-        {
-            return status(409, "Conflict", "Precondition failed: UID in precondition");
+        let uid = r
+            .body
+            .as_ref()
+            .and_then(|b| b["preconditions"]["uid"].as_str());
+        let (code, answer) = self.objects.delete(&slice_key(name), uid, false);
+        match code {
+            404 => not_found("resourceslices", name),
+            _ => (code, answer),
         }
-        let removed = current.clone();
-        self.slices.remove(name);
-        (200, removed)
     }
 
     /// `PUT .../resourceclaims/<name>/status` as the API server's status strategy treats it:
@@ -707,8 +704,8 @@ impl Store {
     /// allocation (its driver/pool/device/shareID must be allocated, keys unique, at most 8
     /// conditions, `data` at most 10 KiB).
     fn update_claim_status(&mut self, ns: &str, name: &str, r: &Recorded) -> (u16, Value) {
-        let key = (ns.to_string(), name.to_string());
-        let Some(current) = self.claims.get(&key) else {
+        let target = object(RESOURCE, CLAIMS, ns, name);
+        let Some(current) = self.objects.get(&key_of(&target)) else {
             return not_found("resourceclaims", name);
         };
         let body = r.body.clone().unwrap_or_default();
@@ -752,9 +749,7 @@ impl Store {
         if devices_changed && let Some(manager) = r.query.get("fieldManager") {
             own_status_devices(&mut claim, manager);
         }
-        self.stamp(&mut claim);
-        self.claims.insert(key, claim.clone());
-        (200, claim)
+        (200, self.objects.seed(&target, claim))
     }
 
     /// `POST .../events`: stored nowhere (tests read the recorded request), answered as the
@@ -774,20 +769,45 @@ impl Store {
                 "metadata.namespace: does not match the request",
             );
         }
-        self.next_version += 1;
+        self.objects.version += 1;
+        let version = self.objects.version.to_string();
         let prefix = event["metadata"]["generateName"]
             .as_str()
             .unwrap_or("event.");
-        event["metadata"]["name"] = json!(format!("{prefix}{}", self.next_version));
-        self.stamp(&mut event);
+        event["metadata"]["name"] = json!(format!("{prefix}{version}"));
+        event["metadata"]["resourceVersion"] = json!(version);
+        event["metadata"]["creationTimestamp"] = json!("2026-07-01T00:00:00Z");
         (201, event)
     }
+}
 
-    fn stamp(&mut self, object: &mut Value) {
-        self.next_version += 1;
-        object["metadata"]["resourceVersion"] = json!(self.next_version.to_string());
-        object["metadata"]["creationTimestamp"] = json!("2026-07-01T00:00:00Z");
+/// The group-version path of `resource.k8s.io/v1`.
+const RESOURCE: &str = "/apis/resource.k8s.io/v1";
+const SLICE_RESOURCE: &str = "resourceslices";
+const CLAIMS: &str = "resourceclaims";
+
+/// The object `name` of `resource` under `prefix`, in `namespace` (`""`: cluster-scoped).
+fn object(prefix: &str, resource: &str, namespace: &str, name: &str) -> Target {
+    Target {
+        prefix: prefix.to_string(),
+        resource: resource.to_string(),
+        namespace: Some(namespace.to_string()).filter(|n| !n.is_empty()),
+        name: Some(name.to_string()).filter(|n| !n.is_empty()),
+        subresource: None,
     }
+}
+
+fn key_of(target: &Target) -> Key {
+    (
+        target.prefix.clone(),
+        target.resource.clone(),
+        target.namespace.clone().unwrap_or_default(),
+        target.name.clone().unwrap_or_default(),
+    )
+}
+
+fn slice_key(name: &str) -> Key {
+    key_of(&object(RESOURCE, SLICE_RESOURCE, "", name))
 }
 
 /// Records `manager` as the owner of the claim's `status.devices` entries in

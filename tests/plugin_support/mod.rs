@@ -13,6 +13,11 @@ pub mod claims;
 pub mod disk;
 #[path = "../nvml_sim_support/mod.rs"]
 pub mod nvml_sim;
+// Each support module stands alone, so a test takes only what it uses; one that takes two
+// compiles the store twice, as two unrelated types it never mixes.
+#[allow(clippy::duplicate_mod)]
+#[path = "../api_support/objstore.rs"]
+pub mod objstore;
 pub mod probe;
 pub mod sharing;
 pub mod state;
