@@ -1,7 +1,7 @@
 //! From a GPU fault to the taint in the API server (`cargo bench --bench health_taint`): the
-//! real plugin binary on the simulated `dgx-h100` node (8 GPUs, 208 devices, 5 slices) with
-//! the default 10 s `--inventory-interval`, a fake API server, and `gpu-dra sim-fault` as
-//! the fault. Each round injects a critical XID on one GPU and waits until every slice of the
+//! real plugin binary on the simulated `dgx-h100` node (8 GPUs; 62 devices in 2 slices with
+//! the default `--mig-profiles split`) with the default 10 s `--inventory-interval`, a fake
+//! API server, and `gpu-dra sim-fault` as the fault. Each round injects a critical XID on one GPU and waits until every slice of the
 //! pool carries the taint (one generation), then resets the GPU and waits until the taint is
 //! gone. `GPU_DRA_TEST_GPU_BACKEND=nvml` measures the NVML backend over the simulated NVML
 //! library instead (events through `nvmlEventSetWait_v2`).
