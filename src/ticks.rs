@@ -48,6 +48,12 @@ impl Ticks {
     }
 }
 
+/// The next instant on `period`'s grid after now: for a one-off wait (a retry's next round)
+/// that should wake the process together with the [`Ticks`] of dividing periods.
+pub fn next(period: Duration) -> Instant {
+    next_on_grid(*EPOCH, Instant::now(), period.max(Duration::from_millis(1)))
+}
+
 /// The first instant after `now` that is a whole number of `period`s after `epoch`.
 fn next_on_grid(epoch: Instant, now: Instant, period: Duration) -> Instant {
     let since = now.saturating_duration_since(epoch).as_nanos();

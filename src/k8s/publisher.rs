@@ -30,7 +30,9 @@ pub struct PublisherOptions {
     pub background: Backoff,
     /// [`SlicePublisher::run`] re-publishes this often when nothing changed, to restore slices
     /// someone else deleted (the kubelet deletes a node's slices when it starts). At steady
-    /// state a round is one LIST and no write. `None`: only on a new model.
+    /// state a round is one LIST and no write. The rounds fall on the process's shared timer
+    /// grid ([`crate::ticks`]: multiples of this period since its first timer), so the first
+    /// one after a change may come sooner than a whole period. `None`: only on a new model.
     pub resync: Option<Duration>,
     /// Field manager recorded with every write.
     pub field_manager: String,
@@ -190,7 +192,9 @@ impl SlicePublisher {
                         );
                     }
                     self.status.send_replace(PublishStatus::Published(outcome));
-                    self.options.resync
+                    // On the shared timer grid: the resync wakes the plugin together with
+                    // its 10 s rounds instead of on its own (`crate::ticks`).
+                    self.options.resync.map(crate::ticks::next)
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
@@ -208,9 +212,11 @@ impl SlicePublisher {
                     match e {
                         K8sError::BuildSlices { .. } => None,
                         _ => Some(
-                            self.options
-                                .background
-                                .delay_after(failures, e.retry_after()),
+                            tokio::time::Instant::now()
+                                + self
+                                    .options
+                                    .background
+                                    .delay_after(failures, e.retry_after()),
                         ),
                     }
                 }
@@ -401,9 +407,9 @@ impl SlicePublisher {
     }
 }
 
-async fn sleep_or_forever(wait: Option<Duration>) {
-    match wait {
-        Some(d) => tokio::time::sleep(d).await,
+async fn sleep_or_forever(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
