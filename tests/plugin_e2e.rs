@@ -273,6 +273,19 @@ async fn refused_claims_fail_alone_naming_the_claim_and_the_cause() {
         assert_eq!(want, got);
         assert_eq!(before, node.snapshot(), "{} changed the node", claim.uid);
     }
+    // Each refusal is one warning in the log (the handler's, with its kind), not two.
+    let log = plugin.log();
+    for (claim, _) in &refused {
+        let warnings = log
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("failed") && l.contains(&claim.uid))
+            .count();
+        assert_eq!(
+            1, warnings,
+            "{}'s failure logged once at warn:\n{log}",
+            claim.uid
+        );
+    }
 }
 
 #[tokio::test]

@@ -117,6 +117,8 @@ impl<H: DraHandler> DraCore<H> {
                 };
                 let answered = answered.unwrap_or_else(|| {
                     let reason = "the driver failed internally (its batch panicked)".to_string();
+                    // The handler logged none of these: say it once, at warn.
+                    warn!(claims = valid.len(), "{reason}");
                     valid
                         .iter()
                         .map(|claim| (claim.uid.clone(), Err(reason.clone())))
@@ -129,6 +131,7 @@ impl<H: DraHandler> DraCore<H> {
                         // The handler logs each success with its fields ("prepared",
                         // "unprepared"); one line per claim at info is enough.
                         Some(Ok(_)) => debug!("claim done"),
+                        Some(Err(error)) if H::LOGS_FAILURES => debug!(%error, "claim failed"),
                         Some(Err(error)) => warn!(%error, "claim failed"),
                         None => {}
                     }

@@ -57,6 +57,11 @@ pub type UnprepareResults = BTreeMap<String, Result<(), String>>;
 /// failure naming that claim. Both calls must be idempotent; unpreparing an unknown claim
 /// succeeds.
 pub trait DraHandler: Send + Sync + 'static {
+    /// Whether the handler logs each claim's failure itself (with what it knows of the
+    /// error's kind): the DRA core then logs a failure at debug, so it is on one line at
+    /// warn, not two. Default: `false`, the core's line is the warn line.
+    const LOGS_FAILURES: bool = false;
+
     /// Work for a prepare of `claims` that needs no lock and is worth doing before the call
     /// waits for it, e.g. reading the claims from the API server, so a slow read holds up
     /// only this call. Runs concurrently with other calls' work; whatever it keeps must be

@@ -49,6 +49,10 @@ impl<S: ClaimSource + 'static> Handler<S> {
 }
 
 impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
+    /// Each failure is logged here, at warn, with its kind (`prepare failed`, `unprepare
+    /// failed`).
+    const LOGS_FAILURES: bool = true;
+
     /// Reads the claims this instance has not prepared yet (as its checkpoint in memory
     /// says) from the API server before the call waits for the plugin lock; the GETs count
     /// as request-path costs of `prepare`.

@@ -141,6 +141,8 @@ fn to_k8s(c: &kubelet::ClaimRef) -> ClaimRef {
 }
 
 impl<H: DraHandler> DraHandler for Reporting<H> {
+    const LOGS_FAILURES: bool = H::LOGS_FAILURES;
+
     async fn prefetch(&self, claims: &[kubelet::ClaimRef]) {
         self.inner.prefetch(claims).await;
     }
