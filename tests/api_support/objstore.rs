@@ -33,6 +33,18 @@ pub struct Target {
     pub subresource: Option<String>,
 }
 
+impl Target {
+    /// The store's key of the object the target names (`""` for a missing namespace or name).
+    pub fn key(&self) -> Key {
+        (
+            self.prefix.clone(),
+            self.resource.clone(),
+            self.namespace.clone().unwrap_or_default(),
+            self.name.clone().unwrap_or_default(),
+        )
+    }
+}
+
 /// Parses `/api/v1/...` and `/apis/<group>/<version>/...` paths.
 pub fn parse(path: &str) -> Option<Target> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();

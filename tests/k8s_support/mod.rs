@@ -209,7 +209,7 @@ impl FakeApi {
 
     /// The stored object at `path`, if any.
     pub fn object(&self, path: &str) -> Option<Value> {
-        let key = key_of(&object_target(path));
+        let key = object_target(path).key();
         self.state.lock().expect("state").store.get(&key).cloned()
     }
 
@@ -259,15 +259,6 @@ fn object_target(path: &str) -> Target {
     }
 }
 
-fn key_of(target: &Target) -> Key {
-    (
-        target.prefix.clone(),
-        target.resource.clone(),
-        target.namespace.clone().unwrap_or_default(),
-        target.name.clone().unwrap_or_default(),
-    )
-}
-
 /// `(prefix, resource)` of the ResourceSlices.
 fn slices_collection() -> (String, String) {
     let t = parse(SLICES).expect("the slices' path");
@@ -300,7 +291,7 @@ impl State {
         };
         let mut body = r.body.clone().unwrap_or_default();
         match (r.method.as_str(), &target.name) {
-            ("GET", Some(name)) => match self.store.get(&key_of(&target)) {
+            ("GET", Some(name)) => match self.store.get(&target.key()) {
                 Some(o) => (200, o.clone()),
                 None => status(404, "NotFound", &format!("\"{name}\" not found")),
             },
@@ -329,7 +320,7 @@ impl State {
             }
             ("DELETE", Some(_)) => {
                 let uid = body["preconditions"]["uid"].as_str();
-                self.store.delete(&key_of(&target), uid, false)
+                self.store.delete(&target.key(), uid, false)
             }
             _ => status(405, "MethodNotAllowed", "unsupported"),
         }

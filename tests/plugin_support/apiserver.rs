@@ -389,14 +389,14 @@ impl FakeApiServer {
 
     /// The stored ResourceClaim `namespace/name`, if any.
     pub fn claim(&self, namespace: &str, name: &str) -> Option<Value> {
-        let key = key_of(&object(RESOURCE, CLAIMS, namespace, name));
+        let key = object(RESOURCE, CLAIMS, namespace, name).key();
         self.lock().objects.get(&key).cloned()
     }
 
     /// Deletes a stored ResourceClaim (its finalizers gone), as the API server would once
     /// nobody holds it any more.
     pub fn remove_claim(&self, namespace: &str, name: &str) {
-        let key = key_of(&object(RESOURCE, CLAIMS, namespace, name));
+        let key = object(RESOURCE, CLAIMS, namespace, name).key();
         self.lock().objects.remove(&key).expect("claim to remove");
     }
 
@@ -417,7 +417,7 @@ impl FakeApiServer {
     pub fn remove_slices(&self) {
         let mut store = self.lock();
         for name in store.slice_names() {
-            let key = key_of(&object(RESOURCE, SLICE_RESOURCE, "", &name));
+            let key = object(RESOURCE, SLICE_RESOURCE, "", &name).key();
             store.objects.remove(&key);
         }
     }
@@ -522,7 +522,7 @@ impl FakeApiServer {
         let mut store = self.lock();
         let mut current = store
             .objects
-            .get(&key_of(target))
+            .get(&target.key())
             .cloned()
             .unwrap_or_else(|| panic!("no {} {:?} to edit", target.resource, target.name));
         edit(&mut current);
@@ -576,7 +576,7 @@ impl Store {
                     "resourceclaims",
                     n,
                 ],
-            ) => match self.objects.get(&key_of(&object(RESOURCE, CLAIMS, ns, n))) {
+            ) => match self.objects.get(&object(RESOURCE, CLAIMS, ns, n).key()) {
                 Some(claim) => (200, claim.clone()),
                 None => not_found("resourceclaims", n),
             },
@@ -705,7 +705,7 @@ impl Store {
     /// conditions, `data` at most 10 KiB).
     fn update_claim_status(&mut self, ns: &str, name: &str, r: &Recorded) -> (u16, Value) {
         let target = object(RESOURCE, CLAIMS, ns, name);
-        let Some(current) = self.objects.get(&key_of(&target)) else {
+        let Some(current) = self.objects.get(&target.key()) else {
             return not_found("resourceclaims", name);
         };
         let body = r.body.clone().unwrap_or_default();
@@ -797,17 +797,8 @@ fn object(prefix: &str, resource: &str, namespace: &str, name: &str) -> Target {
     }
 }
 
-fn key_of(target: &Target) -> Key {
-    (
-        target.prefix.clone(),
-        target.resource.clone(),
-        target.namespace.clone().unwrap_or_default(),
-        target.name.clone().unwrap_or_default(),
-    )
-}
-
 fn slice_key(name: &str) -> Key {
-    key_of(&object(RESOURCE, SLICE_RESOURCE, "", name))
+    object(RESOURCE, SLICE_RESOURCE, "", name).key()
 }
 
 /// Records `manager` as the owner of the claim's `status.devices` entries in
