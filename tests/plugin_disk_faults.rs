@@ -191,7 +191,16 @@ async fn a_full_state_directory_keeps_the_old_checkpoint_and_the_prepared_claims
     state.fill();
     for (name, uid) in [("mig", MIG), ("mps", MPS)] {
         let error = prepare(&mut kubelet, name, uid).await.unwrap_err();
-        assert!(error.contains("No space left on device"), "{error}");
+        // Over the simulated NVML library the simulated GPUs' own state lives on the same
+        // full disk (a real GPU's does not), and the C ABI reports its failed write as
+        // NVML_ERROR_UNKNOWN: whichever write comes first, the plugin's checkpoint (its
+        // spare file may have the room) or the carve's, the disk is what failed.
+        let simulated_gpu_failed =
+            plugin_support::nvml_backend() && error.contains("NVML error 999");
+        assert!(
+            error.contains("No space left on device") || simulated_gpu_failed,
+            "{error}"
+        );
         assert_eq!(
             before,
             std::fs::read(&checkpoint).unwrap(),
