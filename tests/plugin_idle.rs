@@ -3,7 +3,8 @@
 //! number of wake-ups (docs/architecture.md, "Idle wake-ups"). The plugin as the chart runs it
 //! (10 s rounds), registered with a kubelet and published, is left alone for a few seconds,
 //! and its main thread's context switches — one per wake-up of its single-threaded runtime —
-//! are counted. The health poll this replaced woke it about ten times a second.
+//! are counted, and on the NVML backend those of its event thread. The health poll this
+//! replaced woke it about ten times a second; the event thread's 100 ms waits did too.
 
 mod plugin_support;
 
@@ -21,9 +22,27 @@ const WATCHED: Duration = Duration::from_secs(4);
 /// poll alone came to about 40.
 const MOST: u64 = 20;
 
+/// Wake-ups allowed in [`WATCHED`] to the NVML backend's event thread: one 5 s wait ends,
+/// and a look for added GPUs every other wait. With its old 100 ms waits it woke about 40
+/// times.
+const MOST_EVENT_THREAD: u64 = 3;
+
 /// Context switches of process `pid`'s main thread so far, voluntary and not.
 fn main_thread_switches(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    switches(&format!("/proc/{pid}/status"))
+}
+
+/// Context switches so far of `pid`'s thread named `name`, if it has one.
+fn thread_switches(pid: u32, name: &str) -> Option<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .filter_map(Result::ok)
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .map(|t| switches(&t.path().join("status").to_string_lossy()))
+}
+
+fn switches(status: &str) -> u64 {
+    let status = std::fs::read_to_string(status).expect("status");
     status
         .lines()
         .filter(|l| l.contains("ctxt_switches:"))
@@ -42,8 +61,26 @@ async fn an_idle_plugin_wakes_only_for_its_rounds() {
     tokio::time::sleep(Duration::from_secs(6)).await;
 
     let before = main_thread_switches(plugin.pid());
+    let events_before = thread_switches(plugin.pid(), "nvml-events");
     tokio::time::sleep(WATCHED).await;
     let woke = main_thread_switches(plugin.pid()) - before;
+    // The NVML backend's event thread blocks in the (simulated) library's wait, which ends
+    // only at an event or its timeout, as a real driver's does.
+    if let Some(before) = events_before {
+        let after = thread_switches(plugin.pid(), "nvml-events").expect("the event thread");
+        let events_woke = after - before;
+        eprintln!("the NVML event thread woke {events_woke} times in {WATCHED:?}");
+        assert!(
+            events_woke <= MOST_EVENT_THREAD,
+            "the NVML event thread woke {events_woke} times in {WATCHED:?} (at most \
+             {MOST_EVENT_THREAD})"
+        );
+    } else {
+        assert!(
+            !plugin_support::nvml_backend(),
+            "the NVML backend runs an nvml-events thread"
+        );
+    }
     assert!(
         woke <= MOST,
         "the idle plugin woke {woke} times in {WATCHED:?} (at most {MOST}): something polls \

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use gpu_dra::hardware::health::WATCHED_EVENTS;
+use gpu_dra::hardware::sim::StateWatch;
 use gpu_dra::hardware::sim::faults::SimEvent;
 use nvml_wrapper_sys::bindings as sys;
 use sys::{nvmlDevice_t, nvmlEventSet_t, nvmlReturn_t};
@@ -22,7 +23,8 @@ use crate::node;
 pub const SUPPORTED_EVENTS: u64 = WATCHED_EVENTS;
 /// `gpuInstanceId` / `computeInstanceId` of an event not attributed to a MIG instance.
 const UNATTRIBUTED: c_uint = 0xFFFF_FFFF;
-/// How often a waiting set looks at the fault log.
+/// How often a waiting set looks at the fault log when the state directory cannot be
+/// watched.
 const POLL: Duration = Duration::from_millis(20);
 
 struct EventSet {
@@ -160,6 +162,13 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         }
         let id = set_id(set)?;
         let deadline = Instant::now() + Duration::from_millis(u64::from(timeoutms));
+        // Made before the first look at the fault log, so a fault raised after the look
+        // still ends the wait: the thread blocks as in a real driver's wait instead of
+        // polling (it polls only where the kernel refuses the watch).
+        let watch = node::current()?
+            .state_dir
+            .as_deref()
+            .and_then(StateWatch::new);
         loop {
             if let Some(e) = next_event(id)? {
                 let out = sys::nvmlEventData_t {
@@ -178,7 +187,12 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
             if now >= deadline {
                 return Err(ffi::TIMEOUT);
             }
-            std::thread::sleep(POLL.min(deadline - now));
+            match &watch {
+                Some(watch) => {
+                    watch.wait(deadline - now);
+                }
+                None => std::thread::sleep(POLL.min(deadline - now)),
+            }
         }
     })
 }

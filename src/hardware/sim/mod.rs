@@ -27,6 +27,7 @@ pub use node_file::{NodePlan, NodeSpec};
 use power_on::{StaticGpu, fingerprint, gi_id_for, gpu_info, initial_state, occupants, static_gpu};
 pub use state::STATE_FILE;
 use state::{InstanceState, Store};
+pub use watch::StateWatch;
 
 use super::geometry;
 use super::{
