@@ -284,12 +284,7 @@ impl ObjectStore {
     /// from the path, its own `metadata.uid` kept (one is assigned when it has none), a new
     /// resourceVersion. Replaces whatever was there.
     pub fn seed(&mut self, target: &Target, mut object: Value) -> Value {
-        let key: Key = (
-            target.prefix.clone(),
-            target.resource.clone(),
-            target.namespace.clone().unwrap_or_default(),
-            target.name.clone().unwrap_or_default(),
-        );
+        let key = target.key();
         object["metadata"]["name"] = json!(key.3);
         if !key.2.is_empty() {
             object["metadata"]["namespace"] = json!(key.2);
@@ -414,12 +409,7 @@ impl ObjectStore {
         body: &Value,
         patch: Option<PatchKind>,
     ) -> (u16, Value) {
-        let key: Key = (
-            target.prefix.clone(),
-            target.resource.clone(),
-            target.namespace.clone().unwrap_or_default(),
-            target.name.clone().unwrap_or_default(),
-        );
+        let key = target.key();
         let Some(current) = self.objects.get(&key).cloned() else {
             let message = format!("{} \"{}\" not found", target.resource, key.3);
             let (code, mut body) = status(404, "NotFound", &message);
@@ -525,6 +515,28 @@ impl ObjectStore {
         self.bump(&mut gone);
         self.record(key.clone(), "DELETED", gone.clone());
         Some(gone)
+    }
+
+    /// Every object of `prefix/resource` (cluster-scoped or in any namespace), by name.
+    pub fn by_name(&self, prefix: &str, resource: &str) -> BTreeMap<String, Value> {
+        self.list(prefix, resource, None, "")
+            .into_iter()
+            .map(|o| (o["metadata"]["name"].as_str().unwrap_or_default().into(), o))
+            .collect()
+    }
+
+    /// Removes every object of `prefix/resource` outright ([`ObjectStore::remove`]), as the
+    /// kubelet deletes a node's ResourceSlices when it starts.
+    pub fn remove_all(&mut self, prefix: &str, resource: &str) {
+        let keys: Vec<Key> = self
+            .objects
+            .keys()
+            .filter(|(p, r, _, _)| p == prefix && r == resource)
+            .cloned()
+            .collect();
+        for key in keys {
+            self.remove(&key);
+        }
     }
 
     /// What the garbage collector does once the dependents of an object deleted in the

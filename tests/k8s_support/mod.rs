@@ -22,7 +22,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 pub use objstore::status;
-use objstore::{Key, ObjectStore, Target, fields_match, parse};
+use objstore::{ObjectStore, Target, fields_match, parse};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
@@ -189,22 +189,12 @@ impl FakeApi {
 
     /// The stored ResourceSlices by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
-        let state = self.state.lock().expect("state");
         let (prefix, resource) = slices_collection();
-        state
+        self.state
+            .lock()
+            .expect("state")
             .store
-            .list(&prefix, &resource, None, "")
-            .into_iter()
-            .map(|o| {
-                (
-                    o["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                    o,
-                )
-            })
-            .collect()
+            .by_name(&prefix, &resource)
     }
 
     /// The stored object at `path`, if any.
@@ -215,13 +205,12 @@ impl FakeApi {
 
     /// Deletes every stored ResourceSlice, as the kubelet does when it starts.
     pub fn remove_slices(&self) {
-        let mut state = self.state.lock().expect("state");
         let (prefix, resource) = slices_collection();
-        for slice in state.store.list(&prefix, &resource, None, "") {
-            let name = slice["metadata"]["name"].as_str().unwrap_or_default();
-            let key: Key = (prefix.clone(), resource.clone(), String::new(), name.into());
-            state.store.delete(&key, None, false);
-        }
+        self.state
+            .lock()
+            .expect("state")
+            .store
+            .remove_all(&prefix, &resource);
     }
 
     fn serve(&self, request: Recorded) -> Option<(u16, Value)> {

@@ -415,22 +415,12 @@ impl FakeApiServer {
 
     /// Deletes every stored ResourceSlice, as a kubelet does for its node when it starts.
     pub fn remove_slices(&self) {
-        let mut store = self.lock();
-        for name in store.slice_names() {
-            let key = object(RESOURCE, SLICE_RESOURCE, "", &name).key();
-            store.objects.remove(&key);
-        }
+        self.lock().objects.remove_all(RESOURCE, SLICE_RESOURCE);
     }
 
     /// The stored ResourceSlices by name.
     pub fn slices(&self) -> BTreeMap<String, Value> {
-        let store = self.lock();
-        store
-            .objects
-            .list(RESOURCE, SLICE_RESOURCE, None, "")
-            .into_iter()
-            .map(|s| (s["metadata"]["name"].as_str().unwrap_or_default().into(), s))
-            .collect()
+        self.lock().objects.by_name(RESOURCE, SLICE_RESOURCE)
     }
 
     /// The stored slices once they form a complete pool (as many as each one's
@@ -626,15 +616,6 @@ impl Store {
                 &format!("the server could not find {}", r.path),
             ),
         }
-    }
-
-    /// The names of the stored ResourceSlices.
-    fn slice_names(&self) -> Vec<String> {
-        self.objects
-            .list(RESOURCE, SLICE_RESOURCE, None, "")
-            .iter()
-            .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string))
-            .collect()
     }
 
     fn list(&self, r: &Recorded) -> Value {
