@@ -7,6 +7,7 @@
 //! PROTOCOL_ERROR (hyperium/h2#487), so without this adapter a real kubelet never registers
 //! the plugin. Server-to-client bytes are not touched.
 
+mod hpack;
 mod rewriter;
 
 use std::io;

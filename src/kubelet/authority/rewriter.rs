@@ -18,10 +18,7 @@
 //! Every limit `h2` enforces (frame sizes, header list size, streams, flow control) is still
 //! enforced by `h2`; the rewriter adds only a bound on the header block it buffers.
 
-use std::borrow::Cow;
-
-use loona_hpack::Decoder;
-use loona_hpack::decoder::DecoderError;
+use super::hpack::{Decoder, HpackError};
 
 /// The client connection preface, RFC 9113 §3.4.
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -70,7 +67,7 @@ pub enum AuthorityError {
     Hpack {
         stream: u32,
         #[source]
-        source: DecoderError,
+        source: HpackError,
     },
 }
 
@@ -124,7 +121,7 @@ pub struct Rewriter {
     phase: Phase,
     pending: Vec<u8>,
     block: Option<OpenBlock>,
-    decoder: Decoder<'static>,
+    decoder: Decoder,
     rewritten: u64,
 }
 
@@ -147,13 +144,11 @@ impl Default for Rewriter {
 impl Rewriter {
     /// A rewriter at the start of a connection, expecting the client preface.
     pub fn new() -> Self {
-        let mut decoder = Decoder::new();
-        decoder.set_max_allowed_table_size(HPACK_TABLE);
         Self {
             phase: Phase::Preface,
             pending: Vec::new(),
             block: None,
-            decoder,
+            decoder: Decoder::new(HPACK_TABLE),
             rewritten: 0,
         }
     }
@@ -307,14 +302,14 @@ impl Rewriter {
         let mut encoded = Vec::with_capacity(block.fragment.len() + 64);
         let mut replaced = false;
         self.decoder
-            .decode_with_cb(&block.fragment, |name, value| {
-                let value = if name.as_ref() == b":authority" && !valid_authority(&value) {
+            .decode(&block.fragment, |name, value| {
+                let value = if name == b":authority" && !valid_authority(value) {
                     replaced = true;
-                    Cow::Borrowed(REPLACEMENT_AUTHORITY)
+                    REPLACEMENT_AUTHORITY
                 } else {
                     value
                 };
-                encode_literal(&name, &value, &mut encoded);
+                encode_literal(name, value, &mut encoded);
             })
             .map_err(|source| AuthorityError::Hpack {
                 stream: block.stream,
@@ -375,8 +370,7 @@ fn valid_authority(value: &[u8]) -> bool {
 fn encode_literal(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
     out.push(0x00);
     for string in [name, value] {
-        // Writing to a Vec cannot fail.
-        let _ = loona_hpack::encoder::encode_integer_into(string.len(), 7, 0, out);
+        super::hpack::encode_integer(string.len(), 7, 0, out);
         out.extend_from_slice(string);
     }
 }

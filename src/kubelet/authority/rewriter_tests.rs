@@ -1,6 +1,7 @@
 use super::*;
 
-use loona_hpack::Encoder;
+// The rewriter's output is read back with another decoder than its own, as `h2` would.
+use loona_hpack::{Decoder, Encoder};
 
 /// A frame as `h2` would read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
