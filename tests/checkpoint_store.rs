@@ -519,6 +519,43 @@ fn a_lock_free_read_tells_no_checkpoint_from_an_unreadable_one() {
     assert!(file(ours.path()).exists());
 }
 
+/// The plugin's background rounds (inventory, usage, telemetry) each read the checkpoint
+/// without the lock: an unchanged file is parsed once for all of them, and any write —
+/// this store's or another writer's in place — is seen at the next read.
+#[test]
+fn a_lock_free_reader_parses_an_unchanged_file_once() {
+    use gpu_dra::checkpoint::{Snapshot, read_unlocked};
+    use gpu_dra::cost::{Cost, measure};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let parses = |dir: &Path| {
+        let (snapshot, tally) = runtime.block_on(measure(async { read_unlocked(dir, BOOT) }));
+        (snapshot, tally.get(Cost::CheckpointParse))
+    };
+    let tmp = saved(BOOT);
+    let (first, n) = parses(tmp.path());
+    assert!(matches!(&first, Snapshot::Current(cp) if cp.claims.len() == 1));
+    assert_eq!(n, 1);
+    for _ in 0..3 {
+        assert_eq!(
+            parses(tmp.path()),
+            (first.clone(), 0),
+            "unchanged: not parsed again"
+        );
+    }
+    let (mut store, _) = CheckpointStore::open(tmp.path(), BOOT).unwrap();
+    store.update(|cp| cp.claims.clear()).unwrap();
+    let (after, n) = parses(tmp.path());
+    assert!(matches!(&after, Snapshot::Current(cp) if cp.claims.is_empty()));
+    assert_eq!(n, 1, "a write is seen at once");
+    // Another boot's reader of the same file is not given this boot's snapshot.
+    assert_eq!(read_unlocked(tmp.path(), "another-boot"), Snapshot::Empty);
+    // A file rewritten in place (same inode) is read again too.
+    fs::write(file(tmp.path()), b"{}").unwrap();
+    assert_eq!(parses(tmp.path()).0, Snapshot::Unreadable);
+}
+
 #[test]
 fn a_dropped_store_takes_its_spare_with_it() {
     let tmp = saved(BOOT);

@@ -5,6 +5,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::model::{Checkpoint, ClaimRecord};
@@ -204,23 +205,72 @@ const UNLOCKED_READS: usize = 3;
 /// versions ([`fsutil::replace_atomic_reusing`]); the checksum catches that, and the file is
 /// read again, afresh, up to three times. Never moves a bad file aside (that is
 /// [`CheckpointStore::open`]'s job, under the lock).
+///
+/// The last snapshot read is kept with the file version it was read from (one per
+/// process): while a `stat` finds the file still that version, it is returned without
+/// reading the file. The plugin's inventory, usage and telemetry rounds each read the
+/// checkpoint; between two prepares they now read it once, not once each.
 pub fn read_unlocked(state_dir: &Path, boot_id: &str) -> Snapshot {
     let path = state_dir.join(CHECKPOINT_FILE);
     for _ in 0..UNLOCKED_READS {
+        let before = version_of(&path);
+        if let Some(snapshot) = UNLOCKED_LAST.get(&path, before, boot_id) {
+            return snapshot;
+        }
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Snapshot::Empty,
             Err(_) => continue,
         };
-        match wire::decode(&bytes) {
-            Ok(checkpoint) if checkpoint.node_boot_id == boot_id => {
-                return Snapshot::Current(checkpoint);
-            }
-            Ok(_) => return Snapshot::Empty,
+        let snapshot = match wire::decode(&bytes) {
+            Ok(checkpoint) if checkpoint.node_boot_id == boot_id => Snapshot::Current(checkpoint),
+            Ok(_) => Snapshot::Empty,
             Err(_) => continue,
+        };
+        // Kept only when the file did not change while it was read: the content is then
+        // that of version `before`.
+        if version_of(&path) == before {
+            UNLOCKED_LAST.put(&path, before, boot_id, &snapshot);
         }
+        return snapshot;
     }
     Snapshot::Unreadable
+}
+
+/// [`read_unlocked`]'s last verified snapshot, by file version.
+static UNLOCKED_LAST: LastRead = LastRead(std::sync::Mutex::new(None));
+
+struct LastRead(std::sync::Mutex<Option<LastSnapshot>>);
+
+struct LastSnapshot {
+    path: PathBuf,
+    version: FileVersion,
+    boot_id: String,
+    snapshot: Snapshot,
+}
+
+impl LastRead {
+    fn get(&self, path: &Path, seen: Seen, boot_id: &str) -> Option<Snapshot> {
+        let Seen::File(version) = seen else {
+            return None;
+        };
+        let last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        last.as_ref()
+            .filter(|l| l.version == version && l.path == path && l.boot_id == boot_id)
+            .map(|l| l.snapshot.clone())
+    }
+
+    fn put(&self, path: &Path, seen: Seen, boot_id: &str, snapshot: &Snapshot) {
+        let Seen::File(version) = seen else {
+            return;
+        };
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(LastSnapshot {
+            path: path.to_path_buf(),
+            version,
+            boot_id: boot_id.to_string(),
+            snapshot: snapshot.clone(),
+        });
+    }
 }
 
 /// Which version of the checkpoint file a store's content corresponds to.
