@@ -249,14 +249,9 @@ impl<S: ClaimSource> ClaimsManager<S> {
     /// Only when the checkpoint cannot be read; per-claim and per-daemon failures are in the
     /// report.
     pub fn supervise_mps(&self) -> Result<RecoveryReport, ClaimError> {
-        let context = "MPS supervision";
-        let (mut store, _) =
-            CheckpointStore::open(&self.state_dir, &self.boot_id).map_err(|e| {
-                ClaimError::Checkpoint {
-                    claim: context.to_string(),
-                    source: Box::new(e),
-                }
-            })?;
+        // The calls' checkpoint, kept between them: one `stat` instead of a parse of the
+        // whole file every round while nothing changed it.
+        let mut store = self.check_out("MPS supervision")?;
         let mut report = RecoveryReport::default();
         let mut failures = Vec::new();
         report.rolled_back = self.finish_unfinished(&mut store, &mut failures);
@@ -265,6 +260,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .map(|e| crate::errors::error_chain(e))
             .collect();
         self.reconcile_mps(store.checkpoint(), &mut report);
+        self.check_in(store);
         Ok(report)
     }
 }
