@@ -141,6 +141,8 @@ struct Canonical {
     count: [u32; LONGEST + 1],
     first_index: [u16; LONGEST + 1],
     symbols: [u16; 257],
+    /// Each symbol's code (its length is in [`CODE_LENGTHS`]).
+    codes: [u32; 257],
 }
 
 const CANONICAL: Canonical = canonical();
@@ -151,6 +153,7 @@ const fn canonical() -> Canonical {
         count: [0; LONGEST + 1],
         first_index: [0; LONGEST + 1],
         symbols: [0; 257],
+        codes: [0; 257],
     };
     let mut code: u32 = 0;
     let mut index: usize = 0;
@@ -162,6 +165,7 @@ const fn canonical() -> Canonical {
         while symbol < 257 {
             if CODE_LENGTHS[symbol] as usize == len {
                 c.symbols[index] = symbol as u16;
+                c.codes[symbol] = code;
                 index += 1;
                 c.count[len] += 1;
                 code += 1;
@@ -172,6 +176,28 @@ const fn canonical() -> Canonical {
         len += 1;
     }
     c
+}
+
+/// Appends the Huffman coding of `input` (RFC 7541 §5.2), padded with the most significant
+/// bits of EOS, to `out`: what grpc-go and h2 send for a string it makes shorter. The
+/// rewriter never writes it (it re-encodes strings raw); tests and the `authority` bench
+/// build real clients' header blocks with it.
+pub fn huffman_encode(input: &[u8], out: &mut Vec<u8>) {
+    let mut acc: u64 = 0;
+    let mut bits = 0;
+    for &byte in input {
+        let len = usize::from(CODE_LENGTHS[usize::from(byte)]);
+        acc = (acc << len) | u64::from(CANONICAL.codes[usize::from(byte)]);
+        bits += len;
+        while bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    if bits > 0 {
+        let pad = 8 - bits;
+        out.push(((acc << pad) | ((1 << pad) - 1)) as u8);
+    }
 }
 
 /// Appends the Huffman decoding of `input` to `out`; `at` (the string's offset in the
