@@ -153,6 +153,8 @@ pub struct CheckpointStore {
     written: Option<Written>,
     /// A failed update could not restore `current`: every further update fails.
     poisoned: bool,
+    /// The records' JSON as the last write made it: a write serialises only what changed.
+    encoded: wire::EncodeCache,
 }
 
 /// The bytes of a checkpoint file, shown by length only.
@@ -351,6 +353,7 @@ impl CheckpointStore {
                             spare: None,
                             written: None,
                             poisoned: false,
+                            encoded: wire::EncodeCache::default(),
                         },
                         LoadOutcome::Fresh,
                     ));
@@ -376,6 +379,7 @@ impl CheckpointStore {
                         spare: None,
                         written: Some(Written(bytes)),
                         poisoned: false,
+                        encoded: wire::EncodeCache::default(),
                     },
                     LoadOutcome::Loaded { claims },
                 ));
@@ -410,6 +414,7 @@ impl CheckpointStore {
                 spare: None,
                 written: None,
                 poisoned: false,
+                encoded: wire::EncodeCache::default(),
             },
             outcome,
         ))
@@ -478,9 +483,11 @@ impl CheckpointStore {
     }
 
     fn write_current(&mut self) -> Result<Vec<u8>, StoreError> {
-        let bytes = wire::encode(&self.current).map_err(|source| StoreError::Encode {
-            path: self.path.clone(),
-            source,
+        let bytes = wire::encode_reusing(&self.current, &mut self.encoded).map_err(|source| {
+            StoreError::Encode {
+                path: self.path.clone(),
+                source,
+            }
         })?;
         let spare = match self.spare.take() {
             Some(spare) => spare,
