@@ -1,4 +1,5 @@
 use super::*;
+use crate::kubelet::authority::test_rng::XorShift;
 
 fn hex(s: &str) -> Vec<u8> {
     let digits: Vec<u8> = s.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
@@ -245,20 +246,6 @@ fn malformed_blocks_are_refused_with_the_reason() {
         let error = decode_all(&mut Decoder::new(4096), &block).expect_err(name);
         assert!(expected(&error), "{name}: {error:?}");
         assert!(!error.to_string().is_empty());
-    }
-}
-
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
     }
 }
 

@@ -9,6 +9,8 @@
 
 mod hpack;
 mod rewriter;
+#[cfg(test)]
+mod test_rng;
 
 use std::io;
 use std::pin::Pin;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::kubelet::authority::test_rng::XorShift;
 
 // The rewriter's output is read back with another decoder than its own, as `h2` would.
 use loona_hpack::{Decoder, Encoder};
@@ -331,21 +332,6 @@ fn framing_and_hpack_errors_end_the_connection_with_the_reason() {
         error,
         Some(AuthorityError::HeaderBlockTooLarge { stream: 1, .. })
     ));
-}
-
-/// A small, fast generator: the same seed gives the same inputs on every machine.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 #[test]
