@@ -209,7 +209,7 @@ pub struct EncodeCache {
 
 /// [`encode`], byte for byte, serialising only the records that differ from those `cache`
 /// holds (a prepare changes one or a few records of many; each write serialised all of
-/// them: about 5,600 instructions a record, twice a prepare). `cache` then holds exactly the
+/// them: about 7,500 instructions a record, once or twice a call). `cache` then holds exactly the
 /// records of `cp`.
 ///
 /// # Errors
