@@ -19,16 +19,29 @@ pub const REASON_HEALTH_UNKNOWN: &str = "HealthUnknown";
 /// Reason of `Ready=Unknown` when the device is no longer published (its GPU is gone).
 pub const REASON_NOT_PUBLISHED: &str = "NotPublished";
 
+/// The devices' health by pool and device name: built once for a pass over many claims
+/// (a regular round re-checks every tracked claim against an entry per published device).
+pub struct HealthIndex<'a>(HashMap<(&'a str, &'a str), &'a DeviceHealth>);
+
+impl<'a> HealthIndex<'a> {
+    /// Indexes `health` (the kubelet's list: an entry per published device).
+    pub fn new(health: &'a [DeviceHealth]) -> Self {
+        Self(
+            health
+                .iter()
+                .map(|h| ((h.pool_name.as_str(), h.device_name.as_str()), h))
+                .collect(),
+        )
+    }
+}
+
 /// The entries `record` should show, given the devices' health (`None`: the claim is not
 /// prepared, so it should show none). Pure.
-pub fn wanted(record: Option<&ClaimRecord>, health: &[DeviceHealth]) -> Vec<DeviceStatus> {
+pub fn wanted(record: Option<&ClaimRecord>, health: &HealthIndex<'_>) -> Vec<DeviceStatus> {
     let Some(record) = record.filter(|r| r.phase == ClaimPhase::PrepareCompleted) else {
         return Vec::new();
     };
-    let by_device: HashMap<(&str, &str), &DeviceHealth> = health
-        .iter()
-        .map(|h| ((h.pool_name.as_str(), h.device_name.as_str()), h))
-        .collect();
+    let by_device = &health.0;
     record
         .devices
         .iter()

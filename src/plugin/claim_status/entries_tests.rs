@@ -117,10 +117,11 @@ fn readiness_follows_the_devices_health() {
         ),
         health("gpu-2", HealthStatus::Unknown, "no verdict yet"),
     ];
-    let got: Vec<(String, ConditionStatus, String, String)> = wanted(Some(&record), &health)
-        .into_iter()
-        .map(|w| (w.device, w.ready.status, w.ready.reason, w.ready.message))
-        .collect();
+    let got: Vec<(String, ConditionStatus, String, String)> =
+        wanted(Some(&record), &HealthIndex::new(&health))
+            .into_iter()
+            .map(|w| (w.device, w.ready.status, w.ready.reason, w.ready.message))
+            .collect();
     let want = vec![
         (
             "gpu-0".into(),
@@ -161,7 +162,7 @@ fn only_a_completed_prepare_shows_entries() {
         None,
     ]
     .iter()
-    .map(|r| wanted(r.as_ref(), &health).len())
+    .map(|r| wanted(r.as_ref(), &HealthIndex::new(&health)).len())
     .collect();
     assert_eq!(vec![0, 1, 0, 0], got);
 }

@@ -28,8 +28,8 @@ use crate::k8s::{Backoff, ClaimRef};
 use crate::kubelet::{self, DraHandler, PrepareResults};
 
 pub use entries::{
-    REASON_HEALTH_UNKNOWN, REASON_NOT_PUBLISHED, REASON_PREPARED, REASON_UNHEALTHY, device_data,
-    readiness, wanted,
+    HealthIndex, REASON_HEALTH_UNKNOWN, REASON_NOT_PUBLISHED, REASON_PREPARED, REASON_UNHEALTHY,
+    device_data, readiness, wanted,
 };
 pub use worker::{StatusWorker, run};
 

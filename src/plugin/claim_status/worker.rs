@@ -17,7 +17,7 @@ use crate::kubelet::DeviceHealth;
 use crate::metrics::{Metrics, Outcome};
 use crate::plugin::usage::read_checkpoint;
 
-use super::entries::wanted;
+use super::entries::{HealthIndex, wanted};
 use super::{SETTLE, SYNC_TIMEOUT, Update};
 
 /// A claim the worker keeps an eye on.
@@ -129,6 +129,7 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Up
                     continue;
                 }
                 let health = worker.health.borrow_and_update().clone();
+                let health = HealthIndex::new(&health);
                 for t in tracked.values_mut() {
                     let want = wanted(t.record.as_ref(), &health);
                     if t.shown.as_ref() != Some(&want) {
@@ -219,7 +220,10 @@ async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Trac
             t.record_known = true;
         }
         // Borrowed per claim, not cloned per pass: the list has an entry per device.
-        let want = wanted(t.record.as_ref(), &worker.health.borrow());
+        let want = wanted(
+            t.record.as_ref(),
+            &HealthIndex::new(&worker.health.borrow()),
+        );
         let span = tracing::info_span!(
             "claim_status",
             claim.uid = %t.claim.uid,
