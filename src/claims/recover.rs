@@ -232,10 +232,20 @@ impl<S: ClaimSource> ClaimsManager<S> {
             return;
         };
         report.mps_orphans_stopped = stop_orphans(setup, checkpoint, &mut report.mps_failed);
-        let mut prepared = checkpoint.clone();
-        prepared
-            .claims
-            .retain(|_, c| c.phase == ClaimPhase::PrepareCompleted);
+        // Only prepared claims with shared devices can want a daemon: copying those alone,
+        // not the whole checkpoint every round.
+        let prepared = crate::checkpoint::Checkpoint {
+            node_boot_id: checkpoint.node_boot_id.clone(),
+            claims: checkpoint
+                .claims
+                .iter()
+                .filter(|(_, c)| {
+                    c.phase == ClaimPhase::PrepareCompleted
+                        && c.devices.iter().any(|d| d.sharing.is_some())
+                })
+                .map(|(uid, c)| (uid.clone(), c.clone()))
+                .collect(),
+        };
         report.mps_restarted = restart_dead(setup, &prepared, &mut report.mps_failed);
     }
 
