@@ -13,6 +13,8 @@ use deploy_support::{repo, run, tool};
 /// Scripts meant to be run, relative to the repository root.
 const RUNNABLE: &[&str] = &[
     ".ci/run",
+    "hack/callgrind-calls.sh",
+    "hack/callgrind-plugin.sh",
     "hack/dry-run-chart.sh",
     "hack/dry-run-slices.sh",
     "hack/e2e.sh",
