@@ -252,34 +252,50 @@ impl Caused {
     }
 }
 
-#[tokio::test]
-async fn after_its_call_a_claim_costs_one_status_write_a_share_of_one_ledger_write_no_watch_and_no_new_connection()
- {
+/// The `prepare` bench's node over TLS with a claim per device of `devices`, and the plugin
+/// as the chart runs it with its inventory, telemetry and holders rounds every `interval`,
+/// registered and published, its metrics served.
+async fn static_mig_plugin(
+    devices: &[String],
+    interval: &str,
+) -> (
+    Node,
+    Vec<gpu_dra::kubelet::ClaimRef>,
+    Plugin,
+    gpu_dra::kubelet::client::KubeletClient,
+) {
     let node = Node::new_tls_in(&std::env::temp_dir());
     let node_file = node.root().join("bench-node.yaml");
     std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
-    let devices: Vec<String> = (0..7)
-        .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
-        .chain((8..12).map(|g| format!("gpu-{g}")))
-        .collect();
-    let refs = claims::one_per_device(&node.api, &devices);
-    // As the chart runs it, with its periodic passes (inventory, telemetry, holders, each a
-    // per-node cost the idle figures measure) pushed out of the test's minutes, so that
-    // everything counted is what the claims caused.
+    let refs = claims::one_per_device(&node.api, devices);
     let mut command = node.chart_command_on(node_file.to_str().unwrap());
     command.args([
         "--inventory-interval",
-        "60m",
+        interval,
         "--telemetry-interval",
-        "60m",
+        interval,
         "--holders-refresh-interval",
-        "60m",
+        interval,
     ]);
     let mut plugin = node.spawn_command(command, &[]);
     plugin.wait_registrable().await;
     eventually("slices", || node.api.complete_pool()).await;
     eventually("the metrics address", || metrics_addr(&plugin.log())).await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
+    let kubelet = plugin.register(DraApi::V1).await;
+    (node, refs, plugin, kubelet)
+}
+
+#[tokio::test]
+async fn after_its_call_a_claim_costs_one_status_write_a_share_of_one_ledger_write_no_watch_and_no_new_connection()
+ {
+    let devices: Vec<String> = (0..7)
+        .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
+        .chain((8..12).map(|g| format!("gpu-{g}")))
+        .collect();
+    // As the chart runs it, with its periodic passes (inventory, telemetry, holders, each a
+    // per-node cost the idle figures measure) pushed out of the test's minutes, so that
+    // everything counted is what the claims caused.
+    let (node, refs, plugin, mut kubelet) = static_mig_plugin(&devices, "60m").await;
     // Every claim through its whole life once first, in one call, so the connections the
     // plugin keeps are open: kube-rs speaks HTTP/1.1, so a call's concurrent reads each need
     // a connection, opened (with a TLS handshake) the first time so many run at once and
@@ -345,25 +361,8 @@ async fn after_its_call_a_claim_costs_one_status_write_a_share_of_one_ledger_wri
 /// about four times before: 2.5 million instructions a read at 50 claims).
 #[tokio::test]
 async fn periodic_rounds_parse_an_unchanged_checkpoint_at_most_once() {
-    let node = Node::new_tls_in(&std::env::temp_dir());
-    let node_file = node.root().join("bench-node.yaml");
-    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
     let devices: Vec<String> = (0..7).map(|i| format!("gpu-0-mig-1g10gb-{i}")).collect();
-    let refs = claims::one_per_device(&node.api, &devices);
-    let mut command = node.chart_command_on(node_file.to_str().unwrap());
-    command.args([
-        "--inventory-interval",
-        "1",
-        "--telemetry-interval",
-        "1",
-        "--holders-refresh-interval",
-        "1",
-    ]);
-    let mut plugin = node.spawn_command(command, &[]);
-    plugin.wait_registrable().await;
-    eventually("slices", || node.api.complete_pool()).await;
-    eventually("the metrics address", || metrics_addr(&plugin.log())).await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
+    let (_node, refs, plugin, mut kubelet) = static_mig_plugin(&devices, "1").await;
     prepare_all(&mut kubelet, &refs).await;
     let parses = |plugin: &Plugin| {
         background_costs(&plugin.log())
