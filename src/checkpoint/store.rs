@@ -208,8 +208,7 @@ const UNLOCKED_READS: usize = 3;
 /// read again, afresh, up to three times. Never moves a bad file aside (that is
 /// [`CheckpointStore::open`]'s job, under the lock).
 ///
-/// The last snapshot read is kept with the file version it was read from (one per
-/// process): while a `stat` finds the file still that version, it is returned without
+/// The last snapshot read is kept with the file version it was read from: while a `stat` finds the file still that version, it is returned without
 /// reading the file. The plugin's inventory, usage and telemetry rounds each read the
 /// checkpoint; between two prepares they now read it once, not once each.
 pub fn read_unlocked(state_dir: &Path, boot_id: &str) -> Snapshot {
@@ -239,10 +238,14 @@ pub fn read_unlocked(state_dir: &Path, boot_id: &str) -> Snapshot {
     Snapshot::Unreadable
 }
 
-/// [`read_unlocked`]'s last verified snapshot, by file version.
-static UNLOCKED_LAST: LastRead = LastRead(std::sync::Mutex::new(None));
+/// [`read_unlocked`]'s last verified snapshot of each checkpoint file, by file version.
+static UNLOCKED_LAST: LastRead = LastRead(std::sync::Mutex::new(Vec::new()));
 
-struct LastRead(std::sync::Mutex<Option<LastSnapshot>>);
+/// How many files' snapshots are kept: a plugin has one state directory; tests run several
+/// in one process, each with its own.
+const LAST_READ_FILES: usize = 8;
+
+struct LastRead(std::sync::Mutex<Vec<LastSnapshot>>);
 
 struct LastSnapshot {
     path: PathBuf,
@@ -257,8 +260,9 @@ impl LastRead {
             return None;
         };
         let last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        last.as_ref()
-            .filter(|l| l.version == version && l.path == path && l.boot_id == boot_id)
+        last.iter()
+            .find(|l| l.path == path)
+            .filter(|l| l.version == version && l.boot_id == boot_id)
             .map(|l| l.snapshot.clone())
     }
 
@@ -266,7 +270,12 @@ impl LastRead {
         let Seen::File(version) = seen else {
             return;
         };
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(LastSnapshot {
+        let mut last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        last.retain(|l| l.path != path);
+        if last.len() >= LAST_READ_FILES {
+            last.remove(0);
+        }
+        last.push(LastSnapshot {
             path: path.to_path_buf(),
             version,
             boot_id: boot_id.to_string(),
