@@ -356,20 +356,11 @@ impl Decoder {
                 // indexing) and 0001 (never indexed), both with a 4-bit index.
                 let indexing = first & 0x40 != 0;
                 let index = integer(block, &mut pos, if indexing { 6 } else { 4 })?;
+                // The scratch buffers are taken out so the table can be read and then
+                // grown while they hold the field.
                 let mut name = std::mem::take(&mut self.name);
                 let mut value = std::mem::take(&mut self.value);
-                name.clear();
-                value.clear();
-                let read = (|| {
-                    if index == 0 {
-                        let s = string_at(block, &mut pos)?;
-                        take(block, s, &mut name)?;
-                    } else {
-                        name.extend_from_slice(self.entry(index)?.0);
-                    }
-                    let s = string_at(block, &mut pos)?;
-                    take(block, s, &mut value)
-                })();
+                let read = self.literal(block, &mut pos, index, &mut name, &mut value);
                 if read.is_ok() {
                     field(&name, &value);
                     if indexing {
@@ -386,6 +377,28 @@ impl Decoder {
             return Err(HpackError::SizeUpdateAtEnd);
         }
         Ok(())
+    }
+
+    /// Reads a literal's name (`index` 0: a string of the block, else the table entry's
+    /// name) and value into `name` and `value`, from `block[*pos..]`.
+    fn literal(
+        &self,
+        block: &[u8],
+        pos: &mut usize,
+        index: usize,
+        name: &mut Vec<u8>,
+        value: &mut Vec<u8>,
+    ) -> Result<(), HpackError> {
+        name.clear();
+        value.clear();
+        if index == 0 {
+            let s = string_at(block, pos)?;
+            take(block, s, name)?;
+        } else {
+            name.extend_from_slice(self.entry(index)?.0);
+        }
+        let s = string_at(block, pos)?;
+        take(block, s, value)
     }
 
     /// Entries in the dynamic table now.
