@@ -128,8 +128,9 @@ pub async fn run(mut worker: StatusWorker, mut queue: mpsc::UnboundedReceiver<Up
                     health_open = false;
                     continue;
                 }
-                let health = worker.health.borrow_and_update().clone();
-                let health = HealthIndex::new(&health);
+                // Borrowed, not copied: nothing below awaits while the list is held.
+                let list = worker.health.borrow_and_update();
+                let health = HealthIndex::new(&list);
                 for t in tracked.values_mut() {
                     let want = wanted(t.record.as_ref(), &health);
                     if t.shown.as_ref() != Some(&want) {
