@@ -208,9 +208,10 @@ const UNLOCKED_READS: usize = 3;
 /// read again, afresh, up to three times. Never moves a bad file aside (that is
 /// [`CheckpointStore::open`]'s job, under the lock).
 ///
-/// The last snapshot read is kept with the file version it was read from: while a `stat` finds the file still that version, it is returned without
-/// reading the file. The plugin's inventory, usage and telemetry rounds each read the
-/// checkpoint; between two prepares they now read it once, not once each.
+/// The last snapshot read of each file is kept with the file version it was read from:
+/// while a `stat` finds the file still that version, it is returned without reading the
+/// file. The plugin's inventory, usage and telemetry rounds each read the checkpoint;
+/// between two writes they read it once, not once each.
 pub fn read_unlocked(state_dir: &Path, boot_id: &str) -> Snapshot {
     let path = state_dir.join(CHECKPOINT_FILE);
     for _ in 0..UNLOCKED_READS {
