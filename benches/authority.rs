@@ -7,7 +7,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use gpu_dra::kubelet::authority::{AuthorityFix, PREFACE, Rewriter, huffman_encode};
+use gpu_dra::kubelet::authority::{AuthorityFix, PREFACE, Rewriter, encode_string};
 use gpu_dra::kubelet::proto::dra_v1;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,15 +33,7 @@ fn literal(name: &str, value: &str, out: &mut Vec<u8>) {
 fn literal_with(first: u8, name: &str, value: &str, out: &mut Vec<u8>) {
     out.push(first);
     for s in [name, value] {
-        let mut coded = Vec::new();
-        huffman_encode(s.as_bytes(), &mut coded);
-        if coded.len() < s.len() {
-            loona_hpack::encoder::encode_integer_into(coded.len(), 7, 0x80, out).unwrap();
-            out.extend_from_slice(&coded);
-        } else {
-            loona_hpack::encoder::encode_integer_into(s.len(), 7, 0, out).unwrap();
-            out.extend_from_slice(s.as_bytes());
-        }
+        encode_string(s.as_bytes(), out);
     }
 }
 

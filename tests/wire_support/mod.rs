@@ -75,7 +75,9 @@ impl Authority {
 }
 
 /// HPACK as clients that index aggressively encode it: each new field goes into the
-/// dynamic table (literal name, no Huffman), each repeat is a bare index into it.
+/// dynamic table (literal name), each repeat is a bare index into it. Strings are
+/// Huffman-coded when that makes them shorter, as grpc-go's encoder (golang.org/x/net's
+/// hpack) does.
 #[derive(Default)]
 pub struct IndexingEncoder {
     table: Vec<(String, String)>,
@@ -108,8 +110,7 @@ impl IndexingEncoder {
                 }
             }
             for s in [name, value] {
-                integer(s.len(), 7, 0, &mut out);
-                out.extend_from_slice(s.as_bytes());
+                gpu_dra::kubelet::authority::encode_string(s.as_bytes(), &mut out);
             }
         }
         out

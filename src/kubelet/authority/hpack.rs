@@ -178,11 +178,25 @@ const fn canonical() -> Canonical {
     c
 }
 
-/// Appends the Huffman coding of `input` (RFC 7541 §5.2), padded with the most significant
-/// bits of EOS, to `out`: what grpc-go and h2 send for a string it makes shorter. The
-/// rewriter never writes it (it re-encodes strings raw); tests and the `authority` bench
-/// build real clients' header blocks with it.
-pub fn huffman_encode(input: &[u8], out: &mut Vec<u8>) {
+/// Appends `s` as an HPACK string literal (RFC 7541 §5.2) the way grpc-go's and h2's
+/// encoders write one: Huffman-coded when that makes it shorter, else raw. The rewriter
+/// never writes it (it re-encodes strings raw); tests and the `authority` bench build real
+/// clients' header blocks with it.
+pub fn encode_string(s: &[u8], out: &mut Vec<u8>) {
+    let mut coded = Vec::new();
+    huffman_encode(s, &mut coded);
+    if coded.len() < s.len() {
+        encode_integer(coded.len(), 7, 0x80, out);
+        out.extend_from_slice(&coded);
+    } else {
+        encode_integer(s.len(), 7, 0, out);
+        out.extend_from_slice(s);
+    }
+}
+
+/// Appends the Huffman coding of `input`, padded with the most significant bits of EOS, to
+/// `out`.
+fn huffman_encode(input: &[u8], out: &mut Vec<u8>) {
     let mut acc: u64 = 0;
     let mut bits = 0;
     for &byte in input {

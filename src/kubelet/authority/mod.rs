@@ -21,7 +21,7 @@ use tokio::net::UnixStream;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 use tracing::debug;
 
-pub use hpack::huffman_encode;
+pub use hpack::encode_string;
 pub use rewriter::{AuthorityError, MAX_HEADER_BLOCK, PREFACE, REPLACEMENT_AUTHORITY, Rewriter};
 
 /// How much is read from the client at a time: one maximum-size default frame.
