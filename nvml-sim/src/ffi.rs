@@ -24,8 +24,9 @@ pub const fn struct_version<T>(version: u32) -> u32 {
 }
 
 /// Runs one exported call: its result becomes the return code, a panic becomes
-/// `NVML_ERROR_UNKNOWN` instead of unwinding into C.
+/// `NVML_ERROR_UNKNOWN` instead of unwinding into C. Counts the call ([`crate::calls`]).
 pub fn guard(call: impl FnOnce() -> Result<(), Ret>) -> Ret {
+    crate::calls::count();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
         Ok(Ok(())) => SUCCESS,
         Ok(Err(code)) => code,

@@ -18,6 +18,7 @@
 
 #![allow(non_snake_case)]
 
+pub mod calls;
 pub mod handles;
 
 mod compute_instances;
