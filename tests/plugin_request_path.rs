@@ -503,3 +503,84 @@ async fn a_vgpu_claim_reads_only_its_parent_gpus_sysfs_and_writes_one_kernel_att
         );
     }
 }
+
+/// What a kubelet call asks the GPU driver, counted in NVML calls (the simulated library
+/// counts every call it answers, `GPU_DRA_SIM_NVML_CALLS`): the plugin on the NVML backend,
+/// whatever backend this run tests, on the bench's node (8 A100 with 7 static 1g.10gb MIG
+/// devices each, 8 L4). A real driver answers most NVML calls with an ioctl into its kernel
+/// module, the MIG ones under its locks: a price on real nodes that the simulated backend
+/// does not show.
+///
+/// A call plans with the node's inventory, but asks NVML only what can change: each GPU's
+/// UUID and MIG mode (to know it is the GPU the last full read saw), its GPU instances and
+/// MIG devices, its fabric state. The profile tables with their placements, the product,
+/// memory and PCI facts come from the last full read. 1,515 calls per prepare before.
+#[tokio::test]
+async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
+    let node = Node::new_tls_in(&std::env::temp_dir());
+    let node_file = node.root().join("bench-node.yaml");
+    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
+    let calls = node.root().join("nvml-calls");
+    let devices: Vec<String> = ["gpu-3-mig-1g10gb-5", "gpu-12"].map(String::from).to_vec();
+    let refs = claims::one_per_device(&node.api, &devices);
+    let mut command = node.nvml_chart_command_on(node_file.to_str().unwrap());
+    // No periodic pass within the test's seconds: what is counted is the calls'.
+    command.args([
+        "--inventory-interval",
+        "60m",
+        "--telemetry-interval",
+        "60m",
+        "--holders-refresh-interval",
+        "60m",
+    ]);
+    command.env(gpu_dra_nvml_sim::calls::CALLS_ENV, &calls);
+    let mut plugin = node.spawn_command(command, &[]);
+    plugin.wait_registrable().await;
+    eventually("slices", || node.api.complete_pool()).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    let count = || gpu_dra_nvml_sim::calls::read(&calls).expect("the library's call count");
+
+    // Start-up's reads and the health thread's registrations end first: a second without a
+    // call. It then looks for added GPUs every 10 s (a count and each GPU's handle and UUID),
+    // so the fewest of three calls is the call's own count.
+    let settled = std::time::Instant::now();
+    loop {
+        let before = count();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if count() == before {
+            break;
+        }
+        assert!(
+            settled.elapsed() < Duration::from_secs(30),
+            "the plugin kept calling NVML for 30 s with no kubelet call"
+        );
+    }
+    let mut fewest = BTreeMap::new();
+    for _ in 0..3 {
+        for (claim, device) in refs.iter().zip(&devices) {
+            let before = count();
+            prepare_all(&mut kubelet, std::slice::from_ref(claim)).await;
+            let between = count();
+            unprepare_all(&mut kubelet, std::slice::from_ref(claim)).await;
+            let got = [between - before, count() - between];
+            let entry = fewest.entry(device.as_str()).or_insert(got);
+            *entry = [entry[0].min(got[0]), entry[1].min(got[1])];
+        }
+    }
+    // The GPU count; per A100 in MIG mode: its handle, UUID and MIG mode, its GPU instances
+    // (one call for each of its 7 profiles, one for each of its 7 instances), the MIG device
+    // count and each MIG device's handle, GPU and compute instance IDs and UUID, its fabric
+    // state; per L4: handle, UUID, MIG mode (not supported), fabric state.
+    let inventory = 1 + 8 * (3 + (7 + 7) + (1 + 7 * 4) + 1) + 8 * (3 + 1);
+    assert_eq!(
+        fewest,
+        BTreeMap::from([
+            // The unprepare of a MIG device looks at the MIG devices as they are now (a
+            // carved one is destroyed only if its GPU instance was not reused); a full GPU's
+            // asks nothing.
+            ("gpu-3-mig-1g10gb-5", [inventory, inventory]),
+            ("gpu-12", [inventory, 0]),
+        ]),
+        "NVML calls of a prepare and an unprepare, by the claim's device"
+    );
+}

@@ -1,7 +1,8 @@
 //! gpu-dra's production NVML backend against the simulated library, next to the simulator on
 //! the same state directory: errors name the NVML call and carry NVML's code, the A100 keeps
 //! a MIG mode change pending until a reset, and a GPU instance left without a compute
-//! instance is discovered through NVML.
+//! instance is discovered through NVML. A kubelet call's inventory, which keeps what cannot
+//! change from the last full read, agrees with a full read after every change.
 
 use gpu_dra::hardware::nvml::NvmlBackend;
 use gpu_dra::hardware::sim::SimBackend;
@@ -22,6 +23,18 @@ fn nvml_failure(e: HardwareError) -> (String, NvmlCode) {
     }
 }
 
+/// The kubelet call's inventory (asked first, so it starts from what the last full read
+/// kept) and a full read both say what the simulator says.
+fn agree(nvml: &NvmlBackend, sim: &SimBackend, step: &str) {
+    let truth = sim.inventory().unwrap();
+    assert_eq!(
+        nvml.request_inventory().unwrap(),
+        truth,
+        "{step}: request inventory"
+    );
+    assert_eq!(nvml.inventory().unwrap(), truth, "{step}: full read");
+}
+
 #[test]
 fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
     let state = tempfile::tempdir().unwrap();
@@ -32,7 +45,7 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
     }
     let sim = SimBackend::open("dgx-a100", Some(state.path())).unwrap();
     let nvml = NvmlBackend::open_with(Some(&library())).unwrap();
-    assert_eq!(nvml.inventory().unwrap(), sim.inventory().unwrap());
+    agree(&nvml, &sim, "at start");
 
     // GPU 0 is pre-partitioned 1g.5gb ×2 + 2g.10gb + 3g.20gb: 3g.20gb at 4 is taken.
     let three_g = sim.inventory().unwrap().gpus[0]
@@ -70,7 +83,7 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
         again.uuid, victim.uuid,
         "a re-created MIG device gets a new UUID"
     );
-    assert_eq!(nvml.inventory().unwrap(), sim.inventory().unwrap());
+    agree(&nvml, &sim, "a MIG device destroyed and created again");
 
     // The A100's MIG mode: IN_USE with MIG devices, pending until a reset on an idle GPU.
     let (call, code) = nvml_failure(nvml.set_mig_mode(0, false).unwrap_err());
@@ -84,7 +97,9 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
     );
     let mode = nvml.inventory().unwrap().gpus[4].mig;
     assert_eq!((mode.current, mode.pending), (false, true));
+    agree(&nvml, &sim, "MIG mode pending");
     sim.reset_gpu(4).unwrap();
+    agree(&nvml, &sim, "MIG mode on after the reset");
     let mode = nvml.inventory().unwrap().gpus[4].mig;
     assert_eq!((mode.current, mode.pending), (true, true));
 
@@ -94,6 +109,7 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
         .unwrap()
         .id;
     let gi = sim.create_gpu_instance(4, one_g, 6).unwrap();
+    agree(&nvml, &sim, "a GPU instance without a compute instance");
     let gpu4 = &nvml.inventory().unwrap().gpus[4];
     assert_eq!(
         gpu4.empty_gpu_instances
@@ -102,5 +118,10 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
             .collect::<Vec<_>>(),
         [(gi, 6)]
     );
-    assert_eq!(nvml.inventory().unwrap(), sim.inventory().unwrap());
+    // A MIG device carved by another process beside it.
+    let carved = sim.create_mig_device(4, one_g, 0).unwrap();
+    agree(&nvml, &sim, "a MIG device carved elsewhere");
+    sim.destroy_mig_device(4, carved.gi_id, carved.ci_id)
+        .unwrap();
+    agree(&nvml, &sim, "that MIG device destroyed");
 }

@@ -534,6 +534,10 @@ fn a_vgpu_created_on_the_host_changes_what_nvml_reports_creatable() {
     let root = sim.host_root().unwrap().to_path_buf();
     let host = VgpuHost::new(&root, Arc::new(SimKernel::new(&root)));
     let parent = sim.inventory().unwrap().gpus[2].pci_bus_id.clone();
+    // A backend that read the node in full before the vGPU existed: a kubelet call's
+    // inventory after it (supported types kept, creatable ones asked again) sees it.
+    let backend = NvmlBackend::open_with(Some(&library())).unwrap();
+    backend.inventory().unwrap();
     let vf = host
         .vf_for(&parent, L40S_12Q, &TypeNames::default())
         .unwrap();
@@ -542,12 +546,10 @@ fn a_vgpu_created_on_the_host_changes_what_nvml_reports_creatable() {
     // types (exclusive type), not 48Q (no room).
     let with_12q = lib.list(creatable, l40s).unwrap();
     assert_eq!(with_12q, [1149, 1150, 1151, 1152, 1153, 1154]);
-    let nvml = NvmlBackend::open_with(Some(&library()))
-        .unwrap()
-        .inventory()
-        .unwrap();
+    let nvml = backend.request_inventory().unwrap();
     assert_eq!(nvml, sim.inventory().unwrap());
     assert_eq!(nvml.gpus[2].vgpu.as_ref().unwrap().creatable, with_12q);
+    assert_eq!(backend.inventory().unwrap(), nvml);
 
     host.delete_vdev(&vf.address).unwrap();
     assert_eq!(lib.list(creatable, l40s), Ok(all_l40s));

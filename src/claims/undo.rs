@@ -161,7 +161,9 @@ impl<S: ClaimSource> ClaimsManager<S> {
         {
             return;
         }
-        let inventory = match self.backend.inventory() {
+        // The kubelet call's inventory: MIG devices as they are now (the reuse check below
+        // reads them), the rest kept from the last full read where the backend can.
+        let inventory = match self.backend.request_inventory() {
             Ok(inventory) => inventory,
             Err(source) => {
                 failures.push(ClaimError::Inventory {

@@ -279,6 +279,16 @@ impl Node {
     /// telemetry every 10 s, holders every 30 s: the flags' defaults), as a benchmark of what
     /// the chart deploys wants it.
     pub fn chart_command_on(&self, sim_node: &str) -> Command {
+        self.chart_command_with(sim_node, nvml_backend())
+    }
+
+    /// [`Node::chart_command_on`] on the NVML backend over the simulated library, whatever
+    /// backend this run tests: for tests of what the plugin asks NVML.
+    pub fn nvml_chart_command_on(&self, sim_node: &str) -> Command {
+        self.chart_command_with(sim_node, true)
+    }
+
+    fn chart_command_with(&self, sim_node: &str, nvml: bool) -> Command {
         // A bench may measure another build of the same binary (e.g. the image's dist build).
         let binary = std::env::var_os("GPU_DRA_PLUGIN_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_gpu-dra").into());
@@ -291,7 +301,7 @@ impl Node {
         if let Some(dir) = &self.metadata_dir {
             command.arg("--device-metadata-dir").arg(dir.path());
         }
-        if nvml_backend() {
+        if nvml {
             // The same node through libnvidia-ml's ABI: the simulated library shares the
             // simulator's state directory the sim backend would use (`<state-dir>/sim`).
             command

@@ -28,25 +28,17 @@ const CI_PROFILE_COUNT: u32 = 0x9;
 const RAW_NOT_SUPPORTED: u32 = 3;
 
 impl NvmlBackend {
-    /// GPU instances without any compute instance (left by an interrupted creation or
-    /// cleanup), which recovery destroys.
-    pub(super) fn empty_gpu_instances(
+    /// Every GPU instance of the GPU, with its handle: one `nvmlDeviceGetGpuInstances` per
+    /// profile and one `nvmlGpuInstanceGetInfo` per instance.
+    pub(super) fn gpu_instances(
         &self,
         handle: nvmlDevice_t,
         index: u32,
         profiles: &[MigProfile],
-    ) -> Result<Vec<GpuInstanceRef>, HardwareError> {
+    ) -> Result<Vec<(nvmlGpuInstance_t, GpuInstanceRef)>, HardwareError> {
         let lib = self.nvml.lib();
         let get_gis = symbol(&lib.nvmlDeviceGetGpuInstances, "nvmlDeviceGetGpuInstances")?;
         let gi_info = symbol(&lib.nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")?;
-        let ci_profile = symbol(
-            &lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-        )?;
-        let get_cis = symbol(
-            &lib.nvmlGpuInstanceGetComputeInstances,
-            "nvmlGpuInstanceGetComputeInstances",
-        )?;
         let mut out = Vec::new();
         for profile in profiles {
             let mut gis: Vec<nvmlGpuInstance_t> =
@@ -65,36 +57,67 @@ impl NvmlBackend {
                 )?;
                 // SAFETY: success above means NVML initialised the struct.
                 let info = unsafe { info.assume_init() };
-                let mut cis_total = 0u32;
-                for ci_index in 0..CI_PROFILE_COUNT {
-                    let mut cip = MaybeUninit::<nvmlComputeInstanceProfileInfo_t>::zeroed();
-                    // SAFETY: live GI handle; `cip` is writable and sized for the struct.
-                    let ret = unsafe {
-                        ci_profile(gi, ci_index, CI_ENGINE_PROFILE_SHARED, cip.as_mut_ptr())
-                    };
-                    if ret != 0 {
-                        continue; // the GI has no CI profile of that size
-                    }
-                    // SAFETY: success above means NVML initialised the struct.
-                    let cip = unsafe { cip.assume_init() };
-                    let mut cis: Vec<nvmlComputeInstance_t> =
-                        vec![std::ptr::null_mut(); cip.instanceCount.max(1) as usize];
-                    let mut n = cis.len() as u32;
-                    // SAFETY: live GI handle; `cis` holds `n` entries NVML may fill.
-                    let ret = unsafe { get_cis(gi, cip.id, cis.as_mut_ptr(), &mut n) };
-                    check(ret, "nvmlGpuInstanceGetComputeInstances", index)?;
-                    cis_total += n;
-                }
-                if cis_total == 0 {
-                    out.push(GpuInstanceRef {
+                out.push((
+                    gi,
+                    GpuInstanceRef {
                         gi_id: info.id,
                         profile_id: info.profileId,
                         placement: Placement {
                             start: info.placement.start,
                             size: info.placement.size,
                         },
-                    });
+                    },
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The GPU instances of `gis` without any compute instance (left by an interrupted
+    /// creation or cleanup), which recovery destroys. One that holds one of `devices` (the
+    /// GPU's MIG devices, each a compute instance) is not asked for its compute instances.
+    pub(super) fn empty_gpu_instances(
+        &self,
+        index: u32,
+        gis: &[(nvmlGpuInstance_t, GpuInstanceRef)],
+        devices: &[MigDevice],
+    ) -> Result<Vec<GpuInstanceRef>, HardwareError> {
+        let lib = self.nvml.lib();
+        let ci_profile = symbol(
+            &lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+        )?;
+        let get_cis = symbol(
+            &lib.nvmlGpuInstanceGetComputeInstances,
+            "nvmlGpuInstanceGetComputeInstances",
+        )?;
+        let mut out = Vec::new();
+        for (gi, found) in gis {
+            if devices.iter().any(|d| d.gi_id == found.gi_id) {
+                continue; // it holds a MIG device, so a compute instance
+            }
+            let mut cis_total = 0u32;
+            for ci_index in 0..CI_PROFILE_COUNT {
+                let mut cip = MaybeUninit::<nvmlComputeInstanceProfileInfo_t>::zeroed();
+                // SAFETY: live GI handle; `cip` is writable and sized for the struct.
+                let ret = unsafe {
+                    ci_profile(*gi, ci_index, CI_ENGINE_PROFILE_SHARED, cip.as_mut_ptr())
+                };
+                if ret != 0 {
+                    continue; // the GI has no CI profile of that size
                 }
+                // SAFETY: success above means NVML initialised the struct.
+                let cip = unsafe { cip.assume_init() };
+                let mut cis: Vec<nvmlComputeInstance_t> =
+                    vec![std::ptr::null_mut(); cip.instanceCount.max(1) as usize];
+                let mut n = cis.len() as u32;
+                // SAFETY: live GI handle; `cis` holds `n` entries NVML may fill.
+                let ret = unsafe { get_cis(*gi, cip.id, cis.as_mut_ptr(), &mut n) };
+                check(ret, "nvmlGpuInstanceGetComputeInstances", index)?;
+                cis_total += n;
+            }
+            if cis_total == 0 {
+                out.push(*found);
             }
         }
         out.sort_by_key(|g| g.gi_id);
@@ -174,13 +197,16 @@ impl NvmlBackend {
         Ok(profiles)
     }
 
-    /// MIG devices that exist, with their GI/CI ids and placements.
+    /// MIG devices that exist, with their GI/CI ids and placements. A device's GPU instance
+    /// is taken from `gis` (the GPU's instances, [`NvmlBackend::gpu_instances`], read just
+    /// before) or, when not there, asked for by id.
     pub(super) fn mig_devices(
         &self,
         dev: &nvml_wrapper::Device<'_>,
         handle: nvmlDevice_t,
         index: u32,
         profiles: &[MigProfile],
+        gis: &[(nvmlGpuInstance_t, GpuInstanceRef)],
     ) -> Result<Vec<MigDevice>, HardwareError> {
         let lib = self.nvml.lib();
         let gi_id_of = symbol(
@@ -221,35 +247,45 @@ impl NvmlBackend {
                 "nvmlDeviceGetComputeInstanceId",
                 index,
             )?;
-            let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
-            // SAFETY: parent handle is live; `gi` receives an NVML-owned handle.
-            check(
-                unsafe { gi_by_id(handle, gi_id, &mut gi) },
-                "nvmlDeviceGetGpuInstanceById",
-                index,
-            )?;
-            let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
-            // SAFETY: `gi` was just returned by NVML; `info` is writable and sized for the struct.
-            check(
-                unsafe { gi_info(gi, info.as_mut_ptr()) },
-                "nvmlGpuInstanceGetInfo",
-                index,
-            )?;
-            // SAFETY: NVML returned success, so the struct is initialised.
-            let info = unsafe { info.assume_init() };
-            let profile = profiles.iter().find(|p| p.id == info.profileId);
+            let found = match gis.iter().find(|(_, g)| g.gi_id == gi_id) {
+                Some((_, found)) => *found,
+                None => {
+                    let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
+                    // SAFETY: parent handle is live; `gi` receives an NVML-owned handle.
+                    check(
+                        unsafe { gi_by_id(handle, gi_id, &mut gi) },
+                        "nvmlDeviceGetGpuInstanceById",
+                        index,
+                    )?;
+                    let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
+                    // SAFETY: `gi` was just returned by NVML; `info` is writable and sized.
+                    check(
+                        unsafe { gi_info(gi, info.as_mut_ptr()) },
+                        "nvmlGpuInstanceGetInfo",
+                        index,
+                    )?;
+                    // SAFETY: NVML returned success, so the struct is initialised.
+                    let info = unsafe { info.assume_init() };
+                    GpuInstanceRef {
+                        gi_id,
+                        profile_id: info.profileId,
+                        placement: Placement {
+                            start: info.placement.start,
+                            size: info.placement.size,
+                        },
+                    }
+                }
+            };
+            let profile = profiles.iter().find(|p| p.id == found.profile_id);
             out.push(MigDevice {
                 uuid: mig
                     .uuid()
                     .map_err(wrap("nvmlDeviceGetUUID (MIG device)", index))?,
-                profile_id: info.profileId,
+                profile_id: found.profile_id,
                 profile_name: profile.map(|p| p.name.clone()).unwrap_or_default(),
                 gi_id,
                 ci_id,
-                placement: Placement {
-                    start: info.placement.start,
-                    size: info.placement.size,
-                },
+                placement: found.placement,
             });
         }
         out.sort_by_key(|d| (d.placement.start, d.gi_id));
@@ -264,7 +300,8 @@ impl NvmlBackend {
         profile_id: u32,
         placement_start: u32,
     ) -> Result<MigDevice, HardwareError> {
-        let info = self.gpu_info(index)?;
+        // Only the profile table is read: it cannot change while the GPU stays in MIG mode.
+        let info = self.gpu_facts(index)?;
         let profile = info.profile_by_id(profile_id).cloned().ok_or_else(|| {
             HardwareError::NoSuchProfile {
                 index,

@@ -33,6 +33,27 @@ pub struct NvmlBackend {
     health: events::HealthWatch,
     /// XID counts and cached MIG profiles for telemetry.
     telemetry: telemetry::Telemetry,
+    /// Each GPU as its last full read found it, for [`GpuBackend::request_inventory`].
+    known: std::sync::Mutex<Known>,
+}
+
+/// What full reads found that a kubelet call's inventory reuses instead of asking NVML again.
+///
+/// A GPU's entry is reused only while the GPU at that index answers with the same UUID and
+/// the same MIG mode (capable, current). Its product, PCI address and root, NUMA node, module
+/// ID, MIG profile table with placements and supported vGPU types do not change while it
+/// does: they are the GPU's and the driver's (a driver reload ends this process's NVML
+/// session), and the profile table follows the MIG mode. Its memory size can, after a GPU
+/// reset that applies a pending ECC mode change on a GPU that reserves memory for ECC; every
+/// full read ([`GpuBackend::inventory`], each inventory round) replaces the entries, so a
+/// kubelet call sees that size at most one inventory interval late.
+#[derive(Default)]
+struct Known {
+    /// By NVML index: the GPU as last read in full.
+    gpus: std::collections::BTreeMap<u32, GpuInfo>,
+    /// The driver's and CUDA driver's versions, once read (they change only with a driver
+    /// reload).
+    versions: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -139,6 +160,7 @@ impl NvmlBackend {
             nvml,
             health,
             telemetry,
+            known: Default::default(),
         })
     }
 
@@ -152,7 +174,131 @@ impl NvmlBackend {
         })
     }
 
+    /// GPU `index` read in full, remembered for [`NvmlBackend::request_gpu_info`].
     fn gpu_info(&self, index: u32) -> Result<GpuInfo, HardwareError> {
+        let info = self.read_gpu_info(index)?;
+        self.known().gpus.insert(index, info.clone());
+        Ok(info)
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        // The map holds plain values; one a panic interrupted is replaced by the next read.
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// GPU `index` for a kubelet call: what can change (MIG mode, MIG devices and empty GPU
+    /// instances, fabric state, creatable vGPU types and heterogeneous mode, health) read
+    /// afresh, the rest taken from the last full read of the same GPU ([`Known`]). A GPU
+    /// with another UUID or MIG mode than that read, or one not read yet, is read in full.
+    ///
+    /// Fails as [`NvmlBackend::gpu_info`] does, naming the NVML call.
+    fn request_gpu_info(&self, index: u32) -> Result<GpuInfo, HardwareError> {
+        let dev = self.device(index)?;
+        let (uuid, mig, known) = self.known_gpu(&dev, index)?;
+        let Some(mut info) = known else {
+            return self.gpu_info(index);
+        };
+        self.health.saw(&uuid);
+        // SAFETY: the handle is only passed to NVML calls below while `dev` (and `self.nvml`)
+        // are alive; it is never freed by us.
+        let handle = unsafe { dev.handle() };
+        (info.mig_devices, info.empty_gpu_instances) = if mig.current {
+            self.mig_state(&dev, handle, index, &info.mig_profiles)?
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        info.mig = mig;
+        info.fabric = self.fabric(handle, index)?;
+        if let Some(vgpu) = info.vgpu.as_mut() {
+            self.refresh_vgpu(&dev, handle, index, vgpu)?;
+        }
+        info.healthy = self.health.healthy(&uuid);
+        info.faults = self.health.faults(&uuid);
+        Ok(info)
+    }
+
+    /// GPU `index`'s UUID and MIG mode now, and its last full read if that was of the same
+    /// GPU in the same MIG mode ([`Known`]).
+    fn known_gpu(
+        &self,
+        dev: &nvml_wrapper::Device<'_>,
+        index: u32,
+    ) -> Result<(String, MigModeState, Option<GpuInfo>), HardwareError> {
+        let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
+        let mig = mig_mode(dev, index)?;
+        let known = self.known().gpus.get(&index).cloned().filter(|k| {
+            k.uuid == uuid && k.mig.capable == mig.capable && k.mig.current == mig.current
+        });
+        Ok((uuid, mig, known))
+    }
+
+    /// GPU `index` for a caller that reads only what cannot change (its MIG profile table,
+    /// for a creation): the last full read of the same GPU in the same MIG mode, whose MIG
+    /// devices, fabric state and health may be out of date; a full read when there is none.
+    ///
+    /// Fails as [`NvmlBackend::gpu_info`] does, naming the NVML call.
+    pub(super) fn gpu_facts(&self, index: u32) -> Result<GpuInfo, HardwareError> {
+        let dev = self.device(index)?;
+        match self.known_gpu(&dev, index)? {
+            (_, _, Some(known)) => Ok(known),
+            (_, _, None) => self.gpu_info(index),
+        }
+    }
+
+    /// The MIG devices of a GPU in MIG mode, and its GPU instances without one.
+    fn mig_state(
+        &self,
+        dev: &nvml_wrapper::Device<'_>,
+        handle: nvml_wrapper_sys::bindings::nvmlDevice_t,
+        index: u32,
+        profiles: &[crate::hardware::MigProfile],
+    ) -> Result<(Vec<MigDevice>, Vec<crate::hardware::GpuInstanceRef>), HardwareError> {
+        let gis = self.gpu_instances(handle, index, profiles)?;
+        let devices = self.mig_devices(dev, handle, index, profiles, &gis)?;
+        let empty = self.empty_gpu_instances(index, &gis, &devices)?;
+        Ok((devices, empty))
+    }
+
+    /// Every GPU NVML enumerates, each read by `gpu`, with the driver's versions.
+    fn read_inventory(
+        &self,
+        gpu: fn(&Self, u32) -> Result<GpuInfo, HardwareError>,
+    ) -> Result<NodeInventory, HardwareError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(wrap("nvmlDeviceGetCount_v2", 0))?;
+        let gpus = (0..count)
+            .map(|i| gpu(self, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let known = self.known().versions.clone();
+        let (driver_version, cuda_driver_version) = match known {
+            Some(versions) => versions,
+            None => {
+                let versions = (
+                    self.nvml
+                        .sys_driver_version()
+                        .map_err(wrap("nvmlSystemGetDriverVersion", 0))?,
+                    convert::cuda_version(
+                        self.nvml
+                            .sys_cuda_driver_version()
+                            .map_err(wrap("nvmlSystemGetCudaDriverVersion_v2", 0))?,
+                    ),
+                );
+                self.known().versions = Some(versions.clone());
+                versions
+            }
+        };
+        Ok(NodeInventory {
+            driver_version,
+            cuda_driver_version,
+            gpus,
+            passthrough: None,
+            vgpu_host: None,
+        })
+    }
+
+    fn read_gpu_info(&self, index: u32) -> Result<GpuInfo, HardwareError> {
         let dev = self.device(index)?;
         let cc = dev
             .cuda_compute_capability()
@@ -167,19 +313,7 @@ impl NvmlBackend {
             .pci_info()
             .map_err(wrap("nvmlDeviceGetPciInfo_v3", index))?;
         let pci_bus_id = convert::pci_bus_id(&pci.bus_id);
-        let mig = match dev.mig_mode() {
-            Ok(m) => MigModeState {
-                capable: true,
-                current: m.current == 1,
-                pending: m.pending == 1,
-            },
-            Err(NvmlError::NotSupported) => MigModeState {
-                capable: false,
-                current: false,
-                pending: false,
-            },
-            Err(e) => return Err(wrap("nvmlDeviceGetMigMode", index)(e)),
-        };
+        let mig = mig_mode(&dev, index)?;
         // SAFETY: the handle is only passed to NVML calls below while `dev` (and `self.nvml`)
         // are alive; it is never freed by us.
         let handle = unsafe { dev.handle() };
@@ -189,10 +323,7 @@ impl NvmlBackend {
             Vec::new()
         };
         let (mig_devices, empty_gpu_instances) = if mig.current {
-            (
-                self.mig_devices(&dev, handle, index, &mig_profiles)?,
-                self.empty_gpu_instances(handle, index, &mig_profiles)?,
-            )
+            self.mig_state(&dev, handle, index, &mig_profiles)?
         } else {
             (Vec::new(), Vec::new())
         };
@@ -259,27 +390,15 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(wrap("nvmlDeviceGetCount_v2", 0))?;
-        let gpus = (0..count)
-            .map(|i| self.gpu_info(i))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(NodeInventory {
-            driver_version: self
-                .nvml
-                .sys_driver_version()
-                .map_err(wrap("nvmlSystemGetDriverVersion", 0))?,
-            cuda_driver_version: convert::cuda_version(
-                self.nvml
-                    .sys_cuda_driver_version()
-                    .map_err(wrap("nvmlSystemGetCudaDriverVersion_v2", 0))?,
-            ),
-            gpus,
-            passthrough: None,
-            vgpu_host: None,
-        })
+        self.read_inventory(Self::gpu_info)
+    }
+
+    /// [`GpuBackend::inventory`] with what cannot change taken from the last full read of
+    /// each GPU ([`NvmlBackend::request_gpu_info`]): about a third of the NVML calls on a node
+    /// of MIG GPUs. MIG devices, empty GPU instances, fabric state, creatable vGPU types and
+    /// health are read afresh, as a full read would.
+    fn request_inventory(&self) -> Result<NodeInventory, HardwareError> {
+        self.read_inventory(Self::request_gpu_info)
     }
 
     fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
@@ -341,6 +460,23 @@ impl GpuBackend for NvmlBackend {
 
     fn telemetry(&self) -> Result<super::telemetry::NodeTelemetry, HardwareError> {
         self.sample_telemetry()
+    }
+}
+
+/// A GPU's MIG mode; a GPU without MIG (`NOT_SUPPORTED`) is not capable.
+fn mig_mode(dev: &nvml_wrapper::Device<'_>, index: u32) -> Result<MigModeState, HardwareError> {
+    match dev.mig_mode() {
+        Ok(m) => Ok(MigModeState {
+            capable: true,
+            current: m.current == 1,
+            pending: m.pending == 1,
+        }),
+        Err(NvmlError::NotSupported) => Ok(MigModeState {
+            capable: false,
+            current: false,
+            pending: false,
+        }),
+        Err(e) => Err(wrap("nvmlDeviceGetMigMode", index)(e)),
     }
 }
 

@@ -445,7 +445,7 @@ impl NvmlBackend {
             }
         };
         let devices = self
-            .mig_devices(dev, handle, index, &profiles)
+            .mig_devices(dev, handle, index, &profiles, &[])
             .map_err(|e| match e {
                 HardwareError::Nvml {
                     code: NvmlCode::GpuIsLost,

@@ -117,7 +117,34 @@ impl NvmlBackend {
                 mig_profile,
             });
         }
-        let creatable = optional(
+        // A driver without the SR-IOV query predates vdev: mdev.
+        let framework = match optional(dev.vgpu_host_mode(), "nvmlDeviceGetHostVgpuMode", index)? {
+            Some(HostVgpuMode::Sriov) => VgpuFramework::Vdev,
+            Some(HostVgpuMode::NonSriov) | None => VgpuFramework::Mdev,
+        };
+        let mut vgpu = GpuVgpu {
+            framework,
+            heterogeneous: false,
+            supported,
+            creatable: Vec::new(),
+        };
+        self.refresh_vgpu(dev, handle, index, &mut vgpu)?;
+        Ok(Some(vgpu))
+    }
+
+    /// Reads again what of `vgpu` changes while the GPU keeps its driver: the creatable types
+    /// (they follow the vGPUs that run) and the heterogeneous mode (an admin may switch it).
+    /// The supported types and the host mode are the driver's and the GPU's, kept as read.
+    ///
+    /// Fails as [`NvmlBackend::vgpu`] does, naming the call.
+    pub(super) fn refresh_vgpu(
+        &self,
+        dev: &Device<'_>,
+        handle: nvmlDevice_t,
+        index: u32,
+        vgpu: &mut GpuVgpu,
+    ) -> Result<(), HardwareError> {
+        vgpu.creatable = optional(
             dev.vgpu_creatable_types(),
             "nvmlDeviceGetCreatableVgpus",
             index,
@@ -126,17 +153,8 @@ impl NvmlBackend {
         .iter()
         .map(|t| t.id())
         .collect();
-        // A driver without the SR-IOV query predates vdev: mdev.
-        let framework = match optional(dev.vgpu_host_mode(), "nvmlDeviceGetHostVgpuMode", index)? {
-            Some(HostVgpuMode::Sriov) => VgpuFramework::Vdev,
-            Some(HostVgpuMode::NonSriov) | None => VgpuFramework::Mdev,
-        };
-        Ok(Some(GpuVgpu {
-            framework,
-            heterogeneous: self.heterogeneous(dev, handle, index)?,
-            supported,
-            creatable,
-        }))
+        vgpu.heterogeneous = self.heterogeneous(dev, handle, index)?;
+        Ok(())
     }
 
     /// Whether the GPU runs time-sliced types of different sizes side by side: its
