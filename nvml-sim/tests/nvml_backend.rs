@@ -42,7 +42,12 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
     unsafe {
         std::env::set_var("GPU_DRA_SIM_NODE", "dgx-a100");
         std::env::set_var("GPU_DRA_SIM_STATE_DIR", state.path());
+        std::env::set_var(
+            gpu_dra_nvml_sim::calls::CALLS_ENV,
+            state.path().join("nvml-calls"),
+        );
     }
+    let calls = || gpu_dra_nvml_sim::calls::read(&state.path().join("nvml-calls")).unwrap();
     let sim = SimBackend::open("dgx-a100", Some(state.path())).unwrap();
     let nvml = NvmlBackend::open_with(Some(&library())).unwrap();
     agree(&nvml, &sim, "at start");
@@ -74,7 +79,13 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
     nvml.destroy_mig_device(0, victim.gi_id, victim.ci_id)
         .unwrap();
     assert_eq!(sim.inventory().unwrap().gpus[0].mig_devices.len(), 3);
+    let before = calls();
     let again = nvml.create_mig_device(0, three_g, 4).unwrap();
+    // The GPU's handle, UUID and MIG mode (its profile table is kept from the last full
+    // read), its handle again for the creation; create the GPU instance, its info, the
+    // compute-instance profile, create the compute instance, its info and its UUID. It was
+    // a full read of the GPU before.
+    assert_eq!(calls() - before, 3 + 1 + 6, "NVML calls of a MIG creation");
     assert_eq!(
         (again.placement, again.gi_id, again.profile_name.as_str()),
         (victim.placement, victim.gi_id, "3g.20gb")
