@@ -41,6 +41,10 @@ pub enum Cost {
     /// directory read for its virtual functions): its cost grows with what the directory
     /// holds.
     DirectoryList,
+    /// The node's hardware inventory read for a kubelet call (every GPU, its MIG state and
+    /// health: NVML calls on a real node, a walk of the simulator's state on the simulated
+    /// one), where the model the last call planned with could not be kept.
+    InventoryRead,
     /// A write to a kernel attribute in sysfs (a VFIO driver switch's `driver_override`,
     /// `unbind` and `bind`; a vGPU's `current_vgpu_type`, mdev `create` or `remove`): the
     /// kernel acts on each.
@@ -49,7 +53,7 @@ pub enum Cost {
 
 impl Cost {
     /// Every cost, in the order tallies list them.
-    pub const ALL: [Cost; 9] = [
+    pub const ALL: [Cost; 10] = [
         Cost::Fsync,
         Cost::FileWrite,
         Cost::FileRemove,
@@ -58,6 +62,7 @@ impl Cost {
         Cost::HardwareStateRead,
         Cost::ApiRequest,
         Cost::DirectoryList,
+        Cost::InventoryRead,
         Cost::SysfsWrite,
     ];
 
@@ -72,6 +77,7 @@ impl Cost {
             Cost::HardwareStateRead => "hardware_state_read",
             Cost::ApiRequest => "api_request",
             Cost::DirectoryList => "directory_list",
+            Cost::InventoryRead => "inventory_read",
             Cost::SysfsWrite => "sysfs_write",
         }
     }

@@ -1,6 +1,7 @@
 //! What the claim lifecycle keeps between calls: the device model of recent inventories and
 //! the checkpoint as this instance last read or wrote it. Neither can go stale: the model is
-//! looked up by the inventory read from the hardware on every call, and the checkpoint is
+//! looked up by the inventory read from the hardware on every call (or kept while the
+//! backend's stamp of its inventory is unchanged), and the checkpoint is
 //! used only while the file is still the version it came from.
 
 use std::sync::Arc;
@@ -8,19 +9,36 @@ use std::sync::Arc;
 use super::{ClaimError, ClaimSource, ClaimsManager};
 use crate::checkpoint::CheckpointStore;
 use crate::devices::{self, DeviceModel, ModelOptions};
-use crate::hardware::NodeInventory;
+use crate::hardware::{InventoryStamp, NodeInventory};
 
 /// The device models of the last two inventories seen, rebuilt only for an inventory not
 /// among them.
 ///
 /// Building the model (every MIG profile at every placement, counters) is the main CPU cost
-/// of a prepare; the inventory it derives from is still read from the hardware on every call,
-/// so a cached model is never stale — a second plugin instance (rolling update) that changed
+/// of a prepare; the inventory it derives from is still read from the hardware on every call
+/// (unless the backend's stamp says it cannot differ), so a cached model is never stale — a second plugin instance (rolling update) that changed
 /// the hardware makes the next lookup miss. Two entries, because a MIG claim's prepare and
 /// unprepare alternate between two inventories (without and with its instance); each model of
 /// a large node holds about a megabyte, so the cache stays small.
+///
+/// A backend that stamps its inventory ([`crate::hardware::GpuBackend::inventory_stamp`])
+/// lets a call skip even the read: the entry last read under an equal stamp is the one the
+/// read would find ([`ModelCache::get_stamped`]).
 #[derive(Default)]
-pub struct ModelCache(std::sync::Mutex<Vec<(Arc<NodeInventory>, Arc<DeviceModel>)>>);
+pub struct ModelCache(std::sync::Mutex<Vec<Entry>>);
+
+/// An inventory, its model, and the stamp the backend gave when it was last read.
+struct Entry {
+    inventory: Arc<NodeInventory>,
+    model: Arc<DeviceModel>,
+    stamp: Option<InventoryStamp>,
+}
+
+impl Entry {
+    fn shared(&self) -> (Arc<NodeInventory>, Arc<DeviceModel>) {
+        (Arc::clone(&self.inventory), Arc::clone(&self.model))
+    }
+}
 
 /// How many inventories [`ModelCache`] remembers.
 const MODEL_CACHE_ENTRIES: usize = 2;
@@ -38,21 +56,55 @@ impl ModelCache {
         inventory: NodeInventory,
         options: &ModelOptions,
     ) -> (Arc<NodeInventory>, Arc<DeviceModel>) {
-        let mut entries = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(at) = entries.iter().position(|(seen, _)| **seen == inventory) {
-            let entry = entries.remove(at);
-            let found = (Arc::clone(&entry.0), Arc::clone(&entry.1));
+        self.get_read_under(inventory, options, None)
+    }
+
+    /// The inventory and model last read under a stamp equal to `stamp`, if one is kept.
+    pub fn get_stamped(
+        &self,
+        stamp: &InventoryStamp,
+    ) -> Option<(Arc<NodeInventory>, Arc<DeviceModel>)> {
+        let mut entries = self.entries();
+        let at = entries
+            .iter()
+            .position(|e| e.stamp.as_ref() == Some(stamp))?;
+        let entry = entries.remove(at);
+        let found = entry.shared();
+        entries.insert(0, entry);
+        Some(found)
+    }
+
+    /// [`ModelCache::get_with_inventory`] for an inventory read under `stamp` (taken before
+    /// the read), which the entry keeps for [`ModelCache::get_stamped`].
+    pub fn get_read_under(
+        &self,
+        inventory: NodeInventory,
+        options: &ModelOptions,
+        stamp: Option<InventoryStamp>,
+    ) -> (Arc<NodeInventory>, Arc<DeviceModel>) {
+        let mut entries = self.entries();
+        if let Some(at) = entries.iter().position(|e| *e.inventory == inventory) {
+            let mut entry = entries.remove(at);
+            entry.stamp = stamp;
+            let found = entry.shared();
             entries.insert(0, entry);
             return found;
         }
-        let model = Arc::new(devices::build(&inventory, options));
-        let inventory = Arc::new(inventory);
-        entries.insert(0, (Arc::clone(&inventory), Arc::clone(&model)));
+        let entry = Entry {
+            model: Arc::new(devices::build(&inventory, options)),
+            inventory: Arc::new(inventory),
+            stamp,
+        };
+        let found = entry.shared();
+        entries.insert(0, entry);
         entries.truncate(MODEL_CACHE_ENTRIES);
-        (inventory, model)
+        found
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -127,5 +179,45 @@ impl<S: ClaimSource> ClaimsManager<S> {
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(store);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::GpuBackend;
+    use crate::hardware::sim::SimBackend;
+
+    fn inventory() -> NodeInventory {
+        SimBackend::open("dgx-a100", None)
+            .unwrap()
+            .inventory()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_stamp_finds_the_entry_read_under_it_and_no_other() {
+        let cache = ModelCache::default();
+        let options = ModelOptions::default();
+        let (s1, s2) = (InventoryStamp([1; 5]), InventoryStamp([2; 5]));
+        assert!(cache.get_stamped(&s1).is_none(), "empty");
+        let (inv, model) = cache.get_read_under(inventory(), &options, Some(s1));
+        let (kept_inv, kept_model) = cache.get_stamped(&s1).expect("read under s1");
+        assert!(Arc::ptr_eq(&inv, &kept_inv) && Arc::ptr_eq(&model, &kept_model));
+        assert!(
+            cache.get_stamped(&s2).is_none(),
+            "another stamp reads again"
+        );
+
+        // The same inventory read again under another stamp: the entry is reused (no new
+        // model) and answers to the new stamp only.
+        let (_, again) = cache.get_read_under(inventory(), &options, Some(s2));
+        assert!(Arc::ptr_eq(&model, &again));
+        assert!(cache.get_stamped(&s2).is_some());
+        assert!(cache.get_stamped(&s1).is_none());
+
+        // Read without a stamp (a backend that cannot stamp): nothing answers to a stamp.
+        cache.get_with_inventory(inventory(), &options);
+        assert!(cache.get_stamped(&s2).is_none());
     }
 }

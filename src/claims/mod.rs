@@ -129,13 +129,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
     /// [`ClaimsManager::model`] with each GPU's PCI bus ID by UUID (for device metadata), and
     /// the inventory it was built from (VFIO's checks read it: one inventory per wave).
     fn model_and_buses(&self, claim: &str) -> Result<WaveModel, ClaimError> {
-        let inventory =
-            self.backend
-                .request_inventory()
-                .map_err(|source| ClaimError::Inventory {
-                    claim: claim.to_string(),
-                    source: Box::new(source),
-                })?;
+        let (inventory, model) = self.planning_model(claim)?;
         // Only device metadata reads the bus IDs.
         let buses = match &self.metadata {
             Some(_) => inventory
@@ -145,14 +139,50 @@ impl<S: ClaimSource> ClaimsManager<S> {
                 .collect(),
             None => Default::default(),
         };
-        let (inventory, model) = self
-            .model_cache
-            .get_with_inventory(inventory, &self.model_options);
         Ok(WaveModel {
             model,
             buses,
             inventory,
         })
+    }
+
+    /// Builds the device model of `inventory` (read under `stamp`) ahead of the kubelet
+    /// calls that will plan with it: the plugin's last read before it serves, so its first
+    /// call does not build the model (nor, when the backend stamps its inventory, read it).
+    pub fn remember_inventory(
+        &self,
+        inventory: crate::hardware::NodeInventory,
+        stamp: Option<crate::hardware::InventoryStamp>,
+    ) {
+        self.model_cache
+            .get_read_under(inventory, &self.model_options, stamp);
+    }
+
+    /// The inventory a kubelet call plans with ([`crate::hardware::GpuBackend::request_inventory`])
+    /// and its device model: kept from an earlier call while the backend's stamp of its
+    /// inventory is unchanged, else read (counted as [`crate::cost::Cost::InventoryRead`])
+    /// and looked up in the model cache.
+    ///
+    /// Fails with [`ClaimError::Inventory`] naming `claim` when the read fails.
+    pub(super) fn planning_model(
+        &self,
+        claim: &str,
+    ) -> Result<(Arc<crate::hardware::NodeInventory>, Arc<DeviceModel>), ClaimError> {
+        let stamp = self.backend.inventory_stamp();
+        if let Some(kept) = stamp.as_ref().and_then(|s| self.model_cache.get_stamped(s)) {
+            return Ok(kept);
+        }
+        crate::cost::count(crate::cost::Cost::InventoryRead);
+        let inventory =
+            self.backend
+                .request_inventory()
+                .map_err(|source| ClaimError::Inventory {
+                    claim: claim.to_string(),
+                    source: Box::new(source),
+                })?;
+        Ok(self
+            .model_cache
+            .get_read_under(inventory, &self.model_options, stamp))
     }
 
     /// Removes claim `uid`'s device metadata files, if any are written: those of the requests

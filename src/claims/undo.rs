@@ -163,24 +163,20 @@ impl<S: ClaimSource> ClaimsManager<S> {
         }
         // The kubelet call's inventory: MIG devices as they are now (the reuse check below
         // reads them), the rest kept from the last full read where the backend can.
-        let inventory = match self.backend.request_inventory() {
-            Ok(inventory) => inventory,
-            Err(source) => {
-                failures.push(ClaimError::Inventory {
-                    claim: claim.to_string(),
-                    source: Box::new(source),
-                });
+        let (inventory, model) = match self.planning_model(claim) {
+            Ok(found) => found,
+            Err(e) => {
+                failures.push(e);
                 return;
             }
         };
-        let gpus = inventory.gpus.clone();
+        let gpus = &inventory.gpus;
         let held_by_others: std::collections::BTreeSet<&str> = others
             .claims
             .values()
             .filter(|c| c.uid != rec.uid)
             .flat_map(|c| c.devices.iter().map(|d| d.device.as_str()))
             .collect();
-        let model = self.model_cache.get(inventory, &self.model_options);
         for d in &rec.devices {
             let Some(mig) = &d.mig else { continue };
             if matches!(

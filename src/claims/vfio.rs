@@ -208,6 +208,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
     /// NVML's record of the GPU `uuid` now, if NVML lists it: the request inventory, whose
     /// NVML part is read now (its PCI part is the kept scan, not needed here).
     fn visible(&self, uuid: &str) -> Option<crate::hardware::GpuInfo> {
+        crate::cost::count(crate::cost::Cost::InventoryRead);
         self.backend
             .request_inventory()
             .ok()?

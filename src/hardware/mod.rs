@@ -433,6 +433,11 @@ impl std::fmt::Display for NvmlCode {
     }
 }
 
+/// A backend's stamp of its inventory ([`GpuBackend::inventory_stamp`]): opaque words that
+/// only the backend that made them gives meaning to; compare two for equality only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InventoryStamp(pub [u64; 5]);
+
 /// The hardware operations gpu-dra needs. Implementations must be safe to call from several
 /// threads; each call is one consistent step (a failed create leaves nothing behind).
 pub trait GpuBackend: Send + Sync {
@@ -453,6 +458,19 @@ pub trait GpuBackend: Send + Sync {
     /// Fails as [`GpuBackend::inventory`] does.
     fn request_inventory(&self) -> Result<NodeInventory, HardwareError> {
         self.inventory()
+    }
+
+    /// A stamp of everything [`GpuBackend::request_inventory`] reads, taken before reading
+    /// it: while a later stamp is equal, the inventory is equal too, and a kubelet call may
+    /// plan with the model it built last time instead of reading the node again. `None`
+    /// (the default) promises nothing, and every call reads the inventory: a backend whose
+    /// hardware other processes change without a trace it can stamp (NVML: an admin's
+    /// `nvidia-smi mig`) or whose inventory adds views of its own (the VFIO and vGPU
+    /// wrappers) keeps the default.
+    ///
+    /// Costs at most a `stat`; never fails (a backend that cannot stamp returns `None`).
+    fn inventory_stamp(&self) -> Option<InventoryStamp> {
+        None
     }
 
     /// A number that changes whenever a health event arrives or a GPU is added or removed,

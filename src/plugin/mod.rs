@@ -433,7 +433,10 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
         tokio::spawn(unfinished.run(report.undo_failed.clone()))
     });
 
+    let stamp = backend.inventory_stamp();
     let inventory = backend.inventory().map_err(PluginError::Backend)?;
+    // The first kubelet calls plan with this inventory's model unless the hardware changes.
+    manager.remember_inventory(inventory.clone(), stamp);
     crate::devices::profiles::check(&model_options.mig_profiles, &inventory)
         .map_err(PluginError::MigProfiles)?;
     crate::devices::vgpu_config::check(

@@ -497,6 +497,18 @@ impl GpuBackend for SimBackend {
 
     /// The event sequence number and the GPU slots in use (another process — `sim-fault` —
     /// may change either); 0 when the state cannot be read (the next inventory says why).
+    /// The state file's version: the inventory is built from the state file and the node
+    /// description alone, unless the node has a host tree (whose drivers and vGPUs it reads
+    /// too: no stamp then). In memory: no stamp.
+    fn inventory_stamp(&self) -> Option<crate::hardware::InventoryStamp> {
+        if self.host_root.is_some() {
+            return None;
+        }
+        self.store
+            .stamp()
+            .map(|stamp| crate::hardware::InventoryStamp(stamp.words()))
+    }
+
     fn health_generation(&self) -> u64 {
         self.store
             .read(|s| {

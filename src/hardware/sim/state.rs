@@ -140,6 +140,19 @@ pub(super) struct FileStamp {
     ctime: (i64, i64),
 }
 
+impl FileStamp {
+    /// The stamp as the words of an [`crate::hardware::InventoryStamp`].
+    pub(super) fn words(&self) -> [u64; 5] {
+        [
+            self.dev,
+            self.ino,
+            self.size,
+            self.ctime.0 as u64,
+            self.ctime.1 as u64,
+        ]
+    }
+}
+
 fn stamp_of(path: &Path) -> Option<FileStamp> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
@@ -197,6 +210,14 @@ impl Store {
                 drop(lock);
                 Ok(value)
             }
+        }
+    }
+
+    /// The state file's version now (one `stat`); `None` in memory or without a file.
+    pub(super) fn stamp(&self) -> Option<FileStamp> {
+        match self {
+            Store::File { dir, .. } => stamp_of(&dir.join(STATE_FILE)),
+            Store::Memory(_) => None,
         }
     }
 
