@@ -27,6 +27,35 @@ const CI_PROFILE_COUNT: u32 = 0x9;
 /// `NVML_ERROR_NOT_SUPPORTED` as returned by raw calls.
 const RAW_NOT_SUPPORTED: u32 = 3;
 
+/// `nvmlGpuInstanceGetInfo` of `gi`, a GPU instance handle NVML just returned.
+fn gpu_instance_ref(
+    gi_info: unsafe extern "C" fn(
+        nvmlGpuInstance_t,
+        *mut nvmlGpuInstanceInfo_t,
+    ) -> nvml_wrapper_sys::bindings::nvmlReturn_t,
+    gi: nvmlGpuInstance_t,
+    index: u32,
+) -> Result<GpuInstanceRef, HardwareError> {
+    let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
+    // SAFETY: `gi` was just returned by NVML and is live; `info` is writable and sized for
+    // the struct.
+    check(
+        unsafe { gi_info(gi, info.as_mut_ptr()) },
+        "nvmlGpuInstanceGetInfo",
+        index,
+    )?;
+    // SAFETY: success above means NVML initialised the struct (it was zeroed before).
+    let info = unsafe { info.assume_init() };
+    Ok(GpuInstanceRef {
+        gi_id: info.id,
+        profile_id: info.profileId,
+        placement: Placement {
+            start: info.placement.start,
+            size: info.placement.size,
+        },
+    })
+}
+
 impl NvmlBackend {
     /// Every GPU instance of the GPU, with its handle: one `nvmlDeviceGetGpuInstances` per
     /// profile and one `nvmlGpuInstanceGetInfo` per instance.
@@ -48,26 +77,7 @@ impl NvmlBackend {
             let ret = unsafe { get_gis(handle, profile.id, gis.as_mut_ptr(), &mut count) };
             check(ret, "nvmlDeviceGetGpuInstances", index)?;
             for &gi in gis.iter().take(count as usize) {
-                let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
-                // SAFETY: `gi` was just returned by NVML; `info` is writable and sized.
-                check(
-                    unsafe { gi_info(gi, info.as_mut_ptr()) },
-                    "nvmlGpuInstanceGetInfo",
-                    index,
-                )?;
-                // SAFETY: success above means NVML initialised the struct.
-                let info = unsafe { info.assume_init() };
-                out.push((
-                    gi,
-                    GpuInstanceRef {
-                        gi_id: info.id,
-                        profile_id: info.profileId,
-                        placement: Placement {
-                            start: info.placement.start,
-                            size: info.placement.size,
-                        },
-                    },
-                ));
+                out.push((gi, gpu_instance_ref(gi_info, gi, index)?));
             }
         }
         Ok(out)
@@ -257,23 +267,7 @@ impl NvmlBackend {
                         "nvmlDeviceGetGpuInstanceById",
                         index,
                     )?;
-                    let mut info = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
-                    // SAFETY: `gi` was just returned by NVML; `info` is writable and sized.
-                    check(
-                        unsafe { gi_info(gi, info.as_mut_ptr()) },
-                        "nvmlGpuInstanceGetInfo",
-                        index,
-                    )?;
-                    // SAFETY: NVML returned success, so the struct is initialised.
-                    let info = unsafe { info.assume_init() };
-                    GpuInstanceRef {
-                        gi_id,
-                        profile_id: info.profileId,
-                        placement: Placement {
-                            start: info.placement.start,
-                            size: info.placement.size,
-                        },
-                    }
+                    gpu_instance_ref(gi_info, gi, index)?
                 }
             };
             let profile = profiles.iter().find(|p| p.id == found.profile_id);
