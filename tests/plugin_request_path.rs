@@ -542,19 +542,28 @@ async fn a_vgpu_claim_reads_only_its_parent_gpus_sysfs_and_writes_one_kernel_att
 /// UUID and MIG mode (to know it is the GPU the last full read saw), its GPU instances and
 /// MIG devices, its fabric state. The profile tables with their placements, the product,
 /// memory and PCI facts come from the last full read. 1,515 calls per prepare before.
-#[tokio::test]
-async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
+/// The plugin on the NVML backend over the simulated library counting its calls, on the
+/// bench's node with a claim per device of `devices`, its rounds every `interval`,
+/// registered and published; and a reader of the count.
+async fn nvml_counted_plugin(
+    devices: &[String],
+    interval: &str,
+) -> (
+    Node,
+    Vec<gpu_dra::kubelet::ClaimRef>,
+    Plugin,
+    gpu_dra::kubelet::client::KubeletClient,
+    std::path::PathBuf,
+) {
     let node = Node::new_tls_in(&std::env::temp_dir());
     let node_file = node.root().join("bench-node.yaml");
     std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
     let calls = node.root().join("nvml-calls");
-    let devices: Vec<String> = ["gpu-3-mig-1g10gb-5", "gpu-12"].map(String::from).to_vec();
-    let refs = claims::one_per_device(&node.api, &devices);
+    let refs = claims::one_per_device(&node.api, devices);
     let mut command = node.nvml_chart_command_on(node_file.to_str().unwrap());
-    // No periodic pass within the test's seconds: what is counted is the calls'.
     command.args([
         "--inventory-interval",
-        "60m",
+        interval,
         "--telemetry-interval",
         "60m",
         "--holders-refresh-interval",
@@ -564,7 +573,22 @@ async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
     let mut plugin = node.spawn_command(command, &[]);
     plugin.wait_registrable().await;
     eventually("slices", || node.api.complete_pool()).await;
-    let mut kubelet = plugin.register(DraApi::V1).await;
+    let kubelet = plugin.register(DraApi::V1).await;
+    (node, refs, plugin, kubelet, calls)
+}
+
+/// NVML calls per inventory of the bench's node as a kubelet call reads it: the GPU count;
+/// per A100 in MIG mode: its handle, UUID and MIG mode, its GPU instances (one call for each
+/// of its 7 profiles, one for each of its 7 instances), the MIG device count and each MIG
+/// device's handle, GPU and compute instance IDs and UUID, its fabric state; per L4:
+/// handle, UUID, MIG mode (not supported), fabric state.
+const CALL_INVENTORY: u64 = 1 + 8 * (3 + (7 + 7) + (1 + 7 * 4) + 1) + 8 * (3 + 1);
+
+#[tokio::test]
+async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
+    let devices: Vec<String> = ["gpu-3-mig-1g10gb-5", "gpu-12"].map(String::from).to_vec();
+    // No periodic pass within the test's seconds: what is counted is the calls'.
+    let (_node, refs, _plugin, mut kubelet, calls) = nvml_counted_plugin(&devices, "60m").await;
     let count = || gpu_dra_nvml_sim::calls::read(&calls).expect("the library's call count");
 
     // Start-up's reads and the health thread's registrations end first: a second without a
@@ -594,11 +618,7 @@ async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
             *entry = [entry[0].min(got[0]), entry[1].min(got[1])];
         }
     }
-    // The GPU count; per A100 in MIG mode: its handle, UUID and MIG mode, its GPU instances
-    // (one call for each of its 7 profiles, one for each of its 7 instances), the MIG device
-    // count and each MIG device's handle, GPU and compute instance IDs and UUID, its fabric
-    // state; per L4: handle, UUID, MIG mode (not supported), fabric state.
-    let inventory = 1 + 8 * (3 + (7 + 7) + (1 + 7 * 4) + 1) + 8 * (3 + 1);
+    let inventory = CALL_INVENTORY;
     assert_eq!(
         fewest,
         BTreeMap::from([
@@ -609,5 +629,60 @@ async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
             ("gpu-12", [inventory, 0]),
         ]),
         "NVML calls of a prepare and an unprepare, by the claim's device"
+    );
+}
+
+/// An idle plugin's inventory rounds on the NVML backend ask what a kubelet call asks (each
+/// GPU is read in full again only once what is kept of it is a minute old): rounds every
+/// second, counted in bursts of calls. The health thread's look for added GPUs (the count,
+/// each GPU's handle and UUID) may come as a burst of its own or within a round's.
+#[tokio::test]
+async fn an_idle_plugins_inventory_rounds_on_the_nvml_backend_ask_what_a_call_asks() {
+    let (_node, _refs, _plugin, _kubelet, calls) = nvml_counted_plugin(&[], "1").await;
+    let count = || gpu_dra_nvml_sim::calls::read(&calls).expect("the library's call count");
+    // Start-up's full reads are over once the count stands still between two rounds' ticks.
+    let started = std::time::Instant::now();
+    let mut last = count();
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = count();
+        if now == last {
+            break;
+        }
+        last = now;
+        assert!(started.elapsed() < Duration::from_secs(30), "never quiet");
+    }
+    // Bursts: consecutive 20 ms samples with calls, merged.
+    let mut bursts = Vec::new();
+    let mut open = 0;
+    let until = std::time::Instant::now() + Duration::from_millis(3500);
+    while std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = count();
+        match (now - last, open) {
+            (0, 0) => {}
+            (0, n) => {
+                bursts.push(n);
+                open = 0;
+            }
+            (d, n) => open = n + d,
+        }
+        last = now;
+    }
+    let look = 1 + 16 * 2;
+    let rounds = bursts
+        .iter()
+        .filter(|&&b| b == CALL_INVENTORY || b == CALL_INVENTORY + look)
+        .count();
+    assert!(
+        rounds >= 2,
+        "bursts of NVML calls {bursts:?}: at least two rounds of {CALL_INVENTORY} in 3.5 s"
+    );
+    assert!(
+        bursts
+            .iter()
+            .all(|&b| [look, CALL_INVENTORY, CALL_INVENTORY + look].contains(&b)),
+        "bursts of NVML calls {bursts:?}: rounds of {CALL_INVENTORY} (a full read: 1,515) and \
+         looks of {look}"
     );
 }

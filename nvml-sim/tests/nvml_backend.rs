@@ -50,6 +50,22 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
     let calls = || gpu_dra_nvml_sim::calls::read(&state.path().join("nvml-calls")).unwrap();
     let sim = SimBackend::open("dgx-a100", Some(state.path())).unwrap();
     let nvml = NvmlBackend::open_with(Some(&library())).unwrap();
+    // The first inventory reads every GPU in full; the next ones, within a minute of it, ask
+    // only what can change, as a kubelet call's does.
+    let counted = |read: &dyn Fn() -> gpu_dra::hardware::NodeInventory| {
+        let before = calls();
+        let inventory = read();
+        (calls() - before, inventory)
+    };
+    let (full, first) = counted(&|| nvml.inventory().unwrap());
+    let (kept, second) = counted(&|| nvml.inventory().unwrap());
+    let (call, third) = counted(&|| nvml.request_inventory().unwrap());
+    assert_eq!((&first, &second), (&third, &third));
+    assert_eq!(kept, call, "a round within a minute asks what a call asks");
+    assert!(
+        kept * 2 < full,
+        "kept facts: {kept} NVML calls, a full read {full}"
+    );
     agree(&nvml, &sim, "at start");
 
     // GPU 0 is pre-partitioned 1g.5gb ×2 + 2g.10gb + 3g.20gb: 3g.20gb at 4 is taken.

@@ -37,20 +37,26 @@ pub struct NvmlBackend {
     known: std::sync::Mutex<Known>,
 }
 
-/// What full reads found that a kubelet call's inventory reuses instead of asking NVML again.
+/// How long what a full read of a GPU found serves [`GpuBackend::inventory`] too (a kubelet
+/// call's inventory uses it at any age): past it, the next inventory reads the GPU in full.
+pub const FACTS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What full reads found that a kubelet call's inventory, and an inventory round within
+/// [`FACTS_MAX_AGE`], reuse instead of asking NVML again.
 ///
 /// A GPU's entry is reused only while the GPU at that index answers with the same UUID and
 /// the same MIG mode (capable, current). Its product, PCI address and root, NUMA node, module
 /// ID, MIG profile table with placements and supported vGPU types do not change while it
 /// does: they are the GPU's and the driver's (a driver reload ends this process's NVML
 /// session), and the profile table follows the MIG mode. Its memory size can, after a GPU
-/// reset that applies a pending ECC mode change on a GPU that reserves memory for ECC; every
-/// full read ([`GpuBackend::inventory`], each inventory round) replaces the entries, so a
-/// kubelet call sees that size at most one inventory interval late.
+/// reset that applies a pending ECC mode change on a GPU that reserves memory for ECC: an
+/// entry older than [`FACTS_MAX_AGE`] is read in full again by the next
+/// [`GpuBackend::inventory`] (an inventory round), so that size is seen within about a minute
+/// and an inventory round.
 #[derive(Default)]
 struct Known {
-    /// By NVML index: the GPU as last read in full.
-    gpus: std::collections::BTreeMap<u32, GpuInfo>,
+    /// By NVML index: the GPU as last read in full, and when.
+    gpus: std::collections::BTreeMap<u32, (GpuInfo, std::time::Instant)>,
     /// The driver's and CUDA driver's versions, once read (they change only with a driver
     /// reload).
     versions: Option<(String, String)>,
@@ -177,7 +183,9 @@ impl NvmlBackend {
     /// GPU `index` read in full, remembered for [`NvmlBackend::request_gpu_info`].
     fn gpu_info(&self, index: u32) -> Result<GpuInfo, HardwareError> {
         let info = self.read_gpu_info(index)?;
-        self.known().gpus.insert(index, info.clone());
+        self.known()
+            .gpus
+            .insert(index, (info.clone(), std::time::Instant::now()));
         Ok(info)
     }
 
@@ -193,8 +201,18 @@ impl NvmlBackend {
     ///
     /// Fails as [`NvmlBackend::gpu_info`] does, naming the NVML call.
     fn request_gpu_info(&self, index: u32) -> Result<GpuInfo, HardwareError> {
+        self.kept_gpu_info(index, None)
+    }
+
+    /// [`NvmlBackend::request_gpu_info`] with kept facts no older than `max_age` (any age
+    /// for `None`); older ones are read in full again.
+    fn kept_gpu_info(
+        &self,
+        index: u32,
+        max_age: Option<std::time::Duration>,
+    ) -> Result<GpuInfo, HardwareError> {
         let dev = self.device(index)?;
-        let (uuid, mig, known) = self.known_gpu(&dev, index)?;
+        let (uuid, mig, known) = self.known_gpu(&dev, index, max_age)?;
         let Some(mut info) = known else {
             return self.gpu_info(index);
         };
@@ -223,12 +241,21 @@ impl NvmlBackend {
         &self,
         dev: &nvml_wrapper::Device<'_>,
         index: u32,
+        max_age: Option<std::time::Duration>,
     ) -> Result<(String, MigModeState, Option<GpuInfo>), HardwareError> {
         let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
         let mig = mig_mode(dev, index)?;
-        let known = self.known().gpus.get(&index).cloned().filter(|k| {
-            k.uuid == uuid && k.mig.capable == mig.capable && k.mig.current == mig.current
-        });
+        let known = self
+            .known()
+            .gpus
+            .get(&index)
+            .filter(|(k, at)| {
+                k.uuid == uuid
+                    && k.mig.capable == mig.capable
+                    && k.mig.current == mig.current
+                    && max_age.is_none_or(|max| at.elapsed() < max)
+            })
+            .map(|(k, _)| k.clone());
         Ok((uuid, mig, known))
     }
 
@@ -239,7 +266,7 @@ impl NvmlBackend {
     /// Fails as [`NvmlBackend::gpu_info`] does, naming the NVML call.
     pub(super) fn gpu_facts(&self, index: u32) -> Result<GpuInfo, HardwareError> {
         let dev = self.device(index)?;
-        match self.known_gpu(&dev, index)? {
+        match self.known_gpu(&dev, index, None)? {
             (_, _, Some(known)) => Ok(known),
             (_, _, None) => self.gpu_info(index),
         }
@@ -262,15 +289,13 @@ impl NvmlBackend {
     /// Every GPU NVML enumerates, each read by `gpu`, with the driver's versions.
     fn read_inventory(
         &self,
-        gpu: fn(&Self, u32) -> Result<GpuInfo, HardwareError>,
+        gpu: impl Fn(u32) -> Result<GpuInfo, HardwareError>,
     ) -> Result<NodeInventory, HardwareError> {
         let count = self
             .nvml
             .device_count()
             .map_err(wrap("nvmlDeviceGetCount_v2", 0))?;
-        let gpus = (0..count)
-            .map(|i| gpu(self, i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let gpus = (0..count).map(gpu).collect::<Result<Vec<_>, _>>()?;
         let known = self.known().versions.clone();
         let (driver_version, cuda_driver_version) = match known {
             Some(versions) => versions,
@@ -389,16 +414,19 @@ impl GpuBackend for NvmlBackend {
         self.health.signal()
     }
 
+    /// Each GPU read in full when what is kept of it is older than [`FACTS_MAX_AGE`] (or of
+    /// another GPU or MIG mode), else as a kubelet call reads it: every inventory round
+    /// asks NVML everything that can change, and the rest once a minute.
     fn inventory(&self) -> Result<NodeInventory, HardwareError> {
-        self.read_inventory(Self::gpu_info)
+        self.read_inventory(|i| self.kept_gpu_info(i, Some(FACTS_MAX_AGE)))
     }
 
     /// [`GpuBackend::inventory`] with what cannot change taken from the last full read of
-    /// each GPU ([`NvmlBackend::request_gpu_info`]): about a third of the NVML calls on a node
-    /// of MIG GPUs. MIG devices, empty GPU instances, fabric state, creatable vGPU types and
+    /// each GPU ([`NvmlBackend::request_gpu_info`]): about a quarter of the NVML calls on a
+    /// node of MIG GPUs. MIG devices, empty GPU instances, fabric state, creatable vGPU types and
     /// health are read afresh, as a full read would.
     fn request_inventory(&self) -> Result<NodeInventory, HardwareError> {
-        self.read_inventory(Self::request_gpu_info)
+        self.read_inventory(|i| self.request_gpu_info(i))
     }
 
     fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
