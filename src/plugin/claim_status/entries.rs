@@ -19,19 +19,41 @@ pub const REASON_HEALTH_UNKNOWN: &str = "HealthUnknown";
 /// Reason of `Ready=Unknown` when the device is no longer published (its GPU is gone).
 pub const REASON_NOT_PUBLISHED: &str = "NotPublished";
 
-/// The devices' health by pool and device name: built once for a pass over many claims
-/// (a regular round re-checks every tracked claim against an entry per published device).
-pub struct HealthIndex<'a>(HashMap<(&'a str, &'a str), &'a DeviceHealth>);
+/// The devices' health by pool and device name: indexed once for a pass over many claims
+/// (a regular round re-checks every tracked claim against an entry per published device),
+/// or scanned for the few devices of the claims one call queued.
+pub enum HealthIndex<'a> {
+    /// By pool and device name.
+    Map(HashMap<(&'a str, &'a str), &'a DeviceHealth>),
+    /// The list as it is, searched per device.
+    Scan(&'a [DeviceHealth]),
+}
 
 impl<'a> HealthIndex<'a> {
     /// Indexes `health` (the kubelet's list: an entry per published device).
     pub fn new(health: &'a [DeviceHealth]) -> Self {
-        Self(
+        Self::Map(
             health
                 .iter()
                 .map(|h| ((h.pool_name.as_str(), h.device_name.as_str()), h))
                 .collect(),
         )
+    }
+
+    /// `health` searched as it is: cheaper than [`HealthIndex::new`] for a few lookups
+    /// (hashing every entry's names costs about as much as comparing them all a few times).
+    pub fn scan(health: &'a [DeviceHealth]) -> Self {
+        Self::Scan(health)
+    }
+
+    /// The health of `device` in `pool`, if the list has it.
+    pub fn get(&self, pool: &str, device: &str) -> Option<&'a DeviceHealth> {
+        match self {
+            Self::Map(by_device) => by_device.get(&(pool, device)).copied(),
+            Self::Scan(list) => list
+                .iter()
+                .find(|h| h.device_name == device && h.pool_name == pool),
+        }
     }
 }
 
@@ -41,7 +63,6 @@ pub fn wanted(record: Option<&ClaimRecord>, health: &HealthIndex<'_>) -> Vec<Dev
     let Some(record) = record.filter(|r| r.phase == ClaimPhase::PrepareCompleted) else {
         return Vec::new();
     };
-    let by_device = &health.0;
     record
         .devices
         .iter()
@@ -49,11 +70,7 @@ pub fn wanted(record: Option<&ClaimRecord>, health: &HealthIndex<'_>) -> Vec<Dev
             pool: d.pool.clone(),
             device: d.device.clone(),
             share_id: d.share_id.clone(),
-            ready: readiness(
-                by_device
-                    .get(&(d.pool.as_str(), d.device.as_str()))
-                    .copied(),
-            ),
+            ready: readiness(health.get(&d.pool, &d.device)),
             data: device_data(d),
         })
         .collect()

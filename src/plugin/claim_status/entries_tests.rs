@@ -116,12 +116,23 @@ fn readiness_follows_the_devices_health() {
             "GPU GPU-0000 reported a fatal error",
         ),
         health("gpu-2", HealthStatus::Unknown, "no verdict yet"),
+        // Another pool's device of the same name is not this one.
+        DeviceHealth {
+            pool_name: "node-b".into(),
+            ..health("gpu-3", HealthStatus::Healthy, "")
+        },
     ];
-    let got: Vec<(String, ConditionStatus, String, String)> =
-        wanted(Some(&record), &HealthIndex::new(&health))
+    // Indexed (a round over many claims) or searched (a call's few): the same answer.
+    let got = |index: HealthIndex<'_>| -> Vec<(String, ConditionStatus, String, String)> {
+        wanted(Some(&record), &index)
             .into_iter()
             .map(|w| (w.device, w.ready.status, w.ready.reason, w.ready.message))
-            .collect();
+            .collect()
+    };
+    let (indexed, scanned) = (
+        got(HealthIndex::new(&health)),
+        got(HealthIndex::scan(&health)),
+    );
     let want = vec![
         (
             "gpu-0".into(),
@@ -148,7 +159,8 @@ fn readiness_follows_the_devices_health() {
             "the device is no longer published by this node (its GPU is gone?)".into(),
         ),
     ];
-    assert_eq!(want, got);
+    assert_eq!(want, indexed);
+    assert_eq!(want, scanned);
 }
 
 #[test]

@@ -220,10 +220,11 @@ async fn sync_due(worker: &mut StatusWorker, tracked: &mut BTreeMap<String, Trac
             t.record = cp.as_ref().and_then(|cp| cp.claims.get(&uid)).cloned();
             t.record_known = true;
         }
-        // Borrowed per claim, not cloned per pass: the list has an entry per device.
+        // Borrowed per claim, not cloned per pass: the list has an entry per device, and
+        // a claim has a few, so they are searched for rather than the list indexed.
         let want = wanted(
             t.record.as_ref(),
-            &HealthIndex::new(&worker.health.borrow()),
+            &HealthIndex::scan(&worker.health.borrow()),
         );
         let span = tracing::info_span!(
             "claim_status",
