@@ -43,7 +43,8 @@ pub enum Cost {
     DirectoryList,
     /// The node's hardware inventory read for a kubelet call (every GPU, its MIG state and
     /// health: NVML calls on a real node, a walk of the simulator's state on the simulated
-    /// one), where the model the last call planned with could not be kept.
+    /// one): to plan, where the model the last call planned with could not be kept, or for
+    /// a fresh record of one GPU (a VFIO switch).
     InventoryRead,
     /// A write to a kernel attribute in sysfs (a VFIO driver switch's `driver_override`,
     /// `unbind` and `bind`; a vGPU's `current_vgpu_type`, mdev `create` or `remove`): the

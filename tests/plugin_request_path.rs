@@ -531,17 +531,6 @@ async fn a_vgpu_claim_reads_only_its_parent_gpus_sysfs_and_writes_one_kernel_att
     }
 }
 
-/// What a kubelet call asks the GPU driver, counted in NVML calls (the simulated library
-/// counts every call it answers, `GPU_DRA_SIM_NVML_CALLS`): the plugin on the NVML backend,
-/// whatever backend this run tests, on the bench's node (8 A100 with 7 static 1g.10gb MIG
-/// devices each, 8 L4). A real driver answers most NVML calls with an ioctl into its kernel
-/// module, the MIG ones under its locks: a price on real nodes that the simulated backend
-/// does not show.
-///
-/// A call plans with the node's inventory, but asks NVML only what can change: each GPU's
-/// UUID and MIG mode (to know it is the GPU the last full read saw), its GPU instances and
-/// MIG devices, its fabric state. The profile tables with their placements, the product,
-/// memory and PCI facts come from the last full read. 1,515 calls per prepare before.
 /// The plugin on the NVML backend over the simulated library counting its calls, on the
 /// bench's node with a claim per device of `devices`, its rounds every `interval`,
 /// registered and published; and a reader of the count.
@@ -584,6 +573,17 @@ async fn nvml_counted_plugin(
 /// handle, UUID, MIG mode (not supported), fabric state.
 const CALL_INVENTORY: u64 = 1 + 8 * (3 + (7 + 7) + (1 + 7 * 4) + 1) + 8 * (3 + 1);
 
+/// What a kubelet call asks the GPU driver, counted in NVML calls (the simulated library
+/// counts every call it answers, `GPU_DRA_SIM_NVML_CALLS`): the plugin on the NVML backend,
+/// whatever backend this run tests, on the bench's node (8 A100 with 7 static 1g.10gb MIG
+/// devices each, 8 L4). A real driver answers most NVML calls with an ioctl into its kernel
+/// module, the MIG ones under its locks: a price on real nodes that the simulated backend
+/// does not show.
+///
+/// A call plans with the node's inventory, but asks NVML only what can change: each GPU's
+/// UUID and MIG mode (to know it is the GPU the last full read saw), its GPU instances and
+/// MIG devices, its fabric state. The profile tables with their placements, the product,
+/// memory and PCI facts come from the last full read. 1,515 calls per prepare before.
 #[tokio::test]
 async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
     let devices: Vec<String> = ["gpu-3-mig-1g10gb-5", "gpu-12"].map(String::from).to_vec();
@@ -652,20 +652,22 @@ async fn an_idle_plugins_inventory_rounds_on_the_nvml_backend_ask_what_a_call_as
         last = now;
         assert!(started.elapsed() < Duration::from_secs(30), "never quiet");
     }
-    // Bursts: consecutive 20 ms samples with calls, merged.
+    // Bursts: the calls of 50 ms samples, merged until 300 ms pass without one (rounds are
+    // 1 s apart; a round stalled for a moment by the machine stays one burst).
     let mut bursts = Vec::new();
-    let mut open = 0;
+    let (mut open, mut quiet) = (0, 0);
     let until = std::time::Instant::now() + Duration::from_millis(3500);
     while std::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         let now = count();
-        match (now - last, open) {
-            (0, 0) => {}
-            (0, n) => {
-                bursts.push(n);
-                open = 0;
+        if now > last {
+            (open, quiet) = (open + now - last, 0);
+        } else if open > 0 {
+            quiet += 1;
+            if quiet == 6 {
+                bursts.push(open);
+                (open, quiet) = (0, 0);
             }
-            (d, n) => open = n + d,
         }
         last = now;
     }

@@ -50,6 +50,17 @@ fn the_nvml_backend_runs_the_mig_lifecycle_and_reports_nvml_failures_by_call() {
     let calls = || gpu_dra_nvml_sim::calls::read(&state.path().join("nvml-calls")).unwrap();
     let sim = SimBackend::open("dgx-a100", Some(state.path())).unwrap();
     let nvml = NvmlBackend::open_with(Some(&library())).unwrap();
+    // The backend's event thread registers the GPUs as it starts: counts are taken once it
+    // has (the count stands still for 200 ms).
+    let mut last = calls();
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let now = calls();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
     // The first inventory reads every GPU in full; the next ones, within a minute of it, ask
     // only what can change, as a kubelet call's does.
     let counted = |read: &dyn Fn() -> gpu_dra::hardware::NodeInventory| {

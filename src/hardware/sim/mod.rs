@@ -495,8 +495,6 @@ impl GpuBackend for SimBackend {
         "sim"
     }
 
-    /// The event sequence number and the GPU slots in use (another process — `sim-fault` —
-    /// may change either); 0 when the state cannot be read (the next inventory says why).
     /// The state file's version: the inventory is built from the state file and the node
     /// description alone, unless the node has a host tree (whose drivers and vGPUs it reads
     /// too: no stamp then). In memory: no stamp.
@@ -509,6 +507,8 @@ impl GpuBackend for SimBackend {
             .map(|stamp| crate::hardware::InventoryStamp(stamp.words()))
     }
 
+    /// The event sequence number and the GPU slots in use (another process — `sim-fault` —
+    /// may change either); 0 when the state cannot be read (the next inventory says why).
     fn health_generation(&self) -> u64 {
         self.store
             .read(|s| {
