@@ -422,7 +422,7 @@ impl GpuBackend for NvmlBackend {
     }
 
     /// [`GpuBackend::inventory`] with what cannot change taken from the last full read of
-    /// each GPU ([`NvmlBackend::request_gpu_info`]): about a quarter of the NVML calls on a
+    /// each GPU (`request_gpu_info`): about a quarter of the NVML calls on a
     /// node of MIG GPUs. MIG mode, MIG devices, empty GPU instances, fabric state, creatable
     /// vGPU types, heterogeneous mode and health are read afresh, as a full read would.
     fn request_inventory(&self) -> Result<NodeInventory, HardwareError> {
