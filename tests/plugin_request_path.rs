@@ -272,30 +272,45 @@ impl Caused {
     }
 }
 
-/// The `prepare` bench's node over TLS with a claim per device of `devices`, and the plugin
-/// as the chart runs it with its inventory, telemetry and holders rounds every `interval`,
-/// registered and published, its metrics served.
-async fn static_mig_plugin(
-    devices: &[String],
-    interval: &str,
-) -> (
+/// A node with its claims and its plugin, registered.
+type BenchPlugin = (
     Node,
     Vec<gpu_dra::kubelet::ClaimRef>,
     Plugin,
     gpu_dra::kubelet::client::KubeletClient,
-) {
+);
+
+/// The `prepare` bench's node over TLS with a claim per device of `devices`, and the plugin
+/// as the chart runs it with its inventory, telemetry and holders rounds every `interval`,
+/// registered and published, its metrics served.
+async fn static_mig_plugin(devices: &[String], interval: &str) -> BenchPlugin {
+    bench_node_plugin(devices, [interval; 3], |node, file| {
+        node.chart_command_on(file)
+    })
+    .await
+}
+
+/// The `prepare` bench's node over TLS with a claim per device of `devices`, and the plugin
+/// `command` makes for the node file, with its inventory, telemetry and holders rounds at
+/// `rounds`, registered and published, its metrics served.
+async fn bench_node_plugin(
+    devices: &[String],
+    rounds: [&str; 3],
+    command: impl FnOnce(&Node, &str) -> std::process::Command,
+) -> BenchPlugin {
     let node = Node::new_tls_in(&std::env::temp_dir());
     let node_file = node.root().join("bench-node.yaml");
     std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
     let refs = claims::one_per_device(&node.api, devices);
-    let mut command = node.chart_command_on(node_file.to_str().unwrap());
+    let mut command = command(&node, node_file.to_str().unwrap());
+    let [inventory, telemetry, holders] = rounds;
     command.args([
         "--inventory-interval",
-        interval,
+        inventory,
         "--telemetry-interval",
-        interval,
+        telemetry,
         "--holders-refresh-interval",
-        interval,
+        holders,
     ]);
     let mut plugin = node.spawn_command(command, &[]);
     plugin.wait_registrable().await;
@@ -532,38 +547,22 @@ async fn a_vgpu_claim_reads_only_its_parent_gpus_sysfs_and_writes_one_kernel_att
 }
 
 /// The plugin on the NVML backend over the simulated library counting its calls, on the
-/// bench's node with a claim per device of `devices`, its rounds every `interval`,
-/// registered and published; and a reader of the count.
+/// bench's node with a claim per device of `devices`, its inventory rounds every `interval`
+/// (the others an hour apart), registered and published; and the file the count is in.
 async fn nvml_counted_plugin(
     devices: &[String],
     interval: &str,
-) -> (
-    Node,
-    Vec<gpu_dra::kubelet::ClaimRef>,
-    Plugin,
-    gpu_dra::kubelet::client::KubeletClient,
-    std::path::PathBuf,
-) {
-    let node = Node::new_tls_in(&std::env::temp_dir());
-    let node_file = node.root().join("bench-node.yaml");
-    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
-    let calls = node.root().join("nvml-calls");
-    let refs = claims::one_per_device(&node.api, devices);
-    let mut command = node.nvml_chart_command_on(node_file.to_str().unwrap());
-    command.args([
-        "--inventory-interval",
-        interval,
-        "--telemetry-interval",
-        "60m",
-        "--holders-refresh-interval",
-        "60m",
-    ]);
-    command.env(gpu_dra_nvml_sim::calls::CALLS_ENV, &calls);
-    let mut plugin = node.spawn_command(command, &[]);
-    plugin.wait_registrable().await;
-    eventually("slices", || node.api.complete_pool()).await;
-    let kubelet = plugin.register(DraApi::V1).await;
-    (node, refs, plugin, kubelet, calls)
+) -> (BenchPlugin, std::path::PathBuf) {
+    const CALLS: &str = "nvml-calls";
+    let (node, refs, plugin, kubelet) =
+        bench_node_plugin(devices, [interval, "60m", "60m"], |node, file| {
+            let mut command = node.nvml_chart_command_on(file);
+            command.env(gpu_dra_nvml_sim::calls::CALLS_ENV, node.root().join(CALLS));
+            command
+        })
+        .await;
+    let calls = node.root().join(CALLS);
+    ((node, refs, plugin, kubelet), calls)
 }
 
 /// NVML calls per inventory of the bench's node as a kubelet call reads it: the GPU count;
@@ -588,7 +587,7 @@ const CALL_INVENTORY: u64 = 1 + 8 * (3 + (7 + 7) + (1 + 7 * 4) + 1) + 8 * (3 + 1
 async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
     let devices: Vec<String> = ["gpu-3-mig-1g10gb-5", "gpu-12"].map(String::from).to_vec();
     // No periodic pass within the test's seconds: what is counted is the calls'.
-    let (_node, refs, _plugin, mut kubelet, calls) = nvml_counted_plugin(&devices, "60m").await;
+    let ((_node, refs, _plugin, mut kubelet), calls) = nvml_counted_plugin(&devices, "60m").await;
     let count = || gpu_dra_nvml_sim::calls::read(&calls).expect("the library's call count");
 
     // Start-up's reads and the health thread's registrations end first: a second without a
@@ -638,7 +637,7 @@ async fn a_prepare_on_the_nvml_backend_asks_the_driver_only_what_can_change() {
 /// each GPU's handle and UUID) may come as a burst of its own or within a round's.
 #[tokio::test]
 async fn an_idle_plugins_inventory_rounds_on_the_nvml_backend_ask_what_a_call_asks() {
-    let (_node, _refs, _plugin, _kubelet, calls) = nvml_counted_plugin(&[], "1").await;
+    let ((_node, _refs, _plugin, _kubelet), calls) = nvml_counted_plugin(&[], "1").await;
     let count = || gpu_dra_nvml_sim::calls::read(&calls).expect("the library's call count");
     // Start-up's full reads are over once the count stands still between two rounds' ticks.
     let started = std::time::Instant::now();
