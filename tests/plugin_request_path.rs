@@ -689,3 +689,39 @@ async fn an_idle_plugins_inventory_rounds_on_the_nvml_backend_ask_what_a_call_as
          the health thread's calls (at most {thread})"
     );
 }
+
+/// An unprepare of carved MIG devices (dynamic MIG on the simulated DGX H100, every profile
+/// published) reads the node's inventory once for the whole call: the devices each claim
+/// destroys are checked against that one read (nothing in an unprepare creates a GPU
+/// instance, so an instance it lists as a claim's is still that claim's).
+#[tokio::test]
+async fn an_unprepare_of_carved_mig_devices_reads_the_inventory_once_per_call() {
+    let node = Node::new();
+    let devices: Vec<String> = (0..3).map(|g| format!("gpu-{g}-mig-1g10gb-0")).collect();
+    let refs = claims::one_per_device(&node.api, &devices);
+    let mut plugin = node.spawn_command(
+        node.command_on("dgx-h100"),
+        &[("GPU_DRA_MIG_PROFILES", "all")],
+    );
+    plugin.wait_registrable().await;
+    eventually("slices", || node.api.complete_pool()).await;
+    eventually("the metrics address", || metrics_addr(&plugin.log())).await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    prepare_all(&mut kubelet, &refs).await;
+    // 1 where the simulator's own file work counts as the plugin's (the sim backend).
+    let sim = u64::from(!plugin_support::nvml_backend());
+    let got = measured(&plugin, "unprepare", unprepare_all(&mut kubelet, &refs)).await;
+    // The checkpoint twice (marked, forgotten); each claim's spec, metadata file and a look
+    // for NVIDIA's spec; per MIG device its compute and GPU instance destroyed (the
+    // simulated GPU's state: written durably, read around each change). One inventory read
+    // for the call, where each claim read its own before (3 in all on the simulator, 4 on
+    // the NVML backend).
+    let want = budget(&[
+        ("file_write", 2 + 6 * sim),
+        ("file_remove", 9),
+        ("fsync", 12 * sim),
+        ("hardware_state_read", 12 * sim),
+        ("inventory_read", 1),
+    ]);
+    assert_eq!(got, (1, want), "an unprepare of 3 carved MIG devices");
+}

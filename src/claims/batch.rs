@@ -356,14 +356,15 @@ impl<S: ClaimSource> ClaimsManager<S> {
         // after (a crash in between leaves a spec no record names, which start-up recovery
         // removes). The others are marked and undone step by step. Which MIG devices are
         // static the current model says (the inventory read is one `stat` on the simulator);
-        // without it, every MIG device is undone step by step.
-        let model = known
+        // without it, every MIG device is undone step by step. The same read serves every
+        // claim's check of the MIG devices it destroys.
+        let planned = known
             .iter()
             .any(|(_, rec)| rec.devices.iter().any(|d| d.mig.is_some()))
-            .then(|| self.model(&ids[first_known].to_string()).ok())
+            .then(|| self.planning_model(&ids[first_known].to_string()).ok())
             .flatten();
         let static_mig = |device: &str| {
-            model.as_ref().is_some_and(|m| {
+            planned.as_ref().is_some_and(|(_, m)| {
                 matches!(
                     m.device(device).map(|p| &p.kind),
                     Some(crate::devices::DeviceKind::MigStatic { .. })
@@ -414,7 +415,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         let mut undone = Vec::with_capacity(known.len());
         for (i, rec) in known {
             let others = others.get_or_insert_with(|| store.checkpoint().clone());
-            match self.undo(&rec, others) {
+            match self.undo(&rec, others, planned.as_ref()) {
                 Ok(()) => {
                     others.claims.remove(&rec.uid);
                     undone.push(i);

@@ -113,6 +113,10 @@ fn prepared(records: &[DeviceRecord]) -> Vec<PreparedDevice> {
         .collect()
 }
 
+/// The inventory a call plans with and its device model
+/// ([`ClaimsManager::planning_model`]).
+pub(crate) type PlanningModel = (Arc<crate::hardware::NodeInventory>, Arc<DeviceModel>);
+
 /// What one prepare wave plans with: one inventory read, its device model, and the GPUs' PCI
 /// bus IDs by UUID (filled only when device metadata is written).
 struct WaveModel {
@@ -122,12 +126,9 @@ struct WaveModel {
 }
 
 impl<S: ClaimSource> ClaimsManager<S> {
-    fn model(&self, claim: &str) -> Result<Arc<DeviceModel>, ClaimError> {
-        self.model_and_buses(claim).map(|found| found.model)
-    }
-
-    /// [`ClaimsManager::model`] with each GPU's PCI bus ID by UUID (for device metadata), and
-    /// the inventory it was built from (VFIO's checks read it: one inventory per wave).
+    /// The model a prepare wave plans with ([`ClaimsManager::planning_model`]), with each
+    /// GPU's PCI bus ID by UUID (for device metadata), and the inventory it was built from
+    /// (VFIO's checks read it: one inventory per wave).
     fn model_and_buses(&self, claim: &str) -> Result<WaveModel, ClaimError> {
         let (inventory, model) = self.planning_model(claim)?;
         // Only device metadata reads the bus IDs.
@@ -164,10 +165,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
     /// and looked up in the model cache.
     ///
     /// Fails with [`ClaimError::Inventory`] naming `claim` when the read fails.
-    pub(super) fn planning_model(
-        &self,
-        claim: &str,
-    ) -> Result<(Arc<crate::hardware::NodeInventory>, Arc<DeviceModel>), ClaimError> {
+    pub(super) fn planning_model(&self, claim: &str) -> Result<PlanningModel, ClaimError> {
         let stamp = self.backend.inventory_stamp();
         if let Some(kept) = stamp.as_ref().and_then(|s| self.model_cache.get_stamped(s)) {
             return Ok(kept);

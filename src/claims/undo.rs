@@ -9,6 +9,7 @@
 //! work already done: a file already gone counts as removed, a MIG device already destroyed as
 //! destroyed).
 
+use super::PlanningModel;
 use super::{ClaimError, ClaimId, ClaimSource, ClaimsManager, sharing};
 use crate::checkpoint::{Checkpoint, CheckpointStore, ClaimRecord};
 use crate::devices;
@@ -78,7 +79,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         rec: &ClaimRecord,
     ) -> Result<(), ClaimError> {
         let claim = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
-        let mut failures = self.undo_steps(rec, store.checkpoint(), &claim);
+        let mut failures = self.undo_steps(rec, store.checkpoint(), &claim, None);
         if failures.is_empty() {
             let uid = rec.uid.clone();
             if let Err(e) = self.update(store, &claim, |cp| {
@@ -96,13 +97,20 @@ impl<S: ClaimSource> ClaimsManager<S> {
 
     /// The effects of `rec` undone (CDI spec, sharing, carved MIG devices), its record kept
     /// for the caller to forget (a batch forgets all its claims in one write); `others` is
-    /// the checkpoint whose other claims may still share its devices.
+    /// the checkpoint whose other claims may still share its devices; `planned`, the
+    /// inventory and model the call read before undoing anything (an unprepare batch reads
+    /// them once for all its claims), else they are read for this claim.
     ///
     /// # Errors
     /// [`ClaimError::Undo`] listing every failed step; every step was tried.
-    pub(super) fn undo(&self, rec: &ClaimRecord, others: &Checkpoint) -> Result<(), ClaimError> {
+    pub(super) fn undo(
+        &self,
+        rec: &ClaimRecord,
+        others: &Checkpoint,
+        planned: Option<&PlanningModel>,
+    ) -> Result<(), ClaimError> {
         let claim = format!("{}/{} ({})", rec.namespace, rec.name, rec.uid);
-        let failures = self.undo_steps(rec, others, &claim);
+        let failures = self.undo_steps(rec, others, &claim, planned);
         if failures.is_empty() {
             Ok(())
         } else {
@@ -111,7 +119,13 @@ impl<S: ClaimSource> ClaimsManager<S> {
     }
 
     /// Tries every undo step of `rec` and returns the ones that failed.
-    fn undo_steps(&self, rec: &ClaimRecord, others: &Checkpoint, claim: &str) -> Vec<ClaimError> {
+    fn undo_steps(
+        &self,
+        rec: &ClaimRecord,
+        others: &Checkpoint,
+        claim: &str,
+        planned: Option<&PlanningModel>,
+    ) -> Vec<ClaimError> {
         let mut failures = Vec::new();
         if let Err(e) = self.cdi.remove_claim_spec(&rec.uid) {
             failures.push(ClaimError::Cdi {
@@ -124,7 +138,7 @@ impl<S: ClaimSource> ClaimsManager<S> {
         }
         crate::crashpoint::hit("unprepare-cdi-removed");
         failures.extend(sharing::undo(self.sharing.as_ref(), claim, rec, others));
-        self.destroy_carved(others, rec, claim, &mut failures);
+        self.destroy_carved(others, rec, claim, planned, &mut failures);
         crate::crashpoint::hit("unprepare-mig-destroyed");
         for d in rec.devices.iter().filter(|d| d.vfio.is_some()) {
             if let Err(e) = self.vfio_undo(claim, d) {
@@ -146,12 +160,15 @@ impl<S: ClaimSource> ClaimsManager<S> {
     /// Destroys the MIG devices `rec` carved, except those another claim still holds (a
     /// consumable-capacity share: the last claim out destroys it) and existing (static) ones.
     /// A device whose GI id now belongs to an instance with another UUID was destroyed
-    /// earlier and the id reused: it is left alone.
+    /// earlier and the id reused: it is left alone. That is judged on `planned` when given
+    /// (read before this call undid anything: nothing an undo does creates an instance, so
+    /// an instance it lists as this claim's still is), else on an inventory read now.
     fn destroy_carved(
         &self,
         others: &Checkpoint,
         rec: &ClaimRecord,
         claim: &str,
+        planned: Option<&PlanningModel>,
         failures: &mut Vec<ClaimError>,
     ) {
         if !rec
@@ -163,7 +180,10 @@ impl<S: ClaimSource> ClaimsManager<S> {
         }
         // The kubelet call's inventory: MIG devices as they are now (the reuse check below
         // reads them), the rest kept from the last full read where the backend can.
-        let (inventory, model) = match self.planning_model(claim) {
+        let (inventory, model) = match planned
+            .cloned()
+            .map_or_else(|| self.planning_model(claim), Ok)
+        {
             Ok(found) => found,
             Err(e) => {
                 failures.push(e);
