@@ -16,8 +16,9 @@ use crate::hardware::{InventoryStamp, NodeInventory};
 ///
 /// Building the model (every MIG profile at every placement, counters) is the main CPU cost
 /// of a prepare; the inventory it derives from is still read from the hardware on every call
-/// (unless the backend's stamp says it cannot differ), so a cached model is never stale — a second plugin instance (rolling update) that changed
-/// the hardware makes the next lookup miss. Two entries, because a MIG claim's prepare and
+/// (unless the backend's stamp says it cannot differ), so a cached model is never stale — a
+/// second plugin instance (rolling update) that changed the hardware makes the next lookup
+/// miss. Two entries, because a MIG claim's prepare and
 /// unprepare alternate between two inventories (without and with its instance); each model of
 /// a large node holds about a megabyte, so the cache stays small.
 ///
@@ -44,21 +45,6 @@ impl Entry {
 const MODEL_CACHE_ENTRIES: usize = 2;
 
 impl ModelCache {
-    /// The model for `inventory`, from the cache when it was seen recently.
-    pub fn get(&self, inventory: NodeInventory, options: &ModelOptions) -> Arc<DeviceModel> {
-        self.get_with_inventory(inventory, options).1
-    }
-
-    /// [`ModelCache::get`], and the inventory the model was built from (equal to `inventory`),
-    /// shared rather than copied, for the steps of the same call that read it too.
-    pub fn get_with_inventory(
-        &self,
-        inventory: NodeInventory,
-        options: &ModelOptions,
-    ) -> (Arc<NodeInventory>, Arc<DeviceModel>) {
-        self.get_read_under(inventory, options, None)
-    }
-
     /// The inventory and model last read under a stamp equal to `stamp`, if one is kept.
     pub fn get_stamped(
         &self,
@@ -74,8 +60,11 @@ impl ModelCache {
         Some(found)
     }
 
-    /// [`ModelCache::get_with_inventory`] for an inventory read under `stamp` (taken before
-    /// the read), which the entry keeps for [`ModelCache::get_stamped`].
+    /// The model for `inventory`, from the cache when it was seen recently, and the
+    /// inventory it was built from (equal to `inventory`), shared rather than copied, for
+    /// the steps of the same call that read it too. `stamp` is the backend's stamp taken
+    /// before the read (`None` when it gives none), which the entry keeps for
+    /// [`ModelCache::get_stamped`].
     pub fn get_read_under(
         &self,
         inventory: NodeInventory,
@@ -217,7 +206,7 @@ mod tests {
         assert!(cache.get_stamped(&s1).is_none());
 
         // Read without a stamp (a backend that cannot stamp): nothing answers to a stamp.
-        cache.get_with_inventory(inventory(), &options);
+        cache.get_read_under(inventory(), &options, None);
         assert!(cache.get_stamped(&s2).is_none());
     }
 }

@@ -279,17 +279,18 @@ mod tests {
         let sim = SimBackend::open("dgx-h100", None).unwrap();
         let options = ModelOptions::with_policies("gpu.nvidia.com", &sim.mig_policies());
         let cache = ModelCache::default();
+        let get = |inventory| cache.get_read_under(inventory, &options, None).1;
         let without = sim.inventory().unwrap();
-        let first = cache.get(without.clone(), &options);
+        let first = get(without.clone());
         sim.create_mig_device(0, without.gpus[0].mig_profiles[0].id, 0)
             .unwrap();
         let with = sim.inventory().unwrap();
-        let second = cache.get(with.clone(), &options);
+        let second = get(with.clone());
         assert!(
             !Arc::ptr_eq(&first, &second),
             "a new inventory, a new model"
         );
-        assert!(Arc::ptr_eq(&first, &cache.get(without, &options)));
-        assert!(Arc::ptr_eq(&second, &cache.get(with, &options)));
+        assert!(Arc::ptr_eq(&first, &get(without)));
+        assert!(Arc::ptr_eq(&second, &get(with)));
     }
 }
