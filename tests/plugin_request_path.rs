@@ -685,7 +685,7 @@ async fn an_idle_plugins_inventory_rounds_on_the_nvml_backend_ask_what_a_call_as
         bursts
             .iter()
             .all(|&b| b <= thread || (CALL_INVENTORY..=CALL_INVENTORY + thread).contains(&b)),
-        "bursts of NVML calls {bursts:?}: rounds of {CALL_INVENTORY} (a full read: 1,515) and \
+        "bursts of NVML calls {bursts:?}: rounds of {CALL_INVENTORY} (a full read: 843) and \
          the health thread's calls (at most {thread})"
     );
 }

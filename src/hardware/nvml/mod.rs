@@ -180,9 +180,16 @@ impl NvmlBackend {
         })
     }
 
-    /// GPU `index` read in full, remembered for [`NvmlBackend::request_gpu_info`].
-    fn gpu_info(&self, index: u32) -> Result<GpuInfo, HardwareError> {
-        let info = self.read_gpu_info(index)?;
+    /// GPU `index` (`dev`, whose UUID and MIG mode were just read) read in full, remembered
+    /// for [`NvmlBackend::request_gpu_info`].
+    fn gpu_info(
+        &self,
+        dev: &nvml_wrapper::Device<'_>,
+        index: u32,
+        uuid: String,
+        mig: MigModeState,
+    ) -> Result<GpuInfo, HardwareError> {
+        let info = self.read_gpu_info(dev, index, uuid, mig)?;
         self.known()
             .gpus
             .insert(index, (info.clone(), std::time::Instant::now()));
@@ -214,7 +221,7 @@ impl NvmlBackend {
         let dev = self.device(index)?;
         let (uuid, mig, known) = self.known_gpu(&dev, index, max_age)?;
         let Some(mut info) = known else {
-            return self.gpu_info(index);
+            return self.gpu_info(&dev, index, uuid, mig);
         };
         self.health.saw(&uuid);
         // SAFETY: the handle is only passed to NVML calls below while `dev` (and `self.nvml`)
@@ -268,7 +275,7 @@ impl NvmlBackend {
         let dev = self.device(index)?;
         match self.known_gpu(&dev, index, None)? {
             (_, _, Some(known)) => Ok(known),
-            (_, _, None) => self.gpu_info(index),
+            (uuid, mig, None) => self.gpu_info(&dev, index, uuid, mig),
         }
     }
 
@@ -323,8 +330,13 @@ impl NvmlBackend {
         })
     }
 
-    fn read_gpu_info(&self, index: u32) -> Result<GpuInfo, HardwareError> {
-        let dev = self.device(index)?;
+    fn read_gpu_info(
+        &self,
+        dev: &nvml_wrapper::Device<'_>,
+        index: u32,
+        uuid: String,
+        mig: MigModeState,
+    ) -> Result<GpuInfo, HardwareError> {
         let cc = dev
             .cuda_compute_capability()
             .map_err(wrap("nvmlDeviceGetCudaComputeCapability", index))?;
@@ -338,7 +350,6 @@ impl NvmlBackend {
             .pci_info()
             .map_err(wrap("nvmlDeviceGetPciInfo_v3", index))?;
         let pci_bus_id = convert::pci_bus_id(&pci.bus_id);
-        let mig = mig_mode(&dev, index)?;
         // SAFETY: the handle is only passed to NVML calls below while `dev` (and `self.nvml`)
         // are alive; it is never freed by us.
         let handle = unsafe { dev.handle() };
@@ -348,15 +359,14 @@ impl NvmlBackend {
             Vec::new()
         };
         let (mig_devices, empty_gpu_instances) = if mig.current {
-            self.mig_state(&dev, handle, index, &mig_profiles)?
+            self.mig_state(dev, handle, index, &mig_profiles)?
         } else {
             (Vec::new(), Vec::new())
         };
-        let uuid = dev.uuid().map_err(wrap("nvmlDeviceGetUUID", index))?;
         self.health.saw(&uuid);
         let fabric = self.fabric(handle, index)?;
         let module_id = self.module_id(handle, index)?;
-        let vgpu = self.vgpu(&dev, handle, index, &mig_profiles)?;
+        let vgpu = self.vgpu(dev, handle, index, &mig_profiles)?;
         Ok(GpuInfo {
             healthy: self.health.healthy(&uuid),
             faults: self.health.faults(&uuid),
