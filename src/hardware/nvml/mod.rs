@@ -279,6 +279,20 @@ impl NvmlBackend {
         }
     }
 
+    /// The MIG profile table the last full read of GPU `index` kept, if that read was of the
+    /// GPU with `uuid` in MIG mode: no NVML call, for callers that know both already.
+    pub(super) fn kept_profiles(
+        &self,
+        index: u32,
+        uuid: &str,
+    ) -> Option<Vec<crate::hardware::MigProfile>> {
+        self.known()
+            .gpus
+            .get(&index)
+            .filter(|(k, _)| k.uuid == uuid && k.mig.current)
+            .map(|(k, _)| k.mig_profiles.clone())
+    }
+
     /// The MIG devices of a GPU in MIG mode, and its GPU instances without one.
     fn mig_state(
         &self,

@@ -33,7 +33,7 @@ use crate::hardware::health::{EVENT_XID_CRITICAL, attributed_instance};
 use crate::hardware::telemetry::{
     EccTelemetry, GpuTelemetry, MigTelemetry, MigXidCounts, NodeTelemetry, RetirementCause,
 };
-use crate::hardware::{HardwareError, MigProfile, NvmlCode};
+use crate::hardware::{HardwareError, NvmlCode};
 
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 const UUID_BUFFER: usize = 96;
@@ -78,12 +78,11 @@ struct XidWatch {
 /// An XID NVML attributed to a GPU instance: (GPU UUID, GI id, XID).
 type AttributedXid = (String, u32, u64);
 
-/// The NVML backend's telemetry state: the XID event set and counts, and each GPU's MIG
-/// profiles (fixed per GPU, so read once).
+/// The NVML backend's telemetry state: the XID event set and counts, and GPM samples. (Each
+/// GPU's MIG profile table is the backend's kept inventory's.)
 pub(super) struct Telemetry {
     nvml: Arc<Nvml>,
     xids: Mutex<XidWatch>,
-    profiles: Mutex<HashMap<String, Vec<MigProfile>>>,
     gpm: Mutex<Gpm>,
 }
 
@@ -92,7 +91,6 @@ impl Telemetry {
         Telemetry {
             nvml,
             xids: Mutex::new(XidWatch::default()),
-            profiles: Mutex::new(HashMap::new()),
             gpm: Mutex::new(Gpm::default()),
         }
     }
@@ -419,30 +417,15 @@ impl NvmlBackend {
         index: u32,
         uuid: &str,
     ) -> Result<Vec<MigTelemetry>, NvmlError> {
-        let profiles = {
-            let cached = self
-                .telemetry
-                .profiles
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(uuid)
-                .cloned();
-            match cached {
-                Some(p) => p,
-                None => {
-                    let total = dev.memory_info()?.total / (1024 * 1024);
-                    let p = self.profiles(handle, index, total).unwrap_or_default();
-                    // Kept only when read: a failed read is tried again next sample.
-                    if !p.is_empty() {
-                        self.telemetry
-                            .profiles
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(uuid.to_string(), p.clone());
-                    }
-                    p
-                }
-            }
+        // The profile table an inventory read of this GPU in MIG mode kept (an inventory
+        // round reads every GPU), else one read now and kept for the next sample. A failed
+        // read leaves the sample without MIG devices and is tried again next time.
+        let profiles = match self.kept_profiles(index, uuid) {
+            Some(profiles) => profiles,
+            None => self
+                .gpu_facts(index)
+                .map(|gpu| gpu.mig_profiles)
+                .unwrap_or_default(),
         };
         let devices = self
             .mig_devices(dev, handle, index, &profiles, &[])
