@@ -352,16 +352,7 @@ impl NvmlBackend {
             let _ = unsafe { destroy_gi(gi) };
             e
         };
-        let mut gi_out = MaybeUninit::<nvmlGpuInstanceInfo_t>::zeroed();
-        // SAFETY: `gi` is live; `gi_out` is writable memory of the struct's size.
-        check(
-            unsafe { gi_info(gi, gi_out.as_mut_ptr()) },
-            "nvmlGpuInstanceGetInfo",
-            index,
-        )
-        .map_err(destroy_on_err)?;
-        // SAFETY: success above means NVML initialised the struct.
-        let gi_out = unsafe { gi_out.assume_init() };
+        let created = gpu_instance_ref(gi_info, gi, index).map_err(destroy_on_err)?;
         let ci_index =
             convert::default_ci_profile_index(profile.compute_slices).ok_or_else(|| {
                 destroy_on_err(HardwareError::Nvml {
@@ -416,12 +407,9 @@ impl NvmlBackend {
             uuid,
             profile_id,
             profile_name: profile.name.clone(),
-            gi_id: gi_out.id,
+            gi_id: created.gi_id,
             ci_id: ci_out.id,
-            placement: Placement {
-                start: gi_out.placement.start,
-                size: gi_out.placement.size,
-            },
+            placement: created.placement,
         })
     }
 
