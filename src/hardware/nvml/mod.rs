@@ -180,22 +180,6 @@ impl NvmlBackend {
         })
     }
 
-    /// GPU `index` (`dev`, whose UUID and MIG mode were just read) read in full, remembered
-    /// for [`NvmlBackend::request_gpu_info`].
-    fn gpu_info(
-        &self,
-        dev: &nvml_wrapper::Device<'_>,
-        index: u32,
-        uuid: String,
-        mig: MigModeState,
-    ) -> Result<GpuInfo, HardwareError> {
-        let info = self.read_gpu_info(dev, index, uuid, mig)?;
-        self.known()
-            .gpus
-            .insert(index, (info.clone(), std::time::Instant::now()));
-        Ok(info)
-    }
-
     fn known(&self) -> std::sync::MutexGuard<'_, Known> {
         // The map holds plain values; one a panic interrupted is replaced by the next read.
         self.known.lock().unwrap_or_else(|p| p.into_inner())
@@ -344,7 +328,9 @@ impl NvmlBackend {
         })
     }
 
-    fn read_gpu_info(
+    /// GPU `index` (`dev`, whose UUID and MIG mode were just read) read in full, remembered
+    /// for [`NvmlBackend::request_gpu_info`].
+    fn gpu_info(
         &self,
         dev: &nvml_wrapper::Device<'_>,
         index: u32,
@@ -381,7 +367,7 @@ impl NvmlBackend {
         let fabric = self.fabric(handle, index)?;
         let module_id = self.module_id(handle, index)?;
         let vgpu = self.vgpu(dev, handle, index, &mig_profiles)?;
-        Ok(GpuInfo {
+        let info = GpuInfo {
             healthy: self.health.healthy(&uuid),
             faults: self.health.faults(&uuid),
             uuid,
@@ -419,7 +405,11 @@ impl NvmlBackend {
             fabric,
             module_id,
             vgpu,
-        })
+        };
+        self.known()
+            .gpus
+            .insert(index, (info.clone(), std::time::Instant::now()));
+        Ok(info)
     }
 }
 
