@@ -31,7 +31,7 @@ pub struct NvmlBackend {
     nvml: Arc<Nvml>,
     /// Health from the NVML event set, kept by a dedicated thread; stopped on drop.
     health: events::HealthWatch,
-    /// XID counts and cached MIG profiles for telemetry.
+    /// XID counts and GPM samples for telemetry.
     telemetry: telemetry::Telemetry,
     /// Each GPU as its last full read found it, for [`GpuBackend::request_inventory`].
     known: std::sync::Mutex<Known>,
