@@ -232,9 +232,16 @@ fn merge(loops: Vec<Paced>) -> Paced {
         cpu_stat: Duration::ZERO,
         cpu_sched: Duration::ZERO,
         faults: 0,
+        slices: Vec::new(),
         wall: Duration::ZERO,
     };
     for l in loops {
+        for (name, n) in l.slices {
+            match all.slices.iter_mut().find(|(m, _)| *m == name) {
+                Some((_, total)) => *total += n,
+                None => all.slices.push((name, n)),
+            }
+        }
         all.samples.extend(l.samples);
         all.cpu_stat += l.cpu_stat;
         all.cpu_sched += l.cpu_sched;
@@ -351,6 +358,25 @@ pub fn print(f: &Figures) {
     println!(
         "minor page faults: idle loop {}, floor loop {}, prepare loop {}, unprepare loop {}",
         f.steady_idle.faults, f.floor.faults, f.prepare.faults, f.unprepare.faults
+    );
+    let per_call = |p: &Paced| {
+        let calls = p.samples.len().max(1) as f64;
+        let total: u64 = p.slices.iter().map(|(_, n)| n).sum();
+        let by_thread: Vec<String> = p
+            .slices
+            .iter()
+            .map(|(name, n)| format!("{name} {:.1}", *n as f64 / calls))
+            .collect();
+        format!("{:.1} ({})", total as f64 / calls, by_thread.join(", "))
+    };
+    println!(
+        "wake-ups (timeslices run) per call, by thread: idle loop {}; floor {}; 1-claim prepare \
+         {}; unprepare {}; {BATCH}-claim prepare {}",
+        per_call(&f.steady_idle),
+        per_call(&f.floor),
+        per_call(&f.prepare),
+        per_call(&f.unprepare),
+        per_call(&f.prepare_10),
     );
     println!("API requests during the 1-claim prepare loop:");
     for (key, n) in &f.prepare_requests {

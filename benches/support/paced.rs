@@ -62,14 +62,38 @@ pub fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// Timeslices each live thread has run so far (the third field of its `schedstat`: one per
+/// time the scheduler put it on a CPU, so a thread that sleeps and wakes adds one per wake),
+/// keyed by thread id, with the thread's name.
+pub fn timeslices(pid: u32) -> std::collections::BTreeMap<u64, (String, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Default::default();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| {
+            let tid = t.file_name().to_str()?.parse::<u64>().ok()?;
+            let runs = std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()?
+                .split_whitespace()
+                .nth(2)?
+                .parse::<u64>()
+                .ok()?;
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            Some((tid, (comm.trim().to_string(), runs)))
+        })
+        .collect()
+}
+
 /// The plugin's CPU between two readings: ticks of `/proc/<pid>/stat` (every thread, as the
 /// harness reads it) and nanoseconds of the live threads' `schedstat`.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct CpuMark {
     pid: u32,
     ticks: u64,
     ns: u64,
     faults: u64,
+    slices: std::collections::BTreeMap<u64, (String, u64)>,
 }
 
 impl CpuMark {
@@ -79,7 +103,21 @@ impl CpuMark {
             ticks: cpu_ticks(pid),
             ns: cpu_ns(pid),
             faults: minor_faults(pid),
+            slices: timeslices(pid),
         }
+    }
+
+    /// Timeslices run since this mark, summed by thread name (threads born since count in
+    /// full; threads that ended in between are not seen), largest first.
+    pub fn slices_since(&self) -> Vec<(String, u64)> {
+        let mut by_name = std::collections::BTreeMap::<String, u64>::new();
+        for (tid, (comm, runs)) in timeslices(self.pid) {
+            let before = self.slices.get(&tid).map_or(0, |(_, r)| *r);
+            *by_name.entry(comm).or_default() += runs.saturating_sub(before);
+        }
+        let mut v: Vec<(String, u64)> = by_name.into_iter().filter(|(_, n)| *n > 0).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
     }
 
     /// Minor page faults since this mark.
@@ -107,6 +145,10 @@ pub struct Paced {
     pub cpu_sched: Duration,
     /// Minor page faults over the loop.
     pub faults: u64,
+    /// Timeslices the plugin's threads ran over the loop, by thread name: how often each
+    /// was woken (on a VM whose caches are cold after a pause, a wake-up costs 0.1–0.5 ms
+    /// of CPU however little it does).
+    pub slices: Vec<(String, u64)>,
     /// How long the loop took.
     pub wall: Duration,
 }
@@ -151,6 +193,7 @@ pub async fn paced(
         cpu_stat,
         cpu_sched,
         faults: mark.faults_since(),
+        slices: mark.slices_since(),
         wall: started.elapsed(),
     }
 }
