@@ -87,7 +87,19 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// # Errors
 /// [`FsError`] naming the target, the temp file and the step that failed.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
-    replace(path, bytes, mode, Durability::PowerLoss)
+    replace(path, bytes, mode, Durability::PowerLoss, Mtime::Kernel)
+}
+
+/// [`write_atomic`] for a file whose readers tell its versions apart by `stat` alone: the new
+/// file's modification time is set to the current time at the clock's full precision
+/// (nanoseconds) before it is renamed into place. The kernel stamps a write with a coarse
+/// clock (one tick, a few milliseconds), so two versions of the same size written within a
+/// tick, the second on the first's freed inode number, would otherwise stat alike.
+///
+/// # Errors
+/// As [`write_atomic`]; setting the time is a step of writing the temp file.
+pub fn write_atomic_versioned(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    replace(path, bytes, mode, Durability::PowerLoss, Mtime::Precise)
 }
 
 /// [`write_atomic`] without the two fsyncs: a killed process (or a crashed container) still
@@ -102,7 +114,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError>
 /// # Errors
 /// As [`write_atomic`], without [`FsError::SyncDir`].
 pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
-    replace(path, bytes, mode, Durability::ProcessCrash)
+    replace(path, bytes, mode, Durability::ProcessCrash, Mtime::Kernel)
 }
 
 /// [`replace_atomic`] through `spare`, a scratch file next to `path` that only this caller
@@ -148,8 +160,14 @@ pub fn replace_atomic_reusing(
                 Reuse::Vanished => {
                     // Not counted twice: this is the same write by another route.
                     let temp = next_temp(path)?;
-                    let result =
-                        write_then_rename(path, &temp, bytes, mode, Durability::ProcessCrash);
+                    let result = write_then_rename(
+                        path,
+                        &temp,
+                        bytes,
+                        mode,
+                        Durability::ProcessCrash,
+                        Mtime::Kernel,
+                    );
                     if result.is_err() {
                         let _ = fs::remove_file(&temp);
                     }
@@ -365,11 +383,26 @@ enum Durability {
     PowerLoss,
 }
 
-fn replace(path: &Path, bytes: &[u8], mode: u32, durability: Durability) -> Result<(), FsError> {
+/// Which modification time a replacement gets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mtime {
+    /// The kernel's (its coarse clock at the write).
+    Kernel,
+    /// The current time at full precision ([`write_atomic_versioned`]).
+    Precise,
+}
+
+fn replace(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    durability: Durability,
+    mtime: Mtime,
+) -> Result<(), FsError> {
     let (dir, _) = split(path)?;
     let temp = next_temp(path)?;
     crate::cost::count(crate::cost::Cost::FileWrite);
-    let result = write_then_rename(path, &temp, bytes, mode, durability);
+    let result = write_then_rename(path, &temp, bytes, mode, durability, mtime);
     if result.is_err() {
         // Best effort: the original error is what the caller needs to see.
         let _ = fs::remove_file(&temp);
@@ -391,6 +424,7 @@ fn write_then_rename(
     bytes: &[u8],
     mode: u32,
     durability: Durability,
+    mtime: Mtime,
 ) -> Result<(), FsError> {
     let step = |step: &'static str| {
         let (path, temp) = (path.to_path_buf(), temp.to_path_buf());
@@ -403,6 +437,10 @@ fn write_then_rename(
     };
     let mut file = write_new_temp_file(path, temp, mode)?;
     file.write_all(bytes).map_err(step("writing"))?;
+    if mtime == Mtime::Precise {
+        file.set_modified(std::time::SystemTime::now())
+            .map_err(step("setting the modification time"))?;
+    }
     if durability == Durability::PowerLoss {
         crate::cost::count(crate::cost::Cost::Fsync);
         file.sync_all().map_err(step("syncing"))?;
@@ -633,6 +671,32 @@ mod tests {
         write_atomic(&path, b"{}", 0o644).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"{}".to_vec());
         assert_eq!(mode_of(&path), 0o644);
+    }
+
+    #[test]
+    fn versioned_writes_back_to_back_differ_in_modification_time() {
+        // The kernel's coarse clock gives writes within one tick (a few ms) the same mtime;
+        // a versioned write stamps the nanosecond it wrote, so readers that compare `stat`
+        // results tell even same-size versions apart.
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("state.json");
+        let mut seen = Vec::new();
+        for i in 0..20 {
+            let bytes = format!("{{\"n\": {}}}", i % 10);
+            write_atomic_versioned(&path, bytes.as_bytes(), 0o644).unwrap();
+            let m = fs::metadata(&path).unwrap();
+            assert_eq!(fs::read(&path).unwrap(), bytes.as_bytes());
+            assert_eq!(mode_of(&path), 0o644);
+            seen.push(m.modified().unwrap());
+        }
+        let mut unique = seen.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), seen.len(), "repeated mtimes: {seen:?}");
+        assert!(
+            fs::read_dir(tmp.path()).unwrap().count() == 1,
+            "no temp file is left"
+        );
     }
 
     #[test]

@@ -188,7 +188,7 @@ mod tests {
     fn a_stamp_finds_the_entry_read_under_it_and_no_other() {
         let cache = ModelCache::default();
         let options = ModelOptions::default();
-        let (s1, s2) = (InventoryStamp([1; 5]), InventoryStamp([2; 5]));
+        let (s1, s2) = (InventoryStamp([1; 7]), InventoryStamp([2; 7]));
         assert!(cache.get_stamped(&s1).is_none(), "empty");
         let (inv, model) = cache.get_read_under(inventory(), &options, Some(s1));
         let (kept_inv, kept_model) = cache.get_stamped(&s1).expect("read under s1");

@@ -436,7 +436,7 @@ impl std::fmt::Display for NvmlCode {
 /// A backend's stamp of its inventory ([`GpuBackend::inventory_stamp`]): opaque words that
 /// only the backend that made them gives meaning to; compare two for equality only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InventoryStamp(pub [u64; 5]);
+pub struct InventoryStamp(pub [u64; 7]);
 
 /// The hardware operations gpu-dra needs. Implementations must be safe to call from several
 /// threads; each call is one consistent step (a failed create leaves nothing behind).

@@ -130,25 +130,31 @@ pub(super) enum Store {
 }
 
 /// One version of the state file. Every writer (this process, `sim-fault`, the simulated
-/// NVML library) replaces it under the lock by renaming a new file over it, which gives it a
-/// new inode; size and change time catch a reused inode number.
+/// NVML library: all through `write_state`) replaces it under the lock by renaming a new file
+/// over it, which gives it a new inode, and sets its modification time to the nanosecond it
+/// wrote it ([`crate::fsutil::write_atomic_versioned`]). A reused inode number is therefore
+/// told apart by the modification time, which two writes do not share, where size and change
+/// time (the kernel's coarse clock) could both repeat within a few milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct FileStamp {
     dev: u64,
     ino: u64,
     size: u64,
     ctime: (i64, i64),
+    mtime: (i64, i64),
 }
 
 impl FileStamp {
     /// The stamp as the words of an [`crate::hardware::InventoryStamp`].
-    pub(super) fn words(&self) -> [u64; 5] {
+    pub(super) fn words(&self) -> [u64; 7] {
         [
             self.dev,
             self.ino,
             self.size,
             self.ctime.0 as u64,
             self.ctime.1 as u64,
+            self.mtime.0 as u64,
+            self.mtime.1 as u64,
         ]
     }
 }
@@ -161,6 +167,7 @@ fn stamp_of(path: &Path) -> Option<FileStamp> {
         ino: m.ino(),
         size: m.size(),
         ctime: (m.ctime(), m.ctime_nsec()),
+        mtime: (m.mtime(), m.mtime_nsec()),
     })
 }
 
@@ -345,7 +352,8 @@ fn write_state(
         detail: e.to_string(),
     })?;
     bytes.push(b'\n');
-    crate::fsutil::write_atomic(&dir.join(STATE_FILE), &bytes, 0o644).map_err(SimError::StateWrite)
+    crate::fsutil::write_atomic_versioned(&dir.join(STATE_FILE), &bytes, 0o644)
+        .map_err(SimError::StateWrite)
 }
 
 /// ECC error counters of one GPU (`nvmlDeviceGetTotalEccErrors`) and the pages retired
