@@ -133,6 +133,9 @@ pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsErro
 /// reading when this call starts holds what is now `spare`, and may read a mix of the two
 /// versions: readers must verify what they read (the checkpoint carries a checksum) and read
 /// again. Durability is [`replace_atomic`]'s: a killed process leaves the old or the new file.
+/// The new version's modification time is the nanosecond it was written (one `futimens`), as
+/// [`write_atomic_versioned`]'s: the names trade inodes, so a version and the one before last
+/// share an inode number, and readers that compare `stat` results tell them apart by it.
 ///
 /// `spare` is created (with exactly `mode`) when missing and consumed when `path` did not
 /// exist yet (it is renamed into place). It must be a name no other writer uses, in `path`'s
@@ -166,7 +169,7 @@ pub fn replace_atomic_reusing(
                         bytes,
                         mode,
                         Durability::ProcessCrash,
-                        Mtime::Kernel,
+                        Mtime::Precise,
                     );
                     if result.is_err() {
                         let _ = fs::remove_file(&temp);
@@ -229,6 +232,12 @@ fn overwrite_then_exchange(
     file.write_all_at(bytes, 0).map_err(step("writing"))?;
     file.set_len(bytes.len() as u64)
         .map_err(step("truncating"))?;
+    // The two names swap inodes on every write, so every other version has the same inode
+    // number: the version before last differs from this one in size or times only, and the
+    // kernel's times are a coarse clock's (a few ms). The nanosecond of this write tells
+    // them apart for readers that compare `stat` results.
+    file.set_modified(std::time::SystemTime::now())
+        .map_err(step("setting the modification time"))?;
     drop(file);
     if exchange(spare, path) {
         // A directory at `path` swaps like a file: put it back and fail as `rename` would.
@@ -697,6 +706,32 @@ mod tests {
             fs::read_dir(tmp.path()).unwrap().count() == 1,
             "no temp file is left"
         );
+    }
+
+    #[test]
+    fn writes_through_a_spare_differ_from_the_version_before_last_in_stat() {
+        // Through a spare, the file's inode alternates between two, so a version shares its
+        // inode number with the one before last; same-size versions written back to back
+        // must still stat differently. (Kernels from 6.13 on stamp an in-place write at fine
+        // grain once the file's times were read, as here, so there this holds without the
+        // explicit stamp; on older kernels, which nodes run, it needs it.)
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("checkpoint.json");
+        let spare = tmp.path().join(".checkpoint.json.spare");
+        let mut stats = Vec::new();
+        for i in 0..20 {
+            let bytes = format!("{{\"n\": {}}}", i % 10);
+            replace_atomic_reusing(&path, &spare, bytes.as_bytes(), 0o600).unwrap();
+            assert_eq!(fs::read(&path).unwrap(), bytes.as_bytes());
+            let m = fs::metadata(&path).unwrap();
+            stats.push((m.ino(), m.size(), m.mtime(), m.mtime_nsec()));
+        }
+        for pair in stats.windows(3) {
+            assert_ne!(pair[0], pair[2], "two versions stat alike: {stats:?}");
+        }
+        let inodes: std::collections::BTreeSet<u64> = stats.iter().map(|s| s.0).collect();
+        assert!(inodes.len() <= 3, "the spare is reused: {inodes:?}");
     }
 
     #[test]

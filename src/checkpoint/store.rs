@@ -296,10 +296,11 @@ enum Seen {
     Unknown,
 }
 
-/// One version of the file. Every write replaces the file by renaming a new one over it,
-/// which gives it a new inode (the old one stays allocated until the rename), so a write by
-/// another instance changes the inode or, should an inode number be reused, its size or
-/// change time (nanoseconds).
+/// One version of the file. Every write swaps a rewritten spare with the file
+/// ([`crate::fsutil::replace_atomic_reusing`]), so the file's inode number alternates between two,
+/// and the version before last has this one's; its modification time, set to the nanosecond
+/// of the write, tells them apart (the kernel's own times are a coarse clock's, and size can
+/// repeat).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FileVersion {
     dev: u64,
