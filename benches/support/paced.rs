@@ -64,7 +64,7 @@ pub fn cpu_ns(pid: u32) -> u64 {
 
 /// Timeslices each live thread has run so far (the third field of its `schedstat`: one per
 /// time the scheduler put it on a CPU, so a thread that sleeps and wakes adds one per wake),
-/// keyed by thread id, with the thread's name.
+/// keyed by thread id, with the thread's name (`main` for the main thread).
 pub fn timeslices(pid: u32) -> std::collections::BTreeMap<u64, (String, u64)> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Default::default();
@@ -80,7 +80,12 @@ pub fn timeslices(pid: u32) -> std::collections::BTreeMap<u64, (String, u64)> {
                 .parse::<u64>()
                 .ok()?;
             let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            Some((tid, (comm.trim().to_string(), runs)))
+            // Threads started without a name carry the process's: tell the main one apart.
+            let name = match tid == u64::from(pid) {
+                true => "main".to_string(),
+                false => comm.trim().to_string(),
+            };
+            Some((tid, (name, runs)))
         })
         .collect()
 }
