@@ -30,9 +30,11 @@
 //! idle RSS < 15 MiB. Set GPU_DRA_PLUGIN_BIN to measure another build (the image's dist
 //! binary, or an older one).
 //!
-//! The harness replay also prints the calibration against issue 46's held-out table (floor,
-//! 1 and 10 claims, batched throughput, plugin CPU per claim, RSS after the loops), each
-//! within 25 % or marked; `GPU_DRA_BENCH_HARNESS_ONLY=1` runs only the replay (about 90 s).
+//! The harness replay also prints each thread's wake-ups per call (timeslices from the
+//! threads' `schedstat`, by loop: on this machine a call's CPU follows its wake-ups more than
+//! its instructions, docs/architecture.md) and the calibration against issue 46's held-out
+//! table (floor, 1 and 10 claims, batched throughput, plugin CPU per claim, RSS after the
+//! loops), each within 25 % or marked; `GPU_DRA_BENCH_HARNESS_ONLY=1` runs only the replay (about 90 s).
 
 #[path = "support/api_model.rs"]
 mod api_model;
