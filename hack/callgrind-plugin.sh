@@ -13,6 +13,8 @@ Usage: GPU_DRA_PLUGIN_BIN=hack/callgrind-plugin.sh GPU_DRA_BENCH_HARNESS_ONLY=1 
   The bench starts this script with the plugin's arguments (it needs valgrind).
   CALLGRIND_OUT     where the profiles go (default /tmp/gpu-dra-callgrind)
   GPU_DRA_REAL_BIN  the binary to profile (default: target/release/gpu-dra of this checkout)
+  CALLGRIND_DUMP_INSTR  yes: keep instruction addresses, for hack/callgrind-footprint.py
+                    (default no)
 USAGE
   exit 0
 fi
@@ -20,6 +22,6 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${CALLGRIND_OUT:-/tmp/gpu-dra-callgrind}
 mkdir -p "$out"
 call='core::ptr::drop_in_place<<gpu_dra::kubelet::dra::DraV1<*as gpu_dra::kubelet::proto::dra_v1::dra_plugin_server::DraPlugin>::node_'
-exec valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out" --dump-instr=no \
+exec valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out" "--dump-instr=${CALLGRIND_DUMP_INSTR:-no}" \
   "--dump-after=${call}prepare_resources*" \
   "${GPU_DRA_REAL_BIN:-$here/target/release/gpu-dra}" "$@" 2>>"$out/valgrind.log"
