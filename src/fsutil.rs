@@ -73,6 +73,56 @@ pub enum FsError {
     },
 }
 
+/// One version of a file as one `stat` tells it: device, inode number, size, and
+/// modification and change times to the nanosecond. Readers that keep what they last read
+/// of a file compare these to know whether it is still that version.
+///
+/// A file replaced by a rename gets a new inode, but inode numbers are reused, and a file
+/// written through a spare ([`replace_atomic_reusing`]) shares its inode number with the
+/// version before last by design; size can repeat, and the kernel's own times come from a
+/// coarse clock (a few ms). Writers for such readers therefore stamp the nanosecond of the
+/// write as modification time ([`write_atomic_versioned`], [`replace_atomic_reusing`]), which
+/// two writes do not share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileVersion {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileVersion {
+    /// The version of the file at `path` now (following links).
+    ///
+    /// # Errors
+    /// The `stat` error (`NotFound` when there is no file).
+    pub fn of(path: &Path) -> io::Result<FileVersion> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(path)?;
+        Ok(FileVersion {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// The version as seven words, for opaque stamps compared for equality only.
+    pub fn words(&self) -> [u64; 7] {
+        [
+            self.dev,
+            self.ino,
+            self.size,
+            self.mtime.0 as u64,
+            self.mtime.1 as u64,
+            self.ctime.0 as u64,
+            self.ctime.1 as u64,
+        ]
+    }
+}
+
 /// Distinguishes temp files of concurrent writers inside one process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 

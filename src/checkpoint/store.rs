@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::PoisonError;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -11,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::model::{Checkpoint, ClaimRecord};
 use super::wire::{self, DecodeError};
 use crate::errors::error_chain;
+use crate::fsutil::FileVersion;
 use crate::fsutil::{self, FsError};
 
 /// File name of the checkpoint inside the state directory.
@@ -296,29 +296,13 @@ enum Seen {
     Unknown,
 }
 
-/// One version of the file. Every write swaps a rewritten spare with the file
-/// ([`crate::fsutil::replace_atomic_reusing`]), so the file's inode number alternates between two,
-/// and the version before last has this one's; its modification time, set to the nanosecond
-/// of the write, tells them apart (the kernel's own times are a coarse clock's, and size can
-/// repeat).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileVersion {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
+/// The checkpoint file's version now. Every write swaps a rewritten spare with the file
+/// ([`crate::fsutil::replace_atomic_reusing`]), so its inode number alternates between two
+/// and only the modification time stamped at each write tells a version from the one before
+/// last ([`FileVersion`]).
 fn version_of(path: &Path) -> Seen {
-    match fs::metadata(path) {
-        Ok(m) => Seen::File(FileVersion {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }),
+    match FileVersion::of(path) {
+        Ok(version) => Seen::File(version),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Seen::Absent,
         Err(_) => Seen::Unknown,
     }

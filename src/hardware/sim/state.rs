@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::SimError;
+use crate::fsutil::FileVersion;
 
 /// Version of the state file's wire format.
 const STATE_VERSION: u32 = 1;
@@ -125,50 +126,17 @@ pub(super) enum Store {
         node: super::NodeSpec,
         initial: SimState,
         /// The state as last read or written under the lock, with the file's version then.
-        seen: Mutex<Option<Box<(FileStamp, SimState)>>>,
+        seen: Mutex<Option<Box<(FileVersion, SimState)>>>,
     },
 }
 
-/// One version of the state file. Every writer (this process, `sim-fault`, the simulated
-/// NVML library: all through `write_state`) replaces it under the lock by renaming a new file
-/// over it, which gives it a new inode, and sets its modification time to the nanosecond it
-/// wrote it ([`crate::fsutil::write_atomic_versioned`]). A reused inode number is therefore
-/// told apart by the modification time, which two writes do not share, where size and change
-/// time (the kernel's coarse clock) could both repeat within a few milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct FileStamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    ctime: (i64, i64),
-    mtime: (i64, i64),
-}
-
-impl FileStamp {
-    /// The stamp as the words of an [`crate::hardware::InventoryStamp`].
-    pub(super) fn words(&self) -> [u64; 7] {
-        [
-            self.dev,
-            self.ino,
-            self.size,
-            self.ctime.0 as u64,
-            self.ctime.1 as u64,
-            self.mtime.0 as u64,
-            self.mtime.1 as u64,
-        ]
-    }
-}
-
-fn stamp_of(path: &Path) -> Option<FileStamp> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some(FileStamp {
-        dev: m.dev(),
-        ino: m.ino(),
-        size: m.size(),
-        ctime: (m.ctime(), m.ctime_nsec()),
-        mtime: (m.mtime(), m.mtime_nsec()),
-    })
+/// The state file's version now, `None` without one. Every writer (this process,
+/// `sim-fault`, the simulated NVML library: all through `write_state`) replaces it under the
+/// lock by renaming a new file over it stamped with the nanosecond of the write
+/// ([`crate::fsutil::write_atomic_versioned`]), so a reused inode number does not pass for
+/// the version before ([`FileVersion`]).
+fn stamp_of(path: &Path) -> Option<FileVersion> {
+    FileVersion::of(path).ok()
 }
 
 impl Store {
@@ -221,7 +189,7 @@ impl Store {
     }
 
     /// The state file's version now (one `stat`); `None` in memory or without a file.
-    pub(super) fn stamp(&self) -> Option<FileStamp> {
+    pub(super) fn stamp(&self) -> Option<FileVersion> {
         match self {
             Store::File { dir, .. } => stamp_of(&dir.join(STATE_FILE)),
             Store::Memory(_) => None,
@@ -251,7 +219,7 @@ impl Store {
     }
 }
 
-type Seen = Option<Box<(FileStamp, SimState)>>;
+type Seen = Option<Box<(FileVersion, SimState)>>;
 
 fn lock_seen(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
     seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
