@@ -49,23 +49,21 @@ pub fn clock_ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
-/// CPU time of the process's live threads in nanoseconds (`schedstat`): precise, but blind
-/// to threads that ended in between.
-pub fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .filter_map(Result::ok)
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+/// One live thread of the process, from its `schedstat` and `comm`.
+#[derive(Clone)]
+pub struct Thread {
+    /// Its name (`main` for the main thread: threads started without a name carry the
+    /// process's).
+    pub name: String,
+    /// CPU time so far, in nanoseconds (`schedstat`'s first field).
+    pub ns: u64,
+    /// Timeslices run so far (its third field: one per time the scheduler put the thread on
+    /// a CPU, so a thread that sleeps and wakes adds one per wake).
+    pub runs: u64,
 }
 
-/// Timeslices each live thread has run so far (the third field of its `schedstat`: one per
-/// time the scheduler put it on a CPU, so a thread that sleeps and wakes adds one per wake),
-/// keyed by thread id, with the thread's name (`main` for the main thread).
-pub fn timeslices(pid: u32) -> std::collections::BTreeMap<u64, (String, u64)> {
+/// The process's live threads by thread id (threads that ended are not seen).
+pub fn threads(pid: u32) -> std::collections::BTreeMap<u64, Thread> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Default::default();
     };
@@ -73,21 +71,23 @@ pub fn timeslices(pid: u32) -> std::collections::BTreeMap<u64, (String, u64)> {
         .filter_map(Result::ok)
         .filter_map(|t| {
             let tid = t.file_name().to_str()?.parse::<u64>().ok()?;
-            let runs = std::fs::read_to_string(t.path().join("schedstat"))
-                .ok()?
-                .split_whitespace()
-                .nth(2)?
-                .parse::<u64>()
-                .ok()?;
+            let stat = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            let mut fields = stat.split_whitespace().map(|f| f.parse::<u64>().ok());
+            let (ns, runs) = (fields.next()??, fields.nth(1)??);
             let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            // Threads started without a name carry the process's: tell the main one apart.
             let name = match tid == u64::from(pid) {
                 true => "main".to_string(),
                 false => comm.trim().to_string(),
             };
-            Some((tid, (name, runs)))
+            Some((tid, Thread { name, ns, runs }))
         })
         .collect()
+}
+
+/// CPU time of the process's live threads in nanoseconds (`schedstat`): precise, but blind
+/// to threads that ended in between.
+pub fn cpu_ns(pid: u32) -> u64 {
+    threads(pid).values().map(|t| t.ns).sum()
 }
 
 /// The plugin's CPU between two readings: ticks of `/proc/<pid>/stat` (every thread, as the
@@ -96,9 +96,8 @@ pub fn timeslices(pid: u32) -> std::collections::BTreeMap<u64, (String, u64)> {
 pub struct CpuMark {
     pid: u32,
     ticks: u64,
-    ns: u64,
     faults: u64,
-    slices: std::collections::BTreeMap<u64, (String, u64)>,
+    threads: std::collections::BTreeMap<u64, Thread>,
 }
 
 impl CpuMark {
@@ -106,9 +105,8 @@ impl CpuMark {
         CpuMark {
             pid,
             ticks: cpu_ticks(pid),
-            ns: cpu_ns(pid),
             faults: minor_faults(pid),
-            slices: timeslices(pid),
+            threads: threads(pid),
         }
     }
 
@@ -116,9 +114,9 @@ impl CpuMark {
     /// full; threads that ended in between are not seen), largest first.
     pub fn slices_since(&self) -> Vec<(String, u64)> {
         let mut by_name = std::collections::BTreeMap::<String, u64>::new();
-        for (tid, (comm, runs)) in timeslices(self.pid) {
-            let before = self.slices.get(&tid).map_or(0, |(_, r)| *r);
-            *by_name.entry(comm).or_default() += runs.saturating_sub(before);
+        for (tid, now) in threads(self.pid) {
+            let before = self.threads.get(&tid).map_or(0, |t| t.runs);
+            *by_name.entry(now.name).or_default() += now.runs.saturating_sub(before);
         }
         let mut v: Vec<(String, u64)> = by_name.into_iter().filter(|(_, n)| *n > 0).collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -134,7 +132,8 @@ impl CpuMark {
     pub fn since(&self, hz: u64) -> (Duration, Duration) {
         let ticks = cpu_ticks(self.pid) - self.ticks;
         let stat = Duration::from_nanos(ticks * 1_000_000_000 / hz);
-        let sched = Duration::from_nanos(cpu_ns(self.pid).saturating_sub(self.ns));
+        let before: u64 = self.threads.values().map(|t| t.ns).sum();
+        let sched = Duration::from_nanos(cpu_ns(self.pid).saturating_sub(before));
         (stat, sched)
     }
 }
