@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::KubeletClient;
 
-use crate::paced::{Paced, paced};
+use crate::paced::{Paced, major_faults, minor_faults, paced};
 use crate::plugin_support::apiserver::ConnectionStats;
 use crate::plugin_support::{claims, prepare_all, unprepare_all};
 
@@ -96,6 +96,8 @@ pub struct Figures {
     /// A 1-claim prepare right after that reading: the first call after the plugin paged
     /// its code out again.
     pub first_after_quiet: Duration,
+    /// That call's minor and major page faults.
+    pub first_after_quiet_faults: (u64, u64),
 }
 
 /// A prepare that must fail for every claim (the claims do not exist).
@@ -163,16 +165,19 @@ pub async fn replay(
     let batch_connections = api.connection_stats().since(&conns);
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let rss_after_loops_mib = rss_mib(pid);
-    // The plugin's quiet inventory rounds (every 10 s, the chart's interval) trim the heap,
-    // and the first one 10 s after the last call pages out the code the calls ran: by 20 s
-    // after the last call, both have happened.
+    // 2 s after the last call the plugin trims its heap and unmaps the code the calls ran
+    // (`memory::QUIET_AFTER_CALLS`; read above, at 2.5 s), and its quiet inventory rounds
+    // (every 10 s, the chart's interval) trim the heap again; by 20 s after the last call
+    // those rounds have also mapped back the code they run.
     tokio::time::sleep(Duration::from_millis(18_500)).await;
     let rss_after_trim_mib = rss_mib(pid);
     let rss_after_trim_detail = memory(pid);
     // What the first call after that costs: the code it runs is read back in.
+    let faults = (minor_faults(pid), major_faults(pid));
     let started = Instant::now();
     prepare_all(kubelet, &refs[..1]).await;
     let first_after_quiet = started.elapsed();
+    let first_after_quiet_faults = (minor_faults(pid) - faults.0, major_faults(pid) - faults.1);
     unprepare_all(kubelet, &refs[..1]).await;
     Figures {
         idle_cpu,
@@ -189,6 +194,7 @@ pub async fn replay(
         rss_after_trim_mib,
         rss_after_trim_detail,
         first_after_quiet,
+        first_after_quiet_faults,
     }
 }
 
@@ -458,7 +464,7 @@ pub fn print_calibration(f: &Figures) -> usize {
             "ms",
         ),
         (
-            "RSS 20 s after the loops (trimmed, paged out)",
+            "RSS 20 s after the loops (trimmed, code unmapped)",
             f.rss_after_trim_mib,
             held_out::IDLE_RSS_MIB,
             "MiB",
@@ -496,8 +502,11 @@ pub fn print_calibration(f: &Figures) -> usize {
         );
     }
     println!(
-        "the first 1-claim prepare after 20 s without calls (its code paged back in): {:.2} ms, against the loop's p50 {:.2} ms",
+        "the first 1-claim prepare after 20 s without calls (its code mapped back in): {:.2} ms \
+         ({} minor, {} major page faults), against the loop's p50 {:.2} ms",
         ms(f.first_after_quiet),
+        f.first_after_quiet_faults.0,
+        f.first_after_quiet_faults.1,
         ms(f.prepare.p50())
     );
     println!(

@@ -30,10 +30,22 @@ pub fn cpu_ticks(pid: u32) -> u64 {
 /// a page the kernel had to map (and zero) because the process touched memory it had given
 /// back or never used.
 pub fn minor_faults(pid: u32) -> u64 {
+    stat_field(pid, 10)
+}
+
+/// Major page faults of the whole process so far (field 12 of `/proc/<pid>/stat`): each is
+/// a page the kernel had to read from its file (not found in the page cache).
+pub fn major_faults(pid: u32) -> u64 {
+    stat_field(pid, 12)
+}
+
+/// Field `n` (1-based, as proc(5) numbers them; from 3 on) of `/proc/<pid>/stat`, 0 when it
+/// does not parse.
+fn stat_field(pid: u32, n: usize) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
     let rest = &stat[stat.rfind(')').expect("comm") + 2..];
     rest.split_whitespace()
-        .nth(7)
+        .nth(n - 3)
         .and_then(|f| f.parse().ok())
         .unwrap_or(0)
 }

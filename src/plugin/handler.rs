@@ -82,7 +82,7 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
     /// own span.
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PrepareResults {
         let started = Instant::now();
-        super::memory::note_call();
+        let _running = super::memory::call_started();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let (results, cost) = crate::cost::measure(self.manager.prepare_batch(&ids)).await;
         super::inventory_watch::call_ended();
@@ -134,7 +134,7 @@ impl<S: ClaimSource + 'static> DraHandler for Handler<S> {
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
         let started = Instant::now();
-        super::memory::note_call();
+        let _running = super::memory::call_started();
         let ids: Vec<ClaimId> = claims.iter().map(id).collect();
         let (results, cost) = crate::cost::measure(self.manager.unprepare_batch(&ids)).await;
         super::inventory_watch::call_ended();

@@ -353,13 +353,9 @@ impl Watcher {
                         }
                     });
                 }
-                // A quiet round: the heap's free pages go back, and once a burst of kubelet
-                // calls is over, the code it paged in (a blocking call: `/proc/self/maps`).
-                if regular && memory::calls_burst_ended() {
-                    let _ = tokio::task::spawn_blocking(memory::release_startup).await;
-                } else {
-                    memory::release_free_heap();
-                }
+                // A quiet round: the heap's free pages go back (the code a burst of kubelet
+                // calls mapped is unmapped by `memory::release_after_calls`).
+                memory::release_free_heap();
                 continue;
             }
             let previous = models.borrow().clone();

@@ -42,104 +42,203 @@ pub fn release_startup() {
     page_out_executable();
 }
 
-/// How long the kubelet must have made no call before the executable's code is paged out
-/// again ([`calls_burst_ended`]).
-pub const QUIET_AFTER_CALLS: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the kubelet must have made no call, and none be running, before the code the
+/// calls ran is unmapped again ([`release_after_calls`]).
+pub const QUIET_AFTER_CALLS: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Kubelet calls and when the last one came, against what the last page-out saw.
+/// Kubelet calls running, and a signal for each start and end.
 #[derive(Debug)]
-struct Bursts {
-    epoch: std::time::Instant,
-    calls: std::sync::atomic::AtomicU64,
-    last_call_ms: std::sync::atomic::AtomicU64,
-    paged_out_at_calls: std::sync::atomic::AtomicU64,
+struct Calls {
+    in_flight: std::sync::atomic::AtomicUsize,
+    changed: tokio::sync::Notify,
 }
 
-impl Bursts {
-    fn new() -> Bursts {
-        Bursts {
-            epoch: std::time::Instant::now(),
-            calls: Default::default(),
-            last_call_ms: Default::default(),
-            paged_out_at_calls: Default::default(),
-        }
-    }
+static CALLS: Calls = Calls {
+    in_flight: std::sync::atomic::AtomicUsize::new(0),
+    changed: tokio::sync::Notify::const_new(),
+};
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
+/// A kubelet call (prepare or unprepare) running: made by [`call_started`], ended when
+/// dropped, also when the call's future is dropped half-way.
+#[derive(Debug)]
+#[must_use = "the call counts as running until this is dropped"]
+pub struct CallRunning(());
 
-    fn note_call(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.last_call_ms.store(self.now_ms(), Relaxed);
-        self.calls.fetch_add(1, Relaxed);
-    }
-
-    /// Whether a burst ended: calls since the last `true`, none for `quiet`. Marks it.
-    fn burst_ended(&self, quiet: std::time::Duration) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        let calls = self.calls.load(Relaxed);
-        let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
-        if calls == self.paged_out_at_calls.load(Relaxed)
-            || self
-                .now_ms()
-                .saturating_sub(self.last_call_ms.load(Relaxed))
-                < quiet_ms
-        {
-            return false;
-        }
-        self.paged_out_at_calls.store(calls, Relaxed);
-        true
+impl Drop for CallRunning {
+    fn drop(&mut self) {
+        CALLS
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        CALLS.changed.notify_one();
     }
 }
 
-fn bursts() -> &'static Bursts {
-    static BURSTS: std::sync::OnceLock<Bursts> = std::sync::OnceLock::new();
-    BURSTS.get_or_init(Bursts::new)
+/// Notes that a kubelet call started: an atomic add and a wake of [`release_after_calls`]'s
+/// task, which cancels its pending timer (a timer cancelled before it fires costs no wake-up,
+/// so a burst of calls closer than [`QUIET_AFTER_CALLS`] never wakes the plugin for this).
+pub fn call_started() -> CallRunning {
+    CALLS
+        .in_flight
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    CALLS.changed.notify_one();
+    CallRunning(())
 }
 
-/// Notes a kubelet call (prepare or unprepare): two relaxed atomic updates.
-pub fn note_call() {
-    bursts().note_call();
-}
-
-/// Whether a burst of kubelet calls is over: calls came since the last time this said so,
-/// and none for [`QUIET_AFTER_CALLS`]. Two atomic loads (and a store when it says so).
+/// Runs for the life of the plugin. Each time a burst of kubelet calls is over (calls came,
+/// none is running, and none came for `quiet`), gives back what the burst left resident
+/// ([`release_code_of_calls`], on a blocking thread): its free heap and the executable's
+/// pages it mapped — the prepare path's TLS, HTTP, gRPC, JSON and lifecycle code, several
+/// MiB that an idle plugin would otherwise hold until it restarts. Those pages stay in the
+/// page cache, so the next call maps them back without reading the file.
 ///
-/// When it does, give back the code the calls paged in with [`release_startup`] (a blocking
-/// call): the prepare path's TLS, HTTP, gRPC, JSON and lifecycle code, several MiB of the
-/// image's build, which an idle plugin would otherwise hold on every node until it restarts.
-/// The next call reads those pages back, from the page cache or, when the kernel has dropped
-/// them, from the image: once per burst.
-pub fn calls_burst_ended() -> bool {
-    bursts().burst_ended(QUIET_AFTER_CALLS)
+/// Three wake-ups per burst (the timer's two and the blocking thread); none while calls keep
+/// coming: each call cancels the pending timer before it fires.
+pub async fn release_after_calls(quiet: std::time::Duration) {
+    loop {
+        CALLS.changed.notified().await;
+        wait_until_quiet(quiet).await;
+        let _ = tokio::task::spawn_blocking(release_code_of_calls).await;
+    }
+}
+
+/// Returns once no kubelet call is running and none started or ended for `quiet`.
+async fn wait_until_quiet(quiet: std::time::Duration) {
+    loop {
+        tokio::select! {
+            () = CALLS.changed.notified() => {}
+            () = tokio::time::sleep(quiet) => {
+                if CALLS.in_flight.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Returns the heap's free pages ([`release_free_heap`]) and unmaps from this process the
+/// pages of the executable's code and read-only data that hold nothing of their own
+/// (`MADV_DONTNEED` on each such mapping, as `/proc/self/smaps` describes it). Unlike
+/// [`release_startup`]'s page-out, the pages stay in the page cache, so the next call maps
+/// them back with minor faults (no read from disk); the kernel reclaims them under memory
+/// pressure like any clean cache. A mapping with a private copy of any page (relocations
+/// written at load time, as in a PIE's read-only-after-relocation segment), or with pages in
+/// swap, is left alone: dropping its pages would lose what was written there. On other
+/// platforms only the heap is released. A blocking call (it reads `/proc`).
+pub fn release_code_of_calls() {
+    release_free_heap();
+    #[cfg(target_os = "linux")]
+    unmap_executable_code();
+}
+
+#[cfg(target_os = "linux")]
+unsafe extern "C" {
+    fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: std::ffi::c_int)
+    -> std::ffi::c_int;
+}
+
+#[cfg(target_os = "linux")]
+fn unmap_executable_code() {
+    const MADV_DONTNEED: std::ffi::c_int = 4;
+    // SAFETY: each range `shared_read_only_mappings_of` picks is one whole mapping of this
+    // process's own executable, not writable, with no page of its own (smaps: `Anonymous:
+    // 0 kB`, `Swap: 0 kB`), so every page in it is the file's page from the page cache,
+    // unchanged; the mapping cannot gain a private page later, because nothing writes to a
+    // read-only mapping (the loader's relocations are done before `main`). MADV_DONTNEED on a
+    // private file mapping drops this process's page table entries; the next access maps the
+    // file's page again, with the same content.
+    unsafe {
+        advise_executable(
+            "/proc/self/smaps",
+            shared_read_only_mappings_of,
+            MADV_DONTNEED,
+        );
+    }
+}
+
+/// Applies `advice` to each range `select` picks from `table` (`/proc/self/maps` or
+/// `smaps`) for this process's executable. Does nothing when either file cannot be read; an
+/// advice the kernel does not know fails with EINVAL and changes nothing.
+///
+/// # Safety
+///
+/// `advice` must leave the content of every page of every range `select` picks as the
+/// program sees it.
+#[cfg(target_os = "linux")]
+unsafe fn advise_executable(
+    table: &str,
+    select: fn(&str, &std::path::Path) -> Vec<(usize, usize)>,
+    advice: std::ffi::c_int,
+) {
+    let (Ok(exe), Ok(table)) = (
+        std::fs::read_link("/proc/self/exe"),
+        std::fs::read_to_string(table),
+    ) else {
+        return;
+    };
+    for (start, end) in select(&table, &exe) {
+        // SAFETY: the range is one whole mapping of this process's executable, which stays
+        // mapped for the life of the process; that the advice keeps its pages' content is
+        // this function's contract with its caller.
+        unsafe {
+            madvise(start as *mut std::ffi::c_void, end - start, advice);
+        }
+    }
+}
+
+/// The address ranges of `exe`'s mappings in `smaps` (the format of `/proc/self/smaps`) that
+/// are not writable and whose every resident page is the file's own: `Anonymous` and `Swap`
+/// both `0 kB`. A mapping whose block lacks the `Anonymous` line is left out.
+pub fn shared_read_only_mappings_of(smaps: &str, exe: &std::path::Path) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    // The qualifying mapping whose lines are being read, and whether its `Anonymous: 0 kB`
+    // line was seen.
+    let mut current: Option<((usize, usize), bool)> = None;
+    for line in smaps.lines() {
+        let Some(mapping) = mapping_header(line) else {
+            if let Some((_, anonymous_seen)) = &mut current {
+                match line.split_once(':') {
+                    Some(("Anonymous", v)) if v.trim() == "0 kB" => *anonymous_seen = true,
+                    Some(("Anonymous" | "Swap", v)) if v.trim() != "0 kB" => current = None,
+                    _ => {}
+                }
+            }
+            continue;
+        };
+        if let Some((range, true)) = current.take() {
+            out.push(range);
+        }
+        let (range, perms, path) = mapping;
+        if std::path::Path::new(path) == exe && perms.as_bytes().get(1) == Some(&b'-') {
+            current = Some((range, false));
+        }
+    }
+    if let Some((range, true)) = current {
+        out.push(range);
+    }
+    out
+}
+
+/// A mapping's header line in `/proc/<pid>/maps` or `smaps`: its address range, permissions
+/// and path (empty for an anonymous mapping). `None` for any other line.
+fn mapping_header(line: &str) -> Option<((usize, usize), &str, &str)> {
+    let mut fields = line.split_whitespace();
+    let (start, end) = fields.next()?.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    let perms = fields.next()?;
+    let path = fields.nth(3).unwrap_or("");
+    (end > start).then_some(((start, end), perms, path))
 }
 
 #[cfg(target_os = "linux")]
 fn page_out_executable() {
     const MADV_PAGEOUT: std::ffi::c_int = 21;
-    unsafe extern "C" {
-        fn madvise(
-            addr: *mut std::ffi::c_void,
-            len: usize,
-            advice: std::ffi::c_int,
-        ) -> std::ffi::c_int;
-    }
-    let (Ok(exe), Ok(maps)) = (
-        std::fs::read_link("/proc/self/exe"),
-        std::fs::read_to_string("/proc/self/maps"),
-    ) else {
-        return;
-    };
-    for (start, end) in read_only_mappings_of(&maps, &exe) {
-        // SAFETY: the range is one whole mapping of this process's own executable, read-only
-        // and file-backed, as /proc/self/maps lists it; the executable stays mapped for the
-        // life of the process. MADV_PAGEOUT only drops clean pages, which the kernel reads
-        // back from the file on the next access, so no memory the program uses changes; an
-        // unsupported advice fails with EINVAL and changes nothing.
-        unsafe {
-            madvise(start as *mut std::ffi::c_void, end - start, MADV_PAGEOUT);
-        }
+    // SAFETY: each range `read_only_mappings_of` picks is a read-only, file-backed mapping of
+    // the executable. MADV_PAGEOUT only reclaims pages it can give back without loss (clean
+    // file pages, which the kernel reads back from the file on the next access; a private
+    // copy only to swap), so no memory the program uses changes.
+    unsafe {
+        advise_executable("/proc/self/maps", read_only_mappings_of, MADV_PAGEOUT);
     }
 }
 
@@ -147,19 +246,11 @@ fn page_out_executable() {
 /// are not writable: code and read-only data, never data the program writes.
 pub fn read_only_mappings_of(maps: &str, exe: &std::path::Path) -> Vec<(usize, usize)> {
     maps.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let range = fields.next()?;
-            let perms = fields.next()?;
-            let path = fields.nth(3)?;
-            if std::path::Path::new(path) != exe || perms.as_bytes().get(1) != Some(&b'-') {
-                return None;
-            }
-            let (start, end) = range.split_once('-')?;
-            let start = usize::from_str_radix(start, 16).ok()?;
-            let end = usize::from_str_radix(end, 16).ok()?;
-            (end > start).then_some((start, end))
+        .filter_map(mapping_header)
+        .filter(|(_, perms, path)| {
+            std::path::Path::new(path) == exe && perms.as_bytes().get(1) == Some(&b'-')
         })
+        .map(|(range, _, _)| range)
         .collect()
 }
 
@@ -180,8 +271,13 @@ mod tests {
         assert_eq!(got, [(0x55d0a000, 0x55d0b000), (0x55d0b000, 0x55d1b000)]);
     }
 
+    /// Held by the tests that page out or unmap this test binary's code, so that one's
+    /// before-and-after reading does not see the other's work.
+    static EXE_PAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn paging_out_this_test_binary_keeps_it_running() {
+        let _alone = EXE_PAGES.lock().unwrap_or_else(|e| e.into_inner());
         release_startup();
         let sum: u64 = (1..=100u64).sum();
         assert_eq!(sum, 5050);
@@ -201,19 +297,106 @@ mod tests {
     }
 
     #[test]
-    fn a_burst_ends_once_after_the_quiet_time_and_only_after_calls() {
-        use std::time::Duration;
-        let b = Bursts::new();
-        assert!(!b.burst_ended(Duration::ZERO), "no call yet");
-        b.note_call();
-        assert!(
-            !b.burst_ended(Duration::from_secs(3600)),
-            "a call just now: not quiet yet"
+    fn only_read_only_mappings_without_pages_of_their_own_are_unmapped() {
+        let smaps = "\
+55d0a000-55d0b000 r--p 00000000 fd:01 123 /usr/bin/gpu-dra
+Size:                  4 kB
+Rss:                   4 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+VmFlags: rd mr mw me sd
+55d0b000-55d1b000 r-xp 00001000 fd:01 123 /usr/bin/gpu-dra
+Rss:                  64 kB
+Anonymous:             0 kB
+VmFlags: rd ex mr mw me sd
+55d1b000-55d1c000 r--p 00011000 fd:01 123 /usr/bin/gpu-dra
+Rss:                   4 kB
+Anonymous:             4 kB
+Swap:                  0 kB
+55d1c000-55d1d000 r--p 00012000 fd:01 123 /usr/bin/gpu-dra
+Anonymous:             0 kB
+Swap:                  4 kB
+55d1d000-55d1e000 rw-p 00013000 fd:01 123 /usr/bin/gpu-dra
+Anonymous:             0 kB
+55d1e000-55d1f000 r--p 00014000 fd:01 123 /usr/bin/gpu-dra
+Rss:                   4 kB
+55d1f000-55d20000 r-xp 00000000 fd:01 456 /usr/lib/libc.so.6
+Anonymous:             0 kB
+7ffd0000-7ffd1000 rw-p 00000000 00:00 0 [stack]
+Anonymous:             4 kB
+55d20000-55d21000 r-xp 00015000 fd:01 123 /usr/bin/gpu-dra
+Anonymous:             0 kB
+";
+        let got = shared_read_only_mappings_of(smaps, std::path::Path::new("/usr/bin/gpu-dra"));
+        assert_eq!(
+            got,
+            [
+                (0x55d0a000, 0x55d0b000),
+                (0x55d0b000, 0x55d1b000),
+                (0x55d20000, 0x55d21000)
+            ],
+            "relocated (anonymous) pages, swapped pages, writable mappings, a block without \
+             its Anonymous line and other files are left alone"
         );
-        assert!(b.burst_ended(Duration::ZERO), "calls came and it is quiet");
-        assert!(!b.burst_ended(Duration::ZERO), "once per burst");
-        b.note_call();
-        b.note_call();
-        assert!(b.burst_ended(Duration::ZERO), "the next burst");
+    }
+
+    /// The resident kB of this test binary's mappings that [`release_code_of_calls`] may
+    /// unmap, from a fresh `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn resident_unmappable_kb() -> (u64, Vec<(usize, usize)>) {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let ranges = shared_read_only_mappings_of(&smaps, &exe);
+        let mut kb = 0;
+        let mut counting = false;
+        for line in smaps.lines() {
+            if let Some((range, _, _)) = mapping_header(line) {
+                counting = ranges.contains(&range);
+            } else if let Some(v) = line.strip_prefix("Rss:").filter(|_| counting) {
+                kb += v
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap();
+            }
+        }
+        (kb, ranges)
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn unmapping_this_test_binarys_code_keeps_it_running_and_drops_its_pages() {
+        const MADV_POPULATE_READ: std::ffi::c_int = 22;
+        let _alone = EXE_PAGES.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, ranges) = resident_unmappable_kb();
+        assert!(!ranges.is_empty(), "the test binary's code qualifies");
+        let mut populated = true;
+        for (start, end) in &ranges {
+            // SAFETY: each range is a whole read-only mapping of this process's executable;
+            // MADV_POPULATE_READ (Linux 5.14+) only faults its pages in, as a read would,
+            // and fails with EINVAL on older kernels, changing nothing.
+            let rc = unsafe {
+                madvise(
+                    *start as *mut std::ffi::c_void,
+                    end - start,
+                    MADV_POPULATE_READ,
+                )
+            };
+            populated &= rc == 0;
+        }
+        let (before, _) = resident_unmappable_kb();
+        release_code_of_calls();
+        let (after, _) = resident_unmappable_kb();
+        // Code reached through relocated pointers (a vtable, libc through the GOT) still runs.
+        let text = format!("{:?}", std::env::var_os("PATH").map(|p| p.len()));
+        assert!(text.starts_with("Some(") || text == "None");
+        // Without MADV_POPULATE_READ (kernels before 5.14) what was resident is unknown.
+        if populated {
+            assert!(
+                after < before / 2,
+                "resident code after unmapping {after} kB, before {before} kB"
+            );
+        }
     }
 }

@@ -564,6 +564,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
             .run(),
         )
     });
+    let releasing = tokio::spawn(memory::release_after_calls(memory::QUIET_AFTER_CALLS));
     let running = kubelet::serve(sockets, handler, Some(health_rx))
         .await
         .map_err(PluginError::Kubelet)?;
@@ -591,6 +592,7 @@ pub async fn run(config: PluginConfig) -> Result<(), PluginError> {
     supervising.abort();
     publishing.abort();
     reporting_status.abort();
+    releasing.abort();
     for task in [reclaiming, retrying_recovery].into_iter().flatten() {
         task.abort();
     }
