@@ -208,7 +208,7 @@ pub fn shared_read_only_mappings_of(smaps: &str, exe: &std::path::Path) -> Vec<(
             out.push(range);
         }
         let (range, perms, path) = mapping;
-        if std::path::Path::new(path) == exe && perms.as_bytes().get(1) == Some(&b'-') {
+        if read_only_of(perms, path, exe) {
             current = Some((range, false));
         }
     }
@@ -230,6 +230,12 @@ fn mapping_header(line: &str) -> Option<((usize, usize), &str, &str)> {
     (end > start).then_some(((start, end), perms, path))
 }
 
+/// Whether a mapping with these permissions (`r-xp`, the maps format) and path is one of
+/// `exe`'s that the program cannot write: code or read-only data.
+fn read_only_of(perms: &str, path: &str, exe: &std::path::Path) -> bool {
+    std::path::Path::new(path) == exe && perms.as_bytes().get(1) == Some(&b'-')
+}
+
 #[cfg(target_os = "linux")]
 fn page_out_executable() {
     const MADV_PAGEOUT: std::ffi::c_int = 21;
@@ -247,9 +253,7 @@ fn page_out_executable() {
 pub fn read_only_mappings_of(maps: &str, exe: &std::path::Path) -> Vec<(usize, usize)> {
     maps.lines()
         .filter_map(mapping_header)
-        .filter(|(_, perms, path)| {
-            std::path::Path::new(path) == exe && perms.as_bytes().get(1) == Some(&b'-')
-        })
+        .filter(|(_, perms, path)| read_only_of(perms, path, exe))
         .map(|(range, _, _)| range)
         .collect()
 }
