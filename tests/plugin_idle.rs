@@ -11,7 +11,7 @@ mod plugin_support;
 use std::time::Duration;
 
 use gpu_dra::kubelet::client::DraApi;
-use plugin_support::{Node, PRESET, eventually};
+use plugin_support::{Node, PRESET, claims, eventually, prepare_all, unprepare_all};
 
 /// How long the plugin is watched.
 const WATCHED: Duration = Duration::from_secs(4);
@@ -88,4 +88,65 @@ async fn an_idle_plugin_wakes_only_for_its_rounds() {
         plugin.log()
     );
     assert!(plugin.is_running());
+}
+
+/// KiB of process `pid`'s executable resident in its read-only mappings (code and
+/// constants), read from `/proc/<pid>/smaps`: what the kubelet's calls map and
+/// `plugin::memory::release_after_calls` unmaps again.
+fn resident_code_kib(pid: u32) -> u64 {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe");
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    let mut counting = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header: range, permissions, offset, device, inode, path.
+            let perms = fields.next().unwrap_or("");
+            let path = fields.nth(3).unwrap_or("");
+            counting = std::path::Path::new(path) == exe && perms.as_bytes().get(1) == Some(&b'-');
+        } else if counting && first == "Rss:" {
+            kib += fields
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    kib
+}
+
+/// A burst of kubelet calls maps the code they run (TLS, HTTP, gRPC, JSON, the claims'
+/// lifecycle); an idle plugin gives it back once the calls are over, after each burst and
+/// not only the first (start-up's own release happens once). Counted in resident pages, not
+/// timed: the plugin has [`plugin_support`]'s patience to do it.
+#[tokio::test]
+async fn after_each_burst_of_calls_the_plugin_unmaps_the_code_they_ran() {
+    let node = Node::new();
+    let node_file = plugin_support::static_mig_node_file(&node);
+    let refs = claims::one_per_device(&node.api, &plugin_support::static_mig_devices(4));
+    let mut plugin = node.spawn_command(node.chart_command_on(&node_file), &[]);
+    plugin.wait_registrable().await;
+    let mut kubelet = plugin.register(DraApi::V1).await;
+    eventually("the pool published", || node.api.complete_pool()).await;
+    let pid = plugin.pid();
+
+    for burst in 1..=2 {
+        for claim in &refs {
+            prepare_all(&mut kubelet, std::slice::from_ref(claim)).await;
+        }
+        prepare_all(&mut kubelet, &refs).await;
+        unprepare_all(&mut kubelet, &refs).await;
+        let after_calls = resident_code_kib(pid);
+        let released = eventually("the code the calls ran given back", || {
+            let now = resident_code_kib(pid);
+            (now * 2 < after_calls).then_some(now)
+        })
+        .await;
+        eprintln!(
+            "burst {burst}: {after_calls} KiB of code resident after the calls, {released} KiB \
+             once released"
+        );
+        assert!(plugin.is_running(), "{}", plugin.log());
+    }
 }

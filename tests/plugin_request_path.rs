@@ -75,14 +75,10 @@ fn budget(pairs: &[(&str, u64)]) -> Costs {
 async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_claim_and_one_checkpoint_write_per_call()
  {
     let node = Node::new();
-    let node_file = node.root().join("bench-node.yaml");
-    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
-    let devices: Vec<String> = (0..7)
-        .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
-        .chain((8..12).map(|g| format!("gpu-{g}")))
-        .collect();
+    let node_file = plugin_support::static_mig_node_file(&node);
+    let devices = plugin_support::static_mig_devices(4);
     let refs = claims::one_per_device(&node.api, &devices);
-    let mut plugin = node.spawn_command(node.command_on(node_file.to_str().unwrap()), &[]);
+    let mut plugin = node.spawn_command(node.command_on(&node_file), &[]);
     plugin.wait_registrable().await;
     eventually("slices", || node.api.complete_pool()).await;
     eventually("the metrics address", || metrics_addr(&plugin.log())).await;
@@ -126,11 +122,10 @@ async fn prepare_and_unprepare_cost_no_fsync_no_checkpoint_parse_one_get_per_cla
 #[tokio::test]
 async fn the_first_calls_after_a_restart_cost_what_every_call_costs() {
     let node = Node::new();
-    let node_file = node.root().join("bench-node.yaml");
-    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
+    let node_file = plugin_support::static_mig_node_file(&node);
     let devices = ["gpu-0-mig-1g10gb-0".to_string(), "gpu-8".to_string()];
     let refs = claims::one_per_device(&node.api, &devices);
-    let command = || node.command_on(node_file.to_str().unwrap());
+    let command = || node.command_on(&node_file);
     let mut plugin = node.spawn_command(command(), &[]);
     plugin.wait_registrable().await;
     let mut kubelet = plugin.register(DraApi::V1).await;
@@ -299,10 +294,9 @@ async fn bench_node_plugin(
     command: impl FnOnce(&Node, &str) -> std::process::Command,
 ) -> BenchPlugin {
     let node = Node::new_tls_in(&std::env::temp_dir());
-    let node_file = node.root().join("bench-node.yaml");
-    std::fs::write(&node_file, plugin_support::STATIC_MIG_NODE).unwrap();
+    let node_file = plugin_support::static_mig_node_file(&node);
     let refs = claims::one_per_device(&node.api, devices);
-    let mut command = command(&node, node_file.to_str().unwrap());
+    let mut command = command(&node, &node_file);
     let [inventory, telemetry, holders] = rounds;
     command.args([
         "--inventory-interval",
@@ -323,10 +317,7 @@ async fn bench_node_plugin(
 #[tokio::test]
 async fn after_its_call_a_claim_costs_one_status_write_a_share_of_one_ledger_write_no_watch_and_no_new_connection()
  {
-    let devices: Vec<String> = (0..7)
-        .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
-        .chain((8..12).map(|g| format!("gpu-{g}")))
-        .collect();
+    let devices = plugin_support::static_mig_devices(4);
     // As the chart runs it, with its periodic passes (inventory, telemetry, holders, each a
     // per-node cost the idle figures measure) pushed out of the test's minutes, so that
     // everything counted is what the claims caused.

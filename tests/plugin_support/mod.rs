@@ -96,6 +96,22 @@ gpus:
     count: 8
 ";
 
+/// Writes [`STATIC_MIG_NODE`] into `node`'s directory; its path, for `--sim-node`.
+pub fn static_mig_node_file(node: &Node) -> String {
+    let file = node.root().join("bench-node.yaml");
+    std::fs::write(&file, STATIC_MIG_NODE).expect("the node file");
+    file.to_str().expect("a UTF-8 path").to_string()
+}
+
+/// Devices of [`STATIC_MIG_NODE`] a prepare only records (nothing is carved): GPU 0's seven
+/// 1g.10gb MIG devices, then `full` whole L4s from `gpu-8` on (at most 8).
+pub fn static_mig_devices(full: usize) -> Vec<String> {
+    (0..7)
+        .map(|i| format!("gpu-0-mig-1g10gb-{i}"))
+        .chain((8..8 + full).map(|g| format!("gpu-{g}")))
+        .collect()
+}
+
 /// Prepares `refs` in one call; every claim must succeed.
 pub async fn prepare_all(kubelet: &mut KubeletClient, refs: &[gpu_dra::kubelet::ClaimRef]) {
     let got = kubelet.prepare(refs).await.expect("prepare");
