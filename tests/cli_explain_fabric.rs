@@ -21,6 +21,23 @@ fn explain(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `explain` of the docs' partition4 claim in `claim` on [`NODE`] as the plugin publishes it
+/// with `--passthrough --fabric-manager --mig-profiles all`, with `more` flags.
+fn explain_partition4(claim: &str, more: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "--sim-node",
+        NODE,
+        "--passthrough",
+        "--fabric-manager",
+        "--mig-profiles",
+        "all",
+        "--claim",
+        claim,
+    ];
+    args.extend_from_slice(more);
+    explain(&args)
+}
+
 /// The docs' `partition4` ResourceClaimTemplate and a claim holding a MIG device of GPU 0,
 /// written to `dir`: (claim file, allocated file). The MIG device, `gpu-0-mig-1g10gb-0`, is
 /// published with `--mig-profiles all` (the default `split` gives GPU 0 other profiles, and
@@ -67,20 +84,7 @@ fn allocated(json: &str) -> Vec<String> {
 fn with_fabric_manager_the_docs_partition4_claim_gets_gpus_4_to_7_beside_a_mig_claim_on_gpu_0() {
     let dir = tempfile::tempdir().unwrap();
     let (claim, held) = inputs(dir.path());
-    let (code, out, err) = explain(&[
-        "--sim-node",
-        NODE,
-        "--passthrough",
-        "--fabric-manager",
-        "--mig-profiles",
-        "all",
-        "--claim",
-        &claim,
-        "--allocated",
-        &held,
-        "-o",
-        "json",
-    ]);
+    let (code, out, err) = explain_partition4(&claim, &["--allocated", &held, "-o", "json"]);
     assert_eq!(code, 0, "{err}{out}");
     assert_eq!(allocated(&out), ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]);
 }
@@ -103,26 +107,30 @@ fn without_fabric_manager_the_refusal_names_the_flag() {
 fn as_the_old_scheduler_it_is_refused_and_the_report_names_the_counter_leak() {
     let dir = tempfile::tempdir().unwrap();
     let (claim, held) = inputs(dir.path());
-    let (code, out, _) = explain(&[
-        "--sim-node",
-        NODE,
-        "--passthrough",
-        "--fabric-manager",
-        "--mig-profiles",
-        "all",
-        "--claim",
+    let (code, out, _) = explain_partition4(
         &claim,
-        "--allocated",
-        &held,
-        "--counter-rollback",
-        "leaked",
-    ]);
+        &["--allocated", &held, "--counter-rollback", "leaked"],
+    );
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("placed 3 of 4 devices"), "{out}");
     assert!(
         out.contains("note: fits on hgx-h100-passthrough when the counters of a device a constraint refused are released (kube-scheduler with kubernetes#140431"),
         "{out}"
     );
+}
+
+/// Without the MIG claim no device's counters are reserved before a constraint refuses it,
+/// so the old scheduler places the claim too, and a report that fits says nothing of a leak.
+#[test]
+fn as_the_old_scheduler_a_claim_that_fits_carries_no_counter_leak_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let (claim, _) = inputs(dir.path());
+    let (code, out, err) =
+        explain_partition4(&claim, &["--counter-rollback", "leaked", "-o", "json"]);
+    assert_eq!(code, 0, "{err}{out}");
+    assert_eq!(allocated(&out), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(report.get("note").is_none(), "{out}");
 }
 
 #[test]

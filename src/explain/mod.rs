@@ -262,17 +262,37 @@ pub fn explain_as<E: SelectorEngine>(
         note: None,
         unpublished_allocations: unpublished_allocations(input),
     };
-    if counter_rollback == CounterRollback::Leaked {
-        let released = explain_as(engine, input, CounterRollback::Released);
-        if released.fits {
+    decide(&allocator, &prepared, &nodes, &mut report);
+    if counter_rollback == CounterRollback::Leaked && !report.fits {
+        // Would a scheduler that releases a refused device's counters place them? Same
+        // allocator (the device views it built are kept), every node tried cheaply.
+        let released = allocator.with_counter_rollback(CounterRollback::Released);
+        let fitting: Vec<&str> = nodes
+            .iter()
+            .filter(|node| released.allocate(&prepared, node, Detail::Brief).fits())
+            .map(|node| &*node.name)
+            .collect();
+        if !fitting.is_empty() {
             report.note = Some(format!(
                 "fits on {} when the counters of a device a constraint refused are released (kube-scheduler with kubernetes#140431, or its 1.36 backport #140663): this refusal is the older scheduler's counter leak; docs/fabric-manager.md",
-                released.fitting_nodes.join(", ")
+                fitting.join(", ")
             ));
         }
     }
-    if let [node] = nodes.as_slice() {
-        let outcome = allocator.allocate(&prepared, node, Detail::Full);
+    report
+}
+
+/// Fills `report`'s outcome: on one node, the full explanation; on several, every node tried
+/// cheaply, the first fitting one explained, or, when none fits, the [`NEAR_MISSES`] that got
+/// furthest explained in full.
+fn decide<'a, E: SelectorEngine>(
+    allocator: &Allocator<'a, E>,
+    prepared: &crate::alloc::Prepared<'a, E>,
+    nodes: &[Node],
+    report: &mut ExplainReport,
+) {
+    if let [node] = nodes {
+        let outcome = allocator.allocate(prepared, node, Detail::Full);
         report.fits = outcome.fits();
         if report.fits {
             report.fitting_nodes.push(node.name.clone());
@@ -280,11 +300,11 @@ pub fn explain_as<E: SelectorEngine>(
         } else {
             report.near_misses.push(outcome);
         }
-        return report;
+        return;
     }
     let mut misses: Vec<(usize, Outcome)> = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
-        let outcome = allocator.allocate(&prepared, node, Detail::Brief);
+        let outcome = allocator.allocate(prepared, node, Detail::Brief);
         if outcome.fits() {
             report.fitting_nodes.push(node.name.clone());
             report.chosen.get_or_insert(outcome);
@@ -299,8 +319,7 @@ pub fn explain_as<E: SelectorEngine>(
         report.near_misses = misses
             .iter()
             .take(NEAR_MISSES)
-            .map(|(i, _)| allocator.allocate(&prepared, &nodes[*i], Detail::Full))
+            .map(|(i, _)| allocator.allocate(prepared, &nodes[*i], Detail::Full))
             .collect();
     }
-    report
 }
