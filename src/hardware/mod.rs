@@ -552,3 +552,68 @@ pub trait GpuBackend: Send + Sync {
         })
     }
 }
+
+/// The [`GpuBackend`] operations a wrapping backend (VFIO, vGPU) passes to the backend it
+/// wraps unchanged, as the `inner: Arc<dyn GpuBackend>` field of the type it is expanded in:
+/// its name, its health signal, MIG writes, telemetry and persistence mode. Expand it inside
+/// `impl GpuBackend for <Wrapper>`, beside the operations the wrapper changes (its
+/// inventories and health generation); it guarantees only what the inner backend does.
+macro_rules! forward_to_inner {
+    () => {
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+
+        /// The inner backend's signal; this process's own writes are caught after each call
+        /// (the plugin re-checks the generation when a call ends).
+        fn health_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+            self.inner.health_signal()
+        }
+
+        fn set_mig_mode(
+            &self,
+            index: u32,
+            enabled: bool,
+        ) -> Result<$crate::hardware::MigModeChange, $crate::hardware::HardwareError> {
+            self.inner.set_mig_mode(index, enabled)
+        }
+
+        fn create_mig_device(
+            &self,
+            index: u32,
+            profile_id: u32,
+            placement_start: u32,
+        ) -> Result<$crate::hardware::MigDevice, $crate::hardware::HardwareError> {
+            self.inner
+                .create_mig_device(index, profile_id, placement_start)
+        }
+
+        fn destroy_mig_device(
+            &self,
+            index: u32,
+            gi_id: u32,
+            ci_id: u32,
+        ) -> Result<(), $crate::hardware::HardwareError> {
+            self.inner.destroy_mig_device(index, gi_id, ci_id)
+        }
+
+        fn telemetry(
+            &self,
+        ) -> Result<$crate::hardware::telemetry::NodeTelemetry, $crate::hardware::HardwareError> {
+            self.inner.telemetry()
+        }
+
+        fn persistence_mode(&self, index: u32) -> Result<bool, $crate::hardware::HardwareError> {
+            self.inner.persistence_mode(index)
+        }
+
+        fn set_persistence_mode(
+            &self,
+            index: u32,
+            enabled: bool,
+        ) -> Result<(), $crate::hardware::HardwareError> {
+            self.inner.set_persistence_mode(index, enabled)
+        }
+    };
+}
+pub(crate) use forward_to_inner;

@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::{PciHost, PciHostFacts, normalize_address};
-use crate::hardware::{
-    GpuBackend, GpuInfo, HardwareError, MigDevice, MigModeChange, NodeInventory, telemetry,
-};
+use crate::hardware::{GpuBackend, GpuInfo, HardwareError, NodeInventory};
 
 /// NVML (or the simulator) plus the PCI bus under a host root.
 pub struct PassthroughBackend {
@@ -88,9 +86,7 @@ impl PassthroughBackend {
 }
 
 impl GpuBackend for PassthroughBackend {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
+    crate::hardware::forward_to_inner!();
 
     /// NVML's inventory with `passthrough` filled in from a full scan of the PCI bus.
     ///
@@ -117,41 +113,5 @@ impl GpuBackend for PassthroughBackend {
         self.inner
             .health_generation()
             .wrapping_add(self.pci.switch_count() << 40)
-    }
-
-    /// The inner backend's signal; this process's own writes are caught after each call
-    /// (the plugin re-checks the generation when a call ends).
-    fn health_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
-        self.inner.health_signal()
-    }
-
-    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
-        self.inner.set_mig_mode(index, enabled)
-    }
-
-    fn create_mig_device(
-        &self,
-        index: u32,
-        profile_id: u32,
-        placement_start: u32,
-    ) -> Result<MigDevice, HardwareError> {
-        self.inner
-            .create_mig_device(index, profile_id, placement_start)
-    }
-
-    fn destroy_mig_device(&self, index: u32, gi_id: u32, ci_id: u32) -> Result<(), HardwareError> {
-        self.inner.destroy_mig_device(index, gi_id, ci_id)
-    }
-
-    fn telemetry(&self) -> Result<telemetry::NodeTelemetry, HardwareError> {
-        self.inner.telemetry()
-    }
-
-    fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
-        self.inner.persistence_mode(index)
-    }
-
-    fn set_persistence_mode(&self, index: u32, enabled: bool) -> Result<(), HardwareError> {
-        self.inner.set_persistence_mode(index, enabled)
     }
 }

@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::VgpuHostFacts;
 use super::sysfs::VgpuHost;
-use crate::hardware::{
-    GpuBackend, HardwareError, MigDevice, MigModeChange, NodeInventory, telemetry,
-};
+use crate::hardware::{GpuBackend, HardwareError, NodeInventory};
 
 /// NVML (or the simulator, or a [`crate::hardware::passthrough::PassthroughBackend`]) plus
 /// the vGPU files under a host root.
@@ -87,9 +85,7 @@ impl std::fmt::Debug for VgpuBackend {
 }
 
 impl GpuBackend for VgpuBackend {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
+    crate::hardware::forward_to_inner!();
 
     /// The inner inventory with `vgpu_host` filled in from a full scan of sysfs, or, within
     /// [`RESCAN_AFTER`] of the last full scan (the inventory poll's read right after this
@@ -123,41 +119,5 @@ impl GpuBackend for VgpuBackend {
         self.inner
             .health_generation()
             .wrapping_add(self.host.change_count() << 48)
-    }
-
-    /// The inner backend's signal; this process's own writes are caught after each call
-    /// (the plugin re-checks the generation when a call ends).
-    fn health_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
-        self.inner.health_signal()
-    }
-
-    fn set_mig_mode(&self, index: u32, enabled: bool) -> Result<MigModeChange, HardwareError> {
-        self.inner.set_mig_mode(index, enabled)
-    }
-
-    fn create_mig_device(
-        &self,
-        index: u32,
-        profile_id: u32,
-        placement_start: u32,
-    ) -> Result<MigDevice, HardwareError> {
-        self.inner
-            .create_mig_device(index, profile_id, placement_start)
-    }
-
-    fn destroy_mig_device(&self, index: u32, gi_id: u32, ci_id: u32) -> Result<(), HardwareError> {
-        self.inner.destroy_mig_device(index, gi_id, ci_id)
-    }
-
-    fn telemetry(&self) -> Result<telemetry::NodeTelemetry, HardwareError> {
-        self.inner.telemetry()
-    }
-
-    fn persistence_mode(&self, index: u32) -> Result<bool, HardwareError> {
-        self.inner.persistence_mode(index)
-    }
-
-    fn set_persistence_mode(&self, index: u32, enabled: bool) -> Result<(), HardwareError> {
-        self.inner.set_persistence_mode(index, enabled)
     }
 }
