@@ -61,7 +61,7 @@ struct Shared {
 pub struct ObjServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    tls: Option<(String, String, String)>,
+    tls: Option<super::tls::ClientPems>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -105,13 +105,7 @@ impl ObjServer {
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("address");
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let client = tls.as_ref().map(|t| {
-            (
-                t.ca_pem.clone(),
-                t.client_cert_pem.clone(),
-                t.client_key_pem.clone(),
-            )
-        });
+        let client = tls.as_ref().map(|t| t.client.clone());
         let acceptor = tls.map(|t| t.acceptor);
         let serving = shared.clone();
         std::thread::spawn(move || {
@@ -233,26 +227,7 @@ impl ObjServer {
 
     /// Writes a kubeconfig for this server.
     pub fn write_kubeconfig(&self, path: &Path) {
-        use base64::Engine as _;
-        let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
-        let (scheme, cluster_tls, user) = match &self.tls {
-            None => ("http", String::new(), "{}".to_string()),
-            Some((ca, cert, key)) => (
-                "https",
-                format!("\n    certificate-authority-data: {}", b64(ca)),
-                format!(
-                    "\n    client-certificate-data: {}\n    client-key-data: {}",
-                    b64(cert),
-                    b64(key)
-                ),
-            ),
-        };
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {scheme}://{}{cluster_tls}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\nusers:\n- name: fake\n  user: {user}\n",
-            self.addr
-        );
+        let text = super::tls::kubeconfig(self.addr, self.tls.as_ref());
         std::fs::write(path, text).expect("write kubeconfig");
     }
 

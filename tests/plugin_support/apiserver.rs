@@ -72,7 +72,7 @@ pub struct FakeApiServer {
     latency: Arc<Latency>,
     gets: Arc<GetsInFlight>,
     connections: Arc<Connections>,
-    tls: Option<TlsClient>,
+    tls: Option<super::tls::ClientPems>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     down: tokio::sync::watch::Sender<bool>,
 }
@@ -206,13 +206,6 @@ pub fn path_pattern(path: &str) -> String {
     format!("/{}", out.join("/"))
 }
 
-/// What a client needs to reach a TLS server: PEM texts for its kubeconfig.
-struct TlsClient {
-    ca_pem: String,
-    cert_pem: String,
-    key_pem: String,
-}
-
 /// GETs being answered now, and the most there ever were at once.
 #[derive(Default)]
 pub(super) struct GetsInFlight {
@@ -252,11 +245,7 @@ impl FakeApiServer {
         let gets = Arc::new(GetsInFlight::default());
         let connections = Arc::new(Connections::default());
         let (times, in_flight, counted) = (latency.clone(), gets.clone(), connections.clone());
-        let client = tls.as_ref().map(|t| TlsClient {
-            ca_pem: t.ca_pem.clone(),
-            cert_pem: t.client_cert_pem.clone(),
-            key_pem: t.client_key_pem.clone(),
-        });
+        let client = tls.as_ref().map(|t| t.client.clone());
         let acceptor = tls.map(|t| t.acceptor);
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -357,25 +346,7 @@ impl FakeApiServer {
     /// Writes a kubeconfig pointing at this server: plain HTTP without credentials, or over
     /// TLS with the server's CA and a client certificate and key.
     pub fn write_kubeconfig(&self, path: &Path) {
-        use base64::Engine as _;
-        let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
-        let (cluster_tls, user) = match &self.tls {
-            None => (String::new(), "{}".to_string()),
-            Some(t) => (
-                format!("\n    certificate-authority-data: {}", b64(&t.ca_pem)),
-                format!(
-                    "\n    client-certificate-data: {}\n    client-key-data: {}",
-                    b64(&t.cert_pem),
-                    b64(&t.key_pem)
-                ),
-            ),
-        };
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}{cluster_tls}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\nusers:\n- name: fake\n  user: {user}\n",
-            self.url()
-        );
+        let text = super::tls::kubeconfig(self.addr, self.tls.as_ref());
         std::fs::write(path, text).expect("write kubeconfig");
     }
 

@@ -13,12 +13,44 @@ use tokio_rustls::TlsAcceptor;
 pub struct Tls {
     /// Accepts connections, verifying the client's certificate.
     pub acceptor: TlsAcceptor,
-    /// The CA, PEM (`certificate-authority-data`).
-    pub ca_pem: String,
-    /// The client's certificate, PEM (`client-certificate-data`).
-    pub client_cert_pem: String,
-    /// The client's key, PEM (`client-key-data`).
-    pub client_key_pem: String,
+    /// What the client needs.
+    pub client: ClientPems,
+}
+
+/// What a client needs to reach a server [`Tls`] serves: PEM texts for its kubeconfig.
+#[derive(Clone, Debug)]
+pub struct ClientPems {
+    /// The CA (`certificate-authority-data`).
+    pub ca: String,
+    /// The client's certificate (`client-certificate-data`).
+    pub cert: String,
+    /// The client's key (`client-key-data`).
+    pub key: String,
+}
+
+/// A kubeconfig for the fake API server at `addr`, the one both test servers write: plain
+/// HTTP without credentials when `tls` is `None`, otherwise HTTPS with the server's CA and
+/// the client's certificate and key.
+pub fn kubeconfig(addr: std::net::SocketAddr, tls: Option<&ClientPems>) -> String {
+    use base64::Engine as _;
+    let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    let (scheme, cluster_tls, user) = match tls {
+        None => ("http", String::new(), "{}".to_string()),
+        Some(t) => (
+            "https",
+            format!("\n    certificate-authority-data: {}", b64(&t.ca)),
+            format!(
+                "\n    client-certificate-data: {}\n    client-key-data: {}",
+                b64(&t.cert),
+                b64(&t.key)
+            ),
+        ),
+    };
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {scheme}://{addr}{cluster_tls}\n\
+         contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+         current-context: fake\nusers:\n- name: fake\n  user: {user}\n"
+    )
 }
 
 impl Tls {
@@ -69,9 +101,11 @@ impl Tls {
             .expect("server config");
         Tls {
             acceptor: TlsAcceptor::from(Arc::new(config)),
-            ca_pem: ca_cert.pem(),
-            client_cert_pem: client_cert.pem(),
-            client_key_pem: client_key.serialize_pem(),
+            client: ClientPems {
+                ca: ca_cert.pem(),
+                cert: client_cert.pem(),
+                key: client_key.serialize_pem(),
+            },
         }
     }
 }
