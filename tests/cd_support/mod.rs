@@ -12,6 +12,9 @@ pub mod objserver;
 pub mod objstore;
 #[path = "../plugin_support/tls.rs"]
 pub mod tls;
+#[allow(clippy::duplicate_mod)]
+#[path = "../api_support/transport.rs"]
+pub mod transport;
 
 use std::time::{Duration, Instant};
 

@@ -22,10 +22,10 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 use super::objstore::{Key, ObjectStore, PatchKind, Target, parse, selects, status};
+use super::transport::query_pairs;
 
 /// One request as the server saw it, with the code it answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +63,8 @@ pub struct ObjServer {
     shared: Arc<Shared>,
     tls: Option<super::tls::ClientPems>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Kept so the transport serves (it stops when this is dropped); never set to down.
+    _down: tokio::sync::watch::Sender<bool>,
 }
 
 /// Resources whose writes keep their status (they have a status subresource).
@@ -101,10 +103,10 @@ impl ObjServer {
             faults: Mutex::new(Vec::new()),
             expired: tokio::sync::watch::channel((0, 0)).0,
         });
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
+        let listener = super::transport::listen();
         let addr = listener.local_addr().expect("address");
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (down, down_rx) = tokio::sync::watch::channel(false);
         let client = tls.as_ref().map(|t| t.client.clone());
         let acceptor = tls.map(|t| t.acceptor);
         let serving = shared.clone();
@@ -114,45 +116,25 @@ impl ObjServer {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                loop {
-                    let stream = tokio::select! {
-                        accepted = listener.accept() => match accepted {
-                            Ok((s, _)) => s,
-                            Err(_) => continue,
-                        },
-                        _ = &mut stopped => return,
-                    };
-                    let shared = serving.clone();
-                    let acceptor = acceptor.clone();
-                    tokio::spawn(async move {
-                        let service =
-                            hyper::service::service_fn(move |req| answer(shared.clone(), req));
-                        let builder = hyper::server::conn::http1::Builder::new();
-                        match acceptor {
-                            None => {
-                                let _ = builder
-                                    .serve_connection(TokioIo::new(stream), service)
-                                    .await;
-                            }
-                            Some(acceptor) => {
-                                if let Ok(stream) = acceptor.accept(stream).await {
-                                    let _ = builder
-                                        .serve_connection(TokioIo::new(stream), service)
-                                        .await;
-                                }
-                            }
-                        }
-                    });
-                }
-            });
+            let service = move || {
+                let shared = serving.clone();
+                hyper::service::service_fn(move |req| answer(shared.clone(), req))
+            };
+            runtime.block_on(super::transport::serve(
+                listener,
+                acceptor,
+                service,
+                Arc::default(),
+                stopped,
+                down_rx,
+            ));
         });
         ObjServer {
             addr,
             shared,
             tls: client,
             stop: Some(stop),
+            _down: down,
         }
     }
 
@@ -297,33 +279,6 @@ impl Drop for ObjServer {
             let _ = stop.send(());
         }
     }
-}
-
-fn query_pairs(query: &str) -> BTreeMap<String, String> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |s: &str| {
-                let mut out = Vec::new();
-                let b = s.as_bytes();
-                let mut i = 0;
-                while i < b.len() {
-                    if b[i] == b'%' && i + 2 < b.len() {
-                        let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("3F");
-                        out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
-                        i += 3;
-                    } else {
-                        out.push(if b[i] == b'+' { b' ' } else { b[i] });
-                        i += 1;
-                    }
-                }
-                String::from_utf8_lossy(&out).into_owned()
-            };
-            (decode(k), decode(v))
-        })
-        .collect()
 }
 
 async fn answer(

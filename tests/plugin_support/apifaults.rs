@@ -1,6 +1,7 @@
-//! The fake API server's network side and the faults it injects: refused connections (an
-//! outage closes the port and cuts open connections), error statuses with `Retry-After`,
-//! hang-ups mid-request (a list or get cut off), and slow answers.
+//! The fake API server's answers and the faults it injects: error statuses with
+//! `Retry-After`, hang-ups mid-request (a list or get cut off), and slow answers. Refused
+//! connections (an outage closes the port and cuts open connections) are the shared
+//! transport's (`api_support/transport.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -9,11 +10,11 @@ use std::time::{Duration, Instant};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::apiserver::{Connections, GetsInFlight, Latency, Recorded, Store, query_pairs, status};
+use super::apiserver::{GetsInFlight, Latency, Recorded, Store, status};
+use super::transport::{Connections, query_pairs};
 
 /// What happens to a request a [`Rule`] matches.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,93 +74,28 @@ pub(super) struct Meters {
     pub(super) connections: Arc<Connections>,
 }
 
+/// Serves `listener` ([`super::transport::serve`]: TLS, outages, counted connections) with
+/// this server's answers, faults and latencies.
 pub(super) async fn serve(
     listener: std::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     store: Arc<Mutex<Store>>,
     meters: Meters,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-    mut down: watch::Receiver<bool>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+    down: watch::Receiver<bool>,
 ) {
     let Meters {
         latency,
         gets,
         connections,
     } = meters;
-    let addr = listener.local_addr().expect("address");
-    let mut listener = Some(tokio::net::TcpListener::from_std(listener).expect("tokio listener"));
-    loop {
-        let Some(open) = listener.as_ref() else {
-            // Down: nothing listens, so connections are refused, until the test says up.
-            tokio::select! {
-                changed = down.changed() => if changed.is_err() { return },
-                _ = &mut stopped => return,
-            }
-            if !*down.borrow() {
-                let std = std::net::TcpListener::bind(addr).expect("listen again");
-                std.set_nonblocking(true).expect("nonblocking");
-                listener = Some(tokio::net::TcpListener::from_std(std).expect("listener"));
-            }
-            continue;
-        };
-        let stream = tokio::select! {
-            accepted = open.accept() => match accepted {
-                Ok((stream, _)) => {
-                    connections.accepted.fetch_add(1, Ordering::Relaxed);
-                    // As Go's net/http (kube-apiserver) does for every accepted connection.
-                    let _ = stream.set_nodelay(true);
-                    stream
-                }
-                Err(_) => continue,
-            },
-            changed = down.changed() => {
-                if changed.is_err() { return }
-                if *down.borrow() { listener = None; }
-                continue;
-            }
-            _ = &mut stopped => return,
-        };
-        let store = store.clone();
-        let (latency, in_flight) = (latency.clone(), gets.clone());
-        let cut = down.clone();
-        let tls = tls.clone();
-        let counted = connections.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                answer(store.clone(), latency.clone(), in_flight.clone(), req)
-            });
-            match tls {
-                None => connection(stream, service, cut).await,
-                // A client without a certificate the CA signed fails the handshake.
-                Some(tls) => {
-                    if let Ok(stream) = tls.accept(stream).await {
-                        counted.handshake(stream.get_ref().1);
-                        connection(stream, service, cut).await;
-                    }
-                }
-            }
-        });
-    }
-}
-
-/// Serves one connection until it ends or an outage cuts it; a client that hangs up
-/// mid-request is not the server's problem.
-async fn connection<S, F>(stream: S, service: F, mut cut: watch::Receiver<bool>)
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    F: hyper::service::Service<
-            Request<Incoming>,
-            Response = Response<Full<Bytes>>,
-            Error = std::io::Error,
-        >,
-    F::Future: Send + 'static,
-{
-    let connection =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-    tokio::select! {
-        _ = connection => {}
-        _ = cut.wait_for(|down| *down) => {}
-    }
+    let service = move || {
+        let (store, latency, gets) = (store.clone(), latency.clone(), gets.clone());
+        hyper::service::service_fn(move |req| {
+            answer(store.clone(), latency.clone(), gets.clone(), req)
+        })
+    };
+    super::transport::serve(listener, tls, service, connections, stopped, down).await;
 }
 
 /// Answers one request: GETs are counted while in flight and take at least the GET latency,

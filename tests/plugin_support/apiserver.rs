@@ -33,6 +33,8 @@ use super::apicatalog::Catalog;
 use super::apifaults::serve;
 pub use super::apifaults::{Fault, Rule};
 use super::objstore::{Key, ObjectStore, Target, fields_match};
+pub use super::transport::ConnectionStats;
+use super::transport::Connections;
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub const NODE_UID: &str = "0b6c5e1e-node-uid";
@@ -129,67 +131,6 @@ impl Latency {
     }
 }
 
-/// Connections the server accepted and the TLS handshakes it completed, counted as they
-/// happen.
-#[derive(Default)]
-pub(super) struct Connections {
-    pub(super) accepted: AtomicU64,
-    full: AtomicU64,
-    resumed: AtomicU64,
-    http2: AtomicU64,
-}
-
-impl Connections {
-    /// Counts a completed server-side handshake: full or resumed, and whether the client
-    /// chose HTTP/2 by ALPN.
-    pub(super) fn handshake(&self, tls: &rustls::ServerConnection) {
-        let counter = match tls.handshake_kind() {
-            Some(rustls::HandshakeKind::Resumed) => &self.resumed,
-            _ => &self.full,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if tls.alpn_protocol() == Some(b"h2") {
-            self.http2.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// What [`FakeApiServer::connection_stats`] reports.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConnectionStats {
-    /// TCP connections accepted.
-    pub accepted: u64,
-    /// Full TLS handshakes completed (each costs the client a signature with its key and a
-    /// certificate check, the server as much again).
-    pub full_handshakes: u64,
-    /// Resumed TLS handshakes (a session ticket; no certificates exchanged).
-    pub resumed_handshakes: u64,
-    /// Connections on which the client chose HTTP/2 by ALPN.
-    pub http2: u64,
-}
-
-impl ConnectionStats {
-    /// What happened between `earlier` and this reading.
-    pub fn since(&self, earlier: &ConnectionStats) -> ConnectionStats {
-        ConnectionStats {
-            accepted: self.accepted - earlier.accepted,
-            full_handshakes: self.full_handshakes - earlier.full_handshakes,
-            resumed_handshakes: self.resumed_handshakes - earlier.resumed_handshakes,
-            http2: self.http2 - earlier.http2,
-        }
-    }
-}
-
-impl std::fmt::Display for ConnectionStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} accepted, {} full and {} resumed TLS handshakes, {} HTTP/2",
-            self.accepted, self.full_handshakes, self.resumed_handshakes, self.http2
-        )
-    }
-}
-
 /// `path` with the names a test chooses (namespaces, objects) replaced by placeholders, for
 /// counting requests by kind: `/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}`.
 pub fn path_pattern(path: &str) -> String {
@@ -235,8 +176,7 @@ impl FakeApiServer {
             crds: Default::default(),
             domains: Default::default(),
         }));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fake API server");
-        listener.set_nonblocking(true).expect("nonblocking");
+        let listener = super::transport::listen();
         let addr = listener.local_addr().expect("address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (down, down_rx) = tokio::sync::watch::channel(false);
@@ -273,13 +213,7 @@ impl FakeApiServer {
 
     /// Connections accepted and TLS handshakes completed so far.
     pub fn connection_stats(&self) -> ConnectionStats {
-        let c = &self.connections;
-        ConnectionStats {
-            accepted: c.accepted.load(Ordering::Relaxed),
-            full_handshakes: c.full.load(Ordering::Relaxed),
-            resumed_handshakes: c.resumed.load(Ordering::Relaxed),
-            http2: c.http2.load(Ordering::Relaxed),
-        }
+        self.connections.stats()
     }
 
     /// GETs the server is answering now.
@@ -883,40 +817,4 @@ fn not_found(resource: &str, name: &str) -> (u16, Value) {
     let (code, mut body) = status(404, "NotFound", &message);
     body["details"] = json!({"name": name, "group": "resource.k8s.io", "kind": resource});
     (code, body)
-}
-
-/// `a=b&c=d%3De` → pairs, percent-decoded.
-pub(super) fn query_pairs(query: &str) -> BTreeMap<String, String> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
-}
-
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -22,6 +22,9 @@ pub mod probe;
 pub mod sharing;
 pub mod state;
 pub mod tls;
+#[allow(clippy::duplicate_mod)]
+#[path = "../api_support/transport.rs"]
+pub mod transport;
 
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
