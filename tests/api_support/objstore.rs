@@ -45,6 +45,44 @@ impl Target {
     }
 }
 
+/// A URL's query string as pairs, percent- and `+`-decoded, as the fake servers read it: a
+/// key without `=` has an empty value, a pair with an empty key is left out, and a later
+/// repeat of a key wins.
+pub fn query_pairs(query: &str) -> std::collections::BTreeMap<String, String> {
+    query
+        .split('&')
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+fn decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Parses `/api/v1/...` and `/apis/<group>/<version>/...` paths.
 pub fn parse(path: &str) -> Option<Target> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();

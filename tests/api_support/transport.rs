@@ -2,10 +2,9 @@
 //! listener on a port of 127.0.0.1, plain HTTP/1.1 or TLS with client certificates as
 //! kube-apiserver serves it, each connection on its own task with `TCP_NODELAY` (as Go's
 //! net/http sets it), counted with its handshake; an outage switch that closes the port and
-//! cuts open connections until it is turned off again; and the query string as the servers
-//! read it. What a server answers is the service it passes in.
+//! cuts open connections until it is turned off again. What a server answers is the service
+//! it passes in.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -182,41 +181,4 @@ where
         _ = connection => {}
         _ = cut.wait_for(|down| *down) => {}
     }
-}
-
-/// A URL's query string as pairs, percent- and `+`-decoded; a key without `=` has an empty
-/// value, and a later repeat of a key wins.
-pub fn query_pairs(query: &str) -> BTreeMap<String, String> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
-}
-
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -24,8 +24,7 @@ use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response};
 use serde_json::{Value, json};
 
-use super::objstore::{Key, ObjectStore, PatchKind, Target, parse, selects, status};
-use super::transport::query_pairs;
+use super::objstore::{Key, ObjectStore, PatchKind, Target, parse, query_pairs, selects, status};
 
 /// One request as the server saw it, with the code it answered.
 #[derive(Debug, Clone, PartialEq)]

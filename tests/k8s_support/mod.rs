@@ -22,7 +22,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 pub use objstore::status;
-use objstore::{ObjectStore, Target, fields_match, parse};
+use objstore::{ObjectStore, Target, fields_match, parse, query_pairs};
 
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
@@ -128,16 +128,7 @@ impl FakeApi {
                 let recorded = Recorded {
                     method: parts.method.to_string(),
                     path: parts.uri.path().to_string(),
-                    query: parts
-                        .uri
-                        .query()
-                        .map(|q| {
-                            url_decode_pairs(q)
-                                .into_iter()
-                                .filter(|(k, _)| !k.is_empty())
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                    query: parts.uri.query().map(query_pairs).unwrap_or_default(),
                     body: serde_json::from_slice(&bytes).ok(),
                 };
                 match server.serve(recorded) {
@@ -314,39 +305,4 @@ impl State {
             _ => status(405, "MethodNotAllowed", "unsupported"),
         }
     }
-}
-
-/// `a=b&c=d%3De` → pairs, percent-decoded.
-fn url_decode_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
-}
-
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -14,7 +14,8 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::apiserver::{GetsInFlight, Latency, Recorded, Store, status};
-use super::transport::{Connections, query_pairs};
+use super::objstore::query_pairs;
+use super::transport::Connections;
 
 /// What happens to a request a [`Rule`] matches.
 #[derive(Debug, Clone, PartialEq)]
