@@ -146,39 +146,33 @@ pub async fn serve<M, S, B>(
             _ = &mut stopped => return,
         };
         let service = service();
-        let cut = down.clone();
+        let mut cut = down.clone();
         let tls = tls.clone();
         let counted = connections.clone();
         tokio::spawn(async move {
-            match tls {
-                None => connection(stream, service, cut).await,
-                Some(tls) => {
-                    if let Ok(stream) = tls.accept(stream).await {
+            let stream: Box<dyn Stream> = match tls {
+                None => Box::new(stream),
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => {
                         counted.handshake(stream.get_ref().1);
-                        connection(stream, service, cut).await;
+                        Box::new(stream)
                     }
-                }
+                    Err(_) => return,
+                },
+            };
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            // Until it ends or an outage cuts it; a client that hangs up mid-request is not
+            // the server's problem.
+            tokio::select! {
+                _ = connection => {}
+                _ = cut.wait_for(|down| *down) => {}
             }
         });
     }
 }
 
-/// Serves one connection until it ends or an outage cuts it; a client that hangs up
-/// mid-request is not the server's problem.
-async fn connection<T, S, B>(stream: T, service: S, mut cut: watch::Receiver<bool>)
-where
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let connection =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-    tokio::select! {
-        _ = connection => {}
-        _ = cut.wait_for(|down| *down) => {}
-    }
-}
+/// A connection's byte stream, plain or TLS.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
