@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use gpu_dra::kubelet::ClaimRef;
 use gpu_dra::kubelet::client::KubeletClient;
 
-use crate::paced::{Paced, major_faults, minor_faults, paced};
+use crate::paced::{Paced, paced, page_faults};
 use crate::plugin_support::apiserver::ConnectionStats;
 use crate::plugin_support::{claims, prepare_all, unprepare_all};
 
@@ -93,8 +93,8 @@ pub struct Figures {
     /// [`memory`] after the trim: anonymous memory and the binary's (and libraries')
     /// resident pages.
     pub rss_after_trim_detail: String,
-    /// A 1-claim prepare right after that reading: the first call after the plugin paged
-    /// its code out again.
+    /// A 1-claim prepare right after that reading: the first call after the plugin unmapped
+    /// the code the loops ran.
     pub first_after_quiet: Duration,
     /// That call's minor and major page faults.
     pub first_after_quiet_faults: (u64, u64),
@@ -172,12 +172,15 @@ pub async fn replay(
     tokio::time::sleep(Duration::from_millis(18_500)).await;
     let rss_after_trim_mib = rss_mib(pid);
     let rss_after_trim_detail = memory(pid);
-    // What the first call after that costs: the code it runs is read back in.
-    let faults = (minor_faults(pid), major_faults(pid));
+    // What the first call after that costs: the code it runs is mapped back in.
+    let (minor, major) = page_faults(pid);
     let started = Instant::now();
     prepare_all(kubelet, &refs[..1]).await;
     let first_after_quiet = started.elapsed();
-    let first_after_quiet_faults = (minor_faults(pid) - faults.0, major_faults(pid) - faults.1);
+    let first_after_quiet_faults = {
+        let (minor_after, major_after) = page_faults(pid);
+        (minor_after - minor, major_after - major)
+    };
     unprepare_all(kubelet, &refs[..1]).await;
     Figures {
         idle_cpu,

@@ -19,35 +19,39 @@ pub fn median(samples: &mut [Duration]) -> Duration {
 
 /// utime+stime of the whole process (every thread, ended ones included), in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of proc(5); `rest` starts at field 3.
-    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    let [utime, stime] = stat_fields(pid, [14, 15]);
+    utime + stime
 }
 
 /// Minor page faults of the whole process so far (field 10 of `/proc/<pid>/stat`): each is
 /// a page the kernel had to map (and zero) because the process touched memory it had given
 /// back or never used.
 pub fn minor_faults(pid: u32) -> u64 {
-    stat_field(pid, 10)
+    let [minor] = stat_fields(pid, [10]);
+    minor
 }
 
-/// Major page faults of the whole process so far (field 12 of `/proc/<pid>/stat`): each is
-/// a page the kernel had to read from its file (not found in the page cache).
-pub fn major_faults(pid: u32) -> u64 {
-    stat_field(pid, 12)
+/// Minor and major page faults of the whole process so far (fields 10 and 12 of
+/// `/proc/<pid>/stat`), from one reading: a major fault is a page the kernel had to read from
+/// its file (not found in the page cache).
+pub fn page_faults(pid: u32) -> (u64, u64) {
+    let [minor, major] = stat_fields(pid, [10, 12]);
+    (minor, major)
 }
 
-/// Field `n` (1-based, as proc(5) numbers them; from 3 on) of `/proc/<pid>/stat`, 0 when it
-/// does not parse.
-fn stat_field(pid: u32, n: usize) -> u64 {
+/// Fields `numbers` (1-based, as proc(5) numbers them; from 3 on) of one reading of
+/// `/proc/<pid>/stat`. Panics when the file cannot be read or a field is not a number.
+fn stat_fields<const N: usize>(pid: u32, numbers: [usize; N]) -> [u64; N] {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    rest.split_whitespace()
-        .nth(n - 3)
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0)
+    // Past the command name, which may hold spaces and parentheses: field 3 on.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
+        .split_whitespace()
+        .collect();
+    numbers.map(|n| {
+        fields[n - 3]
+            .parse()
+            .unwrap_or_else(|_| panic!("field {n} of /proc/{pid}/stat"))
+    })
 }
 
 /// `getconf CLK_TCK`, 100 where it cannot be read.
