@@ -153,6 +153,12 @@ pub struct DeviceModel {
     /// fully qualified `profile` attribute, `gpu.nvidia.com/profile`; `None` (default) sets
     /// none.
     pub partition_type_attribute: Option<String>,
+    /// Names of the MIG devices of the whole-GPU profile (`7g.80gb`) that the `gpus-first` and
+    /// `interleaved` walks take with the whole GPUs rather than with the GPU's other MIG
+    /// devices: under `--mig-profiles split`, where the GPUs offer different profiles, so
+    /// that whole-GPU claims of either kind take the GPUs in [`split::whole_order`]. Empty
+    /// otherwise.
+    pub whole_gpu_mig: BTreeSet<String>,
 }
 
 /// How a node's devices are ordered and grouped into ResourceSlices (`--slice-layout`).
@@ -381,16 +387,20 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     };
     // Counter sets of GPUs offering vGPU types: their consumptions get compatibility groups.
     let mut vgpu_sets = BTreeSet::new();
-    let split_plan = (options.mig_profiles == MigProfileSet::Split).then(|| {
-        let hidden = inventory.passthrough.iter().flat_map(|f| &f.hidden_gpus);
-        let dynamic: Vec<&GpuInfo> = inventory
-            .gpus
-            .iter()
-            .chain(hidden)
-            .filter(|g| g.mig.capable && options.policy_for(g) == MigPolicy::Dynamic)
-            .collect();
-        split::plan(&dynamic)
-    });
+    let split_gpus: Vec<&GpuInfo> = match options.mig_profiles {
+        MigProfileSet::Split => {
+            let hidden = inventory.passthrough.iter().flat_map(|f| &f.hidden_gpus);
+            inventory
+                .gpus
+                .iter()
+                .chain(hidden)
+                .filter(|g| g.mig.capable && options.policy_for(g) == MigPolicy::Dynamic)
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    let split_plan =
+        (options.mig_profiles == MigProfileSet::Split).then(|| split::plan(&split_gpus));
     for gpu in &inventory.gpus {
         let policy = options.policy_for(gpu);
         let common = attributes::common(inventory, gpu);
@@ -551,14 +561,17 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                         }
                     };
                     let before = model.devices.len();
+                    let max_cs = gpu.mig_profiles.iter().map(|p| p.compute_slices).max();
                     for profile in offered {
                         for &start in &profile.placement_starts {
                             if !publishes(profile, start) {
                                 continue;
                             }
-                            model
-                                .devices
-                                .push(dynamic_mig(&common, gpu, profile, start, options));
+                            let device = dynamic_mig(&common, gpu, profile, start, options);
+                            if share.is_some() && Some(profile.compute_slices) == max_cs {
+                                model.whole_gpu_mig.insert(device.name().to_string());
+                            }
+                            model.devices.push(device);
                         }
                     }
                     if model.devices.len() == before && options.mig_profiles != MigProfileSet::All {
@@ -616,9 +629,37 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
     }
     packing::order(&mut model.devices, inventory);
     // `by-gpu` keeps each GPU's devices together, so it cannot move whole GPUs alone.
+    if let Some(plan) = &split_plan
+        && options.slice_layout != SliceLayout::ByGpu
+    {
+        let order = split::whole_order(&split_gpus, plan);
+        let address_of: BTreeMap<u32, String> = inventory
+            .gpus
+            .iter()
+            .map(|g| {
+                let address = crate::hardware::passthrough::normalize_address(&g.pci_bus_id);
+                (g.index, address)
+            })
+            .collect();
+        let rank = |d: &PublishedDevice| -> Option<usize> {
+            let address = match &d.kind {
+                DeviceKind::Vfio { address, .. } => Some(address),
+                DeviceKind::Gpu => address_of.get(&d.gpu_index),
+                DeviceKind::MigDynamic { .. } if model.whole_gpu_mig.contains(d.name()) => {
+                    address_of.get(&d.gpu_index)
+                }
+                _ => None,
+            }?;
+            order.iter().position(|a| a == address)
+        };
+        let mut devices = std::mem::take(&mut model.devices);
+        packing::whole_order(&mut devices, &rank);
+        model.devices = devices;
+    }
+    // Fabric Manager partitions come first where they apply (a stable order: whole GPUs of
+    // equal standing keep the order above).
     if let Some(table) = &options.fabric_partitions
         && options.slice_layout != SliceLayout::ByGpu
-        && std::env::var_os("XX_NO_FM_ORDER").is_none()
     {
         let free: std::collections::BTreeSet<u32> = inventory
             .gpus

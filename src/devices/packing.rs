@@ -130,6 +130,31 @@ pub fn order(devices: &mut [PublishedDevice], inventory: &NodeInventory) {
     }
 }
 
+/// Under `--mig-profiles split`: the whole GPUs, the VFIO devices and the MIG devices of the
+/// whole-GPU profile, each kind reordered among the positions it holds by `rank` (the GPU's
+/// place in [`super::split::whole_order`]), so a whole-GPU claim of any kind meets the GPUs
+/// in that order. Devices `rank` gives no place keep theirs; equal ranks keep their order.
+pub fn whole_order(
+    devices: &mut [PublishedDevice],
+    rank: &dyn Fn(&PublishedDevice) -> Option<usize>,
+) {
+    let kinds: [fn(&PublishedDevice) -> bool; 3] = [
+        |d| matches!(d.kind, DeviceKind::Gpu),
+        |d| matches!(d.kind, DeviceKind::Vfio { .. }),
+        |d| matches!(d.kind, DeviceKind::MigDynamic { .. }),
+    ];
+    for kind in kinds {
+        let at: Vec<usize> = (0..devices.len())
+            .filter(|&i| kind(&devices[i]) && rank(&devices[i]).is_some())
+            .collect();
+        let mut moved: Vec<PublishedDevice> = at.iter().map(|&i| devices[i].clone()).collect();
+        moved.sort_by_key(|d| rank(d));
+        for (i, d) in at.into_iter().zip(moved) {
+            devices[i] = d;
+        }
+    }
+}
+
 /// On a Fabric Manager node, the whole GPUs, and apart from them the VFIO devices, reordered
 /// among the positions they hold by [`free_partitions_first`] over their `gpuModuleID`:
 /// GPUs of free partitions first, so kube-scheduler's first-fit walk reaches a free partition

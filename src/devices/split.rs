@@ -70,6 +70,88 @@ pub fn plan(gpus: &[&GpuInfo]) -> BTreeMap<String, Vec<Placement>> {
     out
 }
 
+/// The order in which whole-GPU claims (a full GPU, the whole-GPU profile, a VFIO device)
+/// should take the GPUs of `plan` ([`plan`] of `gpus`), by PCI address. At each step, the GPU
+/// whose loss costs the node least, judged in this order:
+/// 1. the fewest profiles left without a placement on the GPUs not yet taken;
+/// 2. the most of the small profile (`1g.10gb`, the one most claims ask for) left, as a share
+///    of its placements on the node;
+/// 3. the most of every profile left, as the list of each profile's share of its placements,
+///    smallest first.
+///
+/// So the first whole-GPU claims take GPUs of the families the node has most of, a profile
+/// disappears only when no other order could keep it, and the small profile goes last. Ties
+/// go to the lower PCI address: the far end from where the MIG walk starts (the last GPU),
+/// so whole-GPU claims and small MIG claims fill a family from opposite ends. GPUs of
+/// different models rank together; their profiles differ, so each GPU's loss counts only
+/// against its own model's. Were every GPU to offer the same (as under `all`), all would
+/// tie, which gives PCI order.
+pub fn whole_order(gpus: &[&GpuInfo], plan: &BTreeMap<String, Vec<Placement>>) -> Vec<String> {
+    let small: BTreeSet<String> = gpus
+        .iter()
+        .filter_map(|g| families(&g.mig_profiles).first()?.first().cloned())
+        .collect();
+    // Placements of each profile per GPU; the whole-GPU profile counts too (every GPU has
+    // one, so it never decides).
+    let per_gpu: BTreeMap<&str, BTreeMap<&str, usize>> = plan
+        .iter()
+        .map(|(address, placements)| {
+            let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+            for (profile, _) in placements {
+                *counts.entry(profile.as_str()).or_default() += 1;
+            }
+            (address.as_str(), counts)
+        })
+        .collect();
+    let mut total: BTreeMap<&str, usize> = BTreeMap::new();
+    for counts in per_gpu.values() {
+        for (profile, n) in counts {
+            *total.entry(profile).or_default() += n;
+        }
+    }
+    let mut left = total.clone();
+    let mut remaining: Vec<&str> = per_gpu.keys().copied().collect();
+    let mut order = Vec::with_capacity(remaining.len());
+    // What is left once `taken` is gone too, as the key above (greater is better); shares in
+    // parts per million, so that they compare exactly.
+    let after = |left: &BTreeMap<&str, usize>, taken: &str| {
+        let share = |profile: &str, n: usize| {
+            let gone = per_gpu[taken].get(profile).copied().unwrap_or(0);
+            (n - gone) as u64 * 1_000_000 / total[profile].max(1) as u64
+        };
+        let mut shares: Vec<u64> = left.iter().map(|(p, &n)| share(p, n)).collect();
+        shares.sort_unstable();
+        let lost = shares.iter().filter(|&&s| s == 0).count();
+        let small_left = left
+            .iter()
+            .filter(|(p, _)| small.contains(**p))
+            .map(|(p, &n)| share(p, n))
+            .min();
+        (std::cmp::Reverse(lost), small_left, shares)
+    };
+    while !remaining.is_empty() {
+        // `max_by` keeps the last of equals: walk from the highest address down, so the
+        // lowest wins a tie.
+        let Some((at, _)) = remaining
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, gpu)| (i, after(&left, gpu)))
+            .max_by(|a, b| a.1.cmp(&b.1))
+        else {
+            break;
+        };
+        let gpu = remaining.remove(at);
+        for (profile, n) in &per_gpu[gpu] {
+            if let Some(l) = left.get_mut(profile) {
+                *l -= n;
+            }
+        }
+        order.push(gpu.to_string());
+    }
+    order
+}
+
 /// The profiles of one family, by name.
 type Family = Vec<String>;
 
@@ -232,6 +314,32 @@ mod tests {
         assert_eq!(count(&plan, "2g.20gb"), 6);
         assert_eq!(count(&plan, "3g.40gb"), 4);
         assert_eq!(count(&plan, "7g.80gb"), 8);
+    }
+
+    #[test]
+    fn whole_gpu_claims_take_the_families_a_node_has_most_of_first_and_the_small_one_last() {
+        let gpus = gpus("dgx-h100");
+        let refs: Vec<&GpuInfo> = gpus.iter().collect();
+        let plan = plan(&refs);
+        let index = |address: &String| {
+            gpus.iter()
+                .position(|g| {
+                    crate::hardware::passthrough::normalize_address(&g.pci_bus_id) == *address
+                })
+                .unwrap()
+        };
+        let order: Vec<usize> = whole_order(&refs, &plan).iter().map(index).collect();
+        // 1-2: 3g/4g, 3-4: 2g, 5-7: 1g.10gb, 0: the one-slice variants. Four GPUs go before
+        // any family is gone; GPU 0 and the last of each family go last.
+        assert_eq!(order[..5], [1, 3, 5, 6, 7]);
+        assert_eq!(order.len(), 8);
+        // GPUs that offer the same tie, and ties go by PCI address.
+        let same: BTreeMap<String, Vec<Placement>> = plan
+            .keys()
+            .map(|a| (a.clone(), vec![("1g.10gb".to_string(), 0)]))
+            .collect();
+        let order: Vec<usize> = whole_order(&refs, &same).iter().map(index).collect();
+        assert_eq!(order, (0..8).collect::<Vec<_>>());
     }
 
     #[test]

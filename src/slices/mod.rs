@@ -123,12 +123,22 @@ type GroupKey<'d> = (u32, u32, &'d str);
 /// - `by-profile`: whole GPUs first, then MIG profiles from the smallest placement up, by
 ///   name within a size (`1g.10gb` before `1g.10gb+me`, `1g.20gb` before `2g.20gb`), then
 ///   one group per vGPU type, by name.
-fn group_of(layout: SliceLayout, d: &PublishedDevice) -> GroupKey<'_> {
+///
+/// Under `--mig-profiles split`, `gpus-first` and `interleaved` take the MIG devices of the
+/// whole-GPU profile ([`DeviceModel::whole_gpu_mig`]) with the whole GPUs, after them and in
+/// the model's order, so a `7g.80gb` claim takes GPUs in the order full-GPU claims do.
+fn group_of<'d>(model: &DeviceModel, d: &'d PublishedDevice) -> GroupKey<'d> {
+    let layout = model.slice_layout;
     match (layout, &d.kind) {
         (
             SliceLayout::GpusFirst | SliceLayout::Interleaved,
             DeviceKind::Gpu | DeviceKind::Vfio { .. },
         ) => (0, 0, ""),
+        (SliceLayout::GpusFirst | SliceLayout::Interleaved, DeviceKind::MigDynamic { .. })
+            if model.whole_gpu_mig.contains(d.name()) =>
+        {
+            (0, 1, "")
+        }
         (SliceLayout::GpusFirst | SliceLayout::Interleaved, DeviceKind::MigStatic { .. }) => {
             (1, d.gpu_index, "")
         }
@@ -161,7 +171,7 @@ fn pack_devices(model: &DeviceModel) -> Vec<(Vec<Device>, bool)> {
     let mut keyed: Vec<(GroupKey, &PublishedDevice)> = model
         .devices
         .iter()
-        .map(|d| (group_of(layout, d), d))
+        .map(|d| (group_of(model, d), d))
         .collect();
     if layout != SliceLayout::ByGpu {
         keyed.sort_by_key(|(key, _)| *key);
@@ -217,25 +227,23 @@ fn pack_devices(model: &DeviceModel) -> Vec<(Vec<Device>, bool)> {
     slices
 }
 
-/// `interleaved`: the `gpus-first` order, whose whole GPUs (and VFIO devices) come first,
-/// with those merged one for one with the MIG devices that follow them, in their order:
-/// `W0 M0 W1 M1 …` until either runs out, then the rest. The merged head keeps the whole
-/// GPUs' group key, so it is one group; what is left of each MIG group keeps its own. Each
-/// kind's own order is unchanged. A node without whole GPUs keeps the `gpus-first` order.
+/// `interleaved`: the `gpus-first` order, whose whole GPUs (and VFIO devices, and under
+/// `split` the whole-GPU profile's MIG devices) come first, with those merged one for one
+/// with the MIG devices that follow them, in their order: `W0 M0 W1 M1 …` until either runs
+/// out, then the rest. The merged head takes the first whole GPU's group key, so it is one
+/// group; what is left of each MIG group keeps its own. Each kind's own order is unchanged.
+/// A node without whole GPUs keeps the `gpus-first` order.
 fn interleave<'d>(
     mut keyed: Vec<(GroupKey<'d>, &'d PublishedDevice)>,
 ) -> Vec<(GroupKey<'d>, &'d PublishedDevice)> {
-    let whole = keyed
-        .iter()
-        .take_while(|(_, d)| matches!(d.kind, DeviceKind::Gpu | DeviceKind::Vfio { .. }))
-        .count();
+    let whole = keyed.iter().take_while(|(key, _)| key.0 == 0).count();
     let Some(&(head, _)) = keyed.first().filter(|_| whole > 0) else {
         return keyed;
     };
     let mut mig = keyed.split_off(whole).into_iter();
     let mut merged = Vec::with_capacity(whole + mig.len());
-    for w in keyed {
-        merged.push(w);
+    for (_, w) in keyed {
+        merged.push((head, w));
         merged.extend(mig.next().map(|(_, m)| (head, m)));
     }
     merged.extend(mig);

@@ -77,6 +77,12 @@ pub fn first_gpus(model: &DeviceModel, gpus: u32) -> DeviceModel {
         .flat_map(|d| d.device.consumes_counters.iter().flatten())
         .map(|c| c.counter_set.clone())
         .collect();
+    let whole_gpu_mig = model
+        .whole_gpu_mig
+        .iter()
+        .filter(|name| devices.iter().any(|d| d.name() == name.as_str()))
+        .cloned()
+        .collect();
     DeviceModel {
         devices,
         counter_sets: model
@@ -88,5 +94,6 @@ pub fn first_gpus(model: &DeviceModel, gpus: u32) -> DeviceModel {
         warnings: model.warnings.clone(),
         slice_layout: model.slice_layout,
         partition_type_attribute: model.partition_type_attribute.clone(),
+        whole_gpu_mig,
     }
 }

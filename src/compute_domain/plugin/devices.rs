@@ -124,6 +124,7 @@ pub fn model(max_domains: u32, binding_conditions: bool) -> DeviceModel {
         // Channel and daemon devices only, no GPUs or MIG: one group per "GPU" in order.
         slice_layout: crate::devices::SliceLayout::ByGpu,
         partition_type_attribute: None,
+        whole_gpu_mig: Default::default(),
     }
 }
 
