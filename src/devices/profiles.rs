@@ -74,7 +74,9 @@ pub enum MigProfilesError {
         problem: String,
     },
     /// A listed profile exists on no MIG-capable GPU of the node.
-    #[error("{FLAG}: {profile:?} is not a MIG profile of any GPU on this node; valid: {valid}")]
+    #[error(
+        "{FLAG}: {profile:?} is not a MIG profile of any GPU on this node; valid: {valid}; or \"split\" or \"all\" alone"
+    )]
     Unknown {
         /// The unknown name.
         profile: String,
@@ -87,15 +89,17 @@ pub enum MigProfilesError {
 impl FromStr for MigProfileSet {
     type Err = MigProfilesError;
 
-    /// `""` and `all` mean every profile; otherwise names separated by commas (spaces
-    /// around a name are ignored; a name given twice counts once). Fails on an empty name.
+    /// `split` and `""` (an empty `GPU_DRA_MIG_PROFILES`, as the chart's empty value reads)
+    /// mean the plugin's default, shared out; `all` every profile; otherwise names separated
+    /// by commas (spaces around a name are ignored; a name given twice counts once). Fails on
+    /// an empty name.
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         let trimmed = value.trim();
-        if trimmed.is_empty() || trimmed.eq_ignore_ascii_case("all") {
-            return Ok(MigProfileSet::All);
-        }
-        if trimmed.eq_ignore_ascii_case("split") {
+        if trimmed.is_empty() || trimmed.eq_ignore_ascii_case("split") {
             return Ok(MigProfileSet::Split);
+        }
+        if trimmed.eq_ignore_ascii_case("all") {
+            return Ok(MigProfileSet::All);
         }
         let mut names: Vec<String> = Vec::new();
         for (i, name) in trimmed.split(',').map(str::trim).enumerate() {
@@ -180,9 +184,11 @@ mod tests {
     }
 
     #[test]
-    fn flag_values_parse_to_all_or_a_deduplicated_list() {
+    fn flag_values_parse_to_split_all_or_a_deduplicated_list() {
         let cases = [
-            ("", MigProfileSet::All),
+            ("", MigProfileSet::Split),
+            (" ", MigProfileSet::Split),
+            ("split", MigProfileSet::Split),
             ("all", MigProfileSet::All),
             (" ALL ", MigProfileSet::All),
             ("1g.10gb", only(&["1g.10gb"])),
