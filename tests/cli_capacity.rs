@@ -230,3 +230,10 @@ fn a_vm_holding_a_vfio_device_takes_its_whole_gpu_in_the_capacity_view() {
     assert_eq!(7, profile("gpu")["free"].as_i64().unwrap());
     assert_eq!(49, profile("1g.10gb")["free"].as_i64().unwrap());
 }
+
+#[test]
+fn a_cluster_that_cannot_be_read_is_bad_input() {
+    let (code, _, err) = gpu_dra(&["capacity", "--kubeconfig", "/nonexistent/kubeconfig"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
+}

@@ -244,3 +244,46 @@ fn consumable_capacity_claims_share_one_gpu_only_when_the_node_publishes_shares(
     assert_eq!(2, code);
     assert!(err.contains("valid choices: off, memory"), "{err}");
 }
+
+#[test]
+fn a_kubeconfig_in_the_environment_yields_to_a_simulated_node_and_an_unreadable_one_exits_2() {
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpu-dra"));
+        command.arg("explain").args(args).env_remove("KUBECONFIG");
+        if let Some(path) = env {
+            command.env("KUBECONFIG", path);
+        }
+        let out = command
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let claim = ["--claim", "examples/dedicated-gpu.yaml"];
+    // Most shells export KUBECONFIG: --sim-node must still work beside it.
+    let (code, err) = run(
+        Some("/nonexistent/kubeconfig"),
+        &[claim[0], claim[1], "--sim-node", "dgx-a100"],
+    );
+    assert_eq!(code, 0, "{err}");
+    // Without another source it is read as --kubeconfig; one that cannot be read is bad
+    // input (2), not a claim that does not fit (1).
+    let (code, err) = run(Some("/nonexistent/kubeconfig"), &claim);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
+    let (code, err) = run(
+        None,
+        &[claim[0], claim[1], "--kubeconfig", "/nonexistent/kc"],
+    );
+    assert_eq!(code, 2, "{err}");
+    // --in-cluster is a source of its own.
+    let (code, err) = run(
+        None,
+        &[claim[0], claim[1], "--slices", "x.yaml", "--in-cluster"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+}

@@ -74,10 +74,11 @@ pub(crate) fn run(args: CapacityArgs) -> anyhow::Result<ExitCode> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(async {
-                let client = gpu_dra::k8s::connect(args.kubeconfig.as_deref()).await?;
-                anyhow::Ok(capacity::build_from_cluster(client, &options).await)
-            })?
+            // A cluster that cannot be reached is the command's input failing: exit 2.
+            match runtime.block_on(gpu_dra::k8s::connect(args.kubeconfig.as_deref())) {
+                Ok(client) => runtime.block_on(capacity::build_from_cluster(client, &options)),
+                Err(e) => return bad_input(e.into()),
+            }
         }
     };
     let report = match report {

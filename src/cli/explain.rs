@@ -54,11 +54,13 @@ pub(crate) struct ExplainArgs {
     /// Claims already allocated (file or directory): what they hold is not free.
     #[arg(long)]
     allocated: Option<PathBuf>,
-    /// Read classes, slices and allocated claims from this cluster.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Read classes, slices and allocated claims from this cluster. Without any source of
+    /// slices (--sim-node, --slices, --in-cluster and this), a KUBECONFIG in the environment
+    /// is read as this; with --sim-node or --slices, KUBECONFIG is left alone.
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Read them from the cluster this pod runs in.
-    #[arg(long, conflicts_with = "kubeconfig")]
+    #[arg(long, conflicts_with_all = ["kubeconfig", "slices", "sim_node"])]
     in_cluster: bool,
     /// With a cluster: only this node (default: every node).
     #[arg(long)]
@@ -133,13 +135,19 @@ fn vgpu_note(
 /// (claims, allocated claims, classes or slices that cannot be read, printed as `error: …`).
 ///
 /// Fails when the cluster cannot be reached or listed, or stdout cannot be written.
-pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(mut args: ExplainArgs) -> anyhow::Result<ExitCode> {
     use gpu_dra::explain::{self, ExplainInput};
     use gpu_dra::explain_inputs;
     let bad_input = |e: String| -> anyhow::Result<ExitCode> {
         eprintln!("error: {e}");
         Ok(ExitCode::from(2))
     };
+    let simulated = args.sim_node.is_some() || args.passthrough || args.fabric_manager;
+    if args.kubeconfig.is_none() && !args.in_cluster && !simulated && args.slices.is_none() {
+        args.kubeconfig = std::env::var_os("KUBECONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+    }
     let claims = match explain::load_claims(&args.claim) {
         Ok(c) => c,
         Err(e) => return bad_input(chain(&anyhow::Error::new(e))),
@@ -184,10 +192,13 @@ pub(crate) fn run(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             )
             .await?;
             anyhow::Ok(Ok(report))
-        })?;
+        });
+        // A cluster that cannot be read is the command's input failing (exit 2), not a
+        // claim that does not fit (1).
         match report {
-            Ok(report) => report,
-            Err(e) => return bad_input(e),
+            Ok(Ok(report)) => report,
+            Ok(Err(e)) => return bad_input(e),
+            Err(e) => return bad_input(chain(&e)),
         }
     } else {
         let classes = match explain_inputs::classes(args.classes.as_deref()) {
