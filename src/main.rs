@@ -33,10 +33,18 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let (format, default_level) = match &cli.command {
-        Command::KubeletPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
-        Command::ComputeDomainPlugin(a) => (a.node.log_format.into(), a.node.log_level.directive()),
+        Command::KubeletPlugin(a) => (
+            a.node.log.log_format.into(),
+            a.node.log.log_level.directive(),
+        ),
+        Command::ComputeDomainPlugin(a) => (
+            a.node.log.log_format.into(),
+            a.node.log.log_level.directive(),
+        ),
         Command::ImexDaemon(_) => (logging::Format::Text, "info"),
-        Command::ComputeDomainController(_) => (logging::Format::Text, "info"),
+        Command::ComputeDomainController(a) => {
+            (a.log.log_format.into(), a.log.log_level.directive())
+        }
         _ => (logging::Format::Text, "warn"),
     };
     let colour = logging::init(format, default_level);

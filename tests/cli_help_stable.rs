@@ -49,7 +49,9 @@ const PROMISED: &[(&str, &[Flag])] = &[
             ("--slices", None),
             ("--classes", None),
             ("--allocated", None),
-            ("--kubeconfig", Some("KUBECONFIG")),
+            // KUBECONFIG stands in for it only without another source, which clap's `env`
+            // cannot say: read in src/cli/explain.rs, checked in tests/cli_explain.rs.
+            ("--kubeconfig", None),
             ("--in-cluster", None),
             ("--node", None),
             ("--mig-profiles", Some("GPU_DRA_MIG_PROFILES")),
@@ -166,6 +168,8 @@ const PROMISED: &[(&str, &[Flag])] = &[
         "compute-domain-controller",
         &[
             ("--kubeconfig", Some("KUBECONFIG")),
+            ("--log-format", Some("GPU_DRA_LOG_FORMAT")),
+            ("--log-level", Some("GPU_DRA_LOG_LEVEL")),
             ("--namespace", Some("POD_NAMESPACE")),
             ("--image", Some("GPU_DRA_IMEX_IMAGE")),
             (

@@ -146,6 +146,8 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
         ("POD_NAME", "fieldRef:metadata.name"),
         ("GPU_DRA_IMEX_SERVICE_ACCOUNT", "gpu-dra-imex-daemon"),
         ("GPU_DRA_LEADER_ELECTION", "true"),
+        ("GPU_DRA_LOG_LEVEL", "info"),
+        ("GPU_DRA_LOG_FORMAT", "text"),
         ("GPU_DRA_METRICS_ADDR", "0.0.0.0:8080"),
     ]
     .into_iter()
@@ -155,7 +157,9 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
     // The env names are the controller's flags' (src/cli/compute_domain_controller.rs), but
     // POD_NAME, which it also reads as such (with POD_NAMESPACE: its own pod, whose image the
     // daemons run); the container's name is the one it looks for in that pod.
-    let main = fs::read_to_string(repo().join("src/cli/compute_domain_controller.rs")).unwrap();
+    // The log flags are the shared ones of src/cli/flags.rs.
+    let main = fs::read_to_string(repo().join("src/cli/compute_domain_controller.rs")).unwrap()
+        + &fs::read_to_string(repo().join("src/cli/flags.rs")).unwrap();
     for name in want.keys() {
         assert!(
             main.contains(&format!("env = \"{name}\"")),
@@ -401,7 +405,7 @@ fn controller_rbac_grants_exactly_the_calls_in_its_source() {
     assert_eq!(
         rules("Role", "gpu-dra-imex-daemon"),
         json!([{"apiGroups": ["resource.nvidia.com"], "resources": ["computedomainnodes"],
-                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}])
+                "verbs": ["get", "list", "watch", "create", "update"]}])
     );
     // A daemon reads its domain before it creates its object (src/compute_domain/daemon/).
     let daemon = fs::read_to_string(repo().join("src/compute_domain/daemon/round.rs")).unwrap();

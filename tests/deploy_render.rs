@@ -214,14 +214,23 @@ fn mig_attributes_value_reaches_the_plugin_as_its_env_var_and_is_absent_by_defau
 }
 
 #[test]
-fn admission_policy_applies_to_the_plugin_service_account_only() {
+fn admission_policy_applies_to_the_plugin_service_accounts_only() {
     let Some(helm) = tool("helm", "the rendered-chart checks") else {
         return;
     };
     let objects = render_chart(&helm, &[]);
     let policy = of_kind(&objects, "ValidatingAdmissionPolicy")[0];
     let want = json!([{"name": "is-this-driver-plugin", "expression":
-        "request.userInfo.username == \"system:serviceaccount:gpu-dra:gpu-dra\""}]);
+        "request.userInfo.username in [ \"system:serviceaccount:gpu-dra:gpu-dra\"]"}]);
+    assert_eq!(policy["spec"]["matchConditions"], want);
+    // With ComputeDomains, their plugin publishes slices too, and is held to its node alike.
+    let objects = render_chart(&helm, &["--set", "computeDomains.enabled=true"]);
+    let policy = of_kind(&objects, "ValidatingAdmissionPolicy")
+        .into_iter()
+        .find(|p| p["metadata"]["name"] == "gpu-dra-own-node-slices")
+        .expect("the slice policy");
+    let want = json!([{"name": "is-this-driver-plugin", "expression":
+        "request.userInfo.username in [ \"system:serviceaccount:gpu-dra:gpu-dra\", \"system:serviceaccount:gpu-dra:gpu-dra-compute-domain-plugin\"]"}]);
     assert_eq!(policy["spec"]["matchConditions"], want);
     let binding = of_kind(&objects, "ValidatingAdmissionPolicyBinding")[0];
     assert_eq!(binding["spec"]["policyName"], policy["metadata"]["name"]);

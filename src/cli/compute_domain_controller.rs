@@ -13,6 +13,9 @@ pub(crate) struct ComputeDomainControllerArgs {
     /// `--kubeconfig`.
     #[command(flatten)]
     kubeconfig: KubeconfigFlag,
+    /// `--log-format`, `--log-level`.
+    #[command(flatten)]
+    pub(crate) log: super::flags::LogFlags,
     /// The driver's namespace: the Lease, the IMEX daemons' claim templates and DaemonSets,
     /// the ComputeDomainNode objects.
     #[arg(long, env = "POD_NAMESPACE")]

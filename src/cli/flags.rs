@@ -266,6 +266,14 @@ pub(crate) struct NodeFlags {
     /// `--state-dir`.
     #[command(flatten)]
     pub(crate) state_dir: StateDirFlag,
+    /// `--log-format`, `--log-level`.
+    #[command(flatten)]
+    pub(crate) log: LogFlags,
+}
+
+/// `--log-format` and `--log-level`, on every long-running verb.
+#[derive(clap::Args, Debug)]
+pub(crate) struct LogFlags {
     /// Log format.
     #[arg(long, env = "GPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,
