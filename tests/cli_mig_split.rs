@@ -125,16 +125,30 @@ fn a_dgx_h100_shares_its_mig_profiles_out_by_default_and_publishes_every_placeme
         .filter(|d| profile(d).is_none())
         .map(|d| name(d))
         .collect();
+    // Every GPU keeps its full GPU, in the order whole-GPU claims should take them
+    // (split::whole_order): the larger and two-slice families first, then the small family,
+    // GPU 0 (the only one with the one-slice variants) among the last.
     assert_eq!(
-        (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>(),
-        whole,
+        [
+            "gpu-1", "gpu-3", "gpu-5", "gpu-6", "gpu-7", "gpu-2", "gpu-0", "gpu-4"
+        ],
+        whole[..],
         "every GPU keeps its full GPU"
     );
+    let sevens: Vec<&str> = devices
+        .iter()
+        .filter(|d| profile(d) == Some("7g.80gb"))
+        .map(|d| name(d).trim_end_matches("-mig-7g80gb-0"))
+        .collect();
+    assert_eq!(
+        whole, sevens,
+        "7g.80gb claims take the GPUs in the same order"
+    );
 
-    // kube-scheduler walks the slice first fit: whole GPUs from GPU 0 up interleaved with MIG
-    // devices from the last GPU down, so a claim for the commonest profile meets one at once.
+    // kube-scheduler walks the slice first fit: whole GPUs interleaved with MIG devices from
+    // the last GPU down, so a claim for the commonest profile meets one at once.
     let first = &slices[0];
-    assert_eq!("gpu-0", name(&first[0]));
+    assert_eq!("gpu-1", name(&first[0]));
     let first_mig = first[1..]
         .iter()
         .find(|d| profile(d).is_some())

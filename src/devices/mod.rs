@@ -562,13 +562,20 @@ pub fn build(inventory: &NodeInventory, options: &ModelOptions) -> DeviceModel {
                     };
                     let before = model.devices.len();
                     let max_cs = gpu.mig_profiles.iter().map(|p| p.compute_slices).max();
+                    // A GPU alone of its model publishes everything, as under `all`, and
+                    // keeps `all`'s walk.
+                    let shared_out = split_gpus
+                        .iter()
+                        .filter(|g| g.product_name == gpu.product_name)
+                        .count()
+                        > 1;
                     for profile in offered {
                         for &start in &profile.placement_starts {
                             if !publishes(profile, start) {
                                 continue;
                             }
                             let device = dynamic_mig(&common, gpu, profile, start, options);
-                            if share.is_some() && Some(profile.compute_slices) == max_cs {
+                            if shared_out && Some(profile.compute_slices) == max_cs {
                                 model.whole_gpu_mig.insert(device.name().to_string());
                             }
                             model.devices.push(device);
