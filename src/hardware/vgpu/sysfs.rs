@@ -471,13 +471,23 @@ impl VgpuHost {
     }
 
     /// Deletes the vGPU on virtual function `vf`: writes `0` to `nvidia/current_vgpu_type`
-    /// and reads it back. Idempotent: a free VF is left as it is. Crash point
-    /// `vgpu-vdev-deleted` between the write and the read-back.
+    /// and reads it back. Idempotent: a free VF is left as it is, and a VF that no longer
+    /// exists (the VFs were disabled, `sriov-manage -d`, which destroys their vGPUs) has no
+    /// vGPU left to delete. Crash point `vgpu-vdev-deleted` between the write and the
+    /// read-back.
     ///
     /// # Errors
-    /// [`VgpuHostError::NoSuchVf`]; [`VgpuHostError::Write`] when the kernel refuses (a VM
-    /// still holds the vGPU); [`VgpuHostError::VdevDidNotTake`] when it still reads a type.
+    /// [`VgpuHostError::NoSuchVf`] for a device that exists but is not an NVIDIA vGPU VF;
+    /// [`VgpuHostError::Write`] when the kernel refuses (a VM still holds the vGPU);
+    /// [`VgpuHostError::VdevDidNotTake`] when it still reads a type.
     pub fn delete_vdev(&self, vf: &str) -> Result<(), VgpuHostError> {
+        if self
+            .device(&normalize_address(vf))
+            .symlink_metadata()
+            .is_err()
+        {
+            return Ok(());
+        }
         let (pf, dev) = self.require_vf(vf)?;
         if Self::current_type(&dev)? == 0 {
             return Ok(());
@@ -805,6 +815,8 @@ mod tests {
         // Already there, or already gone: nothing written.
         host.create_vdev("0000:18:00.4", 1056).unwrap();
         host.delete_vdev("0000:18:00.5").unwrap();
+        // A VF that no longer exists (the VFs disabled since) holds no vGPU either.
+        host.delete_vdev("0000:18:01.7").unwrap();
         host.remove_mdev("3b1a5e2c-0000-4000-8000-0000000000ff")
             .unwrap();
         host.create_mdev("0000:2a:00.0", 232, "3b1a5e2c-0000-4000-8000-000000000001")
