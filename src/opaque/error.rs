@@ -117,6 +117,16 @@ pub enum OpaqueError {
         /// The value found, as written.
         value: String,
     },
+    /// Resolution: a claim's second `VfioDeviceConfig` (NVIDIA's driver allows one per claim:
+    /// which of two would apply to a device is not for this driver to guess).
+    #[error(
+        "kind VfioDeviceConfig: a claim takes at most one; this is its second (the first is \
+         entry {first}); merge them into one entry naming every request it is for"
+    )]
+    SecondVfioConfig {
+        /// Position of the claim's first `VfioDeviceConfig` among its entries of this driver.
+        first: usize,
+    },
     /// Decoding: a block that belongs to the other strategy.
     #[error("sharing.{field}: not allowed with strategy {strategy}; use {expected} or drop it")]
     StrategyMismatch {

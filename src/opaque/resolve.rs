@@ -151,6 +151,26 @@ pub fn resolve_vfio(
         .iter()
         .map(|t| t.kind.is_vm_device().then(super::VfioSettings::default))
         .collect();
+    // At most one VfioDeviceConfig in the claim (a class's may come with it, as defaults).
+    let located = locate(entries);
+    let mut first = None;
+    for (e, entry) in entries.iter().enumerate() {
+        if entry.from_class {
+            continue;
+        }
+        let Ok(config) = decode(&entry.parameters) else {
+            continue; // named with its own error below
+        };
+        if config.kind != ConfigKind::VfioDeviceConfig {
+            continue;
+        }
+        match first {
+            None => first = Some(located[e].index),
+            Some(first) => {
+                return Err(located[e].wrap(entry, OpaqueError::SecondVfioConfig { first }));
+            }
+        }
+    }
     walk_vm_configs(targets, entries, |config, t| {
         if let Some(vfio) = config.vfio {
             settings[t] = Some(vfio);

@@ -412,6 +412,28 @@ fn vfio_settings_go_to_vfio_devices_only_and_a_config_naming_the_wrong_kind_is_r
     );
 }
 
+#[test]
+fn a_claim_takes_one_vfio_config_and_a_class_one_as_defaults_beside_it() {
+    use super::{TargetKind, resolve_vfio};
+    let targets = [
+        target("gpu-vfio-0", "a", TargetKind::Vfio),
+        target("gpu-vfio-1", "b", TargetKind::Vfio),
+    ];
+    let api = vfio(json!({"enableAPIDevice": true}));
+    let two = [
+        entry(false, &["a"], api.clone()),
+        entry(false, &["b"], api.clone()),
+    ];
+    let err = crate::errors::error_chain(&resolve_vfio(&targets, &two).unwrap_err());
+    assert!(
+        err.contains("opaque config entry 1 of the claim")
+            && err.contains("a claim takes at most one; this is its second (the first is entry 0)"),
+        "{err}"
+    );
+    let class_and_claim = [entry(true, &[], api.clone()), entry(false, &["a"], api)];
+    assert!(resolve_vfio(&targets, &class_and_claim).is_ok());
+}
+
 fn vgpu_config(fields: Value) -> Value {
     let mut v = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VgpuDeviceConfig"});
     for (k, f) in fields.as_object().unwrap() {
