@@ -19,6 +19,8 @@ const NODE: &str = "node-a";
 
 /// One H100 with dynamic MIG and homogeneous vGPU.
 const H100: &str = "  - model: H100-SXM5-80GB\n    mig: dynamic\n    vgpu:\n      framework: vdev\n      heterogeneous: false\n";
+/// One T4 with vGPU on mediated devices: no SR-IOV VFs, so its VFIO device is published too.
+const T4: &str = "  - model: T4\n    vgpu:\n      framework: mdev\n";
 /// One L40S in heterogeneous vGPU mode.
 const L40S: &str = "  - model: L40S\n    vgpu:\n      framework: vdev\n      heterogeneous: true\n";
 
@@ -132,7 +134,18 @@ fn a_held_vgpu_keeps_the_full_gpu_and_the_vfio_device_of_its_gpu_from_the_alloca
 #[test]
 fn a_held_full_gpu_or_vfio_device_keeps_every_vgpu_of_its_gpu_from_the_allocator() {
     for groups in [false, true] {
+        // An SR-IOV (vdev) GPU has its VFs on, so it offers no VFIO device at all: a GPU
+        // with VFs cannot go to a VM whole.
         let slices = slices(H100, "H100-4C", groups);
+        assert_eq!(got(&slices, &[], VFIO, ""), Vec::<String>::new());
+        assert_eq!(
+            got(&slices, &holding(&["gpu-0"]), VGPU, ""),
+            Vec::<String>::new(),
+            "gpu-0, groups {groups}"
+        );
+        assert_eq!(got(&slices, &[], VGPU, ""), ["r0=vgpu-0-4c-0"]);
+        // An mdev GPU offers both, and either excludes the other.
+        let slices = self::slices(T4, "T4-4Q", groups);
         for held in ["gpu-0", "gpu-vfio-0"] {
             assert_eq!(
                 got(&slices, &holding(&[held]), VGPU, ""),
@@ -140,7 +153,11 @@ fn a_held_full_gpu_or_vfio_device_keeps_every_vgpu_of_its_gpu_from_the_allocator
                 "{held}, groups {groups}"
             );
         }
-        assert_eq!(got(&slices, &[], VGPU, ""), ["r0=vgpu-0-4c-0"]);
+        assert_eq!(got(&slices, &[], VGPU, ""), ["r0=vgpu-0-4q-0"]);
+        assert_eq!(
+            got(&slices, &holding(&["vgpu-0-4q-0"]), VFIO, ""),
+            Vec::<String>::new()
+        );
     }
 }
 

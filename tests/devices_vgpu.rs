@@ -162,18 +162,29 @@ fn with_compatibility_groups_every_consumption_of_a_vgpu_gpus_set_carries_its_ki
     assert_eq!(groups("vgpu-0-4c-0"), ["vgpu-4c"]);
     assert_eq!(groups("vgpu-0-10c-0"), ["vgpu-10c"]);
     assert_eq!(groups("gpu-0"), ["gpu-full"]);
-    assert_eq!(groups("gpu-vfio-0"), ["vfio"]);
     assert_eq!(groups("gpu-0-mig-1g10gb-0"), ["mig"]);
+    // Its GPUs have their SR-IOV VFs on: none can go to a VM whole, so no VFIO device.
+    assert_eq!(names_of_type(&slices, "vfio"), Vec::<&str>::new());
     // Every MIG device a GPU without vGPU publishes.
     let without = self::slices("hgx-h100-vgpu", options("", false));
     assert_eq!(
         names_of_type(&slices, "mig").len(),
         names_of_type(&without, "mig").len()
     );
-    // The VFIO device consumes the whole set, as the full GPU does.
+    // On an mdev host (no VFs) the VFIO device is there, in its own group, and consumes the
+    // whole set, as the full GPU does.
+    let t4 = self::slices(
+        "t4-vgpu-mdev",
+        SimSliceOptions {
+            passthrough: true,
+            ..options("T4-4Q", true)
+        },
+    );
+    let t4_groups = |name: &str| consumes(device(&t4, name))[0].2.clone();
+    assert_eq!(t4_groups("gpu-vfio-0"), ["vfio"]);
     assert_eq!(
-        consumes(device(&slices, "gpu-vfio-0"))[0].1,
-        consumes(device(&slices, "gpu-0"))[0].1
+        consumes(device(&t4, "gpu-vfio-0"))[0].1,
+        consumes(device(&t4, "gpu-0"))[0].1
     );
     for d in devices(&slices) {
         for (_, _, groups) in consumes(d) {
@@ -397,10 +408,10 @@ fn each_built_in_class_selects_its_own_device_type_and_only_the_vgpu_class_selec
         .collect();
     assert_eq!(
         pairs,
+        // No VFIO devices: the GPUs' SR-IOV VFs are on (the mdev host below has them).
         [
             ("gpu.nvidia.com", "gpu"),
             ("mig.nvidia.com", "mig"),
-            ("vfio.gpu.nvidia.com", "vfio"),
             ("vgpu.gpu.nvidia.com", "vgpu"),
         ]
     );

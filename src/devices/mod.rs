@@ -752,6 +752,16 @@ fn add_vfio_devices(
             ));
             continue;
         }
+        // Its SR-IOV VFs (vGPU's virtual functions) are on: it cannot go to a VM whole
+        // (prepare would refuse, PassthroughError::SriovVfs), so no VFIO device is offered.
+        if pci.sriov_vfs > 0 {
+            model.warnings.push(format!(
+                "GPU {} has {} SR-IOV VFs enabled (vGPU): no VFIO device published for it; \
+                 disable them (sriov-manage -d {}) to hand it to a VM whole",
+                pci.address, pci.sriov_vfs, pci.address
+            ));
+            continue;
+        }
         let mut device = attributes::vfio(format!("gpu-vfio-{i}"), pci, facts.iommufd, gpu);
         // On an FM node a VFIO device carries its GPU's module and partitions, as the full GPU
         // does, so claims of several VM GPUs match a partition (`gpu.nvidia.com/partitionN`)
