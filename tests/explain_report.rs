@@ -256,4 +256,19 @@ fn allocated_devices_no_slice_publishes_are_named_not_silently_dropped() {
         &input(h100_node("node-a", 1), vec![], vec![one_gpu()]),
     );
     assert!(clean.to_json().get("unpublishedAllocations").is_none());
+    // A claim that fits only because a held device is not published says so too.
+    let typo = allocated("typo", "node-a", &[("x", "gpu-0-mig-4g40gbb-0")]);
+    let report = explain(
+        &engine(),
+        &input(h100_node("node-a", 1), vec![typo], vec![one_gpu()]),
+    );
+    assert!(report.fits());
+    let text = report.render_human();
+    assert!(
+        text.ends_with(
+            "  note: left out, no slice publishes what these allocated claims hold: \
+             default/typo: gpu.nvidia.com/node-a/gpu-0-mig-4g40gbb-0\n"
+        ),
+        "{text}"
+    );
 }

@@ -46,6 +46,7 @@ pub(super) fn render(report: &ExplainReport) -> String {
         if let Some(chosen) = &report.chosen {
             outcome(&mut out, chosen);
         }
+        notes(&mut out, report);
         return out;
     }
     if single {
@@ -78,6 +79,13 @@ pub(super) fn render(report: &ExplainReport) -> String {
     for miss in &report.near_misses {
         outcome(&mut out, miss);
     }
+    notes(&mut out, report);
+    out
+}
+
+/// The report's notes, whether the claims fit or not: a note that the allocated claims hold
+/// devices no slice publishes matters most when they "fit" only because of it.
+fn notes(out: &mut String, report: &ExplainReport) {
     if let Some(note) = &report.note {
         let _ = writeln!(out, "  note: {note}");
     }
@@ -88,7 +96,6 @@ pub(super) fn render(report: &ExplainReport) -> String {
             report.unpublished_allocations.join(", ")
         );
     }
-    out
 }
 
 fn node_name(name: &str) -> &str {
