@@ -661,3 +661,42 @@ fn without_vfio_pci_loaded_the_modules_and_api_device_checks_fail() {
         "{fix}"
     );
 }
+
+#[test]
+fn asking_fabric_manager_writes_nothing_into_the_plugins_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin_dir = dir.path().join("plugin");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+        .args([
+            "doctor",
+            "--gpu-backend",
+            "sim",
+            "--sim-node",
+            "hgx-h100-passthrough",
+        ])
+        .arg("--plugin-dir")
+        .arg(&plugin_dir)
+        .args(["--fabric-manager", "-o", "json"])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBECONFIG")
+        .env_remove("GPU_DRA_SIM_STATE_DIR")
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let names: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert!(names.contains(&"fabric-manager"), "{names:?}");
+    // The simulated fmpm was linked elsewhere: the plugin's directory is still missing, and
+    // a second run reports it the same way.
+    assert!(
+        !plugin_dir.exists(),
+        "doctor created {}",
+        plugin_dir.display()
+    );
+}

@@ -172,9 +172,13 @@ pub(crate) fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut report = doctor::run(&config, &gpus, host_root.as_deref(), vgpu.as_ref())?;
     // `--quick` starts no process; asking FM runs fmpm.
     if let Some(fm) = args.fabric_manager.config().filter(|_| !args.quick) {
+        // A check writes nothing of the plugin's: the simulated fmpm is linked in a scratch
+        // directory, removed when this is done.
+        let tools = gpu_dra::fsutil::ScratchDir::new("doctor-fmpm")?;
         let client = gpu_dra::plugin::fabric::client_for(
             gpus.simulated && config.layout.driver_root == std::path::Path::new("/"),
             &gpus.sim_state,
+            tools.path(),
             &config.layout.driver_root,
             &fm,
         );

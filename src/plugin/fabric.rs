@@ -44,12 +44,15 @@ pub fn client(config: &PluginConfig, fm: &FabricManagerConfig) -> Result<FmClien
             detail: e.to_string(),
         })?;
     }
-    client_for(simulated, &sim_state, &config.driver_root, fm)
+    let tools = sim_state.join("fabricmanager/bin");
+    client_for(simulated, &sim_state, &tools, &config.driver_root, fm)
 }
 
 /// The FM client without starting anything: `simulated` runs this binary as `fmpm` over the
-/// simulated node in `sim_state` (linked at `<sim_state>/fabricmanager/bin/fmpm`); otherwise
-/// `fmpm` from `fm.fmpm` or under `driver_root`. `doctor` uses it as the plugin would.
+/// simulated node in `sim_state`, linked as `<tools>/fmpm` (the plugin links it under its
+/// state; `doctor`, which must not write the plugin's directories, in a scratch directory it
+/// keeps until the client has run); otherwise `fmpm` from `fm.fmpm` or under `driver_root`.
+/// `doctor` uses it as the plugin would.
 ///
 /// # Errors
 /// [`FabricError::ToolNotFound`], or [`FabricError::Spawn`] when the simulated tool cannot
@@ -57,6 +60,7 @@ pub fn client(config: &PluginConfig, fm: &FabricManagerConfig) -> Result<FmClien
 pub fn client_for(
     simulated: bool,
     sim_state: &Path,
+    tools: &Path,
     driver_root: &Path,
     fm: &FabricManagerConfig,
 ) -> Result<FmClient, FabricError> {
@@ -66,8 +70,7 @@ pub fn client_for(
             detail: e.to_string(),
         };
         let exe = std::env::current_exe().map_err(io)?;
-        let program =
-            fabric_manager::sim::install(&exe, &sim_state.join("fabricmanager/bin")).map_err(io)?;
+        let program = fabric_manager::sim::install(&exe, tools).map_err(io)?;
         let mut client = FmClient::new(program, endpoint(fm, sim_state));
         client.env.push((
             fabric_manager::sim::STATE_DIR_ENV.into(),
