@@ -220,8 +220,13 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
 /// `--list-presets`: the simulated nodes, the GPU models for node files, and where to start.
 fn list_presets() -> anyhow::Result<String> {
     let mut out = String::from("Simulated nodes (--sim-node):\n");
+    let width = presets::PRESETS
+        .iter()
+        .map(|p| p.name.len())
+        .max()
+        .unwrap_or(0);
     for p in presets::PRESETS {
-        out.push_str(&format!("  {:<12} {}\n", p.name, p.summary));
+        out.push_str(&format!("  {:<width$} {}\n", p.name, p.summary));
     }
     out.push_str("\nGPU models for node files (gpus[].model):\n");
     for m in catalog::models()? {
