@@ -37,6 +37,13 @@ struct FmNode {
 }
 
 impl FmNode {
+    /// The node as the chart publishes it by default: `--mig-profiles split`.
+    fn split() -> FmNode {
+        let mut node = FmNode::new();
+        node.options.mig_profiles = devices::MigProfileSet::Split;
+        node
+    }
+
     fn new() -> FmNode {
         let dir = tempfile::tempdir().unwrap();
         let sim = SimBackend::open(PRESET, Some(dir.path())).unwrap();
@@ -393,5 +400,74 @@ async fn the_plugin_republishes_free_partitions_first_after_preparing_a_mig_clai
             want("gpus", &["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),
             "{rollback:?}"
         );
+    }
+}
+
+#[test]
+fn under_the_default_split_layout_the_docs_partition_claims_hold_after_a_mig_claim_on_gpu_0() {
+    // The chart's default publishes GPU 0 only its one-slice variants (and 7g.80gb), and the
+    // whole GPUs in split's whole-GPU order: the FM order must still put GPUs 4-7 first once
+    // GPU 0 is carved, for either scheduler.
+    for rollback in BOTH {
+        let node = FmNode::split();
+        let slices = node.slices();
+        // Idle: every size fits, whatever GPU the walk starts on.
+        for size in [2, 4, 8] {
+            let idle = allocate(
+                &slices,
+                &[],
+                &partition_claim(size, "gpu.nvidia.com"),
+                rollback,
+            );
+            assert_eq!(
+                got(&idle).len(),
+                size,
+                "{rollback:?}, idle, partition{size}"
+            );
+        }
+        let gpu0 = node.uuid(0);
+        let claim = claim(
+            "mig",
+            &format!(
+                "requests:\n- name: mig\n  exactly:\n    deviceClassName: mig.nvidia.com\n    selectors:\n    - cel:\n        expression: \"device.attributes['gpu.nvidia.com'].profile == '1g.20gb' && device.attributes['gpu.nvidia.com'].parentUUID == '{gpu0}'\""
+            ),
+        );
+        let outcome = allocate(&slices, &[], &claim, rollback);
+        let [device] = got(&outcome).try_into().expect("one MIG device on GPU 0");
+        let device = device.strip_prefix("mig=").unwrap().to_string();
+        node.prepare_mig(&device);
+        let mig = allocated("mig", PRESET, &[("mig", &device)]);
+        let held = std::slice::from_ref(&mig);
+        let slices = node.slices();
+        let mut p4 = got(&allocate(
+            &slices,
+            held,
+            &partition_claim(4, "gpu.nvidia.com"),
+            rollback,
+        ));
+        p4.sort();
+        assert_eq!(
+            p4,
+            want("gpus", &["gpu-4", "gpu-5", "gpu-6", "gpu-7"]),
+            "{rollback:?}"
+        );
+        let p2 = got(&allocate(
+            &slices,
+            held,
+            &partition_claim(2, "gpu.nvidia.com"),
+            rollback,
+        ));
+        assert_eq!(p2.len(), 2, "{rollback:?}");
+        assert!(
+            !p2.contains(&"gpus=gpu-0".to_string()),
+            "{rollback:?}: {p2:?}"
+        );
+        let vm = got(&allocate(
+            &slices,
+            held,
+            &partition_claim(4, "vfio.gpu.nvidia.com"),
+            rollback,
+        ));
+        assert_eq!(vm.len(), 4, "{rollback:?}: {vm:?}");
     }
 }
