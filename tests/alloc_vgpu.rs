@@ -325,3 +325,41 @@ fn without_compatibility_groups_a_type_set_the_gpu_cannot_mix_is_refused_before_
     );
     assert!(try_slices(L40S, "L40S-12Q,L40S-24Q", false).is_ok());
 }
+
+#[test]
+fn more_slots_than_a_gpu_has_on_one_gpu_is_refused_after_a_few_steps_not_every_subset() {
+    // 21 × H100-4C (20 a GPU) that must share a GPU: the slots of one GPU are interchangeable,
+    // so once 20 of them failed to find a 21st the search tries no other subset of them
+    // (2^20 otherwise; the scheduler's allocator and explain used to give up after minutes).
+    let slices = slices(H100, "H100-4C", false);
+    let claim = claim(
+        "many",
+        "requests:\n- name: vgpu\n  exactly:\n    deviceClassName: vgpu.gpu.nvidia.com\n    allocationMode: ExactCount\n    count: 21\nconstraints:\n- requests: [vgpu]\n  matchAttribute: gpu.nvidia.com/uuid\n",
+    );
+    let classes = builtin_classes().unwrap();
+    let allocator = gpu_dra::alloc::Allocator::new(&CelEngine, &classes, &slices, &[])
+        .unwrap()
+        .with_step_limit(1_000);
+    let prepared = allocator.prepare(std::slice::from_ref(&claim)).unwrap();
+    let outcome = allocator.allocate(&prepared, &Node::named(NODE), Detail::Full);
+    assert!(!outcome.fits());
+    assert!(outcome.abort.is_none(), "{:?}", outcome.abort);
+    assert_eq!((outcome.progress.placed, outcome.progress.needed), (20, 21));
+    // Twenty fit, at once, as before.
+    let twenty = yaml_claim_count(&claim, 20);
+    let prepared = allocator.prepare(std::slice::from_ref(&twenty)).unwrap();
+    let outcome = allocator.allocate(&prepared, &Node::named(NODE), Detail::Full);
+    assert_eq!(device_names(&outcome)[0].len(), 20);
+}
+
+/// `claim` with its first request's count set to `count`.
+fn yaml_claim_count(claim: &ResourceClaim, count: i64) -> ResourceClaim {
+    let mut claim = claim.clone();
+    let spec = claim.spec.as_mut().unwrap().devices.as_mut().unwrap();
+    spec.requests.as_mut().unwrap()[0]
+        .exactly
+        .as_mut()
+        .unwrap()
+        .count = Some(count);
+    claim
+}

@@ -69,6 +69,11 @@ pub(crate) struct NodeSearch<'s, 'a, E: SelectorEngine> {
     /// Counters kept by candidates a constraint refused ([`CounterRollback::Leaked`]): slot,
     /// device and what it consumes.
     leaked: Vec<(usize, usize, Rc<[Use]>)>,
+    /// Each device's class of interchangeable devices ([`NodeSearch::twin_class`]), computed
+    /// when first needed: `Some(None)` for a device that has no twins by construction.
+    twins: Vec<Option<Option<u32>>>,
+    /// The classes by their key.
+    twin_keys: HashMap<(usize, String), u32>,
 }
 
 impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
@@ -101,7 +106,48 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             steps: 0,
             best: 0,
             leaked: Vec::new(),
+            twins: vec![None; n],
+            twin_keys: HashMap::new(),
         }
+    }
+
+    /// The class of devices interchangeable with the device at `pos` in this search: the same
+    /// pool, capacity and counter consumption, the same eligibility for every request, and
+    /// the same value of every attribute a constraint of the claims compares, e.g. the vGPU
+    /// slots of one type on one GPU (which differ in name and `slot` only). Selectors reach
+    /// the search only through eligibility, constraints only through those values, counters
+    /// only through the consumption, so once a search with one of them taken at some step has
+    /// failed, the same step with a later twin fails too (swapping the two maps the twin's
+    /// subtree onto part of the first one's). `None` for a device that can be shared (what
+    /// is left of it differs per device) or when the search keeps side effects across
+    /// backtracking ([`CounterRollback::Leaked`]).
+    fn twin_class(&mut self, pos: usize) -> Option<u32> {
+        if let Some(class) = self.twins[pos] {
+            return class;
+        }
+        let at = self.node.devices[pos];
+        let pool = &self.alloc.inventory.pools[at.pool];
+        let device = pool.devices[at.index].device;
+        let class = if self.alloc.counter_rollback == CounterRollback::Leaked
+            || device.allow_multiple_allocations == Some(true)
+        {
+            None
+        } else {
+            let mut key = serde_json::to_string(&(&device.capacity, &device.consumes_counters))
+                .unwrap_or_default();
+            for slot in 0..self.prep.slots.len() {
+                let status = self.eligible(slot, pos).unwrap_or(Status::Error);
+                key.push_str(&format!("|{status:?}"));
+            }
+            for constraint in &self.prep.constraints {
+                let value = super::constraint::lookup(device, pool.driver, constraint.attribute);
+                key.push_str(&format!("|{value:?}"));
+            }
+            let next = self.twin_keys.len() as u32;
+            Some(*self.twin_keys.entry((at.pool, key)).or_insert(next))
+        };
+        self.twins[pos] = Some(class);
+        class
     }
 
     /// Runs the search; `Ok(true)` when every request of every claim is satisfied.
@@ -174,12 +220,20 @@ impl<'s, 'a, E: SelectorEngine> NodeSearch<'s, 'a, E> {
             };
         }
         let mut next = self.candidates[slot].partition_point(|&p| p < start);
+        // Classes of devices whose subtree failed at this step: their later twins are skipped
+        // (a vGPU claim asking for more slots than a GPU has would otherwise try every subset).
+        let mut failed: Vec<u32> = Vec::new();
         while let Some(pos) = self.next_candidate(slot, next)? {
             next += 1;
-            if let Ok(pick) = self.try_take(slot, pos)?
-                && self.descend(pick, request, alt, k, pos + 1)?
-            {
-                return Ok(true);
+            let class = self.twin_class(pos);
+            if class.is_some_and(|c| failed.contains(&c)) {
+                continue;
+            }
+            if let Ok(pick) = self.try_take(slot, pos)? {
+                if self.descend(pick, request, alt, k, pos + 1)? {
+                    return Ok(true);
+                }
+                failed.extend(class);
             }
         }
         Ok(false)
