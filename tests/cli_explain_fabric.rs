@@ -150,3 +150,54 @@ fn fabric_manager_on_a_node_without_shared_nvswitch_mode_is_bad_input() {
         "{err}"
     );
 }
+
+#[test]
+fn gpus_that_are_not_one_partition_fit_with_a_note_that_prepare_will_refuse_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let claim = |count: u32, constraint: &str| {
+        let path = dir
+            .path()
+            .join(format!("c{count}{}.yaml", constraint.len()));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: gpus, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpus\n      exactly:\n        deviceClassName: gpu.nvidia.com\n        allocationMode: ExactCount\n        count: {count}\n{constraint}"
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let run = |path: &str| {
+        explain(&[
+            "--sim-node",
+            NODE,
+            "--passthrough",
+            "--fabric-manager",
+            "--claim",
+            path,
+        ])
+    };
+    // Three GPUs: the scheduler gives them, no partition has three.
+    let (code, out, err) = run(&claim(3, ""));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("are not one partition")
+            && out.contains("no partition has 3 GPUs (sizes 1, 2, 4, 8)"),
+        "{out}"
+    );
+    // Four without the constraint: any four the walk meets, here not one partition.
+    let (code, out, err) = run(&claim(4, ""));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("ask with `matchAttribute: gpu.nvidia.com/partition4`"),
+        "{out}"
+    );
+    // With it: one partition, no note.
+    let constrained = claim(
+        4,
+        "    constraints:\n    - requests: [gpus]\n      matchAttribute: gpu.nvidia.com/partition4\n",
+    );
+    let (code, out, err) = run(&constrained);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("note:"), "{out}");
+}

@@ -263,6 +263,7 @@ pub fn explain_as<E: SelectorEngine>(
         unpublished_allocations: unpublished_allocations(input),
     };
     decide(&allocator, &prepared, &nodes, &mut report);
+    report.note = fabric_note(input, &report);
     if counter_rollback == CounterRollback::Leaked && !report.fits {
         // Would a scheduler that releases a refused device's counters place them? Same
         // allocator (the device views it built are kept), every node tried cheaply.
@@ -280,6 +281,80 @@ pub fn explain_as<E: SelectorEngine>(
         }
     }
     report
+}
+
+/// When a claim that fits gets several GPUs of a Fabric Manager node (devices carrying
+/// `gpuModuleID`) that are not one FM partition, the plugin's prepare will refuse it: FM
+/// activates partitions, not arbitrary sets of GPUs. The scheduler cannot know; `explain`
+/// can, from the `partitionN` attributes the devices carry: N GPUs are one partition exactly
+/// when they share their `partitionN` value. A note names the claim, its GPUs and the
+/// constraint that makes the scheduler choose a partition.
+fn fabric_note(input: &ExplainInput, report: &ExplainReport) -> Option<String> {
+    use crate::fabric_manager::partitions::MODULE_ATTRIBUTE;
+    let chosen = report.chosen.as_ref()?;
+    let attribute = |device: &k8s_openapi::api::resource::v1::Device, name: &str| {
+        device.attributes.as_ref()?.get(name)?.int
+    };
+    let mut notes = Vec::new();
+    for (claim, allocation) in report
+        .claims
+        .iter()
+        .zip(chosen.allocations.iter().flatten())
+    {
+        let results = allocation
+            .devices
+            .iter()
+            .flat_map(|d| d.results.iter().flatten());
+        let gpus: Vec<&k8s_openapi::api::resource::v1::Device> = results
+            .filter_map(|r| {
+                input
+                    .slices
+                    .iter()
+                    .filter(|s| s.spec.driver == r.driver && s.spec.pool.name == r.pool)
+                    .flat_map(|s| s.spec.devices.iter().flatten())
+                    .find(|d| d.name == r.device)
+            })
+            .filter(|d| attribute(d, MODULE_ATTRIBUTE).is_some())
+            .collect();
+        if gpus.len() < 2 {
+            continue;
+        }
+        let size = gpus.len();
+        let key = format!("partition{size}");
+        let values: std::collections::BTreeSet<Option<i64>> =
+            gpus.iter().map(|d| attribute(d, &key)).collect();
+        if values.len() == 1 && values.iter().all(Option::is_some) {
+            continue;
+        }
+        let names: Vec<String> = gpus
+            .iter()
+            .map(|d| {
+                let module = attribute(d, MODULE_ATTRIBUTE).unwrap_or_default();
+                format!("{} (module {module})", d.name)
+            })
+            .collect();
+        let sizes: std::collections::BTreeSet<usize> = gpus
+            .iter()
+            .flat_map(|d| d.attributes.iter().flat_map(|a| a.keys()))
+            .filter_map(|k| k.strip_prefix("partition")?.parse().ok())
+            .collect();
+        let ask = if sizes.contains(&size) {
+            format!(
+                "ask with `matchAttribute: gpu.nvidia.com/{key}` so the scheduler picks a partition"
+            )
+        } else {
+            let sizes: Vec<String> = sizes.iter().map(usize::to_string).collect();
+            format!(
+                "no partition has {size} GPUs (sizes {}): ask for one of those sizes with `matchAttribute: gpu.nvidia.com/partitionN`",
+                sizes.join(", ")
+            )
+        };
+        notes.push(format!(
+            "claim {claim} gets {size} GPUs of a Fabric Manager node that are not one partition ({}): the plugin's prepare will refuse it; {ask} (docs/fabric-manager.md)",
+            names.join(", ")
+        ));
+    }
+    (!notes.is_empty()).then(|| notes.join("; "))
 }
 
 /// Fills `report`'s outcome: on one node, the full explanation; on several, every node tried
