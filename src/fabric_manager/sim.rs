@@ -24,7 +24,6 @@ use std::process::ExitCode;
 
 use super::codes;
 use super::partitions::{PartitionList, hgx_8gpu_table};
-use crate::hardware::GpuBackend;
 use crate::hardware::sim::SimBackend;
 
 /// The executable name.
@@ -206,20 +205,26 @@ pub fn partitions(sim: &SimBackend) -> Result<super::PartitionTable, super::Fabr
     super::PartitionTable::new(hgx_8gpu_table(&gpus, &BTreeSet::new()))
 }
 
-/// [`node_gpus`] of an open node.
+/// [`node_gpus`] of an open node: UUID and PCI bus ID of modules 1, 2, … in order. Every GPU
+/// of the baseboard, NVML-visible or not: FM's list does not change when the host moves a
+/// GPU to `vfio-pci` (an earlier version took NVML's list, so module numbers shifted past a
+/// GPU on `vfio-pci`).
 fn gpus_of(sim: &SimBackend) -> Result<Vec<(String, String)>, i32> {
     if sim.plan().spec.fabric_mode != 1 {
         return Err(codes::NOT_SUPPORTED);
     }
-    let inventory = sim.inventory().map_err(|_| codes::CONNECTION_NOT_VALID)?;
-    let mut gpus: Vec<_> = inventory
-        .gpus
-        .iter()
-        .filter(|g| g.module_id > 0)
-        .map(|g| (g.module_id, g.uuid.clone(), g.pci_bus_id.clone()))
-        .collect();
-    gpus.sort();
-    Ok(gpus.into_iter().map(|(_, u, b)| (u, b)).collect())
+    let gpus = sim.baseboard_gpus();
+    let Some(&(last, _, _)) = gpus.last() else {
+        return Err(codes::CONNECTION_NOT_VALID);
+    };
+    Ok((1..=last)
+        .map(|m| {
+            gpus.iter()
+                .find(|(module, _, _)| *module == m)
+                .map(|(_, uuid, bus)| (uuid.clone(), bus.clone()))
+                .unwrap_or_default()
+        })
+        .collect())
 }
 
 fn answer(state: &Path, op: Op) -> Result<(), (&'static str, i32)> {
@@ -334,4 +339,36 @@ pub fn calls(state: &Path) -> Vec<String> {
 /// demo; what `fmpm -l` reports as `isActive`).
 pub fn active(state: &Path) -> BTreeSet<u32> {
     read_active(&state.join("fabricmanager"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::hardware::passthrough::PciHost;
+    use crate::hardware::sim::SimBackend;
+    use crate::hardware::sim::sysfs::SimKernel;
+
+    #[test]
+    fn a_gpu_moved_to_vfio_pci_keeps_its_module_in_fms_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = SimBackend::open("hgx-h100-passthrough", Some(dir.path())).unwrap();
+        let before = super::partitions(&sim).unwrap();
+        let root = sim.host_root().unwrap().to_path_buf();
+        let pci = PciHost::new(&root, Arc::new(SimKernel::new(&root)));
+        // Module 3's GPU goes to a VM: NVML stops listing it, FM does not.
+        let module3 = before.partitions()[0].gpu_info[2].pci_bus_id.clone();
+        assert!(!module3.is_empty());
+        pci.switch(&module3, "nvidia", "vfio-pci", "test").unwrap();
+        let after = super::partitions(&sim).unwrap();
+        let buses = |t: &super::super::PartitionTable| -> Vec<(u32, String)> {
+            t.partitions()[0]
+                .gpu_info
+                .iter()
+                .map(|g| (g.physical_id, g.pci_bus_id.clone()))
+                .collect()
+        };
+        assert_eq!(buses(&before), buses(&after));
+        assert_eq!(after.module_by_pci_bus_id(&module3), Some(3));
+    }
 }

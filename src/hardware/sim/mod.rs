@@ -222,6 +222,19 @@ impl SimBackend {
             .collect()
     }
 
+    /// The GPUs on the node's NVSwitch baseboard as its Fabric Manager knows them: module ID,
+    /// UUID and PCI bus ID of every planned GPU with a module, whatever driver the host has
+    /// bound it to (FM keeps a GPU moved to `vfio-pci`, which NVML no longer lists), by module.
+    pub fn baseboard_gpus(&self) -> Vec<(u32, String, String)> {
+        let mut gpus: Vec<(u32, String, String)> = (0..self.plan.gpus.len())
+            .map(|i| self.identity(i))
+            .filter(|g| g.module_id > 0)
+            .map(|g| (g.module_id, g.uuid, g.pci_bus_id))
+            .collect();
+        gpus.sort();
+        gpus
+    }
+
     /// The vGPUs of the host tree, as bytes that change whenever one is created or deleted
     /// (the simulated kernel's record of them); empty on a node without vGPU or without a
     /// host tree. One small read: the simulated NVML library keys its inventory cache on it,
