@@ -162,6 +162,10 @@ pub fn sim_slices(
         (true, Some(root)) => {
             use crate::hardware::passthrough::{HostKernel, PassthroughBackend, PciHost};
             let pci = std::sync::Arc::new(PciHost::new(root, std::sync::Arc::new(HostKernel)));
+            // As the plugin: without an IOMMU no VFIO device can work, and it refuses to start.
+            pci.require_iommu().map_err(|e| InputError::SimSlices {
+                detail: format!("--passthrough on {sim_node:?}: {e}"),
+            })?;
             Box::new(PassthroughBackend::new(std::sync::Arc::new(sim), pci))
         }
     };

@@ -329,3 +329,34 @@ fn slice_layout_by_profile_groups_each_profile_in_one_slice_and_a_bad_layout_nam
         "{err}"
     );
 }
+
+#[test]
+fn passthrough_without_an_iommu_is_refused_as_the_plugin_refuses_to_start() {
+    for verb in [
+        vec![
+            "inventory",
+            "--sim-node",
+            "hgx-h100-passthrough-iommu-off",
+            "--passthrough",
+        ],
+        vec![
+            "explain",
+            "--sim-node",
+            "hgx-h100-passthrough-iommu-off",
+            "--passthrough",
+            "--claim",
+            "examples/dedicated-gpu.yaml",
+        ],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-dra"))
+            .args(&verb)
+            .env_remove("KUBECONFIG")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{verb:?}");
+        assert!(err.contains("the IOMMU is not enabled"), "{verb:?}: {err}");
+        assert!(out.stdout.is_empty(), "{verb:?}: published anyway");
+    }
+}

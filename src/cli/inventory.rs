@@ -179,6 +179,9 @@ pub(crate) fn run(args: InventoryArgs) -> anyhow::Result<ExitCode> {
         use gpu_dra::hardware::passthrough::{HostKernel, PassthroughBackend, PciHost};
         // Read only: the inventory never writes sysfs, so the kernel side is the host's.
         let pci = std::sync::Arc::new(PciHost::new(root.clone(), std::sync::Arc::new(HostKernel)));
+        // As the plugin with --passthrough: no IOMMU, no VFIO devices, and it refuses to start.
+        pci.require_iommu()
+            .context("--passthrough: the plugin would refuse to start")?;
         Box::new(PassthroughBackend::new(std::sync::Arc::from(backend), pci))
     } else {
         backend
