@@ -287,3 +287,31 @@ fn a_kubeconfig_in_the_environment_yields_to_a_simulated_node_and_an_unreadable_
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("cannot be used with"), "{err}");
 }
+
+#[test]
+fn a_claim_whose_opaque_config_prepare_would_refuse_is_bad_input_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let claim = dir.path().join("claim.yaml");
+    std::fs::write(
+        &claim,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: mps, namespace: default}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {deviceClassName: gpu.nvidia.com}\n    config:\n    - requests: [gpu]\n      opaque:\n        driver: gpu.nvidia.com\n        parameters:\n          apiVersion: resource.nvidia.com/v1beta1\n          kind: GpuConfig\n          sharing:\n            strategy: MPS\n            mpsConfig: {defaultActiveThreadPercentage: 150}\n",
+    )
+    .unwrap();
+    let (code, out, err) = explain(&["--claim", claim.to_str().unwrap(), "--sim-node", "dgx-h100"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        out.contains("but the plugin's prepare refuses its config")
+            && out
+                .contains("sharing.mpsConfig.defaultActiveThreadPercentage: 150 is outside 0–100"),
+        "{out}"
+    );
+    // The examples' configs are good: they fit.
+    for example in [
+        "examples/sharing-mps-limits.yaml",
+        "examples/sharing-time-slicing.yaml",
+        "examples/sharing-mps-on-mig.yaml",
+    ] {
+        let (code, out, err) = explain(&["--claim", example, "--sim-node", "dgx-h100"]);
+        assert_eq!(code, 0, "{example}: {out}{err}");
+    }
+}

@@ -263,6 +263,12 @@ pub fn explain_as<E: SelectorEngine>(
         unpublished_allocations: unpublished_allocations(input),
     };
     decide(&allocator, &prepared, &nodes, &mut report);
+    if let Some(error) = config_error(input, &report) {
+        // Placed, but refused at prepare: bad input, as the plugin would answer the kubelet.
+        report.fits = false;
+        report.error = Some(error);
+        return report;
+    }
     report.note = fabric_note(input, &report);
     if counter_rollback == CounterRollback::Leaked && !report.fits {
         // Would a scheduler that releases a refused device's counters place them? Same
@@ -281,6 +287,118 @@ pub fn explain_as<E: SelectorEngine>(
         }
     }
     report
+}
+
+/// The first claim whose opaque config the plugin's prepare would refuse on the devices the
+/// claims got (a field, value or kind that does not apply: `opaque::resolve` and its VFIO
+/// and vGPU forms, as prepare runs them), as the message explain reports; `None` when every
+/// claim's config is good or nothing fits. The DeviceClass's config of each `exactly`
+/// request comes first, as the API server copies it into the allocation.
+fn config_error(input: &ExplainInput, report: &ExplainReport) -> Option<String> {
+    use crate::opaque::{self, Entry, Target, TargetKind};
+    let chosen = report.chosen.as_ref()?;
+    for ((name, claim), allocation) in report
+        .claims
+        .iter()
+        .zip(&input.claims)
+        .zip(chosen.allocations.iter().flatten())
+    {
+        let results: Vec<_> = allocation
+            .devices
+            .iter()
+            .flat_map(|d| d.results.iter().flatten())
+            .collect();
+        let device_of = |r: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult| {
+            input
+                .slices
+                .iter()
+                .filter(|s| s.spec.driver == r.driver && s.spec.pool.name == r.pool)
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .find(|d| d.name == r.device)
+        };
+        for driver in results
+            .iter()
+            .map(|r| r.driver.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            let targets: Vec<Target> = results
+                .iter()
+                .filter(|r| r.driver == driver)
+                .map(|r| {
+                    let device = device_of(r);
+                    let attribute = |key: &str| -> Option<String> {
+                        device?.attributes.as_ref()?.get(key)?.string.clone()
+                    };
+                    Target {
+                        device: r.device.clone(),
+                        request: r.request.clone(),
+                        kind: match attribute("type").as_deref() {
+                            Some("mig") => TargetKind::Mig,
+                            Some("vfio") => TargetKind::Vfio,
+                            Some("vgpu") => TargetKind::Vgpu,
+                            _ => TargetKind::FullGpu,
+                        },
+                        uuid: attribute("uuid"),
+                        memory_bytes: device
+                            .and_then(|d| d.capacity.as_ref()?.get("memory"))
+                            .and_then(|q| q.value.0.parse::<crate::quantity::Quantity>().ok())
+                            .and_then(|q| q.as_i64().ok())
+                            .and_then(|v| u64::try_from(v).ok())
+                            .unwrap_or(0),
+                    }
+                })
+                .collect();
+            let spec = claim.spec.as_ref().and_then(|s| s.devices.as_ref());
+            let mut entries = Vec::new();
+            for request in spec.iter().flat_map(|d| d.requests.iter().flatten()) {
+                let Some(class) = request.exactly.as_ref().map(|e| &e.device_class_name) else {
+                    continue;
+                };
+                let class = input
+                    .classes
+                    .iter()
+                    .find(|c| c.metadata.name.as_deref() == Some(class.as_str()));
+                let configs = class.and_then(|c| c.spec.as_ref()?.config.as_ref());
+                for config in configs.into_iter().flatten() {
+                    if let Some(o) = config.opaque.as_ref().filter(|o| o.driver == driver) {
+                        entries.push(Entry {
+                            from_class: true,
+                            requests: vec![request.name.clone()],
+                            parameters: o.parameters.0.clone(),
+                        });
+                    }
+                }
+            }
+            for config in spec.into_iter().flat_map(|d| d.config.iter().flatten()) {
+                if let Some(o) = config.opaque.as_ref().filter(|o| o.driver == driver) {
+                    entries.push(Entry {
+                        from_class: false,
+                        requests: config.requests.clone().unwrap_or_default(),
+                        parameters: o.parameters.0.clone(),
+                    });
+                }
+            }
+            if entries.is_empty() {
+                continue;
+            }
+            let refused = opaque::resolve(&targets, &entries)
+                .err()
+                .or_else(|| opaque::resolve_vfio(&targets, &entries).err())
+                .or_else(|| opaque::resolve_vgpu(&targets, &entries).err());
+            if let Some(e) = refused {
+                return Some(format!(
+                    "claim {name} would be placed on node {}, but the plugin's prepare refuses its config: {}",
+                    report
+                        .fitting_nodes
+                        .first()
+                        .map(String::as_str)
+                        .unwrap_or_default(),
+                    crate::errors::error_chain(&e)
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// When a claim that fits gets several GPUs of a Fabric Manager node (devices carrying
