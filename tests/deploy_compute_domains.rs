@@ -148,7 +148,7 @@ fn the_controller_runs_its_verb_with_the_namespace_image_and_daemon_account() {
         ("GPU_DRA_LEADER_ELECTION", "true"),
         ("GPU_DRA_LOG_LEVEL", "info"),
         ("GPU_DRA_LOG_FORMAT", "text"),
-        ("GPU_DRA_METRICS_ADDR", "0.0.0.0:8080"),
+        ("GPU_DRA_METRICS_ADDR", ":8080"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -202,7 +202,7 @@ fn the_compute_domain_plugin_takes_the_node_flags_with_its_own_plugin_dir() {
             "--cdi-root=/var/run/cdi".to_string(),
         ];
         a.extend(backend.iter().map(|s| s.to_string()));
-        a.push("--metrics-addr=0.0.0.0:8080".to_string());
+        a.push("--metrics-addr=:8080".to_string());
         json!(a)
     };
     let want = vec![

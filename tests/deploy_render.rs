@@ -293,7 +293,7 @@ fn real_gpu_plugin_is_privileged_with_host_mounts_probes_and_downward_env() {
         ("GPU_DRA_DRIVER_ROOT", Some("/driver-root")),
         ("GPU_DRA_HOST_DRIVER_ROOT", Some("/")),
         ("GPU_DRA_DEV_ROOT", Some("/host")),
-        ("GPU_DRA_METRICS_ADDR", Some("0.0.0.0:8080")),
+        ("GPU_DRA_METRICS_ADDR", Some(":8080")),
         ("GPU_DRA_SHARED_GPUS", Some("off")),
         ("GPU_DRA_SIM_NODE", None),
     ];

@@ -226,3 +226,19 @@ async fn the_endpoint_answers_while_the_runtime_that_started_it_is_blocked() {
         .expect("an answer while this runtime's only thread waits for it");
     assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
 }
+
+#[tokio::test]
+async fn a_port_alone_serves_every_address_ipv4_and_ipv6_alike() {
+    // `:port`, as the chart passes it: the kubelet probes the pod's IP, IPv4 or IPv6.
+    let server = metrics::serve(":0", Metrics::new(), Health::new())
+        .await
+        .unwrap();
+    let port = server.local_addr().port();
+    let v4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(request(v4, "GET", "/healthz").await.status, 200);
+    // Where the kernel has IPv6 (the bind fell back to 0.0.0.0 otherwise), over IPv6 too.
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        let v6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+        assert_eq!(request(v6, "GET", "/healthz").await.status, 200);
+    }
+}

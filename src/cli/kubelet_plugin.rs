@@ -106,8 +106,9 @@ pub(crate) struct PluginArgs {
     /// <state dir>/sim/host-root).
     #[arg(long, env = "GPU_DRA_HOST_ROOT", value_name = "DIR")]
     host_root: Option<PathBuf>,
-    /// Address (`host:port`) serving /metrics, /healthz and /readyz; "" or `off` disables it.
-    #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    /// Address (`host:port`) serving /metrics, /healthz and /readyz; `:port` alone is every
+    /// address, IPv6 and IPv4; "" or `off` disables it.
+    #[arg(long, env = "GPU_DRA_METRICS_ADDR", default_value = ":8080")]
     metrics_addr: String,
     /// `--fabric-manager` and its endpoint.
     #[command(flatten)]

@@ -31,7 +31,7 @@ pub use calls::{DURATION_BUCKETS, Operation, Outcome};
 pub use health::Health;
 pub use lifecycle::ORPHAN_REASONS;
 pub use registry::Metrics;
-pub use server::{MetricsServer, respond, serve};
+pub use server::{MetricsServer, bind_any, respond, serve};
 
 /// Errors of the metrics endpoint.
 #[derive(Debug, thiserror::Error)]

@@ -53,9 +53,26 @@ impl Drop for MetricsServer {
     }
 }
 
-/// Binds `addr` (`host:port`; a host name is resolved, the first address that binds wins)
-/// and serves `metrics` and `health` on it from a thread of its own (`gpu-dra-metrics`, with
-/// a one-thread runtime).
+/// Binds `addr`: `host:port` (a host name is resolved, the first address that binds wins),
+/// or `:port` for every address of the host, IPv6 and IPv4: `[::]:port` (Linux accepts IPv4
+/// on it too unless `net.ipv6.bindv6only` is set), else `0.0.0.0:port` where the kernel has no
+/// IPv6. The chart's probes reach the pod's IP, which is IPv6 on a single-stack IPv6 cluster.
+///
+/// # Errors
+/// The last bind error.
+pub fn bind_any(addr: &str) -> std::io::Result<std::net::TcpListener> {
+    match addr.strip_prefix(':') {
+        Some(port) => std::net::TcpListener::bind(format!("[::]:{port}"))
+            .or_else(|_| std::net::TcpListener::bind(format!("0.0.0.0:{port}"))),
+        None => std::net::TcpListener::bind(addr),
+    }
+}
+
+/// Binds `addr` (`host:port`; a host name is resolved, the first address that binds wins;
+/// `:port` is every address of the pod, IPv6 and IPv4 alike: `[::]:port`, or `0.0.0.0:port`
+/// on a kernel without IPv6, so one chart serves probes on IPv4, IPv6 and dual-stack
+/// clusters) and serves `metrics` and `health` on it from a thread of its own
+/// (`gpu-dra-metrics`, with a one-thread runtime).
 ///
 /// The kubelet plugin runs its async work on one thread, where a MIG carve or an MPS daemon's
 /// start holds everything else for as long as it takes; the kubelet's probes and Prometheus
@@ -77,7 +94,7 @@ pub async fn serve(
         addr: addr.to_string(),
         source,
     };
-    let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+    let listener = bind_any(addr).map_err(bind_error)?;
     listener.set_nonblocking(true).map_err(bind_error)?;
     let local_addr = listener
         .local_addr()

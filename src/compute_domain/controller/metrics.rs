@@ -89,12 +89,14 @@ pub async fn serve(
     addr: &str,
     stats: Arc<Stats>,
 ) -> Result<tokio::task::JoinHandle<()>, ControllerError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ControllerError::Metrics {
-            addr: addr.to_string(),
-            source,
-        })?;
+    let bind_error = |source| ControllerError::Metrics {
+        addr: addr.to_string(),
+        source,
+    };
+    // `:port`: every address, IPv6 and IPv4 (crate::metrics::bind_any).
+    let listener = crate::metrics::bind_any(addr).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(bind_error)?;
     tracing::info!(%addr, "serving /metrics and /healthz");
     Ok(tokio::spawn(async move {
         loop {

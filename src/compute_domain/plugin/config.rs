@@ -10,8 +10,8 @@ use crate::plugin::BackendChoice;
 
 /// The plugin directory (DRA socket, `plugin.lock`, and by default the state).
 pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/plugins/compute-domain.nvidia.com";
-/// `--metrics-addr` default: the GPU plugin's is `0.0.0.0:8080`.
-pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:8081";
+/// `--metrics-addr` default, every address (IPv6 and IPv4): the GPU plugin's is `:8080`.
+pub const DEFAULT_METRICS_ADDR: &str = ":8081";
 /// `--namespace` default: where the IMEX daemons' `ComputeDomainNode` objects live (the
 /// chart's namespace).
 pub const DEFAULT_NAMESPACE: &str = "gpu-dra";
