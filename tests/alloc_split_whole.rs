@@ -75,15 +75,15 @@ fn gpu_of(device: &str) -> &str {
     device.split('-').take(2).last().unwrap()
 }
 
-const H100_PROFILES: [&str; 7] = [
-    "1g.10gb",
-    "1g.10gb+me",
-    "1g.20gb",
-    "2g.20gb",
-    "3g.40gb",
-    "4g.40gb",
-    "7g.80gb",
-];
+/// Every MIG profile of the H100, from the simulator's catalog.
+fn h100_profiles() -> Vec<String> {
+    gpu_dra::hardware::catalog::model("h100")
+        .unwrap()
+        .profiles
+        .iter()
+        .map(|p| p.name.clone())
+        .collect()
+}
 
 #[test]
 fn four_whole_gpu_claims_of_either_kind_leave_every_profile_claimable_on_a_dgx_h100() {
@@ -94,9 +94,9 @@ fn four_whole_gpu_claims_of_either_kind_leave_every_profile_claimable_on_a_dgx_h
         ["7g.80gb", "7g.80gb", "7g.80gb", "7g.80gb"],
         ["gpu", "7g.80gb", "gpu", "7g.80gb"],
     ] {
-        for profile in H100_PROFILES {
+        for profile in h100_profiles() {
             let mut sequence = whole.to_vec();
-            sequence.push(profile);
+            sequence.push(&profile);
             let got = run("dgx-h100", &sequence);
             assert!(refused(&got).is_empty(), "{got:?}");
         }

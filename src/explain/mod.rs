@@ -289,6 +289,19 @@ pub fn explain_as<E: SelectorEngine>(
     report
 }
 
+/// The device of allocation result `r` in the slices explain read.
+fn published<'i>(
+    input: &'i ExplainInput,
+    r: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
+) -> Option<&'i k8s_openapi::api::resource::v1::Device> {
+    input
+        .slices
+        .iter()
+        .filter(|s| s.spec.driver == r.driver && s.spec.pool.name == r.pool)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == r.device)
+}
+
 /// The first claim whose opaque config the plugin's prepare would refuse on the devices the
 /// claims got (a field, value or kind that does not apply: `opaque::resolve` and its VFIO
 /// and vGPU forms, as prepare runs them), as the message explain reports; `None` when every
@@ -308,14 +321,6 @@ fn config_error(input: &ExplainInput, report: &ExplainReport) -> Option<String> 
             .iter()
             .flat_map(|d| d.results.iter().flatten())
             .collect();
-        let device_of = |r: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult| {
-            input
-                .slices
-                .iter()
-                .filter(|s| s.spec.driver == r.driver && s.spec.pool.name == r.pool)
-                .flat_map(|s| s.spec.devices.iter().flatten())
-                .find(|d| d.name == r.device)
-        };
         for driver in results
             .iter()
             .map(|r| r.driver.as_str())
@@ -325,7 +330,7 @@ fn config_error(input: &ExplainInput, report: &ExplainReport) -> Option<String> 
                 .iter()
                 .filter(|r| r.driver == driver)
                 .map(|r| {
-                    let device = device_of(r);
+                    let device = published(input, r);
                     let attribute = |key: &str| -> Option<String> {
                         device?.attributes.as_ref()?.get(key)?.string.clone()
                     };
@@ -424,14 +429,7 @@ fn fabric_note(input: &ExplainInput, report: &ExplainReport) -> Option<String> {
             .iter()
             .flat_map(|d| d.results.iter().flatten());
         let gpus: Vec<&k8s_openapi::api::resource::v1::Device> = results
-            .filter_map(|r| {
-                input
-                    .slices
-                    .iter()
-                    .filter(|s| s.spec.driver == r.driver && s.spec.pool.name == r.pool)
-                    .flat_map(|s| s.spec.devices.iter().flatten())
-                    .find(|d| d.name == r.device)
-            })
+            .filter_map(|r| published(input, r))
             .filter(|d| attribute(d, MODULE_ATTRIBUTE).is_some())
             .collect();
         if gpus.len() < 2 {
