@@ -1015,10 +1015,12 @@ fn busy_nodes(base: &str, per_node: Option<usize>) {
         "{:<34} {:<6} {:>6} {:>8} {:>10} {:>10} {:>8}",
         "layout (walk order)", "claim", "placed", "sel/node", "per node", "per pod", "vs base"
     );
-    let row = |name, node: &str, slice_layout, random_walk, one_g| Layout {
+    // Every row but the default publishes every profile (`all`), so the slice layouts
+    // compare on the same devices.
+    let row = |name: &'static str, node: &str, slice_layout, random_walk, one_g| Layout {
         name,
         node: node.to_string(),
-        profiles: "all",
+        profiles: name.strip_suffix(" (default)").map_or("all", |_| "split"),
         one_g,
         full: true,
         carvable_now: false,
@@ -1030,7 +1032,14 @@ fn busy_nodes(base: &str, per_node: Option<usize>) {
     let layouts = [
         row("8×H100 MIG disabled", base, SliceLayout::ByGpu, false, None),
         row(
-            "dgx-h100 interleaved (default)",
+            "dgx-h100 split (default)",
+            "dgx-h100",
+            SliceLayout::Interleaved,
+            false,
+            g1,
+        ),
+        row(
+            "dgx-h100 all, interleaved",
             "dgx-h100",
             SliceLayout::Interleaved,
             false,
