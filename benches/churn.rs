@@ -152,6 +152,45 @@ fn spread_order(slices: &[ResourceSlice]) -> Vec<ResourceSlice> {
         .collect()
 }
 
+/// `slices` with the whole-GPU profile's devices (`7g.80gb`) reordered among the positions
+/// they hold so that a `7g.80gb` claim meets the GPUs in `order` (minors). Only their order
+/// among themselves decides where a `7g.80gb` claim lands (no other claim selects them), so
+/// this reproduces any whole-GPU order of `split` for the MIG claims this bench places.
+fn sevens_in(slices: &[ResourceSlice], order: &[u32]) -> Vec<ResourceSlice> {
+    let seven = |name: &str| name.ends_with("-mig-7g80gb-0");
+    let minor = |name: &str| -> u32 {
+        name.split('-')
+            .nth(1)
+            .expect("minor")
+            .parse()
+            .expect("minor")
+    };
+    let rank = |name: &str| {
+        order
+            .iter()
+            .position(|m| *m == minor(name))
+            .expect("in order")
+    };
+    let mut out: Vec<ResourceSlice> = slices.to_vec();
+    let mut at = Vec::new();
+    for (i, s) in out.iter().enumerate() {
+        for (j, d) in s.spec.devices.iter().flatten().enumerate() {
+            if seven(&d.name) {
+                at.push((i, j));
+            }
+        }
+    }
+    let mut moved: Vec<_> = at
+        .iter()
+        .map(|&(i, j)| out[i].spec.devices.as_ref().expect("devices")[j].clone())
+        .collect();
+    moved.sort_by_key(|d| rank(&d.name));
+    for ((i, j), d) in at.into_iter().zip(moved) {
+        out[i].spec.devices.as_mut().expect("devices")[j] = d;
+    }
+    out
+}
+
 /// How the allocator walks a pool's slices.
 #[derive(Clone, Copy)]
 enum Walk {
@@ -424,6 +463,13 @@ fn main() {
         },
     )
     .expect("slices");
+    // Comparison orders of the 7g.80gb walk under `split` (not published; the default is
+    // split::whole_order, 5, 3, 1, 6, 7, 2, 0, 4): from the last GPU down (before the
+    // whole-GPU order), the whole-GPU order with the small profile's share ranked before the
+    // other profiles' (the larger family's GPUs first), and the small family first.
+    let split_down = sevens_in(&split, &[7, 6, 5, 4, 3, 2, 1, 0]);
+    let split_small_second = sevens_in(&split, &[1, 3, 5, 6, 7, 2, 0, 4]);
+    let split_small = sevens_in(&split, &[5, 6, 7, 3, 4, 1, 2, 0]);
     let old = old_order(&new, &profiles);
     let grouped = slices_in(SliceLayout::ByProfile);
     assert_ne!(
@@ -458,6 +504,9 @@ fn main() {
             ("gpus-first, in order", &gpus_first, Walk::InOrder),
             ("interleaved, in order", &interleaved, Walk::InOrder),
             ("split (default)", &split, Walk::InOrder),
+            ("split, 7g 7..0", &split_down, Walk::InOrder),
+            ("split, 7g 1,3,5,6,7", &split_small_second, Walk::InOrder),
+            ("split, 7g 5,6,7,3,4", &split_small, Walk::InOrder),
             ("by-gpu, ≤1.35 random", &new, Walk::Random),
             ("by profile, random", &grouped, Walk::Random),
             ("spread, in order", &spread, Walk::InOrder),

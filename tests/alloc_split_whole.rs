@@ -122,10 +122,10 @@ fn whole_gpu_claims_of_both_kinds_take_the_same_gpus_and_leave_the_small_family_
         .iter()
         .map(|(_, d)| gpu_of(d.as_deref().unwrap()))
         .collect();
-    // GPU 1 (3g/4g), 3 (2g), 5 (1g.10gb), 6 (1g.10gb), 7 (1g.10gb): the larger and
-    // two-slice families first, then the small family from the end its MIG walk does not
-    // start at; never GPU 0, the only one with the one-slice variants.
-    assert_eq!(gpus, ["1", "3", "5", "6", "7"], "{got:?}");
+    // GPU 5 (1g.10gb), 3 (2g), 1 (3g/4g), 6 and 7 (1g.10gb): one GPU of each family with
+    // two or more, each from the end its MIG walk does not start at, then the small family;
+    // never GPU 0, the only one with the one-slice variants.
+    assert_eq!(gpus, ["5", "3", "1", "6", "7"], "{got:?}");
     // A 1g.10gb claim still starts its walk on the last GPU.
     let got = run("dgx-h100", &["1g.10gb"]);
     assert_eq!(got[0].1.as_deref(), Some("gpu-7-mig-1g10gb-6"));

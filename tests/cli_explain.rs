@@ -235,11 +235,11 @@ fn consumable_capacity_claims_share_one_gpu_only_when_the_node_publishes_shares(
         "json",
     ]);
     assert_eq!(0, code, "{err}");
-    // Whole GPUs go in `split`'s whole-GPU order: GPU 1 (3g/4g) first, then GPU 3 (2g).
-    assert_eq!(vec!["gpu=gpu-1", "gpu=gpu-1"], allocated(&out));
+    // Whole GPUs go in `split`'s whole-GPU order: GPU 5 (1g.10gb) first, then GPU 3 (2g).
+    assert_eq!(vec!["gpu=gpu-5", "gpu=gpu-5"], allocated(&out));
     let (code, out, err) = explain(&["--claim", file, "--sim-node", "dgx-h100", "-o", "json"]);
     assert_eq!(0, code, "{err}");
-    assert_eq!(vec!["gpu=gpu-1", "gpu=gpu-3"], allocated(&out));
+    assert_eq!(vec!["gpu=gpu-5", "gpu=gpu-3"], allocated(&out));
     let (code, _, err) = explain(&["--claim", file, "--shared-gpus", "99"]);
     assert_eq!(2, code);
     assert!(err.contains("valid choices: off, memory"), "{err}");

@@ -126,11 +126,11 @@ fn a_dgx_h100_shares_its_mig_profiles_out_by_default_and_publishes_every_placeme
         .map(|d| name(d))
         .collect();
     // Every GPU keeps its full GPU, in the order whole-GPU claims should take them
-    // (split::whole_order): the larger and two-slice families first, then the small family,
-    // GPU 0 (the only one with the one-slice variants) among the last.
+    // (split::whole_order): one GPU of each family with two or more, then the small family;
+    // GPU 0 (the only one with the one-slice variants) and the last of each family last.
     assert_eq!(
         [
-            "gpu-1", "gpu-3", "gpu-5", "gpu-6", "gpu-7", "gpu-2", "gpu-0", "gpu-4"
+            "gpu-5", "gpu-3", "gpu-1", "gpu-6", "gpu-7", "gpu-2", "gpu-0", "gpu-4"
         ],
         whole[..],
         "every GPU keeps its full GPU"
@@ -148,7 +148,7 @@ fn a_dgx_h100_shares_its_mig_profiles_out_by_default_and_publishes_every_placeme
     // kube-scheduler walks the slice first fit: whole GPUs interleaved with MIG devices from
     // the last GPU down, so a claim for the commonest profile meets one at once.
     let first = &slices[0];
-    assert_eq!("gpu-1", name(&first[0]));
+    assert_eq!("gpu-5", name(&first[0]));
     let first_mig = first[1..]
         .iter()
         .find(|d| profile(d).is_some())
