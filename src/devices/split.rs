@@ -82,9 +82,10 @@ pub fn plan(gpus: &[&GpuInfo]) -> BTreeMap<String, Vec<Placement>> {
 /// So the first whole-GPU claims take GPUs of the families the node has most of, spread over
 /// the families (DGX H100: a small-family GPU, a two-slice one, a larger one, then the small
 /// family again), and a profile disappears only when no other order could keep it. Measured
-/// under MIG churn (`cargo bench --bench churn`), this keeps `4g.40gb` placeable as often as
-/// `7g.80gb` claims walking from the last GPU down did (77.0 % against 77.1 %), where putting
-/// the small profile's share first cost 4 points (72.7 %). Ties
+/// under MIG churn (`cargo bench --bench churn`), it places `4g.40gb` and `7g.80gb` as
+/// `7g.80gb` claims walking from the last GPU down did, within about a point at each load
+/// (moderate: 77.0 % against 77.1 % for `4g.40gb`), where ranking the small profile's share
+/// second cost `4g.40gb` 4 points at moderate load (72.7 %). Ties
 /// go to the lower PCI address: the far end from where the MIG walk starts (the last GPU),
 /// so whole-GPU claims and small MIG claims fill a family from opposite ends. GPUs of
 /// different models rank together; their profiles differ, so each GPU's loss counts only
