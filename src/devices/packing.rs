@@ -119,14 +119,11 @@ pub fn order(devices: &mut [PublishedDevice], inventory: &NodeInventory) {
             _ => None,
         };
         // Only the dynamic placements move, among the positions they already occupy.
-        let at: Vec<usize> = (0..run.len())
-            .filter(|&i| rank(&run[i]).is_some())
-            .collect();
-        let mut moved: Vec<PublishedDevice> = at.iter().map(|&i| run[i].clone()).collect();
-        moved.sort_by_key(|d| rank(d));
-        for (i, d) in at.into_iter().zip(moved) {
-            run[i] = d;
-        }
+        reorder_among(
+            run,
+            |d| rank(d).is_some(),
+            |moved| moved.sort_by_key(|d| rank(d)),
+        );
     }
 }
 
@@ -144,14 +141,26 @@ pub fn whole_order(
         |d| matches!(d.kind, DeviceKind::MigDynamic { .. }),
     ];
     for kind in kinds {
-        let at: Vec<usize> = (0..devices.len())
-            .filter(|&i| kind(&devices[i]) && rank(&devices[i]).is_some())
-            .collect();
-        let mut moved: Vec<PublishedDevice> = at.iter().map(|&i| devices[i].clone()).collect();
-        moved.sort_by_key(|d| rank(d));
-        for (i, d) in at.into_iter().zip(moved) {
-            devices[i] = d;
-        }
+        reorder_among(
+            devices,
+            |d| kind(d) && rank(d).is_some(),
+            |moved| moved.sort_by_key(|d| rank(d)),
+        );
+    }
+}
+
+/// The devices `which` selects, reordered by `order` among the positions they hold; every
+/// other device keeps its place. `order` must return the same devices (a permutation).
+fn reorder_among(
+    devices: &mut [PublishedDevice],
+    which: impl Fn(&PublishedDevice) -> bool,
+    order: impl FnOnce(&mut Vec<PublishedDevice>),
+) {
+    let at: Vec<usize> = (0..devices.len()).filter(|&i| which(&devices[i])).collect();
+    let mut moved: Vec<PublishedDevice> = at.iter().map(|&i| devices[i].clone()).collect();
+    order(&mut moved);
+    for (i, d) in at.into_iter().zip(moved) {
+        devices[i] = d;
     }
 }
 
@@ -178,19 +187,21 @@ pub fn fabric_order(
     let whole = |d: &PublishedDevice| matches!(d.kind, DeviceKind::Gpu);
     let vfio = |d: &PublishedDevice| matches!(d.kind, DeviceKind::Vfio { .. });
     for kind in [&whole as &dyn Fn(&PublishedDevice) -> bool, &vfio] {
-        let at: Vec<usize> = (0..devices.len())
-            .filter(|&i| kind(&devices[i]) && module(&devices[i]).is_some())
-            .collect();
-        let modules: Vec<u32> = at.iter().filter_map(|&i| module(&devices[i])).collect();
-        let wanted = crate::fabric_manager::order::free_partitions_first(table, &modules, busy);
-        let moved: Vec<PublishedDevice> = wanted
-            .iter()
-            .filter_map(|m| at.iter().find(|&&i| module(&devices[i]) == Some(*m)))
-            .map(|&i| devices[i].clone())
-            .collect();
-        for (i, d) in at.into_iter().zip(moved) {
-            devices[i] = d;
-        }
+        reorder_among(
+            devices,
+            |d| kind(d) && module(d).is_some(),
+            |moved| {
+                let modules: Vec<u32> = moved.iter().filter_map(module).collect();
+                let wanted =
+                    crate::fabric_manager::order::free_partitions_first(table, &modules, busy);
+                let mut rest = std::mem::take(moved);
+                for m in wanted {
+                    if let Some(at) = rest.iter().position(|d| module(d) == Some(m)) {
+                        moved.push(rest.remove(at));
+                    }
+                }
+            },
+        );
     }
 }
 
